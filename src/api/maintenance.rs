@@ -1,0 +1,102 @@
+//! etcd's Maintenance service: Status and the alarm list are served here (what
+//! `etcdctl endpoint status` and `endpoint health` need). Snapshot, defragment,
+//! hashes, move-leader and downgrade belong to the cluster-operations work and
+//! answer `Unimplemented` until then.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use tonic::{Request, Response, Status};
+
+use super::header;
+use crate::proto::etcdserverpb as pb;
+use crate::proto::etcdserverpb::maintenance_server::{Maintenance, MaintenanceServer};
+use crate::server::Node;
+
+/// The etcd API version raftlock serves; clients gate features on it.
+pub const ETCD_API_VERSION: &str = "3.5.0";
+
+pub struct MaintenanceService {
+    node: Arc<Node>,
+}
+
+impl MaintenanceService {
+    pub fn server(node: Arc<Node>) -> MaintenanceServer<MaintenanceService> {
+        MaintenanceServer::new(MaintenanceService { node })
+    }
+
+    fn revision(&self) -> i64 {
+        self.node.state().mvcc().revision()
+    }
+}
+
+fn not_yet(what: &str) -> Status {
+    Status::unimplemented(format!("raftlock: {what} is not supported by this version"))
+}
+
+type SnapshotStream = Pin<Box<dyn futures::Stream<Item = Result<pb::SnapshotResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Maintenance for MaintenanceService {
+    async fn alarm(&self, req: Request<pb::AlarmRequest>) -> Result<Response<pb::AlarmResponse>, Status> {
+        use pb::alarm_request::AlarmAction;
+        match AlarmAction::try_from(req.into_inner().action) {
+            // raftlock raises no alarms (it has no space quota), so the list is empty.
+            Ok(AlarmAction::Get) => {
+                Ok(Response::new(pb::AlarmResponse { header: header(&self.node, self.revision()), alarms: vec![] }))
+            }
+            // Disarming an alarm that is not raised changes nothing, as in etcd.
+            Ok(AlarmAction::Deactivate) => {
+                Ok(Response::new(pb::AlarmResponse { header: header(&self.node, self.revision()), alarms: vec![] }))
+            }
+            Ok(AlarmAction::Activate) => Err(not_yet("raising alarms")),
+            Err(_) => Err(Status::invalid_argument("etcdserver: unknown alarm action")),
+        }
+    }
+
+    async fn status(&self, _: Request<pb::StatusRequest>) -> Result<Response<pb::StatusResponse>, Status> {
+        let s = self.node.status();
+        let mut errors = Vec::new();
+        if s.leader == 0 {
+            errors.push("etcdserver: no leader".to_string());
+        }
+        Ok(Response::new(pb::StatusResponse {
+            header: header(&self.node, self.revision()),
+            version: ETCD_API_VERSION.to_string(),
+            db_size: s.db_size as i64,
+            leader: s.leader,
+            raft_index: s.raft_index,
+            raft_term: s.raft_term,
+            raft_applied_index: s.applied_index,
+            errors,
+            db_size_in_use: s.db_size as i64,
+            is_learner: s.is_learner,
+        }))
+    }
+
+    async fn defragment(&self, _: Request<pb::DefragmentRequest>) -> Result<Response<pb::DefragmentResponse>, Status> {
+        Err(not_yet("defragment"))
+    }
+
+    async fn hash(&self, _: Request<pb::HashRequest>) -> Result<Response<pb::HashResponse>, Status> {
+        Err(not_yet("hash"))
+    }
+
+    async fn hash_kv(&self, _: Request<pb::HashKvRequest>) -> Result<Response<pb::HashKvResponse>, Status> {
+        Err(not_yet("hash kv"))
+    }
+
+    type SnapshotStream = SnapshotStream;
+
+    async fn snapshot(&self, _: Request<pb::SnapshotRequest>) -> Result<Response<SnapshotStream>, Status> {
+        Err(not_yet("snapshot"))
+    }
+
+    async fn move_leader(&self, _: Request<pb::MoveLeaderRequest>) -> Result<Response<pb::MoveLeaderResponse>, Status> {
+        Err(not_yet("move leader"))
+    }
+
+    async fn downgrade(&self, _: Request<pb::DowngradeRequest>) -> Result<Response<pb::DowngradeResponse>, Status> {
+        Err(not_yet("downgrade"))
+    }
+}

@@ -1,0 +1,74 @@
+//! The client API: etcd's v3 gRPC services as tonic adapters over the node.
+//!
+//! Every handler has the same four steps: validate the request (etcd's checks,
+//! etcd's errors) -> call the node -> map errors (`error`, one place) -> fill
+//! the response header. No handler touches Raft or storage directly.
+//!
+//! Limits (etcd's): a write request larger than [`MAX_REQUEST_BYTES`] is
+//! refused with "request is too large"; the gRPC layer accepts messages up to
+//! [`MAX_REQUEST_BYTES`] + 512 KiB so that such requests reach that check.
+
+pub mod cluster;
+pub mod error;
+pub mod kv;
+pub mod maintenance;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::server::Router;
+use tonic::transport::Server;
+
+use crate::proto::etcdserverpb::ResponseHeader;
+use crate::raft::peer::PeerService;
+use crate::server::Node;
+
+/// The largest write request accepted, as etcd's `--max-request-bytes` default.
+pub const MAX_REQUEST_BYTES: usize = 3 * 512 * 1024;
+/// What the gRPC layer decodes at most: the request limit plus etcd's overhead.
+pub const MAX_GRPC_MESSAGE_BYTES: usize = MAX_REQUEST_BYTES + 512 * 1024;
+/// The most operations in one branch of a txn.
+pub const MAX_TXN_OPS: usize = 128;
+
+/// A response header from this node at `revision`.
+pub fn header(node: &Node, revision: i64) -> Option<ResponseHeader> {
+    Some(ResponseHeader { cluster_id: node.cluster_id, member_id: node.id, revision, raft_term: node.raft_term() })
+}
+
+/// Serve the client API on `addrs` until the node shuts down.
+pub async fn serve_clients(node: Arc<Node>, addrs: Vec<SocketAddr>) -> anyhow::Result<()> {
+    let make = || {
+        Server::builder()
+            .tcp_nodelay(true)
+            .add_service(kv::KvService::server(node.clone()))
+            .add_service(cluster::ClusterService::server(node.clone()))
+            .add_service(maintenance::MaintenanceService::server(node.clone()))
+    };
+    serve(&node, addrs, make).await
+}
+
+/// Serve the peer protocol on `addrs` until the node shuts down.
+pub async fn serve_peers(node: Arc<Node>, addrs: Vec<SocketAddr>) -> anyhow::Result<()> {
+    let make = || Server::builder().tcp_nodelay(true).add_service(PeerService::server(node.raft().clone()));
+    serve(&node, addrs, make).await
+}
+
+/// Bind every address, then serve a router made by `make` on each until shutdown.
+async fn serve(node: &Node, addrs: Vec<SocketAddr>, make: impl Fn() -> Router) -> anyhow::Result<()> {
+    let mut servers = Vec::new();
+    for addr in addrs {
+        let listener = TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("binding {addr}: {e}"))?;
+        let incoming = TcpListenerStream::new(listener);
+        let mut shutdown = node.shutdown_signal();
+        let stopped = async move {
+            let _ = shutdown.wait_for(|s| *s).await;
+        };
+        servers.push(tokio::spawn(make().serve_with_incoming_shutdown(incoming, stopped)));
+    }
+    for s in servers {
+        s.await??;
+    }
+    Ok(())
+}

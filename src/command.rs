@@ -1,0 +1,61 @@
+//! The replicated command: what a Raft log entry asks the state machine to do.
+//!
+//! `Command` is raftlock's own type — never a protobuf message — so that the
+//! client API can change without changing the log format. It is encoded with
+//! serde/bincode inside the WAL and on the peer wire.
+//!
+//! Compatibility rule: bincode numbers enum variants by position, so variants are
+//! only ever *appended*, and a variant's fields never change. A change of meaning
+//! gets a new variant; the old one keeps being applied as before so that logs
+//! written by an older raftlock replay identically.
+//!
+//! Every field a command needs to be applied deterministically travels in it
+//! (e.g. a lease ID chosen by the proposer): apply reads no clock and draws no
+//! random number.
+
+use serde::{Deserialize, Serialize};
+
+use crate::mvcc::{
+    DeleteRangeRequest, DeleteRangeResult, MvccError, PutRequest, PutResult, Revision, TxnRequest, TxnResult,
+};
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    Put(PutRequest),
+    DeleteRange(DeleteRangeRequest),
+    Txn(TxnRequest),
+    Compact { revision: Revision },
+    /// A member announces the client URLs it serves on (etcd's "publish"), so
+    /// that MemberList can show them on every node.
+    PublishMember { id: u64, name: String, client_urls: Vec<String> },
+}
+
+impl Command {
+    /// A short name for logs and metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Command::Put(_) => "put",
+            Command::DeleteRange(_) => "delete_range",
+            Command::Txn(_) => "txn",
+            Command::Compact { .. } => "compact",
+            Command::PublishMember { .. } => "publish_member",
+        }
+    }
+}
+
+/// The outcome of applying one log entry, identical on every replica. The
+/// leader's copy becomes the client's response.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CommandResult {
+    /// A blank or membership entry: nothing for a client.
+    #[default]
+    Empty,
+    Put(PutResult),
+    DeleteRange(DeleteRangeResult),
+    Txn(TxnResult),
+    /// A compaction; `revision` is the store's revision for the header.
+    Compacted { revision: Revision },
+    MemberPublished { revision: Revision },
+    /// A deterministic rejection: the store is unchanged.
+    Rejected { error: MvccError, revision: Revision },
+}

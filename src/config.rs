@@ -1,0 +1,226 @@
+//! The server's command line: etcd's flag names, each also a `RAFTLOCK_*`
+//! environment variable, so that etcd users feel at home.
+//!
+//! With no flags at all raftlock runs a single-member cluster on
+//! `127.0.0.1:2379` (clients) and `127.0.0.1:2380` (peers), with its data in
+//! `./default.raftlock`.
+//!
+//! Member IDs are derived, as etcd's are, from what identifies a member: its
+//! advertised peer URLs and the cluster token. Every member computes every other
+//! member's ID from `--initial-cluster` alone, so bootstrap needs no exchange.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::{Parser, ValueEnum};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ClusterState {
+    /// Bootstrap a new cluster from `--initial-cluster`.
+    New,
+    /// Join a cluster that has already added this member.
+    Existing,
+}
+
+#[derive(Parser, Debug, Clone)]
+#[command(name = "raftlock", version, about = "A Raft-replicated lock server that speaks the etcd v3 API")]
+pub struct Config {
+    /// Human-readable name of this member.
+    #[arg(long, env = "RAFTLOCK_NAME", default_value = "default")]
+    pub name: String,
+    /// Where this member keeps its data [default: ./<name>.raftlock].
+    #[arg(long, env = "RAFTLOCK_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Comma-separated URLs to listen on for client traffic.
+    #[arg(long, env = "RAFTLOCK_LISTEN_CLIENT_URLS", default_value = "http://127.0.0.1:2379")]
+    pub listen_client_urls: String,
+    /// Comma-separated client URLs to advertise to the cluster [default: the listen URLs].
+    #[arg(long, env = "RAFTLOCK_ADVERTISE_CLIENT_URLS")]
+    pub advertise_client_urls: Option<String>,
+    /// Comma-separated URLs to listen on for peer traffic.
+    #[arg(long, env = "RAFTLOCK_LISTEN_PEER_URLS", default_value = "http://127.0.0.1:2380")]
+    pub listen_peer_urls: String,
+    /// This member's peer URLs as the other members reach them [default: the listen URLs].
+    #[arg(long, env = "RAFTLOCK_INITIAL_ADVERTISE_PEER_URLS")]
+    pub initial_advertise_peer_urls: Option<String>,
+    /// The initial members, `name=peer-url,...` [default: this member alone].
+    #[arg(long, env = "RAFTLOCK_INITIAL_CLUSTER")]
+    pub initial_cluster: Option<String>,
+    /// `new` to bootstrap a cluster, `existing` to join one.
+    #[arg(long, env = "RAFTLOCK_INITIAL_CLUSTER_STATE", value_enum, default_value = "new")]
+    pub initial_cluster_state: ClusterState,
+    /// A token that makes member and cluster IDs unique to one cluster.
+    #[arg(long, env = "RAFTLOCK_INITIAL_CLUSTER_TOKEN", default_value = "raftlock-cluster")]
+    pub initial_cluster_token: String,
+    /// Raft heartbeat interval in milliseconds.
+    #[arg(long, env = "RAFTLOCK_HEARTBEAT_INTERVAL", default_value_t = 100)]
+    pub heartbeat_interval: u64,
+    /// Raft election timeout in milliseconds (a follower waits between one and
+    /// two of these without a heartbeat before it campaigns).
+    #[arg(long, env = "RAFTLOCK_ELECTION_TIMEOUT", default_value_t = 1000)]
+    pub election_timeout: u64,
+    /// Log filter (tracing's env-filter syntax).
+    #[arg(long, env = "RAFTLOCK_LOG_LEVEL", default_value = "info,openraft=warn")]
+    pub log_level: String,
+}
+
+/// One member of the initial cluster.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InitialMember {
+    pub id: u64,
+    pub name: String,
+    pub peer_urls: Vec<String>,
+}
+
+impl Config {
+    pub fn data_dir(&self) -> PathBuf {
+        self.data_dir.clone().unwrap_or_else(|| PathBuf::from(format!("{}.raftlock", self.name)))
+    }
+
+    pub fn advertise_peer_urls(&self) -> Vec<String> {
+        split_urls(self.initial_advertise_peer_urls.as_deref().unwrap_or(&self.listen_peer_urls))
+    }
+
+    pub fn advertise_client_urls(&self) -> Vec<String> {
+        split_urls(self.advertise_client_urls.as_deref().unwrap_or(&self.listen_client_urls))
+    }
+
+    pub fn client_listen_addrs(&self) -> anyhow::Result<Vec<SocketAddr>> {
+        split_urls(&self.listen_client_urls).iter().map(|u| url_addr(u)).collect()
+    }
+
+    pub fn peer_listen_addrs(&self) -> anyhow::Result<Vec<SocketAddr>> {
+        split_urls(&self.listen_peer_urls).iter().map(|u| url_addr(u)).collect()
+    }
+
+    /// The members named by `--initial-cluster` (or this member alone), by ID.
+    pub fn initial_members(&self) -> anyhow::Result<BTreeMap<u64, InitialMember>> {
+        let spec = match &self.initial_cluster {
+            Some(s) => s.clone(),
+            None => self.advertise_peer_urls().iter().map(|u| format!("{}={u}", self.name)).collect::<Vec<_>>().join(","),
+        };
+        let mut by_name: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (name, url) = part.split_once('=').with_context(|| format!("--initial-cluster: `{part}` is not name=url"))?;
+            url_addr(url)?;
+            by_name.entry(name.to_string()).or_default().push(url.to_string());
+        }
+        let mut members = BTreeMap::new();
+        for (name, peer_urls) in by_name {
+            let id = member_id(&peer_urls, &self.initial_cluster_token);
+            if members.insert(id, InitialMember { id, name: name.clone(), peer_urls }).is_some() {
+                bail!("--initial-cluster: two members share the peer URLs of `{name}`");
+            }
+        }
+        if !members.values().any(|m| m.name == self.name) {
+            bail!("--initial-cluster does not name this member (`{}`)", self.name);
+        }
+        Ok(members)
+    }
+
+    /// This member's ID.
+    pub fn member_id(&self) -> u64 {
+        member_id(&self.advertise_peer_urls(), &self.initial_cluster_token)
+    }
+
+    pub fn election_timeout(&self) -> Duration {
+        Duration::from_millis(self.election_timeout)
+    }
+
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.heartbeat_interval == 0 || self.election_timeout < 5 * self.heartbeat_interval {
+            bail!("--election-timeout must be at least 5 times --heartbeat-interval");
+        }
+        let me = self.member_id();
+        let members = self.initial_members()?;
+        match members.get(&me) {
+            Some(m) if m.name == self.name => Ok(()),
+            _ => bail!(
+                "--initial-cluster names `{}` with other peer URLs than --initial-advertise-peer-urls ({})",
+                self.name,
+                self.advertise_peer_urls().join(",")
+            ),
+        }
+    }
+}
+
+fn split_urls(s: &str) -> Vec<String> {
+    s.split(',').map(str::trim).filter(|u| !u.is_empty()).map(String::from).collect()
+}
+
+/// The socket address of an `http://host:port` URL.
+pub fn url_addr(url: &str) -> anyhow::Result<SocketAddr> {
+    let rest = url.strip_prefix("http://").with_context(|| format!("`{url}`: only http:// URLs are supported"))?;
+    let hostport = rest.trim_end_matches('/');
+    let hostport = if hostport.starts_with("localhost:") { hostport.replacen("localhost", "127.0.0.1", 1) } else { hostport.to_string() };
+    hostport.parse().with_context(|| format!("`{url}` is not http://ip:port"))
+}
+
+/// FNV-1a, 64 bit: a stable hash that every member computes identically.
+fn fnv1a(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for part in parts {
+        for b in part.iter().chain(std::iter::once(&0u8)) {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
+/// A member's ID from its peer URLs and the cluster token (never 0).
+pub fn member_id(peer_urls: &[String], token: &str) -> u64 {
+    let mut urls: Vec<&str> = peer_urls.iter().map(String::as_str).collect();
+    urls.sort_unstable();
+    let mut parts: Vec<&[u8]> = urls.iter().map(|u| u.as_bytes()).collect();
+    parts.push(token.as_bytes());
+    fnv1a(&parts).max(1)
+}
+
+/// The cluster's ID from its initial members' IDs (never 0).
+pub fn cluster_id(member_ids: impl IntoIterator<Item = u64>, token: &str) -> u64 {
+    let bytes: Vec<[u8; 8]> = member_ids.into_iter().map(u64::to_be_bytes).collect();
+    let mut parts: Vec<&[u8]> = bytes.iter().map(|b| b.as_slice()).collect();
+    parts.push(token.as_bytes());
+    fnv1a(&parts).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_a_single_member_on_2379() {
+        let c = Config::parse_from(["raftlock"]);
+        c.validate().unwrap();
+        assert_eq!(c.data_dir(), PathBuf::from("default.raftlock"));
+        assert_eq!(c.client_listen_addrs().unwrap(), ["127.0.0.1:2379".parse().unwrap()]);
+        let members = c.initial_members().unwrap();
+        assert_eq!(members.len(), 1);
+        assert!(members.contains_key(&c.member_id()));
+    }
+
+    #[test]
+    fn every_member_derives_the_same_ids() {
+        let cluster = "a=http://127.0.0.1:2380,b=http://127.0.0.1:2381";
+        let a = Config::parse_from(["raftlock", "--name", "a", "--initial-cluster", cluster]);
+        let b = Config::parse_from([
+            "raftlock",
+            "--name",
+            "b",
+            "--listen-peer-urls",
+            "http://127.0.0.1:2381",
+            "--initial-cluster",
+            cluster,
+        ]);
+        a.validate().unwrap();
+        b.validate().unwrap();
+        assert_eq!(a.initial_members().unwrap(), b.initial_members().unwrap());
+        assert_ne!(a.member_id(), b.member_id());
+        let wrong = Config::parse_from(["raftlock", "--name", "b", "--initial-cluster", cluster]);
+        assert!(wrong.validate().is_err(), "b's own peer URL must match --initial-cluster");
+    }
+}

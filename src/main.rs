@@ -1,0 +1,44 @@
+//! The raftlock server binary: parse flags, start the node, serve peers and
+//! clients, and shut down cleanly on SIGTERM or SIGINT.
+
+use clap::Parser;
+use raftlock::config::Config;
+use raftlock::server::Node;
+use tokio::signal::unix::{signal, SignalKind};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let config = Config::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(&config.log_level))
+        .with_target(false)
+        .init();
+
+    let node = Node::start(&config).await?;
+    let peers = tokio::spawn(raftlock::api::serve_peers(node.clone(), config.peer_listen_addrs()?));
+    let clients = tokio::spawn(raftlock::api::serve_clients(node.clone(), config.client_listen_addrs()?));
+    tracing::info!(
+        name = %config.name,
+        member_id = format!("{:x}", node.id),
+        clients = %config.listen_client_urls,
+        peers = %config.listen_peer_urls,
+        data_dir = %config.data_dir().display(),
+        "raftlock is serving"
+    );
+
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let failed = tokio::select! {
+        _ = term.recv() => None,
+        _ = int.recv() => None,
+        r = peers => Some(r),
+        r = clients => Some(r),
+    };
+    tracing::info!("shutting down");
+    node.shutdown().await;
+    match failed {
+        Some(Ok(Err(e))) => Err(e),
+        Some(Err(e)) => Err(e.into()),
+        _ => Ok(()),
+    }
+}

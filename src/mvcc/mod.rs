@@ -1,0 +1,282 @@
+//! The revisioned key-value store: etcd's MVCC semantics as a pure data model.
+//!
+//! Every write request that changes something gets the next *main revision*; the
+//! changes inside it are numbered by *sub revision* (0, 1, …). Each key keeps its
+//! history as a list of versions, oldest first:
+//!
+//! ```text
+//!   key "a":  (2,0) put v1  ->  (5,0) put v2  ->  (7,1) tombstone  ->  (9,0) put v1'
+//!             create=2 ver=1    create=2 ver=2                        create=9 ver=1
+//!   read "a" at revision 6 -> v2 (the last version with main <= 6)
+//!   read "a" at revision 8 -> nothing (the last version is a tombstone)
+//! ```
+//!
+//! A tombstone ends a key's *generation*: the next put starts again at version 1
+//! with a new create_revision. History stays until [`MvccStore::compact`], which
+//! keeps for each key only what a read at the compaction revision or later can
+//! still see; reads below the compaction revision fail with
+//! [`MvccError::Compacted`], reads above the current one with
+//! [`MvccError::FutureRevision`].
+//!
+//! Invariants (asserted where they are established):
+//! - a key's versions are strictly increasing in (main, sub);
+//! - no key has an empty version list and none starts with a tombstone;
+//! - `compact_revision <= revision`.
+//!
+//! This module is deterministic: no clocks, no randomness, no I/O. The state
+//! machine drives it in log order and persists the [`Change`]s it returns; on
+//! restart the store is rebuilt from them with [`MvccStore::restore`].
+//!
+//! Caveat: the whole history (until compaction) lives in memory, as etcd's index
+//! does; values are kept here too rather than re-read from disk, which bounds the
+//! data set by RAM. raftlock stores locks and small coordination data, for which
+//! this is the right trade.
+
+mod txn;
+pub mod types;
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+use std::sync::Arc;
+
+pub use txn::LeaseView;
+pub use types::*;
+
+/// One version of a key: its value at `(revision, sub)`, or a tombstone.
+#[derive(Clone, Debug)]
+struct Version {
+    revision: Revision,
+    sub: i64,
+    kv: Option<Arc<KeyValue>>,
+}
+
+/// The MVCC store. Not internally synchronized: the state machine owns it behind
+/// a lock and applies writes one at a time.
+#[derive(Debug)]
+pub struct MvccStore {
+    index: BTreeMap<Vec<u8>, Vec<Version>>,
+    /// The latest main revision; 1 in an empty store.
+    revision: Revision,
+    /// The last compaction revision; -1 before the first compaction.
+    compact_revision: Revision,
+}
+
+impl Default for MvccStore {
+    fn default() -> Self {
+        MvccStore { index: BTreeMap::new(), revision: 1, compact_revision: -1 }
+    }
+}
+
+/// A persisted record of the store: one version of one key.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct StoredVersion {
+    pub revision: Revision,
+    pub sub: i64,
+    pub key: Vec<u8>,
+    pub kv: Option<KeyValue>,
+}
+
+impl MvccStore {
+    pub fn revision(&self) -> Revision {
+        self.revision
+    }
+
+    pub fn compact_revision(&self) -> Revision {
+        self.compact_revision
+    }
+
+    /// Number of keys with a live value at the current revision.
+    pub fn live_keys(&self) -> usize {
+        self.index.values().filter(|v| v.last().is_some_and(|v| v.kv.is_some())).count()
+    }
+
+    /// Rebuild a store from persisted versions (any order) and its two counters.
+    pub fn restore(
+        versions: impl IntoIterator<Item = StoredVersion>,
+        revision: Revision,
+        compact_revision: Revision,
+    ) -> MvccStore {
+        let mut store = MvccStore { index: BTreeMap::new(), revision, compact_revision };
+        for v in versions {
+            store.index.entry(v.key).or_default().push(Version {
+                revision: v.revision,
+                sub: v.sub,
+                kv: v.kv.map(Arc::new),
+            });
+        }
+        for versions in store.index.values_mut() {
+            versions.sort_by_key(|v| (v.revision, v.sub));
+            assert!(versions.windows(2).all(|w| (w[0].revision, w[0].sub) < (w[1].revision, w[1].sub)));
+        }
+        assert!(compact_revision <= revision, "compact revision {compact_revision} above revision {revision}");
+        store
+    }
+
+    /// Every version the store holds, key by key: the content of a snapshot.
+    pub fn versions(&self) -> impl Iterator<Item = StoredVersion> + '_ {
+        self.index.iter().flat_map(|(key, versions)| {
+            versions.iter().map(move |v| StoredVersion {
+                revision: v.revision,
+                sub: v.sub,
+                key: key.clone(),
+                kv: v.kv.as_deref().cloned(),
+            })
+        })
+    }
+
+    /// A read at the store's current revision (or `req.revision`).
+    pub fn range(&self, req: &RangeRequest) -> Result<RangeResult, MvccError> {
+        self.range_at(req, self.revision)
+    }
+
+    /// A read as seen by a write in progress whose view is at `current`
+    /// (the store's revision, or one more once the write has changed something).
+    fn range_at(&self, req: &RangeRequest, current: Revision) -> Result<RangeResult, MvccError> {
+        if req.revision > current {
+            return Err(MvccError::FutureRevision);
+        }
+        let rev = if req.revision <= 0 { current } else { req.revision };
+        if rev < self.compact_revision {
+            return Err(MvccError::Compacted);
+        }
+        let range = KeyRange::new(&req.key, &req.range_end);
+        let filtered = req.min_mod_revision != 0
+            || req.max_mod_revision != 0
+            || req.min_create_revision != 0
+            || req.max_create_revision != 0;
+        // Sorting on anything but (key, ascending) needs every key first.
+        let order = match (req.sort_target, req.sort_order) {
+            (SortTarget::Key, SortOrder::Ascend) => SortOrder::None,
+            (t, SortOrder::None) if t != SortTarget::Key => SortOrder::Ascend,
+            (_, o) => o,
+        };
+        let fetch_limit = if req.limit > 0 && order == SortOrder::None && !filtered {
+            // One more than asked, so that `more` can be told.
+            Some(req.limit as usize + 1)
+        } else {
+            None
+        };
+
+        let mut count = 0i64;
+        let mut kvs = Vec::new();
+        self.visit_live(&range, rev, |kv| {
+            count += 1;
+            if !req.count_only && fetch_limit.is_none_or(|l| kvs.len() < l) {
+                kvs.push(kv);
+            }
+        });
+        if req.count_only {
+            return Ok(RangeResult { kvs: Vec::new(), more: false, count, revision: current });
+        }
+
+        let mut kvs: Vec<KeyValue> = kvs.into_iter().map(|kv| kv.as_ref().clone()).collect();
+        if filtered {
+            kvs.retain(|kv| {
+                !(req.max_mod_revision != 0 && kv.mod_revision > req.max_mod_revision
+                    || req.min_mod_revision != 0 && kv.mod_revision < req.min_mod_revision
+                    || req.max_create_revision != 0 && kv.create_revision > req.max_create_revision
+                    || req.min_create_revision != 0 && kv.create_revision < req.min_create_revision)
+            });
+        }
+        if order != SortOrder::None {
+            match req.sort_target {
+                SortTarget::Key => kvs.sort_by(|a, b| a.key.cmp(&b.key)),
+                SortTarget::Version => kvs.sort_by_key(|kv| kv.version),
+                SortTarget::Create => kvs.sort_by_key(|kv| kv.create_revision),
+                SortTarget::Mod => kvs.sort_by_key(|kv| kv.mod_revision),
+                SortTarget::Value => kvs.sort_by(|a, b| a.value.cmp(&b.value)),
+            }
+            if order == SortOrder::Descend {
+                kvs.reverse();
+            }
+        }
+        let mut more = false;
+        if req.limit > 0 && kvs.len() > req.limit as usize {
+            kvs.truncate(req.limit as usize);
+            more = true;
+        }
+        if req.keys_only {
+            for kv in &mut kvs {
+                kv.value.clear();
+            }
+        }
+        Ok(RangeResult { kvs, more, count, revision: current })
+    }
+
+    /// Calls `f` for every key in `range` that has a live value at `rev`, in key order.
+    fn visit_live(&self, range: &KeyRange, rev: Revision, mut f: impl FnMut(Arc<KeyValue>)) {
+        let mut visit = |versions: &Vec<Version>| {
+            if let Some(kv) = live_at(versions, rev) {
+                f(kv.clone())
+            }
+        };
+        match range {
+            KeyRange::Single(key) => {
+                if let Some(versions) = self.index.get(key) {
+                    visit(versions)
+                }
+            }
+            KeyRange::Interval(start, end) => {
+                if start < end {
+                    let bounds = (Bound::Included(start.as_slice()), Bound::Excluded(end.as_slice()));
+                    self.index.range::<[u8], _>(bounds).for_each(|(_, v)| visit(v));
+                }
+            }
+            KeyRange::From(start) => {
+                let bounds = (Bound::Included(start.as_slice()), Bound::Unbounded);
+                self.index.range::<[u8], _>(bounds).for_each(|(_, v)| visit(v));
+            }
+        }
+    }
+
+    /// The live value of one key at the current revision.
+    fn get_live(&self, key: &[u8]) -> Option<&Arc<KeyValue>> {
+        self.index.get(key).and_then(|versions| live_at(versions, Revision::MAX))
+    }
+
+    /// Record a new version of `key` at `(revision, sub)`.
+    fn push_version(&mut self, key: &[u8], revision: Revision, sub: i64, kv: Option<KeyValue>) {
+        let versions = self.index.entry(key.to_vec()).or_default();
+        if let Some(last) = versions.last() {
+            assert!((last.revision, last.sub) < (revision, sub), "versions of a key must increase");
+        } else {
+            assert!(kv.is_some(), "a key's history cannot start with a tombstone");
+        }
+        versions.push(Version { revision, sub, kv: kv.map(Arc::new) });
+    }
+
+    /// Drop history that no read at `rev` or later can see. Returns the
+    /// `(revision, sub)` pairs removed, for the persistent copy.
+    pub fn compact(&mut self, rev: Revision) -> Result<Vec<(Vec<u8>, Revision, i64)>, MvccError> {
+        if rev <= self.compact_revision {
+            return Err(MvccError::Compacted);
+        }
+        if rev > self.revision {
+            return Err(MvccError::FutureRevision);
+        }
+        let mut removed = Vec::new();
+        self.index.retain(|key, versions| {
+            let visible = versions.partition_point(|v| v.revision <= rev);
+            if visible == 0 {
+                return true;
+            }
+            // Keep the version a read at `rev` sees, unless it is a tombstone.
+            let keep_from = if versions[visible - 1].kv.is_some() { visible - 1 } else { visible };
+            for v in versions.drain(..keep_from) {
+                removed.push((key.clone(), v.revision, v.sub));
+            }
+            !versions.is_empty()
+        });
+        self.compact_revision = rev;
+        Ok(removed)
+    }
+}
+
+/// The value a read at `rev` sees in a key's history.
+fn live_at(versions: &[Version], rev: Revision) -> Option<&Arc<KeyValue>> {
+    let visible = versions.partition_point(|v| v.revision <= rev);
+    versions[..visible].last().and_then(|v| v.kv.as_ref())
+}
+
+#[cfg(test)]
+mod tests;

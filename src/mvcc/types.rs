@@ -1,0 +1,251 @@
+//! Request and result types of the MVCC data model.
+//!
+//! These are raftlock's own types, not protobuf wire types: `Command` (in
+//! `crate::command`) embeds the request types, so they are part of the replicated
+//! log format and are encoded with serde/bincode. A field may only be added at the
+//! end of a struct together with a new command version; never reorder fields.
+//!
+//! The API layer converts etcd's protobuf messages into these types and back;
+//! where etcd's wire encoding has oddities (a compare whose target union does not
+//! match its target reads as zero), the conversion reproduces them so that this
+//! module only deals with plain values.
+
+use serde::{Deserialize, Serialize};
+
+/// A main revision: one per write request that changes something. The store
+/// starts at revision 1 (as etcd does), so the first write is revision 2.
+pub type Revision = i64;
+
+/// A key's value at one revision, as etcd's `mvccpb.KeyValue`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyValue {
+    pub key: Vec<u8>,
+    pub create_revision: Revision,
+    pub mod_revision: Revision,
+    pub version: i64,
+    pub value: Vec<u8>,
+    pub lease: i64,
+}
+
+/// Which keys a request names: one key, a half-open interval, or every key from
+/// `key` on. Built from etcd's `(key, range_end)` pair by [`KeyRange::new`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KeyRange {
+    Single(Vec<u8>),
+    /// `[start, end)`; empty when `end <= start`.
+    Interval(Vec<u8>, Vec<u8>),
+    /// Every key `>= start` (etcd's `range_end == "\0"`).
+    From(Vec<u8>),
+}
+
+impl KeyRange {
+    /// etcd's rule: no range_end is a single key; range_end `"\0"` means every
+    /// key from `key` on; anything else is the interval `[key, range_end)`.
+    pub fn new(key: &[u8], range_end: &[u8]) -> KeyRange {
+        if range_end.is_empty() {
+            KeyRange::Single(key.to_vec())
+        } else if range_end == [0] {
+            KeyRange::From(key.to_vec())
+        } else {
+            KeyRange::Interval(key.to_vec(), range_end.to_vec())
+        }
+    }
+
+    pub fn contains(&self, k: &[u8]) -> bool {
+        match self {
+            KeyRange::Single(key) => key.as_slice() == k,
+            KeyRange::Interval(start, end) => start.as_slice() <= k && k < end.as_slice(),
+            KeyRange::From(start) => start.as_slice() <= k,
+        }
+    }
+
+    /// True when the two ranges share at least one key.
+    pub fn overlaps(&self, other: &KeyRange) -> bool {
+        fn bounds(r: &KeyRange) -> (&[u8], Option<Vec<u8>>) {
+            match r {
+                KeyRange::Single(k) => {
+                    let mut next = k.clone();
+                    next.push(0);
+                    (k.as_slice(), Some(next))
+                }
+                KeyRange::Interval(s, e) => (s.as_slice(), Some(e.clone())),
+                KeyRange::From(s) => (s.as_slice(), None),
+            }
+        }
+        let (s1, e1) = bounds(self);
+        let (s2, e2) = bounds(other);
+        let s1_before_e2 = e2.as_deref().is_none_or(|e| s1 < e);
+        let s2_before_e1 = e1.as_deref().is_none_or(|e| s2 < e);
+        s1_before_e2 && s2_before_e1
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SortOrder {
+    #[default]
+    None,
+    Ascend,
+    Descend,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SortTarget {
+    #[default]
+    Key,
+    Version,
+    Create,
+    Mod,
+    Value,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RangeRequest {
+    pub key: Vec<u8>,
+    pub range_end: Vec<u8>,
+    pub limit: i64,
+    pub revision: Revision,
+    pub sort_order: SortOrder,
+    pub sort_target: SortTarget,
+    pub keys_only: bool,
+    pub count_only: bool,
+    pub min_mod_revision: Revision,
+    pub max_mod_revision: Revision,
+    pub min_create_revision: Revision,
+    pub max_create_revision: Revision,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RangeResult {
+    pub kvs: Vec<KeyValue>,
+    pub more: bool,
+    /// Keys in the range at the read revision, before limit and filters.
+    pub count: i64,
+    /// The header revision: the store's revision, not the one read at.
+    pub revision: Revision,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PutRequest {
+    pub key: Vec<u8>,
+    pub value: Vec<u8>,
+    pub lease: i64,
+    pub prev_kv: bool,
+    pub ignore_value: bool,
+    pub ignore_lease: bool,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PutResult {
+    pub revision: Revision,
+    pub prev_kv: Option<KeyValue>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeleteRangeRequest {
+    pub key: Vec<u8>,
+    pub range_end: Vec<u8>,
+    pub prev_kv: bool,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeleteRangeResult {
+    pub revision: Revision,
+    pub deleted: i64,
+    pub prev_kvs: Vec<KeyValue>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CompareResult {
+    Equal,
+    Greater,
+    Less,
+    NotEqual,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CompareTarget {
+    Version,
+    Create,
+    Mod,
+    Value,
+    Lease,
+}
+
+/// One txn guard. `number` carries the version/create/mod/lease operand and
+/// `value` the value operand; the one that does not belong to `target` is zero.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Compare {
+    pub result: CompareResult,
+    pub target: CompareTarget,
+    pub key: Vec<u8>,
+    pub range_end: Vec<u8>,
+    pub number: i64,
+    pub value: Vec<u8>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RequestOp {
+    Range(RangeRequest),
+    Put(PutRequest),
+    DeleteRange(DeleteRangeRequest),
+    Txn(TxnRequest),
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TxnRequest {
+    pub compare: Vec<Compare>,
+    pub success: Vec<RequestOp>,
+    pub failure: Vec<RequestOp>,
+}
+
+impl TxnRequest {
+    /// True when no branch, at any depth, writes.
+    pub fn is_read_only(&self) -> bool {
+        self.success.iter().chain(&self.failure).all(|op| match op {
+            RequestOp::Range(_) => true,
+            RequestOp::Txn(t) => t.is_read_only(),
+            RequestOp::Put(_) | RequestOp::DeleteRange(_) => false,
+        })
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ResponseOp {
+    Range(RangeResult),
+    Put(PutResult),
+    DeleteRange(DeleteRangeResult),
+    Txn(TxnResult),
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TxnResult {
+    pub succeeded: bool,
+    pub responses: Vec<ResponseOp>,
+    /// Header revision; 0 for a txn nested in another (as etcd fills it).
+    pub revision: Revision,
+}
+
+/// Deterministic failures of a request: every replica reaches the same one, so
+/// they are results of apply, never reasons to stop the node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum MvccError {
+    #[error("mvcc: required revision has been compacted")]
+    Compacted,
+    #[error("mvcc: required revision is a future revision")]
+    FutureRevision,
+    #[error("key not found")]
+    KeyNotFound,
+    #[error("requested lease not found")]
+    LeaseNotFound,
+}
+
+/// One change made by a write, in (main, sub) revision order. The state machine
+/// persists these and (later) feeds them to watchers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Change {
+    pub revision: Revision,
+    pub sub: i64,
+    pub key: Vec<u8>,
+    /// The new value, or `None` for a deletion (tombstone).
+    pub kv: Option<KeyValue>,
+}

@@ -1,0 +1,114 @@
+//! Replication: the only module that names openraft.
+//!
+//! ## What openraft requires, and what raftlock chose
+//! openraft (0.9, storage-v2) drives the protocol and asks the application for
+//! three things:
+//! - a **log store** ([`log_store::LogStore`]): entries and the vote, durable
+//!   before they are acknowledged. raftlock keeps them in its own WAL
+//!   (`storage::wal`) with group commit, plus an in-memory copy of the entries
+//!   that are not yet purged, which replication reads from;
+//! - a **state machine** ([`state_machine::StateMachine`]): applies committed
+//!   entries in log order. raftlock's is the MVCC store (`crate::mvcc`), its
+//!   persistent copy in sled, written in one atomic batch per apply call together
+//!   with the last applied log id and the membership;
+//! - a **network** ([`network::PeerNetwork`]): Raft RPCs over gRPC on the peer
+//!   URL, with one cached channel per peer; [`peer::PeerService`] is its server
+//!   side and also serves follower-to-leader forwarding and ReadIndex.
+//!
+//! ## A write, traced
+//! 1. A client's Put reaches any node's API (`crate::api::kv`), which validates it
+//!    and turns it into a [`crate::command::Command`].
+//! 2. `crate::server::Node::write`: on the leader, `Raft::client_write`; on a
+//!    follower, the command goes over the peer channel (`Peer.Forward`) to the
+//!    leader, which does the same.
+//! 3. openraft appends the entry to the leader's WAL and sends it to followers in
+//!    parallel; each member reports it durable only after `fdatasync`.
+//! 4. Once a quorum has it, it is committed and applied on every member in log
+//!    order. The leader's apply result becomes the client's response.
+//!
+//! ## A read, traced
+//! - Linearizable (the default): the leader confirms it still leads with a round
+//!   of heartbeats to a quorum (`Raft::get_read_log_id`) and hands out the
+//!   commit index as the read index. A follower asks the leader for it over
+//!   `Peer.ReadIndex`, waits until it has applied that far, and serves locally.
+//! - Serializable: served at once from the node's applied state; may be stale.
+//!
+//! ## Caveats
+//! - Log entries are kept in memory until purged. Purging follows snapshots,
+//!   which are built from the in-memory MVCC state on demand.
+//! - Peer RPCs are not authenticated: the peer URL must only be reachable by
+//!   members.
+
+pub mod log_store;
+pub mod network;
+pub mod peer;
+pub mod state_machine;
+
+use std::io::Cursor;
+
+use serde::{Deserialize, Serialize};
+
+use crate::command::{Command, CommandResult};
+
+/// What a member is to Raft: its name and where its peers reach it. Client URLs
+/// are state-machine data (published through the log), not membership.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberNode {
+    pub name: String,
+    pub peer_url: String,
+}
+
+impl std::fmt::Display for MemberNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}@{}", self.name, self.peer_url)
+    }
+}
+
+openraft::declare_raft_types!(
+    /// raftlock's Raft types: member ids are etcd-style u64 member IDs.
+    pub TypeConfig:
+        D = Command,
+        R = CommandResult,
+        NodeId = u64,
+        Node = MemberNode,
+        Entry = openraft::Entry<TypeConfig>,
+        SnapshotData = Cursor<Vec<u8>>,
+);
+
+pub type Raft = openraft::Raft<TypeConfig>;
+pub type LogId = openraft::LogId<u64>;
+pub type Entry = openraft::Entry<TypeConfig>;
+pub type RaftMetrics = openraft::RaftMetrics<u64, MemberNode>;
+pub use openraft::{BasicNode, Config as RaftConfig, ServerState};
+
+/// The first byte of every encoded log entry and peer payload. Bumped when the
+/// encoding changes incompatibly, so that a mismatch is an error, not a misread.
+pub const FORMAT_V1: u8 = 1;
+
+/// Encode with the format byte in front.
+pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+    let mut out = vec![FORMAT_V1];
+    bincode::serialize_into(&mut out, value).expect("serializing to memory cannot fail");
+    out
+}
+
+/// Decode what [`encode`] produced.
+pub fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, String> {
+    match bytes.split_first() {
+        Some((&FORMAT_V1, rest)) => bincode::deserialize(rest).map_err(|e| e.to_string()),
+        Some((v, _)) => Err(format!("unknown encoding format {v}")),
+        None => Err("empty payload".into()),
+    }
+}
+
+/// Start Raft for this member.
+pub async fn start(
+    id: u64,
+    config: RaftConfig,
+    log_store: log_store::LogStore,
+    state_machine: state_machine::StateMachine,
+    network: network::PeerNetwork,
+) -> anyhow::Result<Raft> {
+    let config = std::sync::Arc::new(config.validate()?);
+    Ok(openraft::Raft::new(id, config, network, log_store, state_machine).await?)
+}

@@ -1,0 +1,201 @@
+//! The client side of the peer protocol: Raft RPCs to other members, and the
+//! forwarding of writes and read-index requests to the leader.
+//!
+//! One gRPC channel per peer URL is created lazily and cached for the life of
+//! the process ([`PeerClients`]); a tonic channel multiplexes concurrent calls
+//! over one HTTP/2 connection and reconnects by itself, so a peer that restarts
+//! is reached again without a new channel.
+//!
+//! Error mapping for openraft: a peer that cannot be reached is `Unreachable`
+//! (openraft backs off before retrying); any other transport failure is a
+//! `Network` error; a Raft-level refusal by the peer is a `RemoteError`.
+
+use std::collections::HashMap;
+use std::io;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
+    VoteResponse,
+};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tonic::transport::{Channel, Endpoint};
+
+use super::peer::ForwardError;
+use super::{decode, encode, MemberNode, TypeConfig};
+use crate::command::{Command, CommandResult};
+use crate::proto::raftlock::peer::peer_client::PeerClient;
+use crate::proto::raftlock::peer::{RaftPayload, ReadIndexRequest};
+
+/// Cached channels to peers, by peer URL.
+#[derive(Clone, Default)]
+pub struct PeerClients {
+    /// std Mutex: held only to look up or insert a channel, never across I/O.
+    channels: Arc<Mutex<HashMap<String, Channel>>>,
+}
+
+/// Why a forwarded request did not produce a result.
+#[derive(Debug)]
+pub enum ForwardFailure {
+    /// The target is not the leader (it may name the one it knows).
+    NotLeader { leader: Option<u64> },
+    /// The request never reached the target: safe to send elsewhere.
+    Unreachable(String),
+    /// The request may or may not have been applied.
+    Unknown(String),
+}
+
+impl PeerClients {
+    pub fn client(&self, url: &str) -> Result<PeerClient<Channel>, tonic::transport::Error> {
+        let mut channels = self.channels.lock().expect("peer channel lock poisoned");
+        let channel = match channels.get(url) {
+            Some(c) => c.clone(),
+            None => {
+                let c = Endpoint::from_shared(url.to_string())?
+                    .connect_timeout(Duration::from_millis(500))
+                    .tcp_nodelay(true)
+                    .http2_keep_alive_interval(Duration::from_secs(5))
+                    .keep_alive_timeout(Duration::from_secs(5))
+                    .connect_lazy();
+                channels.insert(url.to_string(), c.clone());
+                c
+            }
+        };
+        Ok(PeerClient::new(channel).max_decoding_message_size(usize::MAX).max_encoding_message_size(usize::MAX))
+    }
+
+    /// Hand a write to the leader at `url` and return its apply result.
+    pub async fn forward(&self, url: &str, cmd: &Command, timeout: Duration) -> Result<CommandResult, ForwardFailure> {
+        let mut client = self.client(url).map_err(|e| ForwardFailure::Unreachable(e.to_string()))?;
+        let mut req = tonic::Request::new(RaftPayload { data: encode(cmd) });
+        req.set_timeout(timeout);
+        let resp = client.forward(req).await.map_err(|s| {
+            if never_sent(&s) {
+                ForwardFailure::Unreachable(s.to_string())
+            } else {
+                ForwardFailure::Unknown(s.to_string())
+            }
+        })?;
+        let result: Result<CommandResult, ForwardError> =
+            decode(&resp.into_inner().data).map_err(ForwardFailure::Unknown)?;
+        result.map_err(|e| match e {
+            ForwardError::NotLeader { leader } => ForwardFailure::NotLeader { leader },
+            ForwardError::Failed(msg) => ForwardFailure::Unknown(msg),
+        })
+    }
+
+    /// Ask the leader at `url` for a read index.
+    pub async fn read_index(&self, url: &str, timeout: Duration) -> Result<u64, tonic::Status> {
+        let mut client = self.client(url).map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+        let mut req = tonic::Request::new(ReadIndexRequest {});
+        req.set_timeout(timeout);
+        Ok(client.read_index(req).await?.into_inner().index)
+    }
+}
+
+/// True when a failed call certainly did not reach the server (the connection
+/// could not be made), so that sending it elsewhere cannot apply it twice.
+fn never_sent(status: &tonic::Status) -> bool {
+    if status.code() != tonic::Code::Unavailable {
+        return false;
+    }
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
+    while let Some(e) = source {
+        let text = e.to_string();
+        if text.contains("tcp connect error") || text.contains("Connection refused") {
+            return true;
+        }
+        source = e.source();
+    }
+    status.message().contains("tcp connect error")
+}
+
+/// openraft's network factory: one [`PeerConnection`] per target.
+#[derive(Clone, Default)]
+pub struct PeerNetwork {
+    pub clients: PeerClients,
+}
+
+impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
+    type Network = PeerConnection;
+
+    async fn new_client(&mut self, target: u64, node: &MemberNode) -> PeerConnection {
+        PeerConnection { target, url: node.peer_url.clone(), clients: self.clients.clone() }
+    }
+}
+
+pub struct PeerConnection {
+    target: u64,
+    url: String,
+    clients: PeerClients,
+}
+
+#[derive(Clone, Copy)]
+enum RaftRpc {
+    AppendEntries,
+    Vote,
+    InstallSnapshot,
+}
+
+impl PeerConnection {
+    async fn call<Req, Resp, E>(
+        &self,
+        rpc: RaftRpc,
+        req: &Req,
+        option: &RPCOption,
+    ) -> Result<Resp, RPCError<u64, MemberNode, RaftError<u64, E>>>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
+        let mut client = self.clients.client(&self.url).map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;
+        let mut request = tonic::Request::new(RaftPayload { data: encode(req) });
+        request.set_timeout(option.hard_ttl());
+        let response = match rpc {
+            RaftRpc::AppendEntries => client.append_entries(request).await,
+            RaftRpc::Vote => client.vote(request).await,
+            RaftRpc::InstallSnapshot => client.install_snapshot(request).await,
+        };
+        let payload = response.map_err(|status| {
+            if status.code() == tonic::Code::Unavailable {
+                RPCError::Unreachable(Unreachable::new(&status))
+            } else {
+                RPCError::Network(NetworkError::new(&status))
+            }
+        })?;
+        let result: Result<Resp, RaftError<u64, E>> = decode(&payload.into_inner().data)
+            .map_err(|e| RPCError::Network(NetworkError::new(&io::Error::other(e))))?;
+        result.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+    }
+}
+
+impl RaftNetwork<TypeConfig> for PeerConnection {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<u64>, RPCError<u64, MemberNode, RaftError<u64>>> {
+        self.call(RaftRpc::AppendEntries, &rpc, &option).await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<InstallSnapshotResponse<u64>, RPCError<u64, MemberNode, RaftError<u64, InstallSnapshotError>>> {
+        self.call(RaftRpc::InstallSnapshot, &rpc, &option).await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<u64>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<u64>, RPCError<u64, MemberNode, RaftError<u64>>> {
+        self.call(RaftRpc::Vote, &rpc, &option).await
+    }
+}

@@ -1,0 +1,84 @@
+//! The server side of the peer protocol, served on the peer URL only.
+//!
+//! Raft RPCs are decoded and handed to openraft; the reply (including a Raft
+//! refusal) goes back encoded. `Forward` runs a follower's write through
+//! `Raft::client_write` here on the leader; `ReadIndex` confirms leadership with
+//! a quorum and returns the index a follower must apply before it reads.
+//!
+//! A payload that does not decode is `InvalidArgument`: it is a peer of another
+//! version or not a peer at all, and nothing is applied.
+
+use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
+use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
+use serde::{Deserialize, Serialize};
+use tonic::{Request, Response, Status};
+
+use super::{decode, encode, Raft, TypeConfig};
+use crate::command::{Command, CommandResult};
+use crate::proto::raftlock::peer::peer_server::{Peer, PeerServer};
+use crate::proto::raftlock::peer::{RaftPayload, ReadIndexRequest, ReadIndexResponse};
+
+/// Why the leader could not run a forwarded write.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum ForwardError {
+    NotLeader { leader: Option<u64> },
+    Failed(String),
+}
+
+pub struct PeerService {
+    raft: Raft,
+}
+
+impl PeerService {
+    pub fn server(raft: Raft) -> PeerServer<PeerService> {
+        PeerServer::new(PeerService { raft }).max_decoding_message_size(usize::MAX).max_encoding_message_size(usize::MAX)
+    }
+}
+
+fn payload<T: for<'de> Deserialize<'de>>(req: Request<RaftPayload>) -> Result<T, Status> {
+    decode(&req.into_inner().data).map_err(|e| Status::invalid_argument(format!("peer payload: {e}")))
+}
+
+fn reply<T: Serialize>(value: &T) -> Result<Response<RaftPayload>, Status> {
+    Ok(Response::new(RaftPayload { data: encode(value) }))
+}
+
+#[tonic::async_trait]
+impl Peer for PeerService {
+    async fn append_entries(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        let rpc: AppendEntriesRequest<TypeConfig> = payload(req)?;
+        reply(&self.raft.append_entries(rpc).await)
+    }
+
+    async fn vote(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        let rpc: VoteRequest<u64> = payload(req)?;
+        reply(&self.raft.vote(rpc).await)
+    }
+
+    async fn install_snapshot(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        let rpc: InstallSnapshotRequest<TypeConfig> = payload(req)?;
+        reply(&self.raft.install_snapshot(rpc).await)
+    }
+
+    async fn forward(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        let cmd: Command = payload(req)?;
+        let result: Result<CommandResult, ForwardError> = match self.raft.client_write(cmd).await {
+            Ok(r) => Ok(r.data),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                Err(ForwardError::NotLeader { leader: f.leader_id })
+            }
+            Err(e) => Err(ForwardError::Failed(e.to_string())),
+        };
+        reply(&result)
+    }
+
+    async fn read_index(&self, _req: Request<ReadIndexRequest>) -> Result<Response<ReadIndexResponse>, Status> {
+        match self.raft.get_read_log_id().await {
+            Ok((read, _applied)) => Ok(Response::new(ReadIndexResponse { index: read.map_or(0, |l| l.index) })),
+            Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(_))) => {
+                Err(Status::failed_precondition("not leader"))
+            }
+            Err(e) => Err(Status::unavailable(e.to_string())),
+        }
+    }
+}

@@ -1,0 +1,338 @@
+//! The node facade: what the API layer calls, in terms of raftlock's own types.
+//!
+//! - [`Node::write`] replicates a command and returns its apply result. On the
+//!   leader it proposes directly; on a follower it forwards to the leader over
+//!   the peer channel. It retries only what certainly was not applied (the
+//!   target was not the leader, or could not be reached); anything ambiguous
+//!   is reported to the client, as etcd does.
+//! - [`Node::read_barrier`] makes the next local read linearizable (ReadIndex).
+//! - [`Node::start`] opens storage, starts Raft and the peer service, bootstraps
+//!   a new cluster, and publishes this member's client URLs through the log.
+//!
+//! Every long-lived task watches [`Node::shutdown_signal`].
+//!
+//! Caveat: a request is given `request_timeout` in all; a write still in
+//! flight at that point may yet be applied (the client sees a timeout).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use openraft::error::{CheckIsLeaderError, ClientWriteError, InitializeError, RaftError};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::command::{Command, CommandResult};
+use crate::config::{ClusterState, Config};
+use crate::raft::log_store::LogStore;
+use crate::raft::network::{ForwardFailure, PeerClients, PeerNetwork};
+use crate::raft::state_machine::StateMachine;
+use crate::raft::{MemberNode, Raft, RaftConfig, RaftMetrics, ServerState};
+use crate::state::{AppliedState, MemberAttrs};
+use crate::storage::wal::{WalStats, DEFAULT_SEGMENT_BYTES};
+use crate::storage::StateDb;
+
+/// Why a request could not be served; each maps to one of etcd's errors.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ServerError {
+    #[error("no leader")]
+    NoLeader,
+    #[error("leader changed")]
+    LeaderChanged,
+    #[error("request timed out")]
+    Timeout,
+    #[error("server stopped")]
+    Stopped,
+}
+
+/// A member as MemberList shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberInfo {
+    pub id: u64,
+    pub name: String,
+    pub peer_urls: Vec<String>,
+    pub client_urls: Vec<String>,
+    pub is_learner: bool,
+}
+
+/// What Maintenance.Status reports.
+#[derive(Clone, Debug, Default)]
+pub struct NodeStatus {
+    pub leader: u64,
+    pub raft_term: u64,
+    pub raft_index: u64,
+    pub applied_index: u64,
+    pub is_learner: bool,
+    pub db_size: u64,
+}
+
+pub struct Node {
+    pub id: u64,
+    pub cluster_id: u64,
+    pub name: String,
+    raft: Raft,
+    state: Arc<AppliedState>,
+    peers: PeerClients,
+    state_db: StateDb,
+    wal: LogStore,
+    request_timeout: Duration,
+    shutdown: watch::Sender<bool>,
+}
+
+impl Node {
+    /// Open storage, start Raft, and bootstrap the cluster if this is a new one.
+    /// The caller serves [`Node::raft`]'s peer service and the client API.
+    pub async fn start(config: &Config) -> anyhow::Result<Arc<Node>> {
+        config.validate()?;
+        let id = config.member_id();
+        let members = config.initial_members()?;
+        let cluster_id = crate::config::cluster_id(members.keys().copied(), &config.initial_cluster_token);
+        let data_dir = config.data_dir();
+        std::fs::create_dir_all(&data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
+
+        let state_db = StateDb::open(&data_dir.join("state")).context("opening the state store")?;
+        let log_store = LogStore::open(&data_dir.join("wal"), DEFAULT_SEGMENT_BYTES, state_db.clone())
+            .context("opening the WAL")?;
+        let state = Arc::new(AppliedState::default());
+        let state_machine = StateMachine::open(state_db.clone(), state.clone()).context("loading the state machine")?;
+        let network = PeerNetwork::default();
+        let peers = network.clients.clone();
+
+        let raft_config = RaftConfig {
+            cluster_name: config.initial_cluster_token.clone(),
+            heartbeat_interval: config.heartbeat_interval,
+            election_timeout_min: config.election_timeout,
+            election_timeout_max: config.election_timeout * 2,
+            // Snapshots and log purging are driven explicitly (see raft/).
+            snapshot_policy: openraft::SnapshotPolicy::Never,
+            max_in_snapshot_log_to_keep: 1000,
+            ..Default::default()
+        };
+        let raft = crate::raft::start(id, raft_config, log_store.clone(), state_machine, network).await?;
+
+        if config.initial_cluster_state == ClusterState::New {
+            let nodes: BTreeMap<u64, MemberNode> = members
+                .values()
+                .map(|m| (m.id, MemberNode { name: m.name.clone(), peer_url: m.peer_urls[0].clone() }))
+                .collect();
+            // Every member initializes with the same membership; on a member
+            // that already has a log this is refused, which is what we want.
+            match raft.initialize(nodes).await {
+                Ok(()) => tracing::info!(members = members.len(), "bootstrapped a new cluster"),
+                Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+
+        let (shutdown, _) = watch::channel(false);
+        let node = Arc::new(Node {
+            id,
+            cluster_id,
+            name: config.name.clone(),
+            raft,
+            state,
+            peers,
+            state_db,
+            wal: log_store,
+            request_timeout: Duration::from_secs(5) + config.election_timeout() * 2,
+            shutdown,
+        });
+        let attrs = MemberAttrs { name: config.name.clone(), client_urls: config.advertise_client_urls() };
+        tokio::spawn(node.clone().publish(attrs));
+        Ok(node)
+    }
+
+    pub fn raft(&self) -> &Raft {
+        &self.raft
+    }
+
+    pub fn state(&self) -> &AppliedState {
+        &self.state
+    }
+
+    pub fn wal_stats(&self) -> &WalStats {
+        self.wal.wal().stats()
+    }
+
+    /// Resolves when the node begins to shut down.
+    pub fn shutdown_signal(&self) -> watch::Receiver<bool> {
+        self.shutdown.subscribe()
+    }
+
+    fn metrics(&self) -> RaftMetrics {
+        self.raft.metrics().borrow().clone()
+    }
+
+    /// The current term, for response headers.
+    pub fn raft_term(&self) -> u64 {
+        self.raft.metrics().borrow().current_term
+    }
+
+    /// The leader's ID and peer URL, if there is a leader.
+    fn leader(&self) -> Option<(u64, String)> {
+        let m = self.raft.metrics();
+        let m = m.borrow();
+        let leader = m.current_leader?;
+        let url = m.membership_config.membership().get_node(&leader).map(|n| n.peer_url.clone())?;
+        Some((leader, url))
+    }
+
+    /// Wait (at most until `deadline`, and at most a moment) for news of a leader.
+    async fn await_change(&self, deadline: Instant) {
+        let mut metrics = self.raft.metrics();
+        let until = deadline.min(Instant::now() + Duration::from_millis(100));
+        let _ = tokio::time::timeout_at(until, metrics.changed()).await;
+        // Do not spin when the metrics change for other reasons.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
+    /// Replicate `cmd` and return its apply result (see the module doc).
+    pub async fn write(&self, cmd: Command) -> Result<CommandResult, ServerError> {
+        let deadline = Instant::now() + self.request_timeout;
+        loop {
+            let leader = self.leader();
+            match &leader {
+                Some((leader_id, _)) if *leader_id == self.id => {
+                    match tokio::time::timeout_at(deadline, self.raft.client_write(cmd.clone())).await {
+                        Err(_) => return Err(ServerError::Timeout),
+                        Ok(Ok(resp)) => return Ok(resp.data),
+                        // Not appended (or truncated before commit): safe to retry.
+                        Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_)))) => {}
+                        Ok(Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e)))) => {
+                            unreachable!("a command is not a membership change: {e}")
+                        }
+                        Ok(Err(RaftError::Fatal(_))) => return Err(ServerError::Stopped),
+                    }
+                }
+                Some((_, url)) => {
+                    let remaining = deadline.saturating_duration_since(Instant::now());
+                    match self.peers.forward(url, &cmd, remaining).await {
+                        Ok(result) => return Ok(result),
+                        Err(ForwardFailure::NotLeader { .. }) | Err(ForwardFailure::Unreachable(_)) => {}
+                        Err(ForwardFailure::Unknown(e)) => {
+                            tracing::debug!(error = %e, "forwarded write failed");
+                            return Err(if Instant::now() >= deadline {
+                                ServerError::Timeout
+                            } else {
+                                ServerError::LeaderChanged
+                            });
+                        }
+                    }
+                }
+                None => {}
+            }
+            if *self.shutdown.borrow() {
+                return Err(ServerError::Stopped);
+            }
+            if Instant::now() >= deadline {
+                return Err(if leader.is_none() { ServerError::NoLeader } else { ServerError::Timeout });
+            }
+            self.await_change(deadline).await;
+        }
+    }
+
+    /// Make the local state fresh enough for a linearizable read: at least as
+    /// new as everything committed when this call began.
+    pub async fn read_barrier(&self) -> Result<(), ServerError> {
+        let deadline = Instant::now() + self.request_timeout;
+        loop {
+            let leader = self.leader();
+            match &leader {
+                Some((leader_id, _)) if *leader_id == self.id => {
+                    match tokio::time::timeout_at(deadline, self.raft.ensure_linearizable()).await {
+                        Err(_) => return Err(ServerError::Timeout),
+                        Ok(Ok(_)) => return Ok(()),
+                        Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(_)))) => {}
+                        Ok(Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_)))) => {}
+                        Ok(Err(RaftError::Fatal(_))) => return Err(ServerError::Stopped),
+                    }
+                }
+                Some((_, url)) => {
+                    let remaining = deadline.saturating_duration_since(Instant::now());
+                    if let Ok(index) = self.peers.read_index(url, remaining).await {
+                        let remaining = deadline.saturating_duration_since(Instant::now());
+                        return match self
+                            .raft
+                            .wait(Some(remaining))
+                            .applied_index_at_least(Some(index), "read index")
+                            .await
+                        {
+                            Ok(_) => Ok(()),
+                            Err(openraft::metrics::WaitError::Timeout(..)) => Err(ServerError::Timeout),
+                            Err(openraft::metrics::WaitError::ShuttingDown) => Err(ServerError::Stopped),
+                        };
+                    }
+                }
+                None => {}
+            }
+            if *self.shutdown.borrow() {
+                return Err(ServerError::Stopped);
+            }
+            if Instant::now() >= deadline {
+                return Err(if leader.is_none() { ServerError::NoLeader } else { ServerError::Timeout });
+            }
+            self.await_change(deadline).await;
+        }
+    }
+
+    /// Every member, with the client URLs it published.
+    pub fn members(&self) -> Vec<MemberInfo> {
+        let m = self.metrics();
+        let membership = m.membership_config.membership();
+        let voters: std::collections::BTreeSet<u64> = membership.voter_ids().collect();
+        let attrs = self.state.members();
+        membership
+            .nodes()
+            .map(|(id, node)| MemberInfo {
+                id: *id,
+                name: node.name.clone(),
+                peer_urls: vec![node.peer_url.clone()],
+                client_urls: attrs.get(id).map(|a| a.client_urls.clone()).unwrap_or_default(),
+                is_learner: !voters.contains(id),
+            })
+            .collect()
+    }
+
+    pub fn status(&self) -> NodeStatus {
+        let m = self.metrics();
+        NodeStatus {
+            leader: m.current_leader.unwrap_or(0),
+            raft_term: m.current_term,
+            raft_index: m.last_log_index.unwrap_or(0),
+            applied_index: m.last_applied.map_or(0, |l| l.index),
+            is_learner: m.state == ServerState::Learner,
+            db_size: self.state_db.size_on_disk(),
+        }
+    }
+
+    /// Publish this member's attributes through the log until they are there.
+    async fn publish(self: Arc<Self>, attrs: MemberAttrs) {
+        let mut shutdown = self.shutdown_signal();
+        loop {
+            if self.state.members().get(&self.id) == Some(&attrs) {
+                return;
+            }
+            let cmd = Command::PublishMember { id: self.id, name: attrs.name.clone(), client_urls: attrs.client_urls.clone() };
+            match self.write(cmd).await {
+                Ok(_) => return,
+                Err(e) => tracing::debug!(error = %e, "publishing member attributes; will retry"),
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
+
+    /// Stop: signal every stream and task, stop Raft, and push the state store to disk.
+    pub async fn shutdown(&self) {
+        let _ = self.shutdown.send(true);
+        if let Err(e) = self.raft.shutdown().await {
+            tracing::warn!(error = %e, "raft shutdown");
+        }
+        if let Err(e) = self.state_db.sync() {
+            tracing::warn!(error = %e, "syncing the state store at shutdown");
+        }
+    }
+}
