@@ -1,0 +1,213 @@
+//! Test harness: a real cluster of `raftlock` processes on loopback.
+//!
+//! Each member is a separate OS process started from the binary cargo built,
+//! with its own client and peer port and data directory, so that kill -9,
+//! SIGSTOP and restarts are the real thing. Clients are the independent
+//! `etcd-client` crate. Ports come from the OS (bind to port 0, then release),
+//! so clusters of concurrently running tests do not collide.
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use etcd_client::Client;
+
+/// Raft timing used by the tests: fast failover, still well above loopback RTT.
+pub const HEARTBEAT_MS: u64 = 50;
+pub const ELECTION_MS: u64 = 500;
+
+pub struct Member {
+    pub name: String,
+    pub client_port: u16,
+    pub peer_port: u16,
+    pub data_dir: PathBuf,
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl Member {
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client_port)
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+}
+
+pub struct Cluster {
+    pub members: Vec<Member>,
+    initial_cluster: String,
+    _dir: tempfile::TempDir,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+impl Cluster {
+    /// Start `n` members and wait until the cluster has a leader and serves.
+    pub async fn start(n: usize) -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        let members: Vec<Member> = (0..n)
+            .map(|i| {
+                let name = format!("m{i}");
+                Member {
+                    data_dir: dir.path().join(format!("{name}.raftlock")),
+                    log: dir.path().join(format!("{name}.log")),
+                    name,
+                    client_port: free_port(),
+                    peer_port: free_port(),
+                    child: None,
+                }
+            })
+            .collect();
+        let initial_cluster = members
+            .iter()
+            .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut cluster = Cluster { members, initial_cluster, _dir: dir };
+        for i in 0..n {
+            cluster.spawn(i);
+        }
+        cluster.wait_ready().await;
+        cluster
+    }
+
+    fn spawn(&mut self, i: usize) {
+        let m = &mut self.members[i];
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&m.log).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_raftlock"))
+            .args(["--name", &m.name])
+            .args(["--data-dir", m.data_dir.to_str().unwrap()])
+            .args(["--listen-client-urls", &m.endpoint()])
+            .args(["--listen-peer-urls", &format!("http://127.0.0.1:{}", m.peer_port)])
+            .args(["--initial-cluster", &self.initial_cluster])
+            .args(["--heartbeat-interval", &HEARTBEAT_MS.to_string()])
+            .args(["--election-timeout", &ELECTION_MS.to_string()])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start raftlock");
+        m.child = Some(child);
+    }
+
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members.iter().map(Member::endpoint).collect()
+    }
+
+    /// A client talking to member `i` only.
+    pub async fn client(&self, i: usize) -> Client {
+        Client::connect([self.members[i].endpoint()], None).await.expect("connect")
+    }
+
+    /// Wait until every running member reports the same leader and answers a
+    /// linearizable read.
+    pub async fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if self.try_ready().await {
+                return;
+            }
+            assert!(Instant::now() < deadline, "cluster not ready in 30 s; logs:\n{}", self.logs());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn try_ready(&self) -> bool {
+        let mut leaders = Vec::new();
+        for (i, m) in self.members.iter().enumerate() {
+            if m.child.is_none() {
+                continue;
+            }
+            let Ok(Ok(mut c)) = tokio::time::timeout(Duration::from_secs(1), Client::connect([m.endpoint()], None)).await
+            else {
+                return false;
+            };
+            match tokio::time::timeout(Duration::from_secs(2), c.status()).await {
+                Ok(Ok(s)) if s.leader() != 0 => leaders.push(s.leader()),
+                _ => return false,
+            }
+            if !matches!(tokio::time::timeout(Duration::from_secs(2), c.get("ready-probe", None)).await, Ok(Ok(_))) {
+                return false;
+            }
+            let _ = i;
+        }
+        !leaders.is_empty() && leaders.iter().all(|l| *l == leaders[0])
+    }
+
+    /// The index of the current leader (waits for one).
+    pub async fn leader(&self) -> usize {
+        self.wait_ready().await;
+        for (i, m) in self.members.iter().enumerate() {
+            if m.child.is_none() {
+                continue;
+            }
+            let mut c = self.client(i).await;
+            let s = c.status().await.unwrap();
+            if s.leader() == s.header().unwrap().member_id() {
+                return i;
+            }
+        }
+        panic!("no member is the leader");
+    }
+
+    /// A member that is not the leader.
+    pub async fn follower(&self) -> usize {
+        let leader = self.leader().await;
+        (0..self.members.len()).find(|&i| i != leader && self.members[i].child.is_some()).unwrap()
+    }
+
+    /// kill -9.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut c) = self.members[i].child.take() {
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
+    }
+
+    /// Start a stopped member again with the same flags and data.
+    pub fn restart(&mut self, i: usize) {
+        assert!(self.members[i].child.is_none(), "member {i} is running");
+        self.spawn(i);
+    }
+
+    /// SIGTERM, and wait for a clean exit; returns the exit status.
+    pub fn terminate(&mut self, i: usize) -> std::process::ExitStatus {
+        let mut c = self.members[i].child.take().expect("running");
+        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        c.wait().unwrap()
+    }
+
+    pub fn logs(&self) -> String {
+        self.members
+            .iter()
+            .map(|m| {
+                let text = std::fs::read_to_string(&m.log).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(30).collect();
+                format!("--- {} ---\n{}", m.name, tail.into_iter().rev().collect::<Vec<_>>().join("\n"))
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for i in 0..self.members.len() {
+            self.kill(i);
+        }
+    }
+}
+
+/// The gRPC code and message of a failed etcd-client call.
+pub fn grpc_error(e: etcd_client::Error) -> (tonic::Code, String) {
+    match e {
+        etcd_client::Error::GRpcStatus(s) => (s.code(), s.message().to_string()),
+        other => panic!("expected a gRPC status, got {other:?}"),
+    }
+}
