@@ -28,6 +28,9 @@ pub enum Command {
     /// A member announces the client URLs it serves on (etcd's "publish"), so
     /// that MemberList can show them on every node.
     PublishMember { id: u64, name: String, client_urls: Vec<String> },
+    /// Several client commands proposed as one entry (see `raft::proposer`);
+    /// applied one after the other, each with its own result. Never nested.
+    Batch(Vec<Command>),
 }
 
 impl Command {
@@ -39,6 +42,7 @@ impl Command {
             Command::Txn(_) => "txn",
             Command::Compact { .. } => "compact",
             Command::PublishMember { .. } => "publish_member",
+            Command::Batch(_) => "batch",
         }
     }
 }
@@ -58,4 +62,6 @@ pub enum CommandResult {
     MemberPublished { revision: Revision },
     /// A deterministic rejection: the store is unchanged.
     Rejected { error: MvccError, revision: Revision },
+    /// The results of a `Command::Batch`, in order.
+    Batch(Vec<CommandResult>),
 }

@@ -6,7 +6,7 @@ use raftlock::config::Config;
 use raftlock::server::Node;
 use tokio::signal::unix::{signal, SignalKind};
 
-#[tokio::main]
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     let config = Config::parse();
     tracing_subscriber::fmt()

@@ -17,8 +17,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
-use tonic::transport::server::Router;
+use tonic::transport::server::{Router, TcpIncoming};
 use tonic::transport::Server;
 
 use crate::proto::etcdserverpb::ResponseHeader;
@@ -41,7 +40,6 @@ pub fn header(node: &Node, revision: i64) -> Option<ResponseHeader> {
 pub async fn serve_clients(node: Arc<Node>, addrs: Vec<SocketAddr>) -> anyhow::Result<()> {
     let make = || {
         Server::builder()
-            .tcp_nodelay(true)
             .add_service(kv::KvService::server(node.clone()))
             .add_service(cluster::ClusterService::server(node.clone()))
             .add_service(maintenance::MaintenanceService::server(node.clone()))
@@ -51,7 +49,7 @@ pub async fn serve_clients(node: Arc<Node>, addrs: Vec<SocketAddr>) -> anyhow::R
 
 /// Serve the peer protocol on `addrs` until the node shuts down.
 pub async fn serve_peers(node: Arc<Node>, addrs: Vec<SocketAddr>) -> anyhow::Result<()> {
-    let make = || Server::builder().tcp_nodelay(true).add_service(PeerService::server(node.raft().clone()));
+    let make = || Server::builder().add_service(PeerService::server(node.raft().clone(), node.proposer().clone()));
     serve(&node, addrs, make).await
 }
 
@@ -60,7 +58,8 @@ async fn serve(node: &Node, addrs: Vec<SocketAddr>, make: impl Fn() -> Router) -
     let mut servers = Vec::new();
     for addr in addrs {
         let listener = TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("binding {addr}: {e}"))?;
-        let incoming = TcpListenerStream::new(listener);
+        // Small request/response pairs must not wait for Nagle's algorithm.
+        let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
         let mut shutdown = node.shutdown_signal();
         let stopped = async move {
             let _ = shutdown.wait_for(|s| *s).await;

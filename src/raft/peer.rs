@@ -1,18 +1,19 @@
 //! The server side of the peer protocol, served on the peer URL only.
 //!
 //! Raft RPCs are decoded and handed to openraft; the reply (including a Raft
-//! refusal) goes back encoded. `Forward` runs a follower's write through
-//! `Raft::client_write` here on the leader; `ReadIndex` confirms leadership with
+//! refusal) goes back encoded. `Forward` runs a follower's write through the
+//! leader's proposer (so it is batched with the leader's own writes); `ReadIndex` confirms leadership with
 //! a quorum and returns the index a follower must apply before it reads.
 //!
 //! A payload that does not decode is `InvalidArgument`: it is a peer of another
 //! version or not a peer at all, and nothing is applied.
 
-use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
+use openraft::error::{CheckIsLeaderError, RaftError};
 use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
 use serde::{Deserialize, Serialize};
 use tonic::{Request, Response, Status};
 
+use super::proposer::{ProposeError, Proposer};
 use super::{decode, encode, Raft, TypeConfig};
 use crate::command::{Command, CommandResult};
 use crate::proto::raftlock::peer::peer_server::{Peer, PeerServer};
@@ -27,11 +28,12 @@ pub enum ForwardError {
 
 pub struct PeerService {
     raft: Raft,
+    proposer: Proposer,
 }
 
 impl PeerService {
-    pub fn server(raft: Raft) -> PeerServer<PeerService> {
-        PeerServer::new(PeerService { raft }).max_decoding_message_size(usize::MAX).max_encoding_message_size(usize::MAX)
+    pub fn server(raft: Raft, proposer: Proposer) -> PeerServer<PeerService> {
+        PeerServer::new(PeerService { raft, proposer }).max_decoding_message_size(usize::MAX).max_encoding_message_size(usize::MAX)
     }
 }
 
@@ -62,12 +64,13 @@ impl Peer for PeerService {
 
     async fn forward(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
         let cmd: Command = payload(req)?;
-        let result: Result<CommandResult, ForwardError> = match self.raft.client_write(cmd).await {
-            Ok(r) => Ok(r.data),
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
-                Err(ForwardError::NotLeader { leader: f.leader_id })
-            }
-            Err(e) => Err(ForwardError::Failed(e.to_string())),
+        if matches!(cmd, Command::Batch(_)) {
+            return Err(Status::invalid_argument("peer: a forwarded command cannot be a batch"));
+        }
+        let result: Result<CommandResult, ForwardError> = match self.proposer.propose(cmd).await {
+            Ok(r) => Ok(r),
+            Err(ProposeError::NotLeader { leader }) => Err(ForwardError::NotLeader { leader }),
+            Err(ProposeError::Stopped) => Err(ForwardError::Failed("raft stopped".into())),
         };
         reply(&result)
     }

@@ -1,16 +1,16 @@
 //! The Raft state machine: applies committed commands to the MVCC store and
 //! persists the result.
 //!
-//! Each `apply` call applies its entries to the in-memory store, then writes one
-//! atomic sled batch holding every change, the last applied log id and the
-//! membership; only after that are the results returned to openraft (and so to
-//! clients). sled is flushed lazily: after a crash the persisted state may be
-//! behind, and openraft applies the later log entries again from the WAL — the
-//! same results, since apply is deterministic.
+//! Each `apply` call applies its entries to the in-memory store, then queues one
+//! atomic batch for the state store holding every change, the last applied log
+//! id and the membership. The entries are already durable in the WAL, so the
+//! state store may lag: after a crash it is behind, at a batch boundary, and
+//! openraft applies the later log entries again — the same results, since apply
+//! is deterministic.
 //!
 //! Deterministic failures (a compacted revision, an unknown lease) are results
 //! (`CommandResult::Rejected`). A failure to persist is not deterministic: the
-//! node panics rather than let its state diverge from its peers'.
+//! process aborts (see `storage`) rather than let its state diverge.
 //!
 //! Persistent layout (sled keys):
 //! ```text
@@ -124,6 +124,16 @@ impl StateMachine {
     }
 
     fn apply_command(&self, cmd: Command, batch: &mut StateBatch) -> CommandResult {
+        if let Command::Batch(cmds) = cmd {
+            return CommandResult::Batch(
+                cmds.into_iter()
+                    .map(|c| {
+                        assert!(!matches!(c, Command::Batch(_)), "batches are never nested");
+                        self.apply_command(c, batch)
+                    })
+                    .collect(),
+            );
+        }
         let mut mvcc = self.state.mvcc_mut();
         let rejected = |error, mvcc: &MvccStore| CommandResult::Rejected { error, revision: mvcc.revision() };
         match cmd {
@@ -159,6 +169,7 @@ impl StateMachine {
                 self.state.members_mut().insert(id, attrs);
                 CommandResult::MemberPublished { revision: mvcc.revision() }
             }
+            Command::Batch(_) => unreachable!("handled above"),
         }
     }
 
@@ -219,10 +230,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         }
         batch.puts.push((APPLIED.to_vec(), encode(&self.last_applied)));
         batch.puts.push((MEMBERSHIP.to_vec(), encode(&self.membership)));
-        if let Err(e) = self.db.commit(batch) {
-            // Not deterministic: continuing would let this replica diverge.
-            panic!("state machine: persisting applied entries failed: {e}");
-        }
+        self.db.commit(batch);
         Ok(results)
     }
 

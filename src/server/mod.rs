@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use openraft::error::{CheckIsLeaderError, ClientWriteError, InitializeError, RaftError};
+use openraft::error::{CheckIsLeaderError, InitializeError, RaftError};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -27,6 +27,7 @@ use crate::command::{Command, CommandResult};
 use crate::config::{ClusterState, Config};
 use crate::raft::log_store::LogStore;
 use crate::raft::network::{ForwardFailure, PeerClients, PeerNetwork};
+use crate::raft::proposer::{ProposeError, Proposer};
 use crate::raft::state_machine::StateMachine;
 use crate::raft::{MemberNode, Raft, RaftConfig, RaftMetrics, ServerState};
 use crate::state::{AppliedState, MemberAttrs};
@@ -72,6 +73,7 @@ pub struct Node {
     pub cluster_id: u64,
     pub name: String,
     raft: Raft,
+    proposer: Proposer,
     state: Arc<AppliedState>,
     peers: PeerClients,
     state_db: StateDb,
@@ -126,11 +128,13 @@ impl Node {
         }
 
         let (shutdown, _) = watch::channel(false);
+        let proposer = Proposer::start(raft.clone());
         let node = Arc::new(Node {
             id,
             cluster_id,
             name: config.name.clone(),
             raft,
+            proposer,
             state,
             peers,
             state_db,
@@ -145,6 +149,10 @@ impl Node {
 
     pub fn raft(&self) -> &Raft {
         &self.raft
+    }
+
+    pub fn proposer(&self) -> &Proposer {
+        &self.proposer
     }
 
     pub fn state(&self) -> &AppliedState {
@@ -194,15 +202,12 @@ impl Node {
             let leader = self.leader();
             match &leader {
                 Some((leader_id, _)) if *leader_id == self.id => {
-                    match tokio::time::timeout_at(deadline, self.raft.client_write(cmd.clone())).await {
+                    match tokio::time::timeout_at(deadline, self.proposer.propose(cmd.clone())).await {
                         Err(_) => return Err(ServerError::Timeout),
-                        Ok(Ok(resp)) => return Ok(resp.data),
+                        Ok(Ok(result)) => return Ok(result),
                         // Not appended (or truncated before commit): safe to retry.
-                        Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_)))) => {}
-                        Ok(Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e)))) => {
-                            unreachable!("a command is not a membership change: {e}")
-                        }
-                        Ok(Err(RaftError::Fatal(_))) => return Err(ServerError::Stopped),
+                        Ok(Err(ProposeError::NotLeader { .. })) => {}
+                        Ok(Err(ProposeError::Stopped)) => return Err(ServerError::Stopped),
                     }
                 }
                 Some((_, url)) => {

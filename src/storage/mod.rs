@@ -3,15 +3,19 @@
 //! Two stores with two durability contracts:
 //! - [`wal::Wal`] holds the Raft log and vote. A write is reported done only
 //!   after `fdatasync`: this is what makes an acknowledged write survive a crash.
-//! - [`StateDb`] (sled) holds the applied state machine. It is written in atomic
-//!   batches but flushed lazily: after a crash it may be behind the log, and the
-//!   log entries after its last applied id are applied again on restart. That is
-//!   safe because apply is deterministic and the batch that records the applied
-//!   log id is the batch that holds that entry's effects.
+//! - [`StateDb`] (sled) holds the applied state machine. Batches are handed to a
+//!   writer thread that merges every batch waiting into one atomic sled batch,
+//!   in order; sled flushes lazily. After a crash the store may therefore be
+//!   behind the log, at a batch boundary, and the log entries after its last
+//!   applied id are applied again on restart. That is safe because apply is
+//!   deterministic and each batch carries the applied id of its own effects.
 //!
 //! Invariant that follows: the WAL must never drop (purge) an entry that the
-//! state store may not hold durably. [`StateDb::sync`] forces the state store to
-//! disk before a purge.
+//! state store may not hold durably. [`StateDb::sync`] waits for the writer and
+//! forces the state store to disk; purges call it first.
+//!
+//! Caveat: a sled write error on the writer thread cannot be handed back to the
+//! apply that caused it; the process aborts, and restarts from the log.
 //!
 //! Keys and values here are opaque bytes; the state machine chooses the layout.
 
@@ -20,12 +24,19 @@ pub mod wal;
 use std::io;
 use std::path::Path;
 
-/// The persistent copy of the state machine.
+/// The persistent copy of the state machine. Clones share one store.
 #[derive(Clone)]
 pub struct StateDb {
     db: sled::Db,
     tree: sled::Tree,
     dir: std::path::PathBuf,
+    writes: std::sync::mpsc::Sender<StateWrite>,
+}
+
+enum StateWrite {
+    Batch(StateBatch),
+    /// Reply once every batch sent before it is in sled.
+    Barrier(std::sync::mpsc::Sender<()>),
 }
 
 /// One atomic change of the state store.
@@ -46,19 +57,26 @@ impl StateDb {
     pub fn open(dir: &Path) -> io::Result<StateDb> {
         let db = sled::Config::new().path(dir).flush_every_ms(Some(500)).open().map_err(io_err)?;
         let tree = db.open_tree("state").map_err(io_err)?;
-        Ok(StateDb { db, tree, dir: dir.to_path_buf() })
+        let (writes, rx) = std::sync::mpsc::channel();
+        let writer_tree = tree.clone();
+        std::thread::Builder::new().name("raftlock-state".into()).spawn(move || write_loop(writer_tree, rx))?;
+        Ok(StateDb { db, tree, dir: dir.to_path_buf(), writes })
     }
 
-    /// Apply a batch atomically: after a crash either all of it is there or none.
-    pub fn commit(&self, batch: StateBatch) -> io::Result<()> {
-        let mut b = sled::Batch::default();
-        for k in batch.deletes {
-            b.remove(k);
+    /// Queue a batch. Batches reach sled in order, each atomically (possibly
+    /// merged with the ones around it): after a crash the store is at the end
+    /// of some batch.
+    pub fn commit(&self, batch: StateBatch) {
+        if self.writes.send(StateWrite::Batch(batch)).is_err() {
+            panic!("state store writer stopped");
         }
-        for (k, v) in batch.puts {
-            b.insert(k, v);
-        }
-        self.tree.apply_batch(b).map_err(io_err)
+    }
+
+    /// Wait until every batch queued so far is in sled.
+    fn drain(&self) -> io::Result<()> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.writes.send(StateWrite::Barrier(tx)).map_err(|_| io::Error::other("state store writer stopped"))?;
+        rx.recv().map_err(|_| io::Error::other("state store writer stopped"))
     }
 
     pub fn get(&self, key: &[u8]) -> io::Result<Option<Vec<u8>>> {
@@ -73,14 +91,16 @@ impl StateDb {
     /// Replace the whole content (snapshot install). Not atomic across a crash;
     /// callers write a marker last and check it on open.
     pub fn replace_all(&self, batch: StateBatch) -> io::Result<()> {
+        self.drain()?;
         self.tree.clear().map_err(io_err)?;
-        self.commit(batch)?;
+        self.commit(batch);
         self.sync()
     }
 
     /// Push everything to disk: sled's flush, then a real fsync of its files
     /// (sled's own flush is not a durable sync).
     pub fn sync(&self) -> io::Result<()> {
+        self.drain()?;
         self.db.flush().map_err(io_err)?;
         fsync_tree(&self.dir)
     }
@@ -88,6 +108,54 @@ impl StateDb {
     /// Bytes sled uses on disk.
     pub fn size_on_disk(&self) -> u64 {
         self.db.size_on_disk().unwrap_or(0)
+    }
+}
+
+/// How long the writer gathers batches before it writes them to sled. Nothing
+/// waits on the state store (the WAL already holds every entry), and each sled
+/// batch costs disk writes, so fewer, larger batches are better; a barrier
+/// (sync, snapshot install) ends the window at once.
+const STATE_WRITE_WINDOW: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// The writer thread: merge every batch that arrives within a window into one
+/// sled batch (later writes to a key replace earlier ones, as applying them in
+/// turn would).
+fn write_loop(tree: sled::Tree, rx: std::sync::mpsc::Receiver<StateWrite>) {
+    use std::sync::mpsc::RecvTimeoutError;
+    while let Ok(first) = rx.recv() {
+        let deadline = std::time::Instant::now() + STATE_WRITE_WINDOW;
+        let mut merged = sled::Batch::default();
+        let mut barriers = Vec::new();
+        let mut next = Some(first);
+        while let Some(write) = next.take() {
+            match write {
+                StateWrite::Batch(batch) => {
+                    for k in batch.deletes {
+                        merged.remove(k);
+                    }
+                    for (k, v) in batch.puts {
+                        merged.insert(k, v);
+                    }
+                }
+                StateWrite::Barrier(reply) => barriers.push(reply),
+            }
+            if barriers.is_empty() {
+                let wait = deadline.saturating_duration_since(std::time::Instant::now());
+                match rx.recv_timeout(wait) {
+                    Ok(w) => next = Some(w),
+                    Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => {}
+                }
+            } else {
+                next = rx.try_recv().ok();
+            }
+        }
+        if let Err(e) = tree.apply_batch(merged) {
+            tracing::error!(error = %e, "state store write failed; aborting so that the log is replayed");
+            std::process::abort();
+        }
+        for reply in barriers {
+            let _ = reply.send(());
+        }
     }
 }
 

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Side-by-side benchmark: a 3-member etcd 3.5.1 cluster and a 3-member raftlock
+# cluster on this machine, one after the other in one run, measured by the same
+# client (`raftlockctl bench`). Prints each result and the raftlock/etcd ratios.
+#
+#   scripts/bench.sh            # full run
+#   QUICK=1 scripts/bench.sh    # fewer requests, for a smoke test
+set -euo pipefail
+cd "$(dirname "$0")/.."
+etcd_dir=$(scripts/install-etcd.sh)
+cargo build --release --bins >&2
+ctl=target/release/raftlockctl
+work=$(pwd)/.bench
+rm -rf "$work"; mkdir -p "$work"
+scale=1; [ "${QUICK:-}" = 1 ] && scale=10
+
+pids=()
+stop_all() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pids=(); }
+trap stop_all EXIT
+
+start_cluster() { # kind base_port
+  local kind=$1 base=$2 cluster="" i
+  for i in 0 1 2; do cluster+="${cluster:+,}n$i=http://127.0.0.1:$((base+10+i))"; done
+  for i in 0 1 2; do
+    local args=(--name "n$i" --data-dir "$work/$kind-n$i"
+      --listen-client-urls "http://127.0.0.1:$((base+i))" --advertise-client-urls "http://127.0.0.1:$((base+i))"
+      --listen-peer-urls "http://127.0.0.1:$((base+10+i))" --initial-advertise-peer-urls "http://127.0.0.1:$((base+10+i))"
+      --initial-cluster "$cluster" --initial-cluster-state new)
+    if [ "$kind" = etcd ]; then
+      "$etcd_dir/etcd" "${args[@]}" --log-level error >"$work/$kind-n$i.log" 2>&1 &
+    else
+      target/release/raftlock "${args[@]}" >"$work/$kind-n$i.log" 2>&1 &
+    fi
+    pids+=($!)
+  done
+  endpoints="http://127.0.0.1:$base,http://127.0.0.1:$((base+1)),http://127.0.0.1:$((base+2))"
+  for _ in $(seq 100); do
+    "$ctl" --endpoints "$endpoints" bench put --total 3 >/dev/null 2>&1 && return 0
+    sleep 0.2
+  done
+  echo "$kind cluster did not start" >&2; exit 1
+}
+
+suite() { # kind
+  local kind=$1
+  run() { "$ctl" --endpoints "$endpoints" -w json bench "$@" | sed "s/^/{\"system\":\"$kind\",\"args\":\"$*\",\"r\":/; s/\$/}/" | tee -a "$work/results.jsonl" >&2; }
+  run put --clients 1 --conns 1 --total $((5000/scale))
+  run put --clients 64 --conns 8 --total $((60000/scale))
+  run get --clients 1 --conns 1 --total $((5000/scale))
+  run get --clients 64 --conns 8 --total $((60000/scale))
+  run txn --clients 64 --conns 8 --total $((60000/scale))
+}
+
+echo "== etcd 3.5.1, 3 members" >&2
+start_cluster etcd 23790; suite etcd; stop_all
+echo "== raftlock, 3 members" >&2
+start_cluster raftlock 24790; suite raftlock; stop_all
+
+python3 - "$work/results.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+by = {}
+for r in rows:
+    by.setdefault(r["args"], {})[r["system"]] = r["r"]
+print(f"{'workload':<48} {'etcd ops/s':>10} {'raftlock':>10} {'ratio':>6}   {'etcd p50':>9} {'raftlock':>9}   {'etcd p99':>9} {'raftlock':>9}")
+for args, s in by.items():
+    e, r = s.get("etcd"), s.get("raftlock")
+    if not e or not r: continue
+    print(f"{args:<48} {e['ops_per_sec']:>10.0f} {r['ops_per_sec']:>10.0f} {r['ops_per_sec']/e['ops_per_sec']:>5.2f}x"
+          f"   {e['p50_ms']:>7.3f}ms {r['p50_ms']:>7.3f}ms   {e['p99_ms']:>7.3f}ms {r['p99_ms']:>7.3f}ms")
+PY

@@ -1,0 +1,209 @@
+//! A load generator for any etcd-compatible endpoint list, so that raftlock and
+//! etcd are measured by the same client code in the same run.
+//!
+//! `clients` concurrent request loops share `conns` gRPC connections (spread
+//! over the endpoints round-robin, as etcd's own benchmark tool does) and run
+//! until `total` requests have completed. Every request's latency is recorded;
+//! the report gives throughput and latency percentiles. A failed request is
+//! counted and reported, never silently dropped from the figures.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::proto::etcdserverpb as pb;
+use crate::proto::etcdserverpb::kv_client::KvClient;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Workload {
+    /// Put a random key of the key space.
+    Put,
+    /// Linearizable get of a random key (keys are written first).
+    Get,
+    /// Serializable get of a random key.
+    GetSerializable,
+    /// A txn: if the key's mod revision is >= 0, put it (always succeeds).
+    Txn,
+}
+
+#[derive(Clone, Debug, clap::Args)]
+pub struct BenchArgs {
+    #[arg(value_enum)]
+    pub workload: Workload,
+    /// Concurrent request loops.
+    #[arg(long, default_value_t = 1)]
+    pub clients: usize,
+    /// gRPC connections shared by the clients.
+    #[arg(long, default_value_t = 1)]
+    pub conns: usize,
+    /// Requests in all.
+    #[arg(long, default_value_t = 10_000)]
+    pub total: u64,
+    /// Key size in bytes.
+    #[arg(long, default_value_t = 8)]
+    pub key_size: usize,
+    /// Value size in bytes.
+    #[arg(long, default_value_t = 256)]
+    pub value_size: usize,
+    /// Distinct keys used.
+    #[arg(long, default_value_t = 10_000)]
+    pub key_space: u64,
+}
+
+#[derive(Debug, serde::Serialize)]
+pub struct BenchReport {
+    pub workload: String,
+    pub clients: usize,
+    pub total: u64,
+    pub errors: u64,
+    pub seconds: f64,
+    pub ops_per_sec: f64,
+    pub p50_ms: f64,
+    pub p90_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+}
+
+impl std::fmt::Display for BenchReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:<16} clients={:<3} ops={} errors={} time={:.2}s  {:>9.0} ops/s  p50={:.3}ms p90={:.3}ms p99={:.3}ms max={:.3}ms",
+            self.workload,
+            self.clients,
+            self.total,
+            self.errors,
+            self.seconds,
+            self.ops_per_sec,
+            self.p50_ms,
+            self.p90_ms,
+            self.p99_ms,
+            self.max_ms
+        )
+    }
+}
+
+fn key(args: &BenchArgs, n: u64) -> Vec<u8> {
+    let mut k = format!("bench/{:0width$}", n % args.key_space, width = 10).into_bytes();
+    k.resize(args.key_size.max(k.len()), b'_');
+    k
+}
+
+/// A small deterministic generator (xorshift): keys differ per client, with no
+/// dependency and no shared state.
+struct Keys(u64);
+
+impl Keys {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+async fn one_request(client: &mut KvClient<Channel>, args: &BenchArgs, n: u64, value: &[u8]) -> Result<(), tonic::Status> {
+    let key = key(args, n);
+    match args.workload {
+        Workload::Put => {
+            client.put(pb::PutRequest { key, value: value.to_vec(), ..Default::default() }).await?;
+        }
+        Workload::Get | Workload::GetSerializable => {
+            let serializable = args.workload == Workload::GetSerializable;
+            client.range(pb::RangeRequest { key, serializable, ..Default::default() }).await?;
+        }
+        Workload::Txn => {
+            use pb::compare::{CompareResult, CompareTarget, TargetUnion};
+            let compare = pb::Compare {
+                result: CompareResult::Greater as i32,
+                target: CompareTarget::Mod as i32,
+                key: key.clone(),
+                target_union: Some(TargetUnion::ModRevision(-1)),
+                range_end: vec![],
+            };
+            let put = pb::RequestOp {
+                request: Some(pb::request_op::Request::RequestPut(pb::PutRequest {
+                    key,
+                    value: value.to_vec(),
+                    ..Default::default()
+                })),
+            };
+            client.txn(pb::TxnRequest { compare: vec![compare], success: vec![put], failure: vec![] }).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Run one benchmark against `endpoints`.
+pub async fn run(endpoints: &[String], args: &BenchArgs) -> anyhow::Result<BenchReport> {
+    anyhow::ensure!(!endpoints.is_empty(), "no endpoints");
+    let mut channels = Vec::new();
+    for i in 0..args.conns.max(1) {
+        let url = &endpoints[i % endpoints.len()];
+        let channel = Endpoint::from_shared(url.clone())?
+            .tcp_nodelay(true)
+            .connect()
+            .await
+            .with_context(|| format!("connecting to {url}"))?;
+        channels.push(channel);
+    }
+    let value = vec![b'v'; args.value_size];
+
+    if matches!(args.workload, Workload::Get | Workload::GetSerializable) {
+        // Reads need something to read.
+        let mut c = KvClient::new(channels[0].clone());
+        for n in 0..args.key_space.min(args.total) {
+            c.put(pb::PutRequest { key: key(args, n), value: value.clone(), ..Default::default() }).await?;
+        }
+    }
+
+    let issued = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..args.clients.max(1) {
+        let mut client = KvClient::new(channels[c % channels.len()].clone());
+        let (issued, errors, args, value) = (issued.clone(), errors.clone(), args.clone(), value.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut keys = Keys(0x9E37_79B9_7F4A_7C15 ^ (c as u64 + 1));
+            let mut latencies = Vec::new();
+            while issued.fetch_add(1, Ordering::Relaxed) < args.total {
+                let n = keys.next();
+                let t = Instant::now();
+                if one_request(&mut client, &args, n, &value).await.is_err() {
+                    errors.fetch_add(1, Ordering::Relaxed);
+                }
+                latencies.push(t.elapsed());
+            }
+            latencies
+        }));
+    }
+    let mut latencies: Vec<Duration> = Vec::with_capacity(args.total as usize);
+    for t in tasks {
+        latencies.extend(t.await?);
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    latencies.sort_unstable();
+    let pct = |p: f64| -> f64 {
+        if latencies.is_empty() {
+            return 0.0;
+        }
+        let i = ((latencies.len() as f64 * p).ceil() as usize).clamp(1, latencies.len()) - 1;
+        latencies[i].as_secs_f64() * 1e3
+    };
+    Ok(BenchReport {
+        workload: format!("{:?}", args.workload).to_lowercase(),
+        clients: args.clients,
+        total: latencies.len() as u64,
+        errors: errors.load(Ordering::Relaxed),
+        seconds: elapsed,
+        ops_per_sec: latencies.len() as f64 / elapsed,
+        p50_ms: pct(0.50),
+        p90_ms: pct(0.90),
+        p99_ms: pct(0.99),
+        max_ms: pct(1.0),
+    })
+}
