@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Re-records the conformance goldens (tests/conformance/*.golden.json) against a
+# fresh single-member etcd 3.5.1, installed from PyPI by install-etcd.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RAFTLOCK_ETCD_DIR=$(scripts/install-etcd.sh)
+export RAFTLOCK_ETCD_DIR
+cargo test --test conformance -- --ignored record_goldens --exact
+git status --short tests/conformance
