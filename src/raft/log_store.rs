@@ -1,11 +1,9 @@
 //! The Raft log store: openraft's `RaftLogStorage` over raftlock's WAL.
 //!
 //! Entries are kept in an in-memory map (replication and apply read from it) and
-//! written to the WAL; `append` returns at once and openraft is told the entries
-//! are durable from the WAL's writer thread after its `fdatasync` (group commit:
-//! many appends share one sync). The vote is written through the same WAL, so
-//! vote and log writes are durable in the order they were made, as openraft
-//! requires.
+//! written to the WAL, which syncs before openraft is told they are durable.
+//! The vote is written through the same WAL, so vote and log writes are durable
+//! in the order they were made, as openraft requires.
 //!
 //! Invariants:
 //! - the in-memory entries are contiguous and all above `last_purged`;
@@ -109,8 +107,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn save_vote(&mut self, vote: &Vote<u64>) -> Result<(), StorageError<u64>> {
         self.cache().vote = Some(*vote);
         self.wal
-            .write(vec![WalRecord::Meta { key: META_VOTE, data: encode(vote) }])
-            .await
+            .write(vec![WalRecord::Meta { key: META_VOTE, data: encode(vote) }], true)
             .map_err(|e| StorageError::from(StorageIOError::write_vote(&e)))
     }
 
@@ -120,9 +117,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError<u64>> {
         self.cache().committed = committed;
-        // Not waited for: the committed index only speeds up a restart.
-        self.wal.submit(vec![WalRecord::Meta { key: META_COMMITTED, data: encode(&committed) }], |_| {});
-        Ok(())
+        // No sync of its own: the committed index only speeds up a restart, and
+        // the next append's sync makes it durable.
+        self.wal
+            .write(vec![WalRecord::Meta { key: META_COMMITTED, data: encode(&committed) }], false)
+            .map_err(|e| write_err(&e))
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError<u64>> {
@@ -146,13 +145,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 cache.entries.insert(index, entry);
             }
         }
-        self.wal.submit(records, move |result| callback.log_io_completed(result));
+        // Written and synced here: openraft waits for this append to be durable
+        // before it goes on, so handing it to another thread would only add
+        // latency (see storage::wal).
+        callback.log_io_completed(self.wal.write(records, true));
         Ok(())
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError<u64>> {
         self.cache().entries.split_off(&log_id.index);
-        self.wal.write(vec![WalRecord::TruncateFrom(log_id.index)]).await.map_err(|e| write_err(&e))
+        self.wal.write(vec![WalRecord::TruncateFrom(log_id.index)], true).map_err(|e| write_err(&e))
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError<u64>> {
@@ -168,6 +170,6 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             WalRecord::Meta { key: META_PURGED, data: encode(&Some(log_id)) },
             WalRecord::PurgeUpto(log_id.index),
         ];
-        self.wal.write(records).await.map_err(|e| write_err(&e))
+        self.wal.write(records, true).map_err(|e| write_err(&e))
     }
 }

@@ -23,6 +23,7 @@ pub mod wal;
 
 use std::io;
 use std::path::Path;
+use std::sync::{Arc, Condvar, Mutex};
 
 /// The persistent copy of the state machine. Clones share one store.
 #[derive(Clone)]
@@ -30,13 +31,26 @@ pub struct StateDb {
     db: sled::Db,
     tree: sled::Tree,
     dir: std::path::PathBuf,
-    writes: std::sync::mpsc::Sender<StateWrite>,
+    queue: Arc<StateQueue>,
 }
 
-enum StateWrite {
-    Batch(StateBatch),
-    /// Reply once every batch sent before it is in sled.
-    Barrier(std::sync::mpsc::Sender<()>),
+/// Batches waiting for the writer thread. A queue under a mutex rather than a
+/// channel: the writer is woken at most once per window (or by a barrier), not
+/// once per batch, which keeps thread wake-ups off the apply path.
+#[derive(Default)]
+struct StateQueue {
+    /// std Mutex: held only to push or take, never across I/O.
+    pending: Mutex<Pending>,
+    wake: Condvar,
+}
+
+#[derive(Default)]
+struct Pending {
+    batches: Vec<StateBatch>,
+    /// Each is answered once every batch queued before it is in sled.
+    barriers: Vec<std::sync::mpsc::Sender<()>>,
+    /// The writer is waiting for work and must be woken.
+    writer_idle: bool,
 }
 
 /// One atomic change of the state store.
@@ -57,25 +71,33 @@ impl StateDb {
     pub fn open(dir: &Path) -> io::Result<StateDb> {
         let db = sled::Config::new().path(dir).flush_every_ms(Some(500)).open().map_err(io_err)?;
         let tree = db.open_tree("state").map_err(io_err)?;
-        let (writes, rx) = std::sync::mpsc::channel();
-        let writer_tree = tree.clone();
-        std::thread::Builder::new().name("raftlock-state".into()).spawn(move || write_loop(writer_tree, rx))?;
-        Ok(StateDb { db, tree, dir: dir.to_path_buf(), writes })
+        let queue = Arc::new(StateQueue::default());
+        let (writer_tree, writer_queue) = (tree.clone(), queue.clone());
+        std::thread::Builder::new().name("raftlock-state".into()).spawn(move || write_loop(writer_tree, writer_queue))?;
+        Ok(StateDb { db, tree, dir: dir.to_path_buf(), queue })
     }
 
     /// Queue a batch. Batches reach sled in order, each atomically (possibly
     /// merged with the ones around it): after a crash the store is at the end
     /// of some batch.
     pub fn commit(&self, batch: StateBatch) {
-        if self.writes.send(StateWrite::Batch(batch)).is_err() {
-            panic!("state store writer stopped");
+        let mut pending = self.queue.pending.lock().expect("state queue lock poisoned");
+        pending.batches.push(batch);
+        if pending.writer_idle {
+            pending.writer_idle = false;
+            self.queue.wake.notify_one();
         }
     }
 
     /// Wait until every batch queued so far is in sled.
     fn drain(&self) -> io::Result<()> {
         let (tx, rx) = std::sync::mpsc::channel();
-        self.writes.send(StateWrite::Barrier(tx)).map_err(|_| io::Error::other("state store writer stopped"))?;
+        {
+            let mut pending = self.queue.pending.lock().expect("state queue lock poisoned");
+            pending.barriers.push(tx);
+            pending.writer_idle = false;
+            self.queue.wake.notify_one();
+        }
         rx.recv().map_err(|_| io::Error::other("state store writer stopped"))
     }
 
@@ -117,36 +139,32 @@ impl StateDb {
 /// (sync, snapshot install) ends the window at once.
 const STATE_WRITE_WINDOW: std::time::Duration = std::time::Duration::from_millis(20);
 
-/// The writer thread: merge every batch that arrives within a window into one
-/// sled batch (later writes to a key replace earlier ones, as applying them in
-/// turn would).
-fn write_loop(tree: sled::Tree, rx: std::sync::mpsc::Receiver<StateWrite>) {
-    use std::sync::mpsc::RecvTimeoutError;
-    while let Ok(first) = rx.recv() {
-        let deadline = std::time::Instant::now() + STATE_WRITE_WINDOW;
-        let mut merged = sled::Batch::default();
-        let mut barriers = Vec::new();
-        let mut next = Some(first);
-        while let Some(write) = next.take() {
-            match write {
-                StateWrite::Batch(batch) => {
-                    for k in batch.deletes {
-                        merged.remove(k);
-                    }
-                    for (k, v) in batch.puts {
-                        merged.insert(k, v);
-                    }
-                }
-                StateWrite::Barrier(reply) => barriers.push(reply),
+/// The writer thread (it lives as long as the process): every window, merge all queued batches into one sled
+/// batch (later writes to a key replace earlier ones, as applying them in turn
+/// would) and apply it; answer barriers at once.
+fn write_loop(tree: sled::Tree, queue: Arc<StateQueue>) {
+    loop {
+        let (batches, barriers) = {
+            let mut pending = queue.pending.lock().expect("state queue lock poisoned");
+            while pending.batches.is_empty() && pending.barriers.is_empty() {
+                pending.writer_idle = true;
+                pending = queue.wake.wait(pending).expect("state queue lock poisoned");
             }
-            if barriers.is_empty() {
-                let wait = deadline.saturating_duration_since(std::time::Instant::now());
-                match rx.recv_timeout(wait) {
-                    Ok(w) => next = Some(w),
-                    Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => {}
-                }
-            } else {
-                next = rx.try_recv().ok();
+            if pending.barriers.is_empty() {
+                // Let the window fill; commits meanwhile do not wake us.
+                drop(pending);
+                std::thread::sleep(STATE_WRITE_WINDOW);
+                pending = queue.pending.lock().expect("state queue lock poisoned");
+            }
+            (std::mem::take(&mut pending.batches), std::mem::take(&mut pending.barriers))
+        };
+        let mut merged = sled::Batch::default();
+        for batch in batches {
+            for k in batch.deletes {
+                merged.remove(k);
+            }
+            for (k, v) in batch.puts {
+                merged.insert(k, v);
             }
         }
         if let Err(e) = tree.apply_batch(merged) {

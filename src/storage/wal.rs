@@ -21,15 +21,19 @@
 //! the vote), truncate-from-index and purge-up-to-index. Replaying every frame of
 //! every segment in order rebuilds the log.
 //!
-//! ## Group commit
-//! One writer thread owns the files. Callers submit jobs (a list of records and
-//! a completion); the thread takes every job waiting, writes them in one `write`,
-//! calls `fdatasync` once, then completes them all in submission order. Jobs are
-//! therefore durable in the order they were submitted — the ordering openraft
-//! requires between vote and log writes.
+//! ## Batching and syncs
+//! [`Wal::write`] writes its records with one `write` and, when asked, one
+//! `fdatasync`, in the caller's thread: the Raft core waits for each append to
+//! be durable before it does anything else, so a hand-off to another thread
+//! would only add two thread wake-ups to every write. Many client writes still
+//! share one sync, because they reach the log together: the proposer batches
+//! concurrent writes into one entry, and a follower receives many entries in
+//! one append. Writes that need no sync of their own (the committed index) are
+//! made durable by the next sync.
 //!
 //! ## Invariants
-//! - a completion reports success only after the `fdatasync` covering its records;
+//! - `write(.., sync = true)` returns only after an `fdatasync` covering its records
+//!   and every record written before them;
 //! - a new segment starts with a checkpoint of every meta value, so that older
 //!   segments can be deleted without losing the vote;
 //! - a segment is deleted only when every entry in it is at or below a purge.
@@ -49,17 +53,13 @@ use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc};
-use std::thread;
+use std::sync::{Arc, Mutex};
 
 const KIND_ENTRY: u8 = 1;
 const KIND_META: u8 = 2;
 const KIND_TRUNCATE: u8 = 3;
 const KIND_PURGE: u8 = 4;
 const FRAME_HEADER: usize = 8;
-/// The most jobs one group commit takes, so that a flood of appends still
-/// completes in bounded batches.
-const MAX_JOBS_PER_SYNC: usize = 4096;
 
 /// The default segment size. Large enough that rotation is rare, small enough
 /// that purged segments give memory and disk back soon.
@@ -86,31 +86,24 @@ pub struct Recovered {
     pub purged_upto: Option<u64>,
 }
 
-/// Counters for metrics and for tests of group commit.
+/// Counters for metrics and for tests of batching.
 #[derive(Debug, Default)]
 pub struct WalStats {
-    /// fdatasync calls made for submitted jobs.
+    /// fdatasync calls made for writes.
     pub syncs: AtomicU64,
-    /// Jobs completed (one per append / vote / truncate / purge).
-    pub jobs: AtomicU64,
+    /// Calls to [`Wal::write`] (one per append / vote / truncate / purge / commit index).
+    pub writes: AtomicU64,
     /// Records written.
     pub records: AtomicU64,
     /// Bytes written.
     pub bytes: AtomicU64,
 }
 
-type Completion = Box<dyn FnOnce(io::Result<()>) + Send>;
-
-struct Job {
-    records: Vec<WalRecord>,
-    done: Completion,
-}
-
-/// Handle to the WAL. Cheap to clone; the writer thread stops when the last
-/// handle is dropped.
+/// Handle to the WAL. Cheap to clone; clones share one log.
 #[derive(Clone)]
 pub struct Wal {
-    jobs: mpsc::Sender<Job>,
+    /// std Mutex: held for one write (and sync), never across an `.await`.
+    writer: Arc<Mutex<Writer>>,
     stats: Arc<WalStats>,
 }
 
@@ -165,28 +158,22 @@ impl Wal {
             }
             None => Writer::create(dir, segment_bytes, metas)?,
         };
-        let stats = Arc::new(WalStats::default());
-        let (tx, rx) = mpsc::channel();
-        let thread_stats = stats.clone();
-        thread::Builder::new().name("raftlock-wal".into()).spawn(move || writer.run(rx, thread_stats))?;
-        Ok((Wal { jobs: tx, stats }, recovered))
+        Ok((Wal { writer: Arc::new(Mutex::new(writer)), stats: Arc::new(WalStats::default()) }, recovered))
     }
 
-    /// Submit records; `done` runs on the writer thread once they are durable
-    /// (or failed). Must not block.
-    pub fn submit(&self, records: Vec<WalRecord>, done: impl FnOnce(io::Result<()>) + Send + 'static) {
-        if let Err(mpsc::SendError(job)) = self.jobs.send(Job { records, done: Box::new(done) }) {
-            (job.done)(Err(io::Error::other("wal: writer stopped")));
+    /// Write `records` in order; with `sync`, return only once they (and
+    /// everything written before them) are durable. After an I/O error every
+    /// later write fails: the node must restart and recover from the files.
+    pub fn write(&self, records: Vec<WalRecord>, sync: bool) -> io::Result<()> {
+        let mut writer = self.writer.lock().expect("wal lock poisoned");
+        if writer.failed {
+            return Err(io::Error::other("wal: an earlier write failed; the node must restart"));
         }
-    }
-
-    /// Submit records and wait until they are durable.
-    pub async fn write(&self, records: Vec<WalRecord>) -> io::Result<()> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        self.submit(records, move |r| {
-            let _ = tx.send(r);
-        });
-        rx.await.unwrap_or_else(|_| Err(io::Error::other("wal: writer stopped")))
+        let result = writer.write(&records, sync, &self.stats);
+        if result.is_err() {
+            writer.failed = true;
+        }
+        result
     }
 
     pub fn stats(&self) -> &WalStats {
@@ -230,50 +217,19 @@ impl Writer {
         Ok(w)
     }
 
-    fn run(mut self, jobs: mpsc::Receiver<Job>, stats: Arc<WalStats>) {
-        while let Ok(first) = jobs.recv() {
-            let mut batch = vec![first];
-            while batch.len() < MAX_JOBS_PER_SYNC {
-                match jobs.try_recv() {
-                    Ok(job) => batch.push(job),
-                    Err(_) => break,
-                }
-            }
-            let result = if self.failed {
-                Err(io::Error::other("wal: an earlier write failed; the node must restart"))
-            } else {
-                self.write_batch(&batch, &stats)
-            };
-            if result.is_err() {
-                self.failed = true;
-            }
-            for job in batch {
-                let r = match &result {
-                    Ok(()) => Ok(()),
-                    Err(e) => Err(io::Error::new(e.kind(), e.to_string())),
-                };
-                (job.done)(r);
-            }
-        }
-    }
-
-    fn write_batch(&mut self, batch: &[Job], stats: &WalStats) -> io::Result<()> {
+    fn write(&mut self, records: &[WalRecord], sync: bool, stats: &WalStats) -> io::Result<()> {
         let mut buf = Vec::new();
-        let mut records = 0u64;
         let mut purge = None;
         let mut batch_max = None;
-        for job in batch {
-            for record in &job.records {
-                encode(record, &mut buf);
-                records += 1;
-                match record {
-                    WalRecord::Entry { index, .. } => batch_max = Some(batch_max.map_or(*index, |m: u64| m.max(*index))),
-                    WalRecord::Meta { key, data } => {
-                        self.metas.insert(*key, data.clone());
-                    }
-                    WalRecord::TruncateFrom(_) => {}
-                    WalRecord::PurgeUpto(index) => purge = Some(purge.map_or(*index, |p: u64| p.max(*index))),
+        for record in records {
+            encode(record, &mut buf);
+            match record {
+                WalRecord::Entry { index, .. } => batch_max = Some(batch_max.map_or(*index, |m: u64| m.max(*index))),
+                WalRecord::Meta { key, data } => {
+                    self.metas.insert(*key, data.clone());
                 }
+                WalRecord::TruncateFrom(_) => {}
+                WalRecord::PurgeUpto(index) => purge = Some(purge.map_or(*index, |p: u64| p.max(*index))),
             }
         }
         if self.offset > 0 && self.offset + buf.len() as u64 > self.segment_bytes {
@@ -284,11 +240,13 @@ impl Writer {
             seg.max_index = Some(seg.max_index.map_or(max, |m| m.max(max)));
         }
         self.file.write_all_at(&buf, self.offset)?;
-        self.file.sync_data()?;
         self.offset += buf.len() as u64;
-        stats.syncs.fetch_add(1, Ordering::Relaxed);
-        stats.jobs.fetch_add(batch.len() as u64, Ordering::Relaxed);
-        stats.records.fetch_add(records, Ordering::Relaxed);
+        if sync {
+            self.file.sync_data()?;
+            stats.syncs.fetch_add(1, Ordering::Relaxed);
+        }
+        stats.writes.fetch_add(1, Ordering::Relaxed);
+        stats.records.fetch_add(records.len() as u64, Ordering::Relaxed);
         stats.bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
         if let Some(upto) = purge {
             self.remove_purged(upto)?;
@@ -298,6 +256,9 @@ impl Writer {
 
     /// Start a new segment; it opens with a checkpoint of every meta value.
     fn rotate(&mut self) -> io::Result<()> {
+        // Records written without a sync must be durable before a later
+        // segment can be: replay trusts every segment but the last.
+        self.file.sync_data()?;
         let seq = self.seq + 1;
         self.file = create_segment(&self.dir, seq, self.segment_bytes)?;
         self.seq = seq;
@@ -447,20 +408,20 @@ mod tests {
         WalRecord::Entry { index: i, data: format!("entry-{i}").into_bytes() }
     }
 
-    #[tokio::test]
-    async fn replays_entries_truncation_purge_and_metas() {
+    #[test]
+    fn replays_entries_truncation_purge_and_metas() {
         let dir = tempfile::tempdir().unwrap();
         {
             let (wal, rec) = Wal::open(dir.path(), 4096).unwrap();
             assert!(rec.entries.is_empty());
-            wal.write(vec![WalRecord::Meta { key: 1, data: b"vote-1".to_vec() }]).await.unwrap();
+            wal.write(vec![WalRecord::Meta { key: 1, data: b"vote-1".to_vec() }], true).unwrap();
             for i in 1..=100 {
-                wal.write(vec![entry(i)]).await.unwrap();
+                wal.write(vec![entry(i)], true).unwrap();
             }
-            wal.write(vec![WalRecord::TruncateFrom(90), entry(90)]).await.unwrap();
-            wal.write(vec![WalRecord::Meta { key: 1, data: b"vote-2".to_vec() }]).await.unwrap();
-            wal.write(vec![WalRecord::PurgeUpto(50)]).await.unwrap();
-            assert!(wal.stats().syncs.load(Ordering::Relaxed) >= 103);
+            wal.write(vec![WalRecord::TruncateFrom(90), entry(90)], true).unwrap();
+            wal.write(vec![WalRecord::Meta { key: 1, data: b"vote-2".to_vec() }], true).unwrap();
+            wal.write(vec![WalRecord::PurgeUpto(50)], true).unwrap();
+            assert_eq!(wal.stats().syncs.load(Ordering::Relaxed), 104);
         }
         let (_wal, rec) = Wal::open(dir.path(), 4096).unwrap();
         assert_eq!(rec.entries.keys().copied().collect::<Vec<_>>(), (51..=90).collect::<Vec<_>>());
@@ -474,10 +435,9 @@ mod tests {
     #[test]
     fn a_torn_tail_is_discarded_and_wiped() {
         let dir = tempfile::tempdir().unwrap();
-        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
         {
             let (wal, _) = Wal::open(dir.path(), 1 << 20).unwrap();
-            rt.block_on(wal.write(vec![entry(1), entry(2)])).unwrap();
+            wal.write(vec![entry(1), entry(2)], true).unwrap();
         }
         // Corrupt the second frame's payload, as a torn write would.
         let path = segment_path(dir.path(), 1);
@@ -496,29 +456,26 @@ mod tests {
         {
             let (wal, rec) = Wal::open(dir.path(), 1 << 20).unwrap();
             assert_eq!(rec.entries.keys().copied().collect::<Vec<_>>(), [1]);
-            rt.block_on(wal.write(vec![entry(2)])).unwrap();
+            wal.write(vec![entry(2)], true).unwrap();
         }
         let (_, rec) = Wal::open(dir.path(), 1 << 20).unwrap();
         assert_eq!(rec.entries.keys().copied().collect::<Vec<_>>(), [1, 2]);
     }
 
-    #[tokio::test]
-    async fn concurrent_jobs_share_syncs() {
+    #[test]
+    fn unsynced_writes_are_made_durable_by_the_next_sync_and_by_rotation() {
         let dir = tempfile::tempdir().unwrap();
-        let (wal, _) = Wal::open(dir.path(), 1 << 24).unwrap();
-        let mut waits = Vec::new();
-        for i in 1..=2000 {
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            wal.submit(vec![entry(i)], move |r| {
-                let _ = tx.send(r);
-            });
-            waits.push(rx);
+        {
+            let (wal, _) = Wal::open(dir.path(), 256).unwrap();
+            for i in 1..=40 {
+                // Every fourth write syncs; segments of 256 bytes rotate often.
+                wal.write(vec![entry(i)], i % 4 == 0).unwrap();
+            }
+            assert_eq!(wal.stats().syncs.load(Ordering::Relaxed), 10);
+            assert_eq!(wal.stats().writes.load(Ordering::Relaxed), 40);
         }
-        for w in waits {
-            w.await.unwrap().unwrap();
-        }
-        let syncs = wal.stats().syncs.load(Ordering::Relaxed);
-        assert_eq!(wal.stats().jobs.load(Ordering::Relaxed), 2000);
-        assert!(syncs < 2000, "group commit: {syncs} syncs for 2000 jobs");
+        let (_, rec) = Wal::open(dir.path(), 256).unwrap();
+        assert_eq!(rec.entries.keys().copied().collect::<Vec<_>>(), (1..=40).collect::<Vec<_>>());
+        assert!(fs::read_dir(dir.path()).unwrap().count() >= 3, "segments rotated");
     }
 }
