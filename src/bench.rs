@@ -105,15 +105,32 @@ impl Keys {
     }
 }
 
-async fn one_request(client: &mut KvClient<Channel>, args: &BenchArgs, n: u64, value: &[u8]) -> Result<(), tonic::Status> {
+async fn one_request(
+    client: &mut KvClient<Channel>,
+    args: &BenchArgs,
+    n: u64,
+    value: &[u8],
+) -> Result<(), tonic::Status> {
     let key = key(args, n);
     match args.workload {
         Workload::Put => {
-            client.put(pb::PutRequest { key, value: value.to_vec(), ..Default::default() }).await?;
+            client
+                .put(pb::PutRequest {
+                    key,
+                    value: value.to_vec(),
+                    ..Default::default()
+                })
+                .await?;
         }
         Workload::Get | Workload::GetSerializable => {
             let serializable = args.workload == Workload::GetSerializable;
-            client.range(pb::RangeRequest { key, serializable, ..Default::default() }).await?;
+            client
+                .range(pb::RangeRequest {
+                    key,
+                    serializable,
+                    ..Default::default()
+                })
+                .await?;
         }
         Workload::Txn => {
             use pb::compare::{CompareResult, CompareTarget, TargetUnion};
@@ -131,7 +148,13 @@ async fn one_request(client: &mut KvClient<Channel>, args: &BenchArgs, n: u64, v
                     ..Default::default()
                 })),
             };
-            client.txn(pb::TxnRequest { compare: vec![compare], success: vec![put], failure: vec![] }).await?;
+            client
+                .txn(pb::TxnRequest {
+                    compare: vec![compare],
+                    success: vec![put],
+                    failure: vec![],
+                })
+                .await?;
         }
     }
     Ok(())
@@ -156,7 +179,12 @@ pub async fn run(endpoints: &[String], args: &BenchArgs) -> anyhow::Result<Bench
         // Reads need something to read.
         let mut c = KvClient::new(channels[0].clone());
         for n in 0..args.key_space.min(args.total) {
-            c.put(pb::PutRequest { key: key(args, n), value: value.clone(), ..Default::default() }).await?;
+            c.put(pb::PutRequest {
+                key: key(args, n),
+                value: value.clone(),
+                ..Default::default()
+            })
+            .await?;
         }
     }
 
@@ -166,7 +194,8 @@ pub async fn run(endpoints: &[String], args: &BenchArgs) -> anyhow::Result<Bench
     let mut tasks = Vec::new();
     for c in 0..args.clients.max(1) {
         let mut client = KvClient::new(channels[c % channels.len()].clone());
-        let (issued, errors, args, value) = (issued.clone(), errors.clone(), args.clone(), value.clone());
+        let (issued, errors, args, value) =
+            (issued.clone(), errors.clone(), args.clone(), value.clone());
         tasks.push(tokio::spawn(async move {
             let mut keys = Keys(0x9E37_79B9_7F4A_7C15 ^ (c as u64 + 1));
             let mut latencies = Vec::new();

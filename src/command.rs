@@ -16,7 +16,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::mvcc::{
-    DeleteRangeRequest, DeleteRangeResult, MvccError, PutRequest, PutResult, Revision, TxnRequest, TxnResult,
+    DeleteRangeRequest, DeleteRangeResult, MvccError, PutRequest, PutResult, Revision, TxnRequest,
+    TxnResult,
 };
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -24,10 +25,16 @@ pub enum Command {
     Put(PutRequest),
     DeleteRange(DeleteRangeRequest),
     Txn(TxnRequest),
-    Compact { revision: Revision },
+    Compact {
+        revision: Revision,
+    },
     /// A member announces the client URLs it serves on (etcd's "publish"), so
     /// that MemberList can show them on every node.
-    PublishMember { id: u64, name: String, client_urls: Vec<String> },
+    PublishMember {
+        id: u64,
+        name: String,
+        client_urls: Vec<String>,
+    },
     /// Several client commands proposed as one entry (see `raft::proposer`);
     /// applied one after the other, each with its own result. Never nested.
     Batch(Vec<Command>),
@@ -58,10 +65,17 @@ pub enum CommandResult {
     DeleteRange(DeleteRangeResult),
     Txn(TxnResult),
     /// A compaction; `revision` is the store's revision for the header.
-    Compacted { revision: Revision },
-    MemberPublished { revision: Revision },
+    Compacted {
+        revision: Revision,
+    },
+    MemberPublished {
+        revision: Revision,
+    },
     /// A deterministic rejection: the store is unchanged.
-    Rejected { error: MvccError, revision: Revision },
+    Rejected {
+        error: MvccError,
+        revision: Revision,
+    },
     /// The results of a `Command::Batch`, in order.
     Batch(Vec<CommandResult>),
 }

@@ -12,6 +12,7 @@
 //! between the state machine and readers; `config` the command line.
 
 pub mod api;
+pub mod batcher;
 pub mod bench;
 pub mod command;
 pub mod config;

@@ -26,7 +26,13 @@ impl ClusterService {
 }
 
 pub fn member(m: MemberInfo) -> pb::Member {
-    pb::Member { id: m.id, name: m.name, peer_ur_ls: m.peer_urls, client_ur_ls: m.client_urls, is_learner: m.is_learner }
+    pb::Member {
+        id: m.id,
+        name: m.name,
+        peer_ur_ls: m.peer_urls,
+        client_ur_ls: m.client_urls,
+        is_learner: m.is_learner,
+    }
 }
 
 fn not_yet(what: &str) -> Status {
@@ -35,7 +41,10 @@ fn not_yet(what: &str) -> Status {
 
 #[tonic::async_trait]
 impl Cluster for ClusterService {
-    async fn member_add(&self, _: Request<pb::MemberAddRequest>) -> Result<Response<pb::MemberAddResponse>, Status> {
+    async fn member_add(
+        &self,
+        _: Request<pb::MemberAddRequest>,
+    ) -> Result<Response<pb::MemberAddResponse>, Status> {
         Err(not_yet("member add"))
     }
 
@@ -53,12 +62,18 @@ impl Cluster for ClusterService {
         Err(not_yet("member update"))
     }
 
-    async fn member_list(&self, req: Request<pb::MemberListRequest>) -> Result<Response<pb::MemberListResponse>, Status> {
+    async fn member_list(
+        &self,
+        req: Request<pb::MemberListRequest>,
+    ) -> Result<Response<pb::MemberListResponse>, Status> {
         if req.into_inner().linearizable {
             self.node.read_barrier().await.map_err(error::server)?;
         }
         let members = self.node.members().into_iter().map(member).collect();
-        Ok(Response::new(pb::MemberListResponse { header: header(&self.node, self.revision()), members }))
+        Ok(Response::new(pb::MemberListResponse {
+            header: header(&self.node, self.revision()),
+            members,
+        }))
     }
 
     async fn member_promote(

@@ -33,7 +33,12 @@ pub const MAX_TXN_OPS: usize = 128;
 
 /// A response header from this node at `revision`.
 pub fn header(node: &Node, revision: i64) -> Option<ResponseHeader> {
-    Some(ResponseHeader { cluster_id: node.cluster_id, member_id: node.id, revision, raft_term: node.raft_term() })
+    Some(ResponseHeader {
+        cluster_id: node.cluster_id,
+        member_id: node.id,
+        revision,
+        raft_term: node.raft_term(),
+    })
 }
 
 /// Serve the client API on `addrs` until the node shuts down.
@@ -49,22 +54,35 @@ pub async fn serve_clients(node: Arc<Node>, addrs: Vec<SocketAddr>) -> anyhow::R
 
 /// Serve the peer protocol on `addrs` until the node shuts down.
 pub async fn serve_peers(node: Arc<Node>, addrs: Vec<SocketAddr>) -> anyhow::Result<()> {
-    let make = || Server::builder().add_service(PeerService::server(node.raft().clone(), node.proposer().clone()));
+    let make = || {
+        Server::builder().add_service(PeerService::server(
+            node.raft().clone(),
+            node.proposer().clone(),
+        ))
+    };
     serve(&node, addrs, make).await
 }
 
 /// Bind every address, then serve a router made by `make` on each until shutdown.
-async fn serve(node: &Node, addrs: Vec<SocketAddr>, make: impl Fn() -> Router) -> anyhow::Result<()> {
+async fn serve(
+    node: &Node,
+    addrs: Vec<SocketAddr>,
+    make: impl Fn() -> Router,
+) -> anyhow::Result<()> {
     let mut servers = Vec::new();
     for addr in addrs {
-        let listener = TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("binding {addr}: {e}"))?;
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|e| anyhow::anyhow!("binding {addr}: {e}"))?;
         // Small request/response pairs must not wait for Nagle's algorithm.
         let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
         let mut shutdown = node.shutdown_signal();
         let stopped = async move {
             let _ = shutdown.wait_for(|s| *s).await;
         };
-        servers.push(tokio::spawn(make().serve_with_incoming_shutdown(incoming, stopped)));
+        servers.push(tokio::spawn(
+            make().serve_with_incoming_shutdown(incoming, stopped),
+        ));
     }
     for s in servers {
         s.await??;

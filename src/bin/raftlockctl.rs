@@ -5,13 +5,28 @@
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "raftlockctl", version, about = "Command-line client for raftlock")]
+#[command(
+    name = "raftlockctl",
+    version,
+    about = "Command-line client for raftlock"
+)]
 struct Cli {
     /// Comma-separated client URLs.
-    #[arg(long, env = "RAFTLOCK_ENDPOINTS", default_value = "http://127.0.0.1:2379", value_delimiter = ',', global = true)]
+    #[arg(
+        long,
+        env = "RAFTLOCK_ENDPOINTS",
+        default_value = "http://127.0.0.1:2379",
+        value_delimiter = ',',
+        global = true
+    )]
     endpoints: Vec<String>,
     /// Output format: simple or json.
-    #[arg(short = 'w', long = "write-out", default_value = "simple", global = true)]
+    #[arg(
+        short = 'w',
+        long = "write-out",
+        default_value = "simple",
+        global = true
+    )]
     write_out: String,
     #[command(subcommand)]
     command: Cmd,
@@ -29,7 +44,13 @@ async fn main() -> anyhow::Result<()> {
     let endpoints: Vec<String> = cli
         .endpoints
         .iter()
-        .map(|e| if e.contains("://") { e.clone() } else { format!("http://{e}") })
+        .map(|e| {
+            if e.contains("://") {
+                e.clone()
+            } else {
+                format!("http://{e}")
+            }
+        })
         .collect();
     match cli.command {
         Cmd::Bench(args) => {

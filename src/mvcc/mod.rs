@@ -63,7 +63,11 @@ pub struct MvccStore {
 
 impl Default for MvccStore {
     fn default() -> Self {
-        MvccStore { index: BTreeMap::new(), revision: 1, compact_revision: -1 }
+        MvccStore {
+            index: BTreeMap::new(),
+            revision: 1,
+            compact_revision: -1,
+        }
     }
 }
 
@@ -87,7 +91,10 @@ impl MvccStore {
 
     /// Number of keys with a live value at the current revision.
     pub fn live_keys(&self) -> usize {
-        self.index.values().filter(|v| v.last().is_some_and(|v| v.kv.is_some())).count()
+        self.index
+            .values()
+            .filter(|v| v.last().is_some_and(|v| v.kv.is_some()))
+            .count()
     }
 
     /// Rebuild a store from persisted versions (any order) and its two counters.
@@ -96,7 +103,11 @@ impl MvccStore {
         revision: Revision,
         compact_revision: Revision,
     ) -> MvccStore {
-        let mut store = MvccStore { index: BTreeMap::new(), revision, compact_revision };
+        let mut store = MvccStore {
+            index: BTreeMap::new(),
+            revision,
+            compact_revision,
+        };
         for v in versions {
             store.index.entry(v.key).or_default().push(Version {
                 revision: v.revision,
@@ -106,9 +117,14 @@ impl MvccStore {
         }
         for versions in store.index.values_mut() {
             versions.sort_by_key(|v| (v.revision, v.sub));
-            assert!(versions.windows(2).all(|w| (w[0].revision, w[0].sub) < (w[1].revision, w[1].sub)));
+            assert!(versions
+                .windows(2)
+                .all(|w| (w[0].revision, w[0].sub) < (w[1].revision, w[1].sub)));
         }
-        assert!(compact_revision <= revision, "compact revision {compact_revision} above revision {revision}");
+        assert!(
+            compact_revision <= revision,
+            "compact revision {compact_revision} above revision {revision}"
+        );
         store
     }
 
@@ -135,7 +151,11 @@ impl MvccStore {
         if req.revision > current {
             return Err(MvccError::FutureRevision);
         }
-        let rev = if req.revision <= 0 { current } else { req.revision };
+        let rev = if req.revision <= 0 {
+            current
+        } else {
+            req.revision
+        };
         if rev < self.compact_revision {
             return Err(MvccError::Compacted);
         }
@@ -166,7 +186,12 @@ impl MvccStore {
             }
         });
         if req.count_only {
-            return Ok(RangeResult { kvs: Vec::new(), more: false, count, revision: current });
+            return Ok(RangeResult {
+                kvs: Vec::new(),
+                more: false,
+                count,
+                revision: current,
+            });
         }
 
         let mut kvs: Vec<KeyValue> = kvs.into_iter().map(|kv| kv.as_ref().clone()).collect();
@@ -200,7 +225,12 @@ impl MvccStore {
                 kv.value.clear();
             }
         }
-        Ok(RangeResult { kvs, more, count, revision: current })
+        Ok(RangeResult {
+            kvs,
+            more,
+            count,
+            revision: current,
+        })
     }
 
     /// Calls `f` for every key in `range` that has a live value at `rev`, in key order.
@@ -218,31 +248,50 @@ impl MvccStore {
             }
             KeyRange::Interval(start, end) => {
                 if start < end {
-                    let bounds = (Bound::Included(start.as_slice()), Bound::Excluded(end.as_slice()));
-                    self.index.range::<[u8], _>(bounds).for_each(|(_, v)| visit(v));
+                    let bounds = (
+                        Bound::Included(start.as_slice()),
+                        Bound::Excluded(end.as_slice()),
+                    );
+                    self.index
+                        .range::<[u8], _>(bounds)
+                        .for_each(|(_, v)| visit(v));
                 }
             }
             KeyRange::From(start) => {
                 let bounds = (Bound::Included(start.as_slice()), Bound::Unbounded);
-                self.index.range::<[u8], _>(bounds).for_each(|(_, v)| visit(v));
+                self.index
+                    .range::<[u8], _>(bounds)
+                    .for_each(|(_, v)| visit(v));
             }
         }
     }
 
     /// The live value of one key at the current revision.
     fn get_live(&self, key: &[u8]) -> Option<&Arc<KeyValue>> {
-        self.index.get(key).and_then(|versions| live_at(versions, Revision::MAX))
+        self.index
+            .get(key)
+            .and_then(|versions| live_at(versions, Revision::MAX))
     }
 
     /// Record a new version of `key` at `(revision, sub)`.
     fn push_version(&mut self, key: &[u8], revision: Revision, sub: i64, kv: Option<KeyValue>) {
         let versions = self.index.entry(key.to_vec()).or_default();
         if let Some(last) = versions.last() {
-            assert!((last.revision, last.sub) < (revision, sub), "versions of a key must increase");
+            assert!(
+                (last.revision, last.sub) < (revision, sub),
+                "versions of a key must increase"
+            );
         } else {
-            assert!(kv.is_some(), "a key's history cannot start with a tombstone");
+            assert!(
+                kv.is_some(),
+                "a key's history cannot start with a tombstone"
+            );
         }
-        versions.push(Version { revision, sub, kv: kv.map(Arc::new) });
+        versions.push(Version {
+            revision,
+            sub,
+            kv: kv.map(Arc::new),
+        });
     }
 
     /// Drop history that no read at `rev` or later can see. Returns the
@@ -261,7 +310,11 @@ impl MvccStore {
                 return true;
             }
             // Keep the version a read at `rev` sees, unless it is a tombstone.
-            let keep_from = if versions[visible - 1].kv.is_some() { visible - 1 } else { visible };
+            let keep_from = if versions[visible - 1].kv.is_some() {
+                visible - 1
+            } else {
+                visible
+            };
             for v in versions.drain(..keep_from) {
                 removed.push((key.clone(), v.revision, v.sub));
             }

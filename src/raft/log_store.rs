@@ -50,11 +50,16 @@ fn write_err(e: &io::Error) -> StorageError<u64> {
 
 impl LogStore {
     /// Open the WAL in `dir` and load what it holds.
-    pub fn open(dir: &std::path::Path, segment_bytes: u64, state_db: StateDb) -> anyhow::Result<LogStore> {
+    pub fn open(
+        dir: &std::path::Path,
+        segment_bytes: u64,
+        state_db: StateDb,
+    ) -> anyhow::Result<LogStore> {
         let (wal, recovered) = Wal::open(dir, segment_bytes)?;
         let mut cache = LogCache::default();
         for (index, bytes) in recovered.entries {
-            let entry: Entry = decode(&bytes).map_err(|e| anyhow::anyhow!("wal entry {index}: {e}"))?;
+            let entry: Entry =
+                decode(&bytes).map_err(|e| anyhow::anyhow!("wal entry {index}: {e}"))?;
             assert_eq!(entry.log_id.index, index, "wal entry index mismatch");
             cache.entries.insert(index, entry);
         }
@@ -69,8 +74,15 @@ impl LogStore {
             cache.last_purged = decode(b).map_err(anyhow::Error::msg)?;
         }
         let indexes: Vec<u64> = cache.entries.keys().copied().collect();
-        assert!(indexes.windows(2).all(|w| w[1] == w[0] + 1), "wal entries are not contiguous");
-        Ok(LogStore { cache: Arc::new(Mutex::new(cache)), wal, state_db })
+        assert!(
+            indexes.windows(2).all(|w| w[1] == w[0] + 1),
+            "wal entries are not contiguous"
+        );
+        Ok(LogStore {
+            cache: Arc::new(Mutex::new(cache)),
+            wal,
+            state_db,
+        })
     }
 
     pub fn wal(&self) -> &Wal {
@@ -87,7 +99,12 @@ impl RaftLogReader<TypeConfig> for LogStore {
         &mut self,
         range: RB,
     ) -> Result<Vec<Entry>, StorageError<u64>> {
-        Ok(self.cache().entries.range(range).map(|(_, e)| e.clone()).collect())
+        Ok(self
+            .cache()
+            .entries
+            .range(range)
+            .map(|(_, e)| e.clone())
+            .collect())
     }
 }
 
@@ -96,8 +113,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError<u64>> {
         let cache = self.cache();
-        let last_log_id = cache.entries.values().next_back().map(|e| e.log_id).or(cache.last_purged);
-        Ok(LogState { last_purged_log_id: cache.last_purged, last_log_id })
+        let last_log_id = cache
+            .entries
+            .values()
+            .next_back()
+            .map(|e| e.log_id)
+            .or(cache.last_purged);
+        Ok(LogState {
+            last_purged_log_id: cache.last_purged,
+            last_log_id,
+        })
     }
 
     async fn get_log_reader(&mut self) -> Self::LogReader {
@@ -107,7 +132,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn save_vote(&mut self, vote: &Vote<u64>) -> Result<(), StorageError<u64>> {
         self.cache().vote = Some(*vote);
         self.wal
-            .write(vec![WalRecord::Meta { key: META_VOTE, data: encode(vote) }], true)
+            .write(
+                vec![WalRecord::Meta {
+                    key: META_VOTE,
+                    data: encode(vote),
+                }],
+                true,
+            )
             .map_err(|e| StorageError::from(StorageIOError::write_vote(&e)))
     }
 
@@ -120,7 +151,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // No sync of its own: the committed index only speeds up a restart, and
         // the next append's sync makes it durable.
         self.wal
-            .write(vec![WalRecord::Meta { key: META_COMMITTED, data: encode(&committed) }], false)
+            .write(
+                vec![WalRecord::Meta {
+                    key: META_COMMITTED,
+                    data: encode(&committed),
+                }],
+                false,
+            )
             .map_err(|e| write_err(&e))
     }
 
@@ -128,7 +165,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         Ok(self.cache().committed)
     }
 
-    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), StorageError<u64>>
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: LogFlushed<TypeConfig>,
+    ) -> Result<(), StorageError<u64>>
     where
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
@@ -141,7 +182,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 if let Some((&last, _)) = cache.entries.iter().next_back() {
                     assert_eq!(index, last + 1, "log entries must be contiguous");
                 }
-                records.push(WalRecord::Entry { index, data: encode(&entry) });
+                records.push(WalRecord::Entry {
+                    index,
+                    data: encode(&entry),
+                });
                 cache.entries.insert(index, entry);
             }
         }
@@ -154,7 +198,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError<u64>> {
         self.cache().entries.split_off(&log_id.index);
-        self.wal.write(vec![WalRecord::TruncateFrom(log_id.index)], true).map_err(|e| write_err(&e))
+        self.wal
+            .write(vec![WalRecord::TruncateFrom(log_id.index)], true)
+            .map_err(|e| write_err(&e))
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError<u64>> {
@@ -162,12 +208,18 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.state_db.sync().map_err(|e| write_err(&e))?;
         {
             let mut cache = self.cache();
-            assert!(cache.last_purged.is_none_or(|p| p.index <= log_id.index), "purge must move forward");
+            assert!(
+                cache.last_purged.is_none_or(|p| p.index <= log_id.index),
+                "purge must move forward"
+            );
             cache.entries = cache.entries.split_off(&(log_id.index + 1));
             cache.last_purged = Some(log_id);
         }
         let records = vec![
-            WalRecord::Meta { key: META_PURGED, data: encode(&Some(log_id)) },
+            WalRecord::Meta {
+                key: META_PURGED,
+                data: encode(&Some(log_id)),
+            },
             WalRecord::PurgeUpto(log_id.index),
         ];
         self.wal.write(records, true).map_err(|e| write_err(&e))

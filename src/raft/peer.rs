@@ -33,21 +33,29 @@ pub struct PeerService {
 
 impl PeerService {
     pub fn server(raft: Raft, proposer: Proposer) -> PeerServer<PeerService> {
-        PeerServer::new(PeerService { raft, proposer }).max_decoding_message_size(usize::MAX).max_encoding_message_size(usize::MAX)
+        PeerServer::new(PeerService { raft, proposer })
+            .max_decoding_message_size(usize::MAX)
+            .max_encoding_message_size(usize::MAX)
     }
 }
 
 fn payload<T: for<'de> Deserialize<'de>>(req: Request<RaftPayload>) -> Result<T, Status> {
-    decode(&req.into_inner().data).map_err(|e| Status::invalid_argument(format!("peer payload: {e}")))
+    decode(&req.into_inner().data)
+        .map_err(|e| Status::invalid_argument(format!("peer payload: {e}")))
 }
 
 fn reply<T: Serialize>(value: &T) -> Result<Response<RaftPayload>, Status> {
-    Ok(Response::new(RaftPayload { data: encode(value) }))
+    Ok(Response::new(RaftPayload {
+        data: encode(value),
+    }))
 }
 
 #[tonic::async_trait]
 impl Peer for PeerService {
-    async fn append_entries(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+    async fn append_entries(
+        &self,
+        req: Request<RaftPayload>,
+    ) -> Result<Response<RaftPayload>, Status> {
         let rpc: AppendEntriesRequest<TypeConfig> = payload(req)?;
         reply(&self.raft.append_entries(rpc).await)
     }
@@ -57,27 +65,45 @@ impl Peer for PeerService {
         reply(&self.raft.vote(rpc).await)
     }
 
-    async fn install_snapshot(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+    async fn install_snapshot(
+        &self,
+        req: Request<RaftPayload>,
+    ) -> Result<Response<RaftPayload>, Status> {
         let rpc: InstallSnapshotRequest<TypeConfig> = payload(req)?;
         reply(&self.raft.install_snapshot(rpc).await)
     }
 
     async fn forward(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
-        let cmd: Command = payload(req)?;
-        if matches!(cmd, Command::Batch(_)) {
-            return Err(Status::invalid_argument("peer: a forwarded command cannot be a batch"));
+        let cmds: Vec<Command> = payload(req)?;
+        if cmds.iter().any(|c| matches!(c, Command::Batch(_))) {
+            return Err(Status::invalid_argument(
+                "peer: a forwarded command cannot be a batch",
+            ));
         }
-        let result: Result<CommandResult, ForwardError> = match self.proposer.propose(cmd).await {
-            Ok(r) => Ok(r),
-            Err(ProposeError::NotLeader { leader }) => Err(ForwardError::NotLeader { leader }),
-            Err(ProposeError::Stopped) => Err(ForwardError::Failed("raft stopped".into())),
-        };
-        reply(&result)
+        // Queued together, so the proposer puts them in one entry.
+        let results: Vec<Result<CommandResult, ForwardError>> =
+            futures::future::join_all(cmds.into_iter().map(|cmd| self.proposer.propose(cmd)))
+                .await
+                .into_iter()
+                .map(|r| match r {
+                    Ok(r) => Ok(r),
+                    Err(ProposeError::NotLeader { leader }) => {
+                        Err(ForwardError::NotLeader { leader })
+                    }
+                    Err(ProposeError::Stopped) => Err(ForwardError::Failed("raft stopped".into())),
+                })
+                .collect();
+        reply(&results)
     }
 
-    async fn read_index(&self, _req: Request<ReadIndexRequest>) -> Result<Response<ReadIndexResponse>, Status> {
+    async fn read_index(
+        &self,
+        _req: Request<ReadIndexRequest>,
+    ) -> Result<Response<ReadIndexResponse>, Status> {
         match self.raft.get_read_log_id().await {
-            Ok((read, _applied)) => Ok(Response::new(ReadIndexResponse { index: read.map_or(0, |l| l.index) })),
+            Ok((read, _applied)) => Ok(Response::new(ReadIndexResponse {
+                index: read.map_or(0, |l| l.index),
+            })),
             Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(_))) => {
                 Err(Status::failed_precondition("not leader"))
             }

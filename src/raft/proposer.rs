@@ -16,12 +16,10 @@
 //! Limits: a batch holds at most [`MAX_BATCH_COMMANDS`] commands; at most
 //! [`MAX_IN_FLIGHT`] batches are proposed at once.
 
-use std::sync::Arc;
-
 use openraft::error::{ClientWriteError, RaftError};
-use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use super::Raft;
+use crate::batcher::Batcher;
 use crate::command::{Command, CommandResult};
 
 /// The most commands in one log entry.
@@ -39,59 +37,47 @@ pub enum ProposeError {
     Stopped,
 }
 
-type Reply = oneshot::Sender<Result<CommandResult, ProposeError>>;
-
 /// Handle to the batching task; cheap to clone.
 #[derive(Clone)]
 pub struct Proposer {
-    queue: mpsc::UnboundedSender<(Command, Reply)>,
+    batcher: Batcher<Command, Result<CommandResult, ProposeError>>,
 }
 
 impl Proposer {
     /// Start the batching task for `raft`. It ends when every handle is dropped.
     pub fn start(raft: Raft) -> Proposer {
-        let (queue, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(raft, rx));
-        Proposer { queue }
+        let batcher = Batcher::start(MAX_BATCH_COMMANDS, MAX_IN_FLIGHT, move |cmds| {
+            let raft = raft.clone();
+            async move { propose_batch(&raft, cmds).await }
+        });
+        Proposer { batcher }
     }
 
     /// Propose `cmd` on this member and wait for its apply result.
     pub async fn propose(&self, cmd: Command) -> Result<CommandResult, ProposeError> {
-        let (tx, rx) = oneshot::channel();
-        self.queue.send((cmd, tx)).map_err(|_| ProposeError::Stopped)?;
-        rx.await.unwrap_or(Err(ProposeError::Stopped))
+        self.batcher
+            .call(cmd)
+            .await
+            .unwrap_or(Err(ProposeError::Stopped))
     }
 }
 
-async fn run(raft: Raft, mut rx: mpsc::UnboundedReceiver<(Command, Reply)>) {
-    let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
-    loop {
-        // Wait for a free slot first, so that commands pile up meanwhile.
-        let Ok(permit) = in_flight.clone().acquire_owned().await else { return };
-        let Some(first) = rx.recv().await else { return };
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH_COMMANDS {
-            match rx.try_recv() {
-                Ok(item) => batch.push(item),
-                Err(_) => break,
-            }
-        }
-        let raft = raft.clone();
-        tokio::spawn(async move {
-            propose_batch(&raft, batch).await;
-            drop(permit);
-        });
-    }
-}
-
-async fn propose_batch(raft: &Raft, batch: Vec<(Command, Reply)>) {
-    let (cmds, replies): (Vec<Command>, Vec<Reply>) = batch.into_iter().unzip();
-    let single = cmds.len() == 1;
-    let cmd = if single { cmds.into_iter().next().expect("one command") } else { Command::Batch(cmds) };
+async fn propose_batch(
+    raft: &Raft,
+    cmds: Vec<Command>,
+) -> Vec<Result<CommandResult, ProposeError>> {
+    let n = cmds.len();
+    let cmd = if n == 1 {
+        cmds.into_iter().next().expect("one command")
+    } else {
+        Command::Batch(cmds)
+    };
     let outcome = match raft.client_write(cmd).await {
         Ok(resp) => Ok(resp.data),
         Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
-            Err(ProposeError::NotLeader { leader: f.leader_id })
+            Err(ProposeError::NotLeader {
+                leader: f.leader_id,
+            })
         }
         Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => {
             unreachable!("a command is not a membership change: {e}")
@@ -99,20 +85,14 @@ async fn propose_batch(raft: &Raft, batch: Vec<(Command, Reply)>) {
         Err(RaftError::Fatal(_)) => Err(ProposeError::Stopped),
     };
     match outcome {
-        Ok(CommandResult::Batch(results)) if !single => {
-            assert_eq!(results.len(), replies.len(), "one result per batched command");
-            for (reply, result) in replies.into_iter().zip(results) {
-                let _ = reply.send(Ok(result));
-            }
+        Ok(CommandResult::Batch(results)) if n > 1 => {
+            assert_eq!(results.len(), n, "one result per batched command");
+            results.into_iter().map(Ok).collect()
         }
         Ok(result) => {
-            assert!(single, "a batch must answer with a batch result");
-            let _ = replies.into_iter().next().expect("one reply").send(Ok(result));
+            assert_eq!(n, 1, "a batch must answer with a batch result");
+            vec![Ok(result)]
         }
-        Err(e) => {
-            for reply in replies {
-                let _ = reply.send(Err(e.clone()));
-            }
-        }
+        Err(e) => vec![Err(e); n],
     }
 }

@@ -26,7 +26,9 @@ use std::io::Cursor;
 use std::sync::Arc;
 
 use openraft::storage::{RaftStateMachine, Snapshot, SnapshotMeta};
-use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder, StorageError, StorageIOError, StoredMembership};
+use openraft::{
+    EntryPayload, OptionalSend, RaftSnapshotBuilder, StorageError, StorageIOError, StoredMembership,
+};
 use serde::{Deserialize, Serialize};
 
 use super::{decode, encode, Entry, LogId, MemberNode, TypeConfig};
@@ -104,7 +106,12 @@ impl StateMachine {
             let revision = u64::from_be_bytes(k[1..9].try_into()?) as i64;
             let sub = u64::from_be_bytes(k[9..17].try_into()?) as i64;
             let (key, kv) = decode(&v).map_err(anyhow::Error::msg)?;
-            versions.push(StoredVersion { revision, sub, key, kv });
+            versions.push(StoredVersion {
+                revision,
+                sub,
+                key,
+                kv,
+            });
         }
         *state.mvcc_mut() = MvccStore::restore(versions, revision, compact);
         let mut members = state.members_mut();
@@ -114,12 +121,19 @@ impl StateMachine {
             members.insert(id, decode(&v).map_err(anyhow::Error::msg)?);
         }
         drop(members);
-        Ok(StateMachine { state, db, last_applied, membership })
+        Ok(StateMachine {
+            state,
+            db,
+            last_applied,
+            membership,
+        })
     }
 
     fn persist_changes(batch: &mut StateBatch, changes: Vec<Change>) {
         for c in changes {
-            batch.puts.push((version_key(c.revision, c.sub), encode(&(c.key, c.kv))));
+            batch
+                .puts
+                .push((version_key(c.revision, c.sub), encode(&(c.key, c.kv))));
         }
     }
 
@@ -135,7 +149,10 @@ impl StateMachine {
             );
         }
         let mut mvcc = self.state.mvcc_mut();
-        let rejected = |error, mvcc: &MvccStore| CommandResult::Rejected { error, revision: mvcc.revision() };
+        let rejected = |error, mvcc: &MvccStore| CommandResult::Rejected {
+            error,
+            revision: mvcc.revision(),
+        };
         match cmd {
             Command::Put(req) => match mvcc.put(&req, &()) {
                 Ok((result, changes)) => {
@@ -158,16 +175,28 @@ impl StateMachine {
             },
             Command::Compact { revision } => match mvcc.compact(revision) {
                 Ok(removed) => {
-                    batch.deletes.extend(removed.into_iter().map(|(_, rev, sub)| version_key(rev, sub)));
-                    CommandResult::Compacted { revision: mvcc.revision() }
+                    batch.deletes.extend(
+                        removed
+                            .into_iter()
+                            .map(|(_, rev, sub)| version_key(rev, sub)),
+                    );
+                    CommandResult::Compacted {
+                        revision: mvcc.revision(),
+                    }
                 }
                 Err(e) => rejected(e, &mvcc),
             },
-            Command::PublishMember { id, name, client_urls } => {
+            Command::PublishMember {
+                id,
+                name,
+                client_urls,
+            } => {
                 let attrs = MemberAttrs { name, client_urls };
                 batch.puts.push((member_key(id), encode(&attrs)));
                 self.state.members_mut().insert(id, attrs);
-                CommandResult::MemberPublished { revision: mvcc.revision() }
+                CommandResult::MemberPublished {
+                    revision: mvcc.revision(),
+                }
             }
             Command::Batch(_) => unreachable!("handled above"),
         }
@@ -179,7 +208,12 @@ impl StateMachine {
             revision: mvcc.revision(),
             compact_revision: mvcc.compact_revision(),
             versions: mvcc.versions().collect(),
-            members: self.state.members().iter().map(|(id, a)| (*id, a.clone())).collect(),
+            members: self
+                .state
+                .members()
+                .iter()
+                .map(|(id, a)| (*id, a.clone()))
+                .collect(),
         }
     }
 
@@ -193,7 +227,10 @@ impl StateMachine {
             last_membership: self.membership.clone(),
             snapshot_id: id,
         };
-        Snapshot { meta, snapshot: Box::new(Cursor::new(encode(image))) }
+        Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(encode(image))),
+        }
     }
 }
 
@@ -225,21 +262,33 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         }
         {
             let mvcc = self.state.mvcc();
-            batch.puts.push((REVISION.to_vec(), encode(&mvcc.revision())));
-            batch.puts.push((COMPACT.to_vec(), encode(&mvcc.compact_revision())));
+            batch
+                .puts
+                .push((REVISION.to_vec(), encode(&mvcc.revision())));
+            batch
+                .puts
+                .push((COMPACT.to_vec(), encode(&mvcc.compact_revision())));
         }
-        batch.puts.push((APPLIED.to_vec(), encode(&self.last_applied)));
-        batch.puts.push((MEMBERSHIP.to_vec(), encode(&self.membership)));
+        batch
+            .puts
+            .push((APPLIED.to_vec(), encode(&self.last_applied)));
+        batch
+            .puts
+            .push((MEMBERSHIP.to_vec(), encode(&self.membership)));
         self.db.commit(batch);
         Ok(results)
     }
 
     async fn get_snapshot_builder(&mut self) -> SnapshotBuilder {
         let image = self.image();
-        SnapshotBuilder { snapshot: Some(self.snapshot_of(&image)) }
+        SnapshotBuilder {
+            snapshot: Some(self.snapshot_of(&image)),
+        }
     }
 
-    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError<u64>> {
+    async fn begin_receiving_snapshot(
+        &mut self,
+    ) -> Result<Box<Cursor<Vec<u8>>>, StorageError<u64>> {
         Ok(Box::new(Cursor::new(Vec::new())))
     }
 
@@ -251,24 +300,40 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let image: SnapshotImage = decode(snapshot.get_ref()).map_err(sm_err)?;
         let mut batch = StateBatch::default();
         for v in &image.versions {
-            batch.puts.push((version_key(v.revision, v.sub), encode(&(v.key.clone(), v.kv.clone()))));
+            batch.puts.push((
+                version_key(v.revision, v.sub),
+                encode(&(v.key.clone(), v.kv.clone())),
+            ));
         }
         for (id, attrs) in &image.members {
             batch.puts.push((member_key(*id), encode(attrs)));
         }
-        batch.puts.push((REVISION.to_vec(), encode(&image.revision)));
-        batch.puts.push((COMPACT.to_vec(), encode(&image.compact_revision)));
-        batch.puts.push((APPLIED.to_vec(), encode(&meta.last_log_id)));
-        batch.puts.push((MEMBERSHIP.to_vec(), encode(&meta.last_membership)));
-        self.db.replace_all(batch).map_err(|e| StorageError::from(StorageIOError::write_snapshot(None, &e)))?;
-        *self.state.mvcc_mut() = MvccStore::restore(image.versions, image.revision, image.compact_revision);
+        batch
+            .puts
+            .push((REVISION.to_vec(), encode(&image.revision)));
+        batch
+            .puts
+            .push((COMPACT.to_vec(), encode(&image.compact_revision)));
+        batch
+            .puts
+            .push((APPLIED.to_vec(), encode(&meta.last_log_id)));
+        batch
+            .puts
+            .push((MEMBERSHIP.to_vec(), encode(&meta.last_membership)));
+        self.db
+            .replace_all(batch)
+            .map_err(|e| StorageError::from(StorageIOError::write_snapshot(None, &e)))?;
+        *self.state.mvcc_mut() =
+            MvccStore::restore(image.versions, image.revision, image.compact_revision);
         *self.state.members_mut() = image.members.into_iter().collect();
         self.last_applied = meta.last_log_id;
         self.membership = meta.last_membership.clone();
         Ok(())
     }
 
-    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError<u64>> {
+    async fn get_current_snapshot(
+        &mut self,
+    ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<u64>> {
         let image = self.image();
         Ok(Some(self.snapshot_of(&image)))
     }
@@ -281,6 +346,8 @@ pub struct SnapshotBuilder {
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<u64>> {
-        self.snapshot.take().ok_or_else(|| sm_err("snapshot already built"))
+        self.snapshot
+            .take()
+            .ok_or_else(|| sm_err("snapshot already built"))
     }
 }

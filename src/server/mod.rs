@@ -23,10 +23,11 @@ use openraft::error::{CheckIsLeaderError, InitializeError, RaftError};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::batcher::Batcher;
 use crate::command::{Command, CommandResult};
 use crate::config::{ClusterState, Config};
 use crate::raft::log_store::LogStore;
-use crate::raft::network::{ForwardFailure, PeerClients, PeerNetwork};
+use crate::raft::network::{ForwardFailure, Forwarder, PeerClients, PeerNetwork};
 use crate::raft::proposer::{ProposeError, Proposer};
 use crate::raft::state_machine::StateMachine;
 use crate::raft::{MemberNode, Raft, RaftConfig, RaftMetrics, ServerState};
@@ -74,6 +75,9 @@ pub struct Node {
     pub name: String,
     raft: Raft,
     proposer: Proposer,
+    forwarder: Forwarder,
+    /// Linearizable reads that arrive together share one ReadIndex round.
+    read_barriers: Batcher<(), Result<(), ServerError>>,
     state: Arc<AppliedState>,
     peers: PeerClients,
     state_db: StateDb,
@@ -89,15 +93,22 @@ impl Node {
         config.validate()?;
         let id = config.member_id();
         let members = config.initial_members()?;
-        let cluster_id = crate::config::cluster_id(members.keys().copied(), &config.initial_cluster_token);
+        let cluster_id =
+            crate::config::cluster_id(members.keys().copied(), &config.initial_cluster_token);
         let data_dir = config.data_dir();
-        std::fs::create_dir_all(&data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
+        std::fs::create_dir_all(&data_dir)
+            .with_context(|| format!("creating {}", data_dir.display()))?;
 
         let state_db = StateDb::open(&data_dir.join("state")).context("opening the state store")?;
-        let log_store = LogStore::open(&data_dir.join("wal"), DEFAULT_SEGMENT_BYTES, state_db.clone())
-            .context("opening the WAL")?;
+        let log_store = LogStore::open(
+            &data_dir.join("wal"),
+            DEFAULT_SEGMENT_BYTES,
+            state_db.clone(),
+        )
+        .context("opening the WAL")?;
         let state = Arc::new(AppliedState::default());
-        let state_machine = StateMachine::open(state_db.clone(), state.clone()).context("loading the state machine")?;
+        let state_machine = StateMachine::open(state_db.clone(), state.clone())
+            .context("loading the state machine")?;
         let network = PeerNetwork::default();
         let peers = network.clients.clone();
 
@@ -111,12 +122,21 @@ impl Node {
             max_in_snapshot_log_to_keep: 1000,
             ..Default::default()
         };
-        let raft = crate::raft::start(id, raft_config, log_store.clone(), state_machine, network).await?;
+        let raft =
+            crate::raft::start(id, raft_config, log_store.clone(), state_machine, network).await?;
 
         if config.initial_cluster_state == ClusterState::New {
             let nodes: BTreeMap<u64, MemberNode> = members
                 .values()
-                .map(|m| (m.id, MemberNode { name: m.name.clone(), peer_url: m.peer_urls[0].clone() }))
+                .map(|m| {
+                    (
+                        m.id,
+                        MemberNode {
+                            name: m.name.clone(),
+                            peer_url: m.peer_urls[0].clone(),
+                        },
+                    )
+                })
                 .collect();
             // Every member initializes with the same membership; on a member
             // that already has a log this is refused, which is what we want.
@@ -129,20 +149,41 @@ impl Node {
 
         let (shutdown, _) = watch::channel(false);
         let proposer = Proposer::start(raft.clone());
-        let node = Arc::new(Node {
-            id,
-            cluster_id,
-            name: config.name.clone(),
-            raft,
-            proposer,
-            state,
-            peers,
-            state_db,
-            wal: log_store,
-            request_timeout: Duration::from_secs(5) + config.election_timeout() * 2,
-            shutdown,
+        let request_timeout = Duration::from_secs(5) + config.election_timeout() * 2;
+        let forwarder = Forwarder::start(peers.clone(), request_timeout);
+        let node = Arc::new_cyclic(|me: &std::sync::Weak<Node>| {
+            let me = me.clone();
+            // One barrier per batch covers every read queued before it began.
+            let read_barriers = Batcher::start(usize::MAX, 1, move |reads: Vec<()>| {
+                let me = me.clone();
+                async move {
+                    let outcome = match me.upgrade() {
+                        Some(node) => node.read_index_round().await,
+                        None => Err(ServerError::Stopped),
+                    };
+                    vec![outcome; reads.len()]
+                }
+            });
+            Node {
+                id,
+                cluster_id,
+                name: config.name.clone(),
+                raft,
+                proposer,
+                forwarder,
+                read_barriers,
+                state,
+                peers,
+                state_db,
+                wal: log_store,
+                request_timeout,
+                shutdown,
+            }
         });
-        let attrs = MemberAttrs { name: config.name.clone(), client_urls: config.advertise_client_urls() };
+        let attrs = MemberAttrs {
+            name: config.name.clone(),
+            client_urls: config.advertise_client_urls(),
+        };
         tokio::spawn(node.clone().publish(attrs));
         Ok(node)
     }
@@ -182,7 +223,11 @@ impl Node {
         let m = self.raft.metrics();
         let m = m.borrow();
         let leader = m.current_leader?;
-        let url = m.membership_config.membership().get_node(&leader).map(|n| n.peer_url.clone())?;
+        let url = m
+            .membership_config
+            .membership()
+            .get_node(&leader)
+            .map(|n| n.peer_url.clone())?;
         Some((leader, url))
     }
 
@@ -202,7 +247,9 @@ impl Node {
             let leader = self.leader();
             match &leader {
                 Some((leader_id, _)) if *leader_id == self.id => {
-                    match tokio::time::timeout_at(deadline, self.proposer.propose(cmd.clone())).await {
+                    match tokio::time::timeout_at(deadline, self.proposer.propose(cmd.clone()))
+                        .await
+                    {
                         Err(_) => return Err(ServerError::Timeout),
                         Ok(Ok(result)) => return Ok(result),
                         // Not appended (or truncated before commit): safe to retry.
@@ -211,10 +258,14 @@ impl Node {
                     }
                 }
                 Some((_, url)) => {
-                    let remaining = deadline.saturating_duration_since(Instant::now());
-                    match self.peers.forward(url, &cmd, remaining).await {
+                    let forwarded = self.forwarder.forward(url.clone(), cmd.clone());
+                    let Ok(outcome) = tokio::time::timeout_at(deadline, forwarded).await else {
+                        return Err(ServerError::Timeout);
+                    };
+                    match outcome {
                         Ok(result) => return Ok(result),
-                        Err(ForwardFailure::NotLeader { .. }) | Err(ForwardFailure::Unreachable(_)) => {}
+                        Err(ForwardFailure::NotLeader { .. })
+                        | Err(ForwardFailure::Unreachable(_)) => {}
                         Err(ForwardFailure::Unknown(e)) => {
                             tracing::debug!(error = %e, "forwarded write failed");
                             return Err(if Instant::now() >= deadline {
@@ -231,15 +282,28 @@ impl Node {
                 return Err(ServerError::Stopped);
             }
             if Instant::now() >= deadline {
-                return Err(if leader.is_none() { ServerError::NoLeader } else { ServerError::Timeout });
+                return Err(if leader.is_none() {
+                    ServerError::NoLeader
+                } else {
+                    ServerError::Timeout
+                });
             }
             self.await_change(deadline).await;
         }
     }
 
     /// Make the local state fresh enough for a linearizable read: at least as
-    /// new as everything committed when this call began.
+    /// new as everything committed when this call began. Concurrent callers
+    /// share rounds: a round that starts after a caller arrived serves it.
     pub async fn read_barrier(&self) -> Result<(), ServerError> {
+        self.read_barriers
+            .call(())
+            .await
+            .unwrap_or(Err(ServerError::Stopped))
+    }
+
+    /// One ReadIndex round (see [`Node::read_barrier`]).
+    async fn read_index_round(&self) -> Result<(), ServerError> {
         let deadline = Instant::now() + self.request_timeout;
         loop {
             let leader = self.leader();
@@ -264,8 +328,12 @@ impl Node {
                             .await
                         {
                             Ok(_) => Ok(()),
-                            Err(openraft::metrics::WaitError::Timeout(..)) => Err(ServerError::Timeout),
-                            Err(openraft::metrics::WaitError::ShuttingDown) => Err(ServerError::Stopped),
+                            Err(openraft::metrics::WaitError::Timeout(..)) => {
+                                Err(ServerError::Timeout)
+                            }
+                            Err(openraft::metrics::WaitError::ShuttingDown) => {
+                                Err(ServerError::Stopped)
+                            }
                         };
                     }
                 }
@@ -275,7 +343,11 @@ impl Node {
                 return Err(ServerError::Stopped);
             }
             if Instant::now() >= deadline {
-                return Err(if leader.is_none() { ServerError::NoLeader } else { ServerError::Timeout });
+                return Err(if leader.is_none() {
+                    ServerError::NoLeader
+                } else {
+                    ServerError::Timeout
+                });
             }
             self.await_change(deadline).await;
         }
@@ -293,7 +365,10 @@ impl Node {
                 id: *id,
                 name: node.name.clone(),
                 peer_urls: vec![node.peer_url.clone()],
-                client_urls: attrs.get(id).map(|a| a.client_urls.clone()).unwrap_or_default(),
+                client_urls: attrs
+                    .get(id)
+                    .map(|a| a.client_urls.clone())
+                    .unwrap_or_default(),
                 is_learner: !voters.contains(id),
             })
             .collect()
@@ -318,7 +393,11 @@ impl Node {
             if self.state.members().get(&self.id) == Some(&attrs) {
                 return;
             }
-            let cmd = Command::PublishMember { id: self.id, name: attrs.name.clone(), client_urls: attrs.client_urls.clone() };
+            let cmd = Command::PublishMember {
+                id: self.id,
+                name: attrs.name.clone(),
+                client_urls: attrs.client_urls.clone(),
+            };
             match self.write(cmd).await {
                 Ok(_) => return,
                 Err(e) => tracing::debug!(error = %e, "publishing member attributes; will retry"),
