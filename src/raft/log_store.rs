@@ -5,6 +5,10 @@
 //! The vote is written through the same WAL, so vote and log writes are durable
 //! in the order they were made, as openraft requires.
 //!
+//! The committed index is not persisted (openraft's `save_committed` is
+//! optional): it would cost a write per commit, and a restarted member learns
+//! it from the leader within a heartbeat and then applies what it is missing.
+//!
 //! Invariants:
 //! - the in-memory entries are contiguous and all above `last_purged`;
 //! - a purge first makes the state store durable (`StateDb::sync`), since the
@@ -24,7 +28,8 @@ use crate::storage::wal::{Wal, WalRecord};
 use crate::storage::StateDb;
 
 const META_VOTE: u8 = 1;
-const META_COMMITTED: u8 = 2;
+/// Meta key 2 is retired (it held the committed index, which raftlock no
+/// longer persists: see the module doc).
 const META_PURGED: u8 = 3;
 
 #[derive(Default)]
@@ -32,7 +37,6 @@ struct LogCache {
     entries: BTreeMap<u64, Entry>,
     last_purged: Option<LogId>,
     vote: Option<Vote<u64>>,
-    committed: Option<LogId>,
 }
 
 /// The log store; clones share one log (the clone is the log reader).
@@ -66,9 +70,6 @@ impl LogStore {
         let metas = &recovered.metas;
         if let Some(b) = metas.get(&META_VOTE) {
             cache.vote = Some(decode(b).map_err(anyhow::Error::msg)?);
-        }
-        if let Some(b) = metas.get(&META_COMMITTED) {
-            cache.committed = decode(b).map_err(anyhow::Error::msg)?;
         }
         if let Some(b) = metas.get(&META_PURGED) {
             cache.last_purged = decode(b).map_err(anyhow::Error::msg)?;
@@ -144,25 +145,6 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn read_vote(&mut self) -> Result<Option<Vote<u64>>, StorageError<u64>> {
         Ok(self.cache().vote)
-    }
-
-    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError<u64>> {
-        self.cache().committed = committed;
-        // No sync of its own: the committed index only speeds up a restart, and
-        // the next append's sync makes it durable.
-        self.wal
-            .write(
-                vec![WalRecord::Meta {
-                    key: META_COMMITTED,
-                    data: encode(&committed),
-                }],
-                false,
-            )
-            .map_err(|e| write_err(&e))
-    }
-
-    async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError<u64>> {
-        Ok(self.cache().committed)
     }
 
     async fn append<I>(
