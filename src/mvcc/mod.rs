@@ -128,6 +128,20 @@ impl MvccStore {
         store
     }
 
+    /// Re-apply one persisted version on top of the store, in the order it was
+    /// first made (journal replay after a restart). Moves the revision with it.
+    pub fn replay(&mut self, v: StoredVersion) {
+        self.push_version(&v.key, v.revision, v.sub, v.kv);
+        self.revision = self.revision.max(v.revision);
+    }
+
+    /// After a journal replay: set the revision the store had reached. It may be
+    /// above every surviving version, when compaction removed the newest ones.
+    pub fn set_revision(&mut self, revision: Revision) {
+        assert!(revision >= self.revision, "the revision never goes back");
+        self.revision = revision;
+    }
+
     /// Every version the store holds, key by key: the content of a snapshot.
     pub fn versions(&self) -> impl Iterator<Item = StoredVersion> + '_ {
         self.index.iter().flat_map(|(key, versions)| {
