@@ -10,10 +10,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/raftlock/peer.proto",
     ];
     let descriptors = protox::compile(files, ["proto"])?;
-    tonic_prost_build::configure()
-        .build_client(true)
-        .build_server(true)
-        .compile_fds(descriptors)?;
+    tonic_prost_build::configure().build_client(true).build_server(true).compile_fds(descriptors)?;
     println!("cargo:rerun-if-changed=proto");
     Ok(())
 }

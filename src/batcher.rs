@@ -24,9 +24,7 @@ pub struct Batcher<T, R> {
 
 impl<T, R> Clone for Batcher<T, R> {
     fn clone(&self) -> Self {
-        Batcher {
-            queue: self.queue.clone(),
-        }
+        Batcher { queue: self.queue.clone() }
     }
 }
 

@@ -114,23 +114,11 @@ async fn one_request(
     let key = key(args, n);
     match args.workload {
         Workload::Put => {
-            client
-                .put(pb::PutRequest {
-                    key,
-                    value: value.to_vec(),
-                    ..Default::default()
-                })
-                .await?;
+            client.put(pb::PutRequest { key, value: value.to_vec(), ..Default::default() }).await?;
         }
         Workload::Get | Workload::GetSerializable => {
             let serializable = args.workload == Workload::GetSerializable;
-            client
-                .range(pb::RangeRequest {
-                    key,
-                    serializable,
-                    ..Default::default()
-                })
-                .await?;
+            client.range(pb::RangeRequest { key, serializable, ..Default::default() }).await?;
         }
         Workload::Txn => {
             use pb::compare::{CompareResult, CompareTarget, TargetUnion};
@@ -148,13 +136,7 @@ async fn one_request(
                     ..Default::default()
                 })),
             };
-            client
-                .txn(pb::TxnRequest {
-                    compare: vec![compare],
-                    success: vec![put],
-                    failure: vec![],
-                })
-                .await?;
+            client.txn(pb::TxnRequest { compare: vec![compare], success: vec![put], failure: vec![] }).await?;
         }
     }
     Ok(())
@@ -179,12 +161,7 @@ pub async fn run(endpoints: &[String], args: &BenchArgs) -> anyhow::Result<Bench
         // Reads need something to read.
         let mut c = KvClient::new(channels[0].clone());
         for n in 0..args.key_space.min(args.total) {
-            c.put(pb::PutRequest {
-                key: key(args, n),
-                value: value.clone(),
-                ..Default::default()
-            })
-            .await?;
+            c.put(pb::PutRequest { key: key(args, n), value: value.clone(), ..Default::default() }).await?;
         }
     }
 
@@ -194,8 +171,7 @@ pub async fn run(endpoints: &[String], args: &BenchArgs) -> anyhow::Result<Bench
     let mut tasks = Vec::new();
     for c in 0..args.clients.max(1) {
         let mut client = KvClient::new(channels[c % channels.len()].clone());
-        let (issued, errors, args, value) =
-            (issued.clone(), errors.clone(), args.clone(), value.clone());
+        let (issued, errors, args, value) = (issued.clone(), errors.clone(), args.clone(), value.clone());
         tasks.push(tokio::spawn(async move {
             let mut keys = Keys(0x9E37_79B9_7F4A_7C15 ^ (c as u64 + 1));
             let mut latencies = Vec::new();

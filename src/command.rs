@@ -16,8 +16,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::mvcc::{
-    DeleteRangeRequest, DeleteRangeResult, MvccError, PutRequest, PutResult, Revision, TxnRequest,
-    TxnResult,
+    DeleteRangeRequest, DeleteRangeResult, MvccError, PutRequest, PutResult, Revision, TxnRequest, TxnResult,
 };
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -38,6 +37,17 @@ pub enum Command {
     /// Several client commands proposed as one entry (see `raft::proposer`);
     /// applied one after the other, each with its own result. Never nested.
     Batch(Vec<Command>),
+    /// Grant lease `id` (chosen by the proposer) for `ttl` seconds (already
+    /// raised to the floor).
+    LeaseGrant {
+        id: i64,
+        ttl: i64,
+    },
+    /// Revoke a lease and delete its keys, in one revision. Proposed by clients
+    /// and by the leader when a lease expires.
+    LeaseRevoke {
+        id: i64,
+    },
 }
 
 impl Command {
@@ -50,6 +60,8 @@ impl Command {
             Command::Compact { .. } => "compact",
             Command::PublishMember { .. } => "publish_member",
             Command::Batch(_) => "batch",
+            Command::LeaseGrant { .. } => "lease_grant",
+            Command::LeaseRevoke { .. } => "lease_revoke",
         }
     }
 }
@@ -78,4 +90,12 @@ pub enum CommandResult {
     },
     /// The results of a `Command::Batch`, in order.
     Batch(Vec<CommandResult>),
+    LeaseGranted {
+        id: i64,
+        ttl: i64,
+        revision: Revision,
+    },
+    LeaseRevoked {
+        revision: Revision,
+    },
 }

@@ -26,11 +26,7 @@ pub enum ClusterState {
 }
 
 #[derive(Parser, Debug, Clone)]
-#[command(
-    name = "raftlock",
-    version,
-    about = "A Raft-replicated lock server that speaks the etcd v3 API"
-)]
+#[command(name = "raftlock", version, about = "A Raft-replicated lock server that speaks the etcd v3 API")]
 pub struct Config {
     /// Human-readable name of this member.
     #[arg(long, env = "RAFTLOCK_NAME", default_value = "default")]
@@ -39,21 +35,13 @@ pub struct Config {
     #[arg(long, env = "RAFTLOCK_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
     /// Comma-separated URLs to listen on for client traffic.
-    #[arg(
-        long,
-        env = "RAFTLOCK_LISTEN_CLIENT_URLS",
-        default_value = "http://127.0.0.1:2379"
-    )]
+    #[arg(long, env = "RAFTLOCK_LISTEN_CLIENT_URLS", default_value = "http://127.0.0.1:2379")]
     pub listen_client_urls: String,
     /// Comma-separated client URLs to advertise to the cluster [default: the listen URLs].
     #[arg(long, env = "RAFTLOCK_ADVERTISE_CLIENT_URLS")]
     pub advertise_client_urls: Option<String>,
     /// Comma-separated URLs to listen on for peer traffic.
-    #[arg(
-        long,
-        env = "RAFTLOCK_LISTEN_PEER_URLS",
-        default_value = "http://127.0.0.1:2380"
-    )]
+    #[arg(long, env = "RAFTLOCK_LISTEN_PEER_URLS", default_value = "http://127.0.0.1:2380")]
     pub listen_peer_urls: String,
     /// This member's peer URLs as the other members reach them [default: the listen URLs].
     #[arg(long, env = "RAFTLOCK_INITIAL_ADVERTISE_PEER_URLS")]
@@ -62,19 +50,10 @@ pub struct Config {
     #[arg(long, env = "RAFTLOCK_INITIAL_CLUSTER")]
     pub initial_cluster: Option<String>,
     /// `new` to bootstrap a cluster, `existing` to join one.
-    #[arg(
-        long,
-        env = "RAFTLOCK_INITIAL_CLUSTER_STATE",
-        value_enum,
-        default_value = "new"
-    )]
+    #[arg(long, env = "RAFTLOCK_INITIAL_CLUSTER_STATE", value_enum, default_value = "new")]
     pub initial_cluster_state: ClusterState,
     /// A token that makes member and cluster IDs unique to one cluster.
-    #[arg(
-        long,
-        env = "RAFTLOCK_INITIAL_CLUSTER_TOKEN",
-        default_value = "raftlock-cluster"
-    )]
+    #[arg(long, env = "RAFTLOCK_INITIAL_CLUSTER_TOKEN", default_value = "raftlock-cluster")]
     pub initial_cluster_token: String,
     /// Raft heartbeat interval in milliseconds.
     #[arg(long, env = "RAFTLOCK_HEARTBEAT_INTERVAL", default_value_t = 100)]
@@ -83,6 +62,10 @@ pub struct Config {
     /// two of these without a heartbeat before it campaigns).
     #[arg(long, env = "RAFTLOCK_ELECTION_TIMEOUT", default_value_t = 1000)]
     pub election_timeout: u64,
+    /// How often watchers that asked for progress notifications get one, in ms
+    /// (etcd's default is ten minutes).
+    #[arg(long, env = "RAFTLOCK_WATCH_PROGRESS_NOTIFY_INTERVAL", default_value_t = 600_000)]
+    pub watch_progress_notify_interval: u64,
     /// Log filter (tracing's env-filter syntax).
     #[arg(long, env = "RAFTLOCK_LOG_LEVEL", default_value = "info,openraft=warn")]
     pub log_level: String,
@@ -98,85 +81,49 @@ pub struct InitialMember {
 
 impl Config {
     pub fn data_dir(&self) -> PathBuf {
-        self.data_dir
-            .clone()
-            .unwrap_or_else(|| PathBuf::from(format!("{}.raftlock", self.name)))
+        self.data_dir.clone().unwrap_or_else(|| PathBuf::from(format!("{}.raftlock", self.name)))
     }
 
     pub fn advertise_peer_urls(&self) -> Vec<String> {
-        split_urls(
-            self.initial_advertise_peer_urls
-                .as_deref()
-                .unwrap_or(&self.listen_peer_urls),
-        )
+        split_urls(self.initial_advertise_peer_urls.as_deref().unwrap_or(&self.listen_peer_urls))
     }
 
     pub fn advertise_client_urls(&self) -> Vec<String> {
-        split_urls(
-            self.advertise_client_urls
-                .as_deref()
-                .unwrap_or(&self.listen_client_urls),
-        )
+        split_urls(self.advertise_client_urls.as_deref().unwrap_or(&self.listen_client_urls))
     }
 
     pub fn client_listen_addrs(&self) -> anyhow::Result<Vec<SocketAddr>> {
-        split_urls(&self.listen_client_urls)
-            .iter()
-            .map(|u| url_addr(u))
-            .collect()
+        split_urls(&self.listen_client_urls).iter().map(|u| url_addr(u)).collect()
     }
 
     pub fn peer_listen_addrs(&self) -> anyhow::Result<Vec<SocketAddr>> {
-        split_urls(&self.listen_peer_urls)
-            .iter()
-            .map(|u| url_addr(u))
-            .collect()
+        split_urls(&self.listen_peer_urls).iter().map(|u| url_addr(u)).collect()
     }
 
     /// The members named by `--initial-cluster` (or this member alone), by ID.
     pub fn initial_members(&self) -> anyhow::Result<BTreeMap<u64, InitialMember>> {
         let spec = match &self.initial_cluster {
             Some(s) => s.clone(),
-            None => self
-                .advertise_peer_urls()
-                .iter()
-                .map(|u| format!("{}={u}", self.name))
-                .collect::<Vec<_>>()
-                .join(","),
+            None => {
+                self.advertise_peer_urls().iter().map(|u| format!("{}={u}", self.name)).collect::<Vec<_>>().join(",")
+            }
         };
         let mut by_name: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let (name, url) = part
-                .split_once('=')
-                .with_context(|| format!("--initial-cluster: `{part}` is not name=url"))?;
+            let (name, url) =
+                part.split_once('=').with_context(|| format!("--initial-cluster: `{part}` is not name=url"))?;
             url_addr(url)?;
-            by_name
-                .entry(name.to_string())
-                .or_default()
-                .push(url.to_string());
+            by_name.entry(name.to_string()).or_default().push(url.to_string());
         }
         let mut members = BTreeMap::new();
         for (name, peer_urls) in by_name {
             let id = member_id(&peer_urls, &self.initial_cluster_token);
-            if members
-                .insert(
-                    id,
-                    InitialMember {
-                        id,
-                        name: name.clone(),
-                        peer_urls,
-                    },
-                )
-                .is_some()
-            {
+            if members.insert(id, InitialMember { id, name: name.clone(), peer_urls }).is_some() {
                 bail!("--initial-cluster: two members share the peer URLs of `{name}`");
             }
         }
         if !members.values().any(|m| m.name == self.name) {
-            bail!(
-                "--initial-cluster does not name this member (`{}`)",
-                self.name
-            );
+            bail!("--initial-cluster does not name this member (`{}`)", self.name);
         }
         Ok(members)
     }
@@ -208,27 +155,19 @@ impl Config {
 }
 
 fn split_urls(s: &str) -> Vec<String> {
-    s.split(',')
-        .map(str::trim)
-        .filter(|u| !u.is_empty())
-        .map(String::from)
-        .collect()
+    s.split(',').map(str::trim).filter(|u| !u.is_empty()).map(String::from).collect()
 }
 
 /// The socket address of an `http://host:port` URL.
 pub fn url_addr(url: &str) -> anyhow::Result<SocketAddr> {
-    let rest = url
-        .strip_prefix("http://")
-        .with_context(|| format!("`{url}`: only http:// URLs are supported"))?;
+    let rest = url.strip_prefix("http://").with_context(|| format!("`{url}`: only http:// URLs are supported"))?;
     let hostport = rest.trim_end_matches('/');
     let hostport = if hostport.starts_with("localhost:") {
         hostport.replacen("localhost", "127.0.0.1", 1)
     } else {
         hostport.to_string()
     };
-    hostport
-        .parse()
-        .with_context(|| format!("`{url}` is not http://ip:port"))
+    hostport.parse().with_context(|| format!("`{url}` is not http://ip:port"))
 }
 
 /// FNV-1a, 64 bit: a stable hash that every member computes identically.
@@ -269,10 +208,7 @@ mod tests {
         let c = Config::parse_from(["raftlock"]);
         c.validate().unwrap();
         assert_eq!(c.data_dir(), PathBuf::from("default.raftlock"));
-        assert_eq!(
-            c.client_listen_addrs().unwrap(),
-            ["127.0.0.1:2379".parse().unwrap()]
-        );
+        assert_eq!(c.client_listen_addrs().unwrap(), ["127.0.0.1:2379".parse().unwrap()]);
         let members = c.initial_members().unwrap();
         assert_eq!(members.len(), 1);
         assert!(members.contains_key(&c.member_id()));
@@ -296,9 +232,6 @@ mod tests {
         assert_eq!(a.initial_members().unwrap(), b.initial_members().unwrap());
         assert_ne!(a.member_id(), b.member_id());
         let wrong = Config::parse_from(["raftlock", "--name", "b", "--initial-cluster", cluster]);
-        assert!(
-            wrong.validate().is_err(),
-            "b's own peer URL must match --initial-cluster"
-        );
+        assert!(wrong.validate().is_err(), "b's own peer URL must match --initial-cluster");
     }
 }

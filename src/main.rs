@@ -15,14 +15,8 @@ async fn main() -> anyhow::Result<()> {
         .init();
 
     let node = Node::start(&config).await?;
-    let peers = tokio::spawn(raftlock::api::serve_peers(
-        node.clone(),
-        config.peer_listen_addrs()?,
-    ));
-    let clients = tokio::spawn(raftlock::api::serve_clients(
-        node.clone(),
-        config.client_listen_addrs()?,
-    ));
+    let peers = tokio::spawn(raftlock::api::serve_peers(node.clone(), config.peer_listen_addrs()?));
+    let clients = tokio::spawn(raftlock::api::serve_clients(node.clone(), config.client_listen_addrs()?));
     tracing::info!(
         name = %config.name,
         member_id = format!("{:x}", node.id),

@@ -1,8 +1,14 @@
-//! The applied state a node serves from: the MVCC store and the members'
-//! published attributes. Written only by the Raft state machine, in log order;
-//! read by every API handler.
+//! The applied state a node serves from: the MVCC store, the lease table and
+//! the members' published attributes, plus the feed of applied changes that
+//! watchers follow. Written only by the Raft state machine, in log order; read
+//! by every API handler.
 //!
-//! Lock order: `mvcc` before `members`. Both are std `RwLock`s, not tokio's:
+//! The change feed is a bounded broadcast: apply never waits for a watcher. A
+//! watcher that falls more than [`CHANGE_FEED_CAPACITY`] apply calls behind
+//! misses messages, notices (the receiver reports the lag), and catches up
+//! from MVCC history instead.
+//!
+//! Lock order: `mvcc` before `leases` before `members`. All are std `RwLock`s, not tokio's:
 //! they are never held across an `.await`, and a read holds one only while it
 //! copies its answer out, so apply is never kept waiting for a client.
 
@@ -11,7 +17,19 @@ use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use serde::{Deserialize, Serialize};
 
-use crate::mvcc::MvccStore;
+use crate::lease::LeaseTable;
+use crate::mvcc::{Change, MvccStore, Revision};
+
+/// Apply calls the change feed buffers for slow watchers.
+pub const CHANGE_FEED_CAPACITY: usize = 1024;
+
+/// What one apply call changed, in revision order; `revision` is the store's
+/// revision after it.
+#[derive(Debug)]
+pub struct AppliedChanges {
+    pub revision: Revision,
+    pub changes: Vec<Change>,
+}
 
 /// What a member publishes about itself through the log.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -20,10 +38,22 @@ pub struct MemberAttrs {
     pub client_urls: Vec<String>,
 }
 
-#[derive(Default)]
 pub struct AppliedState {
     mvcc: RwLock<MvccStore>,
+    leases: RwLock<LeaseTable>,
     members: RwLock<BTreeMap<u64, MemberAttrs>>,
+    feed: tokio::sync::broadcast::Sender<std::sync::Arc<AppliedChanges>>,
+}
+
+impl Default for AppliedState {
+    fn default() -> Self {
+        AppliedState {
+            mvcc: RwLock::default(),
+            leases: RwLock::default(),
+            members: RwLock::default(),
+            feed: tokio::sync::broadcast::channel(CHANGE_FEED_CAPACITY).0,
+        }
+    }
 }
 
 impl AppliedState {
@@ -33,6 +63,24 @@ impl AppliedState {
 
     pub fn mvcc_mut(&self) -> RwLockWriteGuard<'_, MvccStore> {
         self.mvcc.write().expect("mvcc lock poisoned")
+    }
+
+    pub fn leases(&self) -> RwLockReadGuard<'_, LeaseTable> {
+        self.leases.read().expect("lease lock poisoned")
+    }
+
+    pub fn leases_mut(&self) -> RwLockWriteGuard<'_, LeaseTable> {
+        self.leases.write().expect("lease lock poisoned")
+    }
+
+    /// Follow applied changes from now on (see the module doc).
+    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<std::sync::Arc<AppliedChanges>> {
+        self.feed.subscribe()
+    }
+
+    /// Publish what an apply call changed. Never blocks.
+    pub fn publish(&self, changes: AppliedChanges) {
+        let _ = self.feed.send(std::sync::Arc::new(changes));
     }
 
     pub fn members(&self) -> RwLockReadGuard<'_, BTreeMap<u64, MemberAttrs>> {

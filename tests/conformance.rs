@@ -13,8 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, SortOrder, SortTarget, Txn,
-    TxnOp, TxnOpResponse,
+    Client, Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
 };
 use serde_json::{json, Value};
 
@@ -22,11 +21,7 @@ const SUITES: &[&str] = &["kv"];
 
 fn suite_path(name: &str, golden: bool) -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/conformance");
-    dir.join(if golden {
-        format!("{name}.golden.json")
-    } else {
-        format!("{name}.json")
-    })
+    dir.join(if golden { format!("{name}.golden.json") } else { format!("{name}.json") })
 }
 
 // ---------------------------------------------------------------------------
@@ -105,9 +100,7 @@ fn revision(v: &Value, current: i64) -> Option<i64> {
     match v {
         Value::Number(n) => n.as_i64(),
         Value::String(s) => {
-            let rest = s
-                .strip_prefix('$')
-                .expect("relative revisions start with $");
+            let rest = s.strip_prefix('$').expect("relative revisions start with $");
             Some(current + rest.parse::<i64>().expect("$-N or $+N"))
         }
         _ => None,
@@ -252,33 +245,19 @@ fn txn(op: &Value, current: i64) -> Txn {
 }
 
 async fn current_revision(c: &mut Client) -> i64 {
-    c.get("conformance-probe", None)
-        .await
-        .expect("probe read")
-        .header()
-        .unwrap()
-        .revision()
+    c.get("conformance-probe", None).await.expect("probe read").header().unwrap().revision()
 }
 
 async fn run_op(c: &mut Client, op: &Value) -> Value {
     let current = current_revision(c).await;
     let result = match s(op, "op") {
-        "put" => c
-            .put(s(op, "key"), s(op, "value"), Some(put_options(op)))
-            .await
-            .map(|r| put_resp(&r)),
+        "put" => c.put(s(op, "key"), s(op, "value"), Some(put_options(op))).await.map(|r| put_resp(&r)),
         "put_big" => {
             let value = vec![b'x'; op["bytes"].as_u64().unwrap() as usize];
             c.put(s(op, "key"), value, None).await.map(|r| put_resp(&r))
         }
-        "get" => c
-            .get(s(op, "key"), Some(get_options(op, current)))
-            .await
-            .map(|r| get_resp(&r)),
-        "del" => c
-            .delete(s(op, "key"), Some(delete_options(op)))
-            .await
-            .map(|r| del_resp(&r)),
+        "get" => c.get(s(op, "key"), Some(get_options(op, current))).await.map(|r| get_resp(&r)),
+        "del" => c.delete(s(op, "key"), Some(delete_options(op))).await.map(|r| del_resp(&r)),
         "txn" => c.txn(txn(op, current)).await.map(|r| txn_resp(&r)),
         "txn_many" => {
             let puts = op["puts"].as_u64().unwrap_or(0);
@@ -289,20 +268,12 @@ async fn run_op(c: &mut Client, op: &Value) -> Value {
                         .map(|i| Compare::version(format!("cmp/{i}"), CompareOp::Equal, 0))
                         .collect::<Vec<_>>(),
                 )
-                .and_then(
-                    (0..puts)
-                        .map(|i| TxnOp::put(format!("many/{i}"), "v", None))
-                        .collect::<Vec<_>>(),
-                );
-            c.txn(t)
-                .await
-                .map(|r| json!({"header": header(r.header()), "succeeded": r.succeeded()}))
+                .and_then((0..puts).map(|i| TxnOp::put(format!("many/{i}"), "v", None)).collect::<Vec<_>>());
+            c.txn(t).await.map(|r| json!({"header": header(r.header()), "succeeded": r.succeeded()}))
         }
         "compact" => {
             let rev = revision(&op["rev"], current).expect("compact needs rev");
-            c.compact(rev, None)
-                .await
-                .map(|r| json!({"header": header(r.header())}))
+            c.compact(rev, None).await.map(|r| json!({"header": header(r.header())}))
         }
         o => panic!("unknown op {o}"),
     };
@@ -323,10 +294,8 @@ async fn run_suite(c: &mut Client, suite: &Value) -> Value {
 }
 
 fn load(path: &Path) -> Value {
-    serde_json::from_str(
-        &std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
-    )
-    .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 #[tokio::test]
@@ -338,32 +307,13 @@ async fn raftlock_matches_etcd_goldens() {
         let scenarios = load(&suite_path(suite, false));
         let golden = load(&suite_path(suite, true));
         let actual = run_suite(&mut c, &scenarios).await;
-        let (want, got) = (
-            golden["scenarios"].as_array().unwrap(),
-            actual["scenarios"].as_array().unwrap(),
-        );
-        assert_eq!(
-            want.len(),
-            got.len(),
-            "{suite}: scenarios changed since the goldens were recorded"
-        );
+        let (want, got) = (golden["scenarios"].as_array().unwrap(), actual["scenarios"].as_array().unwrap());
+        assert_eq!(want.len(), got.len(), "{suite}: scenarios changed since the goldens were recorded");
         for (w, g) in want.iter().zip(got) {
-            let (wr, gr) = (
-                w["results"].as_array().unwrap(),
-                g["results"].as_array().unwrap(),
-            );
-            assert_eq!(
-                wr.len(),
-                gr.len(),
-                "{suite}/{}: ops changed since the goldens were recorded",
-                w["name"]
-            );
+            let (wr, gr) = (w["results"].as_array().unwrap(), g["results"].as_array().unwrap());
+            assert_eq!(wr.len(), gr.len(), "{suite}/{}: ops changed since the goldens were recorded", w["name"]);
             for (i, (wo, go)) in wr.iter().zip(gr).enumerate() {
-                assert_eq!(
-                    wo["op"], go["op"],
-                    "{suite}/{}#{i}: op changed; re-record the goldens",
-                    w["name"]
-                );
+                assert_eq!(wo["op"], go["op"], "{suite}/{}#{i}: op changed; re-record the goldens", w["name"]);
                 if wo["response"] != go["response"] {
                     mismatches.push(format!(
                         "{suite}/{}#{i} {}\n  etcd:     {}\n  raftlock: {}",
@@ -373,12 +323,7 @@ async fn raftlock_matches_etcd_goldens() {
             }
         }
     }
-    assert!(
-        mismatches.is_empty(),
-        "{} responses differ from etcd:\n{}",
-        mismatches.len(),
-        mismatches.join("\n")
-    );
+    assert!(mismatches.is_empty(), "{} responses differ from etcd:\n{}", mismatches.len(), mismatches.join("\n"));
 }
 
 /// Records the goldens against a fresh single-member etcd 3.5.1. Run through
@@ -386,39 +331,17 @@ async fn raftlock_matches_etcd_goldens() {
 #[tokio::test]
 #[ignore]
 async fn record_goldens() {
-    let dir =
-        std::env::var("RAFTLOCK_ETCD_DIR").expect("RAFTLOCK_ETCD_DIR: the directory of etcd 3.5.1");
+    let dir = std::env::var("RAFTLOCK_ETCD_DIR").expect("RAFTLOCK_ETCD_DIR: the directory of etcd 3.5.1");
     let data = tempfile::tempdir().unwrap();
-    let port = |_: ()| {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-    };
+    let port = |_: ()| std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let (client_port, peer_port) = (port(()), port(()));
     let client_url = format!("http://127.0.0.1:{client_port}");
     let peer_url = format!("http://127.0.0.1:{peer_port}");
     let mut etcd = std::process::Command::new(Path::new(&dir).join("etcd"))
         .args(["--name", "rec", "--data-dir", data.path().to_str().unwrap()])
-        .args([
-            "--listen-client-urls",
-            &client_url,
-            "--advertise-client-urls",
-            &client_url,
-        ])
-        .args([
-            "--listen-peer-urls",
-            &peer_url,
-            "--initial-advertise-peer-urls",
-            &peer_url,
-        ])
-        .args([
-            "--initial-cluster",
-            &format!("rec={peer_url}"),
-            "--log-level",
-            "error",
-        ])
+        .args(["--listen-client-urls", &client_url, "--advertise-client-urls", &client_url])
+        .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
+        .args(["--initial-cluster", &format!("rec={peer_url}"), "--log-level", "error"])
         .spawn()
         .expect("start etcd");
     let mut c = loop {
@@ -431,11 +354,7 @@ async fn record_goldens() {
     };
     for suite in SUITES {
         let recorded = run_suite(&mut c, &load(&suite_path(suite, false))).await;
-        std::fs::write(
-            suite_path(suite, true),
-            serde_json::to_string_pretty(&recorded).unwrap() + "\n",
-        )
-        .unwrap();
+        std::fs::write(suite_path(suite, true), serde_json::to_string_pretty(&recorded).unwrap() + "\n").unwrap();
     }
     etcd.kill().unwrap();
     etcd.wait().unwrap();

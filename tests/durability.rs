@@ -12,15 +12,8 @@ use etcd_client::GetOptions;
 
 /// Write `d/<writer>/<n>` through member `via` until told to stop; record
 /// every write that was acknowledged.
-async fn writer(
-    endpoint: String,
-    id: usize,
-    acked: Arc<Mutex<BTreeSet<String>>>,
-    stop: Arc<tokio::sync::Notify>,
-) {
-    let mut client = etcd_client::Client::connect([endpoint], None)
-        .await
-        .unwrap();
+async fn writer(endpoint: String, id: usize, acked: Arc<Mutex<BTreeSet<String>>>, stop: Arc<tokio::sync::Notify>) {
+    let mut client = etcd_client::Client::connect([endpoint], None).await.unwrap();
     for n in 0.. {
         let key = format!("d/{id}/{n:06}");
         tokio::select! {
@@ -36,14 +29,8 @@ async fn writer(
 
 async fn all_keys(cluster: &Cluster, via: usize) -> BTreeSet<String> {
     let mut c = cluster.client(via).await;
-    let resp = c
-        .get("d/", Some(GetOptions::new().with_prefix().with_keys_only()))
-        .await
-        .unwrap();
-    resp.kvs()
-        .iter()
-        .map(|kv| kv.key_str().unwrap().to_string())
-        .collect()
+    let resp = c.get("d/", Some(GetOptions::new().with_prefix().with_keys_only())).await.unwrap();
+    resp.kvs().iter().map(|kv| kv.key_str().unwrap().to_string()).collect()
 }
 
 #[tokio::test]
@@ -55,12 +42,7 @@ async fn killing_the_leader_loses_no_acknowledged_write() {
     let stop = Arc::new(tokio::sync::Notify::new());
     let mut writers = Vec::new();
     for (id, &via) in followers.iter().enumerate() {
-        writers.push(tokio::spawn(writer(
-            cluster.members[via].endpoint(),
-            id,
-            acked.clone(),
-            stop.clone(),
-        )));
+        writers.push(tokio::spawn(writer(cluster.members[via].endpoint(), id, acked.clone(), stop.clone())));
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     let before_kill = acked.lock().unwrap().len();
@@ -73,10 +55,7 @@ async fn killing_the_leader_loses_no_acknowledged_write() {
         w.await.unwrap();
     }
     let acked = acked.lock().unwrap().clone();
-    assert!(
-        acked.len() > before_kill,
-        "writes continue after the leader dies"
-    );
+    assert!(acked.len() > before_kill, "writes continue after the leader dies");
     let new_leader = cluster.leader().await;
     assert_ne!(new_leader, leader);
     for &via in &followers {
@@ -91,15 +70,7 @@ async fn killing_the_leader_loses_no_acknowledged_write() {
     let mut tries = 0;
     loop {
         let present: BTreeSet<String> = c
-            .get(
-                "d/",
-                Some(
-                    GetOptions::new()
-                        .with_prefix()
-                        .with_keys_only()
-                        .with_serializable(),
-                ),
-            )
+            .get("d/", Some(GetOptions::new().with_prefix().with_keys_only().with_serializable()))
             .await
             .unwrap()
             .kvs()
@@ -122,12 +93,7 @@ async fn kill_every_member_and_restart_keeps_every_acknowledged_write() {
     let stop = Arc::new(tokio::sync::Notify::new());
     let mut writers = Vec::new();
     for id in 0..3 {
-        writers.push(tokio::spawn(writer(
-            cluster.members[id].endpoint(),
-            id,
-            acked.clone(),
-            stop.clone(),
-        )));
+        writers.push(tokio::spawn(writer(cluster.members[id].endpoint(), id, acked.clone(), stop.clone())));
     }
     tokio::time::sleep(Duration::from_millis(1500)).await;
     // kill -9 everyone while writes are in flight.
@@ -147,20 +113,11 @@ async fn kill_every_member_and_restart_keeps_every_acknowledged_write() {
     for via in 0..3 {
         let present = all_keys(&cluster, via).await;
         let lost: Vec<_> = acked.difference(&present).collect();
-        assert!(
-            lost.is_empty(),
-            "acknowledged writes lost after restart: {lost:?}"
-        );
+        assert!(lost.is_empty(), "acknowledged writes lost after restart: {lost:?}");
     }
     // Revisions continue from where they were.
     let mut c = cluster.client(0).await;
-    let rev = c
-        .put("after-restart", "v", None)
-        .await
-        .unwrap()
-        .header()
-        .unwrap()
-        .revision();
+    let rev = c.put("after-restart", "v", None).await.unwrap().header().unwrap().revision();
     assert!(rev as usize > acked.len());
 }
 
@@ -169,41 +126,24 @@ async fn a_clean_shutdown_and_restart_keeps_data_and_revisions() {
     let mut cluster = Cluster::start(3).await;
     let mut c = cluster.client(0).await;
     for i in 0..50 {
-        c.put(format!("d/{i:03}"), format!("v{i}"), None)
-            .await
-            .unwrap();
+        c.put(format!("d/{i:03}"), format!("v{i}"), None).await.unwrap();
     }
     c.delete("d/000", None).await.unwrap();
-    let rev = c
-        .get("d/", None)
-        .await
-        .unwrap()
-        .header()
-        .unwrap()
-        .revision();
+    let rev = c.get("d/", None).await.unwrap().header().unwrap().revision();
     drop(c);
     for i in 0..3 {
         let status = cluster.terminate(i);
-        assert!(
-            status.success(),
-            "member {i} exited with {status} on SIGTERM"
-        );
+        assert!(status.success(), "member {i} exited with {status} on SIGTERM");
     }
     for i in 0..3 {
         cluster.restart(i);
     }
     cluster.wait_ready().await;
     let mut c = cluster.client(1).await;
-    let got = c
-        .get("d/", Some(GetOptions::new().with_prefix()))
-        .await
-        .unwrap();
+    let got = c.get("d/", Some(GetOptions::new().with_prefix())).await.unwrap();
     assert_eq!(got.count(), 49);
     assert_eq!(got.kvs()[0].key(), b"d/001");
     assert_eq!(got.header().unwrap().revision(), rev);
-    let old = c
-        .get("d/000", Some(GetOptions::new().with_revision(rev - 1)))
-        .await
-        .unwrap();
+    let old = c.get("d/000", Some(GetOptions::new().with_revision(rev - 1))).await.unwrap();
     assert_eq!(old.kvs()[0].value(), b"v0", "history survives a restart");
 }

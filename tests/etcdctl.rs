@@ -16,11 +16,7 @@ fn etcdctls() -> Vec<PathBuf> {
         .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".tools/etcd-3.5.1"));
     let v35 = dir.join("etcdctl");
     for p in [&v34, &v35] {
-        assert!(
-            p.exists(),
-            "{} is missing: run the tests with scripts/test.sh, which installs it",
-            p.display()
-        );
+        assert!(p.exists(), "{} is missing: run the tests with scripts/test.sh, which installs it", p.display());
     }
     vec![v34, v35]
 }
@@ -34,20 +30,13 @@ impl Ctl<'_> {
     fn run(&self, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
         use std::io::Write;
         let mut cmd = Command::new(self.bin);
-        cmd.env("ETCDCTL_API", "3")
-            .arg(format!("--endpoints={}", self.endpoints))
-            .args(args);
+        cmd.env("ETCDCTL_API", "3").arg(format!("--endpoints={}", self.endpoints)).args(args);
         cmd.stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped());
         let mut child = cmd.spawn().unwrap();
         if let Some(input) = stdin {
-            child
-                .stdin
-                .take()
-                .unwrap()
-                .write_all(input.as_bytes())
-                .unwrap();
+            child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
         } else {
             drop(child.stdin.take());
         }
@@ -75,22 +64,13 @@ async fn etcdctl_34_and_35_work_against_raftlock() {
         // etcdctl 3.4 dials each endpoint of `endpoint status` with the whole
         // URL as HTTP/2 :authority, which raftlock's HTTP/2 stack refuses as
         // malformed (see README); 3.4 is used with host:port, 3.5 with URLs.
-        let endpoints = if n == 0 {
-            bare.clone()
-        } else {
-            with_scheme.clone()
-        };
+        let endpoints = if n == 0 { bare.clone() } else { with_scheme.clone() };
         let ctl = Ctl { bin, endpoints };
         let p = format!("ctl{n}/");
         assert_eq!(ctl.ok(&["put", &format!("{p}a"), "1"]).trim(), "OK");
         assert_eq!(ctl.ok(&["put", &format!("{p}b"), "2"]).trim(), "OK");
         assert_eq!(ctl.ok(&["get", &format!("{p}a")]), format!("{p}a\n1\n"));
-        assert_eq!(
-            ctl.ok(&["get", &p, "--prefix", "--keys-only"])
-                .split_whitespace()
-                .count(),
-            2
-        );
+        assert_eq!(ctl.ok(&["get", &p, "--prefix", "--keys-only"]).split_whitespace().count(), 2);
         let json = ctl.ok(&["get", &format!("{p}a"), "-w", "json"]);
         let v: serde_json::Value = serde_json::from_str(&json).unwrap();
         assert_eq!(v["count"], 1);
@@ -98,59 +78,29 @@ async fn etcdctl_34_and_35_work_against_raftlock() {
         assert!(v["header"]["cluster_id"].as_u64().unwrap() != 0);
 
         // txn, interactive syntax on stdin.
-        let txn =
-            format!("value(\"{p}a\") = \"1\"\n\nput {p}c 3\nput {p}d 4\n\nput {p}failed 0\n\n");
+        let txn = format!("value(\"{p}a\") = \"1\"\n\nput {p}c 3\nput {p}d 4\n\nput {p}failed 0\n\n");
         let (ok, out, err) = ctl.run(&["txn"], Some(&txn));
         assert!(ok, "txn: {out}{err}");
         assert!(out.starts_with("SUCCESS"), "txn output: {out}");
-        assert_eq!(
-            ctl.ok(&["get", &format!("{p}d"), "--print-value-only"])
-                .trim(),
-            "4"
-        );
+        assert_eq!(ctl.ok(&["get", &format!("{p}d"), "--print-value-only"]).trim(), "4");
 
         assert_eq!(ctl.ok(&["del", &p, "--prefix"]).trim(), "4");
-        assert!(ctl
-            .ok(&["compact", &rev.to_string()])
-            .contains(&format!("compacted revision {rev}")));
-        let (ok, _, err) = ctl.run(
-            &["get", &format!("{p}a"), &format!("--rev={}", rev - 1)],
-            None,
-        );
-        assert!(
-            !ok && err.contains("required revision has been compacted"),
-            "{err}"
-        );
+        assert!(ctl.ok(&["compact", &rev.to_string()]).contains(&format!("compacted revision {rev}")));
+        let (ok, _, err) = ctl.run(&["get", &format!("{p}a"), &format!("--rev={}", rev - 1)], None);
+        assert!(!ok && err.contains("required revision has been compacted"), "{err}");
 
         let members = ctl.ok(&["member", "list"]);
         assert_eq!(members.lines().count(), 3, "{members}");
         for m in &cluster.members {
-            assert!(
-                members.contains(&format!("http://127.0.0.1:{}", m.peer_port)),
-                "{members}"
-            );
+            assert!(members.contains(&format!("http://127.0.0.1:{}", m.peer_port)), "{members}");
         }
         let status = ctl.ok(&["endpoint", "status", "-w", "json"]);
         let v: serde_json::Value = serde_json::from_str(&status).unwrap();
-        let leaders: Vec<u64> = v
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|s| s["Status"]["leader"].as_u64().unwrap())
-            .collect();
+        let leaders: Vec<u64> = v.as_array().unwrap().iter().map(|s| s["Status"]["leader"].as_u64().unwrap()).collect();
         assert_eq!(leaders.len(), 3);
-        assert!(
-            leaders.iter().all(|l| *l == leaders[0] && *l != 0),
-            "{status}"
-        );
+        assert!(leaders.iter().all(|l| *l == leaders[0] && *l != 0), "{status}");
         let health = ctl.run(&["endpoint", "health"], None);
         assert!(health.0, "{health:?}");
-        assert_eq!(
-            format!("{}{}", health.1, health.2)
-                .matches("is healthy")
-                .count(),
-            3,
-            "{health:?}"
-        );
+        assert_eq!(format!("{}{}", health.1, health.2).matches("is healthy").count(), 3, "{health:?}");
     }
 }

@@ -4,16 +4,12 @@ mod common;
 
 use common::{grpc_error, Cluster};
 use etcd_client::{
-    Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-    TxnOpResponse,
+    Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
 };
 use tonic::Code;
 
 fn keys(resp: &etcd_client::GetResponse) -> Vec<String> {
-    resp.kvs()
-        .iter()
-        .map(|kv| kv.key_str().unwrap().to_string())
-        .collect()
+    resp.kvs().iter().map(|kv| kv.key_str().unwrap().to_string()).collect()
 }
 
 #[tokio::test]
@@ -21,61 +17,27 @@ async fn put_get_delete_revisions_and_history() {
     let cluster = Cluster::start(3).await;
     let mut c = cluster.client(cluster.follower().await).await;
 
-    let base = c
-        .get("any", None)
-        .await
-        .unwrap()
-        .header()
-        .unwrap()
-        .revision();
-    let r1 = c
-        .put("k", "v1", None)
-        .await
-        .unwrap()
-        .header()
-        .unwrap()
-        .revision();
+    let base = c.get("any", None).await.unwrap().header().unwrap().revision();
+    let r1 = c.put("k", "v1", None).await.unwrap().header().unwrap().revision();
     assert_eq!(r1, base + 1, "one revision per write");
-    let r2 = c
-        .put("k", "v2", Some(PutOptions::new().with_prev_key()))
-        .await
-        .unwrap();
+    let r2 = c.put("k", "v2", Some(PutOptions::new().with_prev_key())).await.unwrap();
     assert_eq!(r2.prev_key().unwrap().value(), b"v1");
     let r2 = r2.header().unwrap().revision();
 
     let got = c.get("k", None).await.unwrap();
     let kv = &got.kvs()[0];
-    assert_eq!(
-        (kv.create_revision(), kv.mod_revision(), kv.version()),
-        (r1, r2, 2)
-    );
+    assert_eq!((kv.create_revision(), kv.mod_revision(), kv.version()), (r1, r2, 2));
     assert_eq!(got.count(), 1);
     assert_eq!(got.header().unwrap().revision(), r2);
 
     // Reads at a past revision see history.
-    let old = c
-        .get("k", Some(GetOptions::new().with_revision(r1)))
-        .await
-        .unwrap();
+    let old = c.get("k", Some(GetOptions::new().with_revision(r1))).await.unwrap();
     assert_eq!(old.kvs()[0].value(), b"v1");
     // A future revision is an error.
-    let (code, msg) = grpc_error(
-        c.get("k", Some(GetOptions::new().with_revision(r2 + 100)))
-            .await
-            .unwrap_err(),
-    );
-    assert_eq!(
-        (code, msg.as_str()),
-        (
-            Code::OutOfRange,
-            "etcdserver: mvcc: required revision is a future revision"
-        )
-    );
+    let (code, msg) = grpc_error(c.get("k", Some(GetOptions::new().with_revision(r2 + 100))).await.unwrap_err());
+    assert_eq!((code, msg.as_str()), (Code::OutOfRange, "etcdserver: mvcc: required revision is a future revision"));
 
-    let del = c
-        .delete("k", Some(DeleteOptions::new().with_prev_key()))
-        .await
-        .unwrap();
+    let del = c.delete("k", Some(DeleteOptions::new().with_prev_key())).await.unwrap();
     assert_eq!(del.deleted(), 1);
     assert_eq!(del.prev_kvs()[0].value(), b"v2");
     let r3 = del.header().unwrap().revision();
@@ -85,211 +47,80 @@ async fn put_get_delete_revisions_and_history() {
     assert_eq!((del.deleted(), del.header().unwrap().revision()), (0, r3));
     assert!(c.get("k", None).await.unwrap().kvs().is_empty());
     // A new generation starts at version 1.
-    let r4 = c
-        .put("k", "v3", None)
-        .await
-        .unwrap()
-        .header()
-        .unwrap()
-        .revision();
+    let r4 = c.put("k", "v3", None).await.unwrap().header().unwrap().revision();
     let kv = c.get("k", None).await.unwrap().kvs()[0].clone();
     assert_eq!((kv.create_revision(), kv.version()), (r4, 1));
 
     // ignore_value keeps the value, and needs an existing key.
-    c.put("k", "", Some(PutOptions::new().with_ignore_value()))
-        .await
-        .unwrap();
+    c.put("k", "", Some(PutOptions::new().with_ignore_value())).await.unwrap();
     assert_eq!(c.get("k", None).await.unwrap().kvs()[0].value(), b"v3");
-    let (code, msg) = grpc_error(
-        c.put("missing", "", Some(PutOptions::new().with_ignore_value()))
-            .await
-            .unwrap_err(),
-    );
-    assert_eq!(
-        (code, msg.as_str()),
-        (Code::InvalidArgument, "etcdserver: key not found")
-    );
-    let (code, msg) = grpc_error(
-        c.put("k", "x", Some(PutOptions::new().with_ignore_value()))
-            .await
-            .unwrap_err(),
-    );
-    assert_eq!(
-        (code, msg.as_str()),
-        (Code::InvalidArgument, "etcdserver: value is provided")
-    );
+    let (code, msg) = grpc_error(c.put("missing", "", Some(PutOptions::new().with_ignore_value())).await.unwrap_err());
+    assert_eq!((code, msg.as_str()), (Code::InvalidArgument, "etcdserver: key not found"));
+    let (code, msg) = grpc_error(c.put("k", "x", Some(PutOptions::new().with_ignore_value())).await.unwrap_err());
+    assert_eq!((code, msg.as_str()), (Code::InvalidArgument, "etcdserver: value is provided"));
     // Until leases exist every lease is unknown.
-    let (code, msg) = grpc_error(
-        c.put("k", "x", Some(PutOptions::new().with_lease(42)))
-            .await
-            .unwrap_err(),
-    );
-    assert_eq!(
-        (code, msg.as_str()),
-        (Code::NotFound, "etcdserver: requested lease not found")
-    );
+    let (code, msg) = grpc_error(c.put("k", "x", Some(PutOptions::new().with_lease(42))).await.unwrap_err());
+    assert_eq!((code, msg.as_str()), (Code::NotFound, "etcdserver: requested lease not found"));
 
     // Compaction.
-    let cur = c
-        .put("k", "v4", None)
-        .await
-        .unwrap()
-        .header()
-        .unwrap()
-        .revision();
+    let cur = c.put("k", "v4", None).await.unwrap().header().unwrap().revision();
     c.compact(cur - 1, None).await.unwrap();
-    let (code, msg) = grpc_error(
-        c.get("k", Some(GetOptions::new().with_revision(r1)))
-            .await
-            .unwrap_err(),
-    );
-    assert_eq!(
-        (code, msg.as_str()),
-        (
-            Code::OutOfRange,
-            "etcdserver: mvcc: required revision has been compacted"
-        )
-    );
+    let (code, msg) = grpc_error(c.get("k", Some(GetOptions::new().with_revision(r1))).await.unwrap_err());
+    assert_eq!((code, msg.as_str()), (Code::OutOfRange, "etcdserver: mvcc: required revision has been compacted"));
     let (code, _) = grpc_error(c.compact(cur - 1, None).await.unwrap_err());
     assert_eq!(code, Code::OutOfRange);
-    assert_eq!(
-        c.get("k", Some(GetOptions::new().with_revision(cur - 1)))
-            .await
-            .unwrap()
-            .kvs()[0]
-            .value(),
-        b"v3"
-    );
+    assert_eq!(c.get("k", Some(GetOptions::new().with_revision(cur - 1))).await.unwrap().kvs()[0].value(), b"v3");
 }
 
 #[tokio::test]
 async fn ranges_prefixes_limits_sorting_and_filters() {
     let cluster = Cluster::start(3).await;
     let mut c = cluster.client(0).await;
-    for (k, v) in [
-        ("r/b", "2"),
-        ("r/a", "3"),
-        ("r/d", "0"),
-        ("r/c", "1"),
-        ("s/x", "9"),
-    ] {
+    for (k, v) in [("r/b", "2"), ("r/a", "3"), ("r/d", "0"), ("r/c", "1"), ("s/x", "9")] {
         c.put(k, v, None).await.unwrap();
     }
-    let prefix = c
-        .get("r/", Some(GetOptions::new().with_prefix()))
-        .await
-        .unwrap();
+    let prefix = c.get("r/", Some(GetOptions::new().with_prefix())).await.unwrap();
     assert_eq!(keys(&prefix), ["r/a", "r/b", "r/c", "r/d"]);
-    let range = c
-        .get("r/b", Some(GetOptions::new().with_range("r/d")))
-        .await
-        .unwrap();
+    let range = c.get("r/b", Some(GetOptions::new().with_range("r/d"))).await.unwrap();
     assert_eq!(keys(&range), ["r/b", "r/c"]);
-    let from = c
-        .get("r/c", Some(GetOptions::new().with_from_key()))
-        .await
-        .unwrap();
+    let from = c.get("r/c", Some(GetOptions::new().with_from_key())).await.unwrap();
     assert_eq!(keys(&from), ["r/c", "r/d", "s/x"]);
-    let all = c
-        .get("", Some(GetOptions::new().with_all_keys()))
-        .await
-        .unwrap();
+    let all = c.get("", Some(GetOptions::new().with_all_keys())).await.unwrap();
     assert_eq!(all.count(), 5);
 
-    let limited = c
-        .get("r/", Some(GetOptions::new().with_prefix().with_limit(2)))
-        .await
-        .unwrap();
-    assert_eq!(
-        (keys(&limited), limited.more(), limited.count()),
-        (vec!["r/a".into(), "r/b".into()], true, 4)
-    );
-    let exact = c
-        .get("r/", Some(GetOptions::new().with_prefix().with_limit(4)))
-        .await
-        .unwrap();
+    let limited = c.get("r/", Some(GetOptions::new().with_prefix().with_limit(2))).await.unwrap();
+    assert_eq!((keys(&limited), limited.more(), limited.count()), (vec!["r/a".into(), "r/b".into()], true, 4));
+    let exact = c.get("r/", Some(GetOptions::new().with_prefix().with_limit(4))).await.unwrap();
     assert!(!exact.more());
 
     let by_value = c
-        .get(
-            "r/",
-            Some(
-                GetOptions::new()
-                    .with_prefix()
-                    .with_sort(SortTarget::Value, SortOrder::Descend),
-            ),
-        )
+        .get("r/", Some(GetOptions::new().with_prefix().with_sort(SortTarget::Value, SortOrder::Descend)))
         .await
         .unwrap();
     assert_eq!(keys(&by_value), ["r/a", "r/b", "r/c", "r/d"]);
     let by_key_desc = c
-        .get(
-            "r/",
-            Some(
-                GetOptions::new()
-                    .with_prefix()
-                    .with_sort(SortTarget::Key, SortOrder::Descend)
-                    .with_limit(1),
-            ),
-        )
+        .get("r/", Some(GetOptions::new().with_prefix().with_sort(SortTarget::Key, SortOrder::Descend).with_limit(1)))
         .await
         .unwrap();
-    assert_eq!(
-        (keys(&by_key_desc), by_key_desc.more()),
-        (vec!["r/d".into()], true)
-    );
+    assert_eq!((keys(&by_key_desc), by_key_desc.more()), (vec!["r/d".into()], true));
     let by_create = c
-        .get(
-            "r/",
-            Some(
-                GetOptions::new()
-                    .with_prefix()
-                    .with_sort(SortTarget::Create, SortOrder::Ascend),
-            ),
-        )
+        .get("r/", Some(GetOptions::new().with_prefix().with_sort(SortTarget::Create, SortOrder::Ascend)))
         .await
         .unwrap();
     assert_eq!(keys(&by_create), ["r/b", "r/a", "r/d", "r/c"]);
 
-    let keys_only = c
-        .get("r/", Some(GetOptions::new().with_prefix().with_keys_only()))
-        .await
-        .unwrap();
+    let keys_only = c.get("r/", Some(GetOptions::new().with_prefix().with_keys_only())).await.unwrap();
     assert!(keys_only.kvs().iter().all(|kv| kv.value().is_empty()));
-    let count_only = c
-        .get(
-            "r/",
-            Some(GetOptions::new().with_prefix().with_count_only()),
-        )
-        .await
-        .unwrap();
+    let count_only = c.get("r/", Some(GetOptions::new().with_prefix().with_count_only())).await.unwrap();
     assert_eq!((count_only.kvs().len(), count_only.count()), (0, 4));
 
     let a_rev = prefix.kvs()[0].mod_revision();
     let filtered = c
-        .get(
-            "r/",
-            Some(
-                GetOptions::new()
-                    .with_prefix()
-                    .with_min_mod_revision(a_rev)
-                    .with_max_mod_revision(a_rev + 1),
-            ),
-        )
+        .get("r/", Some(GetOptions::new().with_prefix().with_min_mod_revision(a_rev).with_max_mod_revision(a_rev + 1)))
         .await
         .unwrap();
     assert_eq!(keys(&filtered), ["r/a", "r/d"]);
-    let filtered = c
-        .get(
-            "r/",
-            Some(
-                GetOptions::new()
-                    .with_prefix()
-                    .with_max_create_revision(a_rev),
-            ),
-        )
-        .await
-        .unwrap();
+    let filtered = c.get("r/", Some(GetOptions::new().with_prefix().with_max_create_revision(a_rev))).await.unwrap();
     assert_eq!(keys(&filtered), ["r/a", "r/b"]);
 
     // Serializable reads are served locally on every member.
@@ -297,10 +128,7 @@ async fn ranges_prefixes_limits_sorting_and_filters() {
         let mut ci = cluster.client(i).await;
         let mut tries = 0;
         loop {
-            let r = ci
-                .get("s/x", Some(GetOptions::new().with_serializable()))
-                .await
-                .unwrap();
+            let r = ci.get("s/x", Some(GetOptions::new().with_serializable())).await.unwrap();
             if r.kvs().len() == 1 || tries > 100 {
                 assert_eq!(r.kvs()[0].value(), b"9");
                 break;
@@ -315,13 +143,7 @@ async fn ranges_prefixes_limits_sorting_and_filters() {
 async fn transactions() {
     let cluster = Cluster::start(3).await;
     let mut c = cluster.client(cluster.follower().await).await;
-    let r1 = c
-        .put("t/a", "1", None)
-        .await
-        .unwrap()
-        .header()
-        .unwrap()
-        .revision();
+    let r1 = c.put("t/a", "1", None).await.unwrap().header().unwrap().revision();
 
     // Success branch: two writes share one revision, a read sees them.
     let txn = Txn::new()
@@ -333,11 +155,7 @@ async fn transactions() {
             Compare::lease("t/a", CompareOp::Equal, 0),
             Compare::version("t/missing", CompareOp::Equal, 0),
         ])
-        .and_then([
-            TxnOp::put("t/b", "2", None),
-            TxnOp::put("t/c", "3", None),
-            TxnOp::get("t/b", None),
-        ])
+        .and_then([TxnOp::put("t/b", "2", None), TxnOp::put("t/c", "3", None), TxnOp::get("t/b", None)])
         .or_else([TxnOp::put("t/failed", "x", None)]);
     let resp = c.txn(txn).await.unwrap();
     assert!(resp.succeeded());
@@ -351,14 +169,8 @@ async fn transactions() {
     // Failure branch, and compares on a range.
     let txn = Txn::new()
         .when([Compare::value("t/", CompareOp::Greater, "0").with_prefix()])
-        .and_then([TxnOp::delete(
-            "t/",
-            Some(DeleteOptions::new().with_prefix()),
-        )])
-        .or_else([TxnOp::get(
-            "t/",
-            Some(GetOptions::new().with_prefix().with_count_only()),
-        )]);
+        .and_then([TxnOp::delete("t/", Some(DeleteOptions::new().with_prefix()))])
+        .or_else([TxnOp::get("t/", Some(GetOptions::new().with_prefix().with_count_only()))]);
     let resp = c.txn(txn).await.unwrap();
     assert!(resp.succeeded(), "every value under t/ is > \"0\"");
     match &resp.op_responses()[0] {
@@ -381,75 +193,31 @@ async fn transactions() {
     let inner = Txn::new()
         .when([Compare::version("t/y", CompareOp::Greater, 0)])
         .and_then([TxnOp::put("t/nested", "yes", None)]);
-    let resp = c
-        .txn(Txn::new().and_then([TxnOp::txn(inner), TxnOp::put("t/outer", "o", None)]))
-        .await
-        .unwrap();
+    let resp = c.txn(Txn::new().and_then([TxnOp::txn(inner), TxnOp::put("t/outer", "o", None)])).await.unwrap();
     assert!(resp.succeeded());
-    assert_eq!(
-        c.get("t/nested", None).await.unwrap().kvs()[0].value(),
-        b"yes"
-    );
+    assert_eq!(c.get("t/nested", None).await.unwrap().kvs()[0].value(), b"yes");
 
     // A read-only txn does not bump the revision.
-    let before = c
-        .get("t/y", None)
-        .await
-        .unwrap()
-        .header()
-        .unwrap()
-        .revision();
-    let resp = c
-        .txn(Txn::new().and_then([TxnOp::get("t/y", None)]))
-        .await
-        .unwrap();
+    let before = c.get("t/y", None).await.unwrap().header().unwrap().revision();
+    let resp = c.txn(Txn::new().and_then([TxnOp::get("t/y", None)])).await.unwrap();
     assert_eq!(resp.header().unwrap().revision(), before);
 
     // Validation: duplicate keys, put inside a deleted range, too many ops.
     let dup = Txn::new().and_then([TxnOp::put("d", "1", None), TxnOp::put("d", "2", None)]);
     let (code, msg) = grpc_error(c.txn(dup).await.unwrap_err());
-    assert_eq!(
-        (code, msg.as_str()),
-        (
-            Code::InvalidArgument,
-            "etcdserver: duplicate key given in txn request"
-        )
-    );
-    let overlap = Txn::new().and_then([
-        TxnOp::delete("a", Some(DeleteOptions::new().with_range("z"))),
-        TxnOp::put("m", "1", None),
-    ]);
-    assert_eq!(
-        grpc_error(c.txn(overlap).await.unwrap_err()).1,
-        "etcdserver: duplicate key given in txn request"
-    );
-    let many: Vec<TxnOp> = (0..129)
-        .map(|i| TxnOp::put(format!("many/{i}"), "v", None))
-        .collect();
+    assert_eq!((code, msg.as_str()), (Code::InvalidArgument, "etcdserver: duplicate key given in txn request"));
+    let overlap = Txn::new()
+        .and_then([TxnOp::delete("a", Some(DeleteOptions::new().with_range("z"))), TxnOp::put("m", "1", None)]);
+    assert_eq!(grpc_error(c.txn(overlap).await.unwrap_err()).1, "etcdserver: duplicate key given in txn request");
+    let many: Vec<TxnOp> = (0..129).map(|i| TxnOp::put(format!("many/{i}"), "v", None)).collect();
     let (code, msg) = grpc_error(c.txn(Txn::new().and_then(many)).await.unwrap_err());
-    assert_eq!(
-        (code, msg.as_str()),
-        (
-            Code::InvalidArgument,
-            "etcdserver: too many operations in txn request"
-        )
-    );
-    let ok: Vec<TxnOp> = (0..128)
-        .map(|i| TxnOp::put(format!("many/{i}"), "v", None))
-        .collect();
+    assert_eq!((code, msg.as_str()), (Code::InvalidArgument, "etcdserver: too many operations in txn request"));
+    let ok: Vec<TxnOp> = (0..128).map(|i| TxnOp::put(format!("many/{i}"), "v", None)).collect();
     c.txn(Txn::new().and_then(ok)).await.unwrap();
     // A txn that fails a check changes nothing.
-    let bad = Txn::new().and_then([
-        TxnOp::put("t/z", "1", None),
-        TxnOp::put("t/w", "1", Some(PutOptions::new().with_lease(7))),
-    ]);
-    let rev_before = c
-        .get("t/z", None)
-        .await
-        .unwrap()
-        .header()
-        .unwrap()
-        .revision();
+    let bad = Txn::new()
+        .and_then([TxnOp::put("t/z", "1", None), TxnOp::put("t/w", "1", Some(PutOptions::new().with_lease(7)))]);
+    let rev_before = c.get("t/z", None).await.unwrap().header().unwrap().revision();
     assert_eq!(grpc_error(c.txn(bad).await.unwrap_err()).0, Code::NotFound);
     let after = c.get("t/z", None).await.unwrap();
     assert!(after.kvs().is_empty());
@@ -466,24 +234,15 @@ async fn bad_input_is_refused_and_the_node_keeps_serving() {
         grpc_error(c.delete("", None).await.unwrap_err()),
     ];
     for (code, msg) in empty {
-        assert_eq!(
-            (code, msg.as_str()),
-            (Code::InvalidArgument, "etcdserver: key is not provided")
-        );
+        assert_eq!((code, msg.as_str()), (Code::InvalidArgument, "etcdserver: key is not provided"));
     }
     // 1.5 MiB is the limit for a request.
     let big = vec![b'x'; 3 * 512 * 1024];
     let (code, msg) = grpc_error(c.put("big", big, None).await.unwrap_err());
-    assert_eq!(
-        (code, msg.as_str()),
-        (Code::InvalidArgument, "etcdserver: request is too large")
-    );
+    assert_eq!((code, msg.as_str()), (Code::InvalidArgument, "etcdserver: request is too large"));
     let fits = vec![b'x'; 1024 * 1024];
     c.put("big", fits, None).await.unwrap();
-    assert_eq!(
-        c.get("big", None).await.unwrap().kvs()[0].value().len(),
-        1024 * 1024
-    );
+    assert_eq!(c.get("big", None).await.unwrap().kvs()[0].value().len(), 1024 * 1024);
     // And the cluster still serves through every member.
     for i in 0..3 {
         let mut ci = cluster.client(i).await;
@@ -511,11 +270,7 @@ async fn every_member_serves_writes_with_etcd_headers() {
         for j in 0..3 {
             let mut cj = cluster.client(j).await;
             let got = cj.get(format!("w/{i}"), None).await.unwrap();
-            assert_eq!(
-                got.kvs().len(),
-                1,
-                "member {j} must see the write made through {i} (leader {leader})"
-            );
+            assert_eq!(got.kvs().len(), 1, "member {j} must see the write made through {i} (leader {leader})");
         }
     }
     assert_eq!(seen_members.len(), 3, "each member answers with its own ID");
@@ -524,11 +279,7 @@ async fn every_member_serves_writes_with_etcd_headers() {
     let mut c = cluster.client(0).await;
     let members = c.member_list().await.unwrap();
     assert_eq!(members.members().len(), 3);
-    let mut names: Vec<_> = members
-        .members()
-        .iter()
-        .map(|m| m.name().to_string())
-        .collect();
+    let mut names: Vec<_> = members.members().iter().map(|m| m.name().to_string()).collect();
     names.sort();
     assert_eq!(names, ["m0", "m1", "m2"]);
     for m in members.members() {
@@ -541,21 +292,14 @@ async fn every_member_serves_writes_with_etcd_headers() {
     loop {
         let members = c.member_list().await.unwrap();
         if members.members().iter().all(|m| m.client_urls().len() == 1) {
-            let mut urls: Vec<_> = members
-                .members()
-                .iter()
-                .map(|m| m.client_urls()[0].clone())
-                .collect();
+            let mut urls: Vec<_> = members.members().iter().map(|m| m.client_urls()[0].clone()).collect();
             urls.sort();
             let mut want = cluster.endpoints();
             want.sort();
             assert_eq!(urls, want);
             break;
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "client URLs not published"
-        );
+        assert!(std::time::Instant::now() < deadline, "client URLs not published");
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     let status = c.status().await.unwrap();

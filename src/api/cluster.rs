@@ -41,10 +41,7 @@ fn not_yet(what: &str) -> Status {
 
 #[tonic::async_trait]
 impl Cluster for ClusterService {
-    async fn member_add(
-        &self,
-        _: Request<pb::MemberAddRequest>,
-    ) -> Result<Response<pb::MemberAddResponse>, Status> {
+    async fn member_add(&self, _: Request<pb::MemberAddRequest>) -> Result<Response<pb::MemberAddResponse>, Status> {
         Err(not_yet("member add"))
     }
 
@@ -70,10 +67,7 @@ impl Cluster for ClusterService {
             self.node.read_barrier().await.map_err(error::server)?;
         }
         let members = self.node.members().into_iter().map(member).collect();
-        Ok(Response::new(pb::MemberListResponse {
-            header: header(&self.node, self.revision()),
-            members,
-        }))
+        Ok(Response::new(pb::MemberListResponse { header: header(&self.node, self.revision()), members }))
     }
 
     async fn member_promote(

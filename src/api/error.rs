@@ -34,14 +34,11 @@ pub fn invalid_compare() -> Status {
 
 pub fn mvcc(e: MvccError) -> Status {
     match e {
-        MvccError::Compacted => {
-            Status::out_of_range("etcdserver: mvcc: required revision has been compacted")
-        }
-        MvccError::FutureRevision => {
-            Status::out_of_range("etcdserver: mvcc: required revision is a future revision")
-        }
+        MvccError::Compacted => Status::out_of_range("etcdserver: mvcc: required revision has been compacted"),
+        MvccError::FutureRevision => Status::out_of_range("etcdserver: mvcc: required revision is a future revision"),
         MvccError::KeyNotFound => Status::invalid_argument("etcdserver: key not found"),
         MvccError::LeaseNotFound => Status::not_found("etcdserver: requested lease not found"),
+        MvccError::LeaseExists => Status::failed_precondition("etcdserver: lease already exists"),
     }
 }
 

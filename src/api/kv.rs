@@ -45,21 +45,13 @@ fn check_size(req: &impl Message) -> Result<(), Status> {
 
 #[tonic::async_trait]
 impl Kv for KvService {
-    async fn range(
-        &self,
-        req: Request<pb::RangeRequest>,
-    ) -> Result<Response<pb::RangeResponse>, Status> {
+    async fn range(&self, req: Request<pb::RangeRequest>) -> Result<Response<pb::RangeResponse>, Status> {
         let req = req.into_inner();
         let range = range_request(&req)?;
         if !req.serializable {
             self.node.read_barrier().await.map_err(error::server)?;
         }
-        let result = self
-            .node
-            .state()
-            .mvcc()
-            .range(&range)
-            .map_err(error::mvcc)?;
+        let result = self.node.state().mvcc().range(&range).map_err(error::mvcc)?;
         Ok(Response::new(range_response(&self.node, result)))
     }
 
@@ -97,11 +89,7 @@ impl Kv for KvService {
             // etcd serves a txn of reads without Raft; so does raftlock, with the
             // same linearizable barrier as a Range.
             self.node.read_barrier().await.map_err(error::server)?;
-            self.node
-                .state()
-                .mvcc()
-                .read_txn(&txn)
-                .map_err(error::mvcc)?
+            self.node.state().mvcc().read_txn(&txn).map_err(error::mvcc)?
         } else {
             match self.write(Command::Txn(txn)).await? {
                 CommandResult::Txn(r) => r,
@@ -113,20 +101,12 @@ impl Kv for KvService {
         Ok(Response::new(resp))
     }
 
-    async fn compact(
-        &self,
-        req: Request<pb::CompactionRequest>,
-    ) -> Result<Response<pb::CompactionResponse>, Status> {
+    async fn compact(&self, req: Request<pb::CompactionRequest>) -> Result<Response<pb::CompactionResponse>, Status> {
         let req = req.into_inner();
-        match self
-            .write(Command::Compact {
-                revision: req.revision,
-            })
-            .await?
-        {
-            CommandResult::Compacted { revision } => Ok(Response::new(pb::CompactionResponse {
-                header: header(&self.node, revision),
-            })),
+        match self.write(Command::Compact { revision: req.revision }).await? {
+            CommandResult::Compacted { revision } => {
+                Ok(Response::new(pb::CompactionResponse { header: header(&self.node, revision) }))
+            }
             other => Err(unexpected(other)),
         }
     }
@@ -258,20 +238,18 @@ fn check_intervals(ops: &[pb::RequestOp]) -> Result<(HashSet<Vec<u8>>, Vec<KeyRa
 fn range_request(r: &pb::RangeRequest) -> Result<mvcc::RangeRequest, Status> {
     check_range(r)?;
     use pb::range_request::{SortOrder, SortTarget};
-    let sort_order =
-        match SortOrder::try_from(r.sort_order).map_err(|_| error::invalid_sort_option())? {
-            SortOrder::None => mvcc::SortOrder::None,
-            SortOrder::Ascend => mvcc::SortOrder::Ascend,
-            SortOrder::Descend => mvcc::SortOrder::Descend,
-        };
-    let sort_target =
-        match SortTarget::try_from(r.sort_target).map_err(|_| error::invalid_sort_option())? {
-            SortTarget::Key => mvcc::SortTarget::Key,
-            SortTarget::Version => mvcc::SortTarget::Version,
-            SortTarget::Create => mvcc::SortTarget::Create,
-            SortTarget::Mod => mvcc::SortTarget::Mod,
-            SortTarget::Value => mvcc::SortTarget::Value,
-        };
+    let sort_order = match SortOrder::try_from(r.sort_order).map_err(|_| error::invalid_sort_option())? {
+        SortOrder::None => mvcc::SortOrder::None,
+        SortOrder::Ascend => mvcc::SortOrder::Ascend,
+        SortOrder::Descend => mvcc::SortOrder::Descend,
+    };
+    let sort_target = match SortTarget::try_from(r.sort_target).map_err(|_| error::invalid_sort_option())? {
+        SortTarget::Key => mvcc::SortTarget::Key,
+        SortTarget::Version => mvcc::SortTarget::Version,
+        SortTarget::Create => mvcc::SortTarget::Create,
+        SortTarget::Mod => mvcc::SortTarget::Mod,
+        SortTarget::Value => mvcc::SortTarget::Value,
+    };
     Ok(mvcc::RangeRequest {
         key: r.key.clone(),
         range_end: r.range_end.clone(),
@@ -302,11 +280,7 @@ fn put_request(r: pb::PutRequest) -> Result<mvcc::PutRequest, Status> {
 
 fn delete_request(r: pb::DeleteRangeRequest) -> Result<mvcc::DeleteRangeRequest, Status> {
     check_delete(&r)?;
-    Ok(mvcc::DeleteRangeRequest {
-        key: r.key,
-        range_end: r.range_end,
-        prev_kv: r.prev_kv,
-    })
+    Ok(mvcc::DeleteRangeRequest { key: r.key, range_end: r.range_end, prev_kv: r.prev_kv })
 }
 
 fn compare(c: pb::Compare) -> Result<mvcc::Compare, Status> {
@@ -334,14 +308,7 @@ fn compare(c: pb::Compare) -> Result<mvcc::Compare, Status> {
         T::Value => mvcc::CompareTarget::Value,
         T::Lease => mvcc::CompareTarget::Lease,
     };
-    Ok(mvcc::Compare {
-        result,
-        target,
-        key: c.key,
-        range_end: c.range_end,
-        number,
-        value,
-    })
+    Ok(mvcc::Compare { result, target, key: c.key, range_end: c.range_end, number, value })
 }
 
 fn request_ops(ops: Vec<pb::RequestOp>) -> Result<Vec<mvcc::RequestOp>, Status> {
@@ -361,11 +328,7 @@ fn request_ops(ops: Vec<pb::RequestOp>) -> Result<Vec<mvcc::RequestOp>, Status> 
 
 fn txn_request(r: pb::TxnRequest) -> Result<mvcc::TxnRequest, Status> {
     Ok(mvcc::TxnRequest {
-        compare: r
-            .compare
-            .into_iter()
-            .map(compare)
-            .collect::<Result<_, _>>()?,
+        compare: r.compare.into_iter().map(compare).collect::<Result<_, _>>()?,
         success: request_ops(r.success)?,
         failure: request_ops(r.failure)?,
     })
@@ -388,10 +351,7 @@ pub fn key_value(kv: mvcc::KeyValue) -> mvccpb::KeyValue {
 
 /// A header carrying only a revision: what etcd puts on the responses inside a txn.
 fn bare_header(revision: i64) -> Option<pb::ResponseHeader> {
-    Some(pb::ResponseHeader {
-        revision,
-        ..Default::default()
-    })
+    Some(pb::ResponseHeader { revision, ..Default::default() })
 }
 
 fn range_body(r: mvcc::RangeResult) -> pb::RangeResponse {
@@ -404,10 +364,7 @@ fn range_body(r: mvcc::RangeResult) -> pb::RangeResponse {
 }
 
 fn put_body(r: mvcc::PutResult) -> pb::PutResponse {
-    pb::PutResponse {
-        header: bare_header(r.revision),
-        prev_kv: r.prev_kv.map(key_value),
-    }
+    pb::PutResponse { header: bare_header(r.revision), prev_kv: r.prev_kv.map(key_value) }
 }
 
 fn delete_body(r: mvcc::DeleteRangeResult) -> pb::DeleteRangeResponse {
@@ -420,26 +377,17 @@ fn delete_body(r: mvcc::DeleteRangeResult) -> pb::DeleteRangeResponse {
 
 fn range_response(node: &Node, r: mvcc::RangeResult) -> pb::RangeResponse {
     let revision = r.revision;
-    pb::RangeResponse {
-        header: header(node, revision),
-        ..range_body(r)
-    }
+    pb::RangeResponse { header: header(node, revision), ..range_body(r) }
 }
 
 fn put_response(node: &Node, r: mvcc::PutResult) -> pb::PutResponse {
     let revision = r.revision;
-    pb::PutResponse {
-        header: header(node, revision),
-        ..put_body(r)
-    }
+    pb::PutResponse { header: header(node, revision), ..put_body(r) }
 }
 
 fn delete_response(node: &Node, r: mvcc::DeleteRangeResult) -> pb::DeleteRangeResponse {
     let revision = r.revision;
-    pb::DeleteRangeResponse {
-        header: header(node, revision),
-        ..delete_body(r)
-    }
+    pb::DeleteRangeResponse { header: header(node, revision), ..delete_body(r) }
 }
 
 /// A txn's response; nested ones carry the headers etcd gives them (a bare
@@ -458,14 +406,6 @@ fn txn_response(r: mvcc::TxnResult, outer: bool) -> pb::TxnResponse {
             }),
         })
         .collect();
-    let header = if outer {
-        bare_header(r.revision)
-    } else {
-        Some(pb::ResponseHeader::default())
-    };
-    pb::TxnResponse {
-        header,
-        succeeded: r.succeeded,
-        responses,
-    }
+    let header = if outer { bare_header(r.revision) } else { Some(pb::ResponseHeader::default()) };
+    pb::TxnResponse { header, succeeded: r.succeeded, responses }
 }

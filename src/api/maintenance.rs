@@ -34,36 +34,27 @@ fn not_yet(what: &str) -> Status {
     Status::unimplemented(format!("raftlock: {what} is not supported by this version"))
 }
 
-type SnapshotStream =
-    Pin<Box<dyn futures::Stream<Item = Result<pb::SnapshotResponse, Status>> + Send>>;
+type SnapshotStream = Pin<Box<dyn futures::Stream<Item = Result<pb::SnapshotResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl Maintenance for MaintenanceService {
-    async fn alarm(
-        &self,
-        req: Request<pb::AlarmRequest>,
-    ) -> Result<Response<pb::AlarmResponse>, Status> {
+    async fn alarm(&self, req: Request<pb::AlarmRequest>) -> Result<Response<pb::AlarmResponse>, Status> {
         use pb::alarm_request::AlarmAction;
         match AlarmAction::try_from(req.into_inner().action) {
             // raftlock raises no alarms (it has no space quota), so the list is empty.
-            Ok(AlarmAction::Get) => Ok(Response::new(pb::AlarmResponse {
-                header: header(&self.node, self.revision()),
-                alarms: vec![],
-            })),
+            Ok(AlarmAction::Get) => {
+                Ok(Response::new(pb::AlarmResponse { header: header(&self.node, self.revision()), alarms: vec![] }))
+            }
             // Disarming an alarm that is not raised changes nothing, as in etcd.
-            Ok(AlarmAction::Deactivate) => Ok(Response::new(pb::AlarmResponse {
-                header: header(&self.node, self.revision()),
-                alarms: vec![],
-            })),
+            Ok(AlarmAction::Deactivate) => {
+                Ok(Response::new(pb::AlarmResponse { header: header(&self.node, self.revision()), alarms: vec![] }))
+            }
             Ok(AlarmAction::Activate) => Err(not_yet("raising alarms")),
             Err(_) => Err(Status::invalid_argument("etcdserver: unknown alarm action")),
         }
     }
 
-    async fn status(
-        &self,
-        _: Request<pb::StatusRequest>,
-    ) -> Result<Response<pb::StatusResponse>, Status> {
+    async fn status(&self, _: Request<pb::StatusRequest>) -> Result<Response<pb::StatusResponse>, Status> {
         let s = self.node.status();
         let mut errors = Vec::new();
         if s.leader == 0 {
@@ -83,47 +74,29 @@ impl Maintenance for MaintenanceService {
         }))
     }
 
-    async fn defragment(
-        &self,
-        _: Request<pb::DefragmentRequest>,
-    ) -> Result<Response<pb::DefragmentResponse>, Status> {
+    async fn defragment(&self, _: Request<pb::DefragmentRequest>) -> Result<Response<pb::DefragmentResponse>, Status> {
         Err(not_yet("defragment"))
     }
 
-    async fn hash(
-        &self,
-        _: Request<pb::HashRequest>,
-    ) -> Result<Response<pb::HashResponse>, Status> {
+    async fn hash(&self, _: Request<pb::HashRequest>) -> Result<Response<pb::HashResponse>, Status> {
         Err(not_yet("hash"))
     }
 
-    async fn hash_kv(
-        &self,
-        _: Request<pb::HashKvRequest>,
-    ) -> Result<Response<pb::HashKvResponse>, Status> {
+    async fn hash_kv(&self, _: Request<pb::HashKvRequest>) -> Result<Response<pb::HashKvResponse>, Status> {
         Err(not_yet("hash kv"))
     }
 
     type SnapshotStream = SnapshotStream;
 
-    async fn snapshot(
-        &self,
-        _: Request<pb::SnapshotRequest>,
-    ) -> Result<Response<SnapshotStream>, Status> {
+    async fn snapshot(&self, _: Request<pb::SnapshotRequest>) -> Result<Response<SnapshotStream>, Status> {
         Err(not_yet("snapshot"))
     }
 
-    async fn move_leader(
-        &self,
-        _: Request<pb::MoveLeaderRequest>,
-    ) -> Result<Response<pb::MoveLeaderResponse>, Status> {
+    async fn move_leader(&self, _: Request<pb::MoveLeaderRequest>) -> Result<Response<pb::MoveLeaderResponse>, Status> {
         Err(not_yet("move leader"))
     }
 
-    async fn downgrade(
-        &self,
-        _: Request<pb::DowngradeRequest>,
-    ) -> Result<Response<pb::DowngradeResponse>, Status> {
+    async fn downgrade(&self, _: Request<pb::DowngradeRequest>) -> Result<Response<pb::DowngradeResponse>, Status> {
         Err(not_yet("downgrade"))
     }
 }

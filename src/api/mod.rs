@@ -11,7 +11,9 @@
 pub mod cluster;
 pub mod error;
 pub mod kv;
+pub mod lease;
 pub mod maintenance;
+pub mod watch;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -21,7 +23,7 @@ use tonic::transport::server::{Router, TcpIncoming};
 use tonic::transport::Server;
 
 use crate::proto::etcdserverpb::ResponseHeader;
-use crate::raft::peer::PeerService;
+use crate::raft::peer::{LeaseAuthority, PeerService};
 use crate::server::Node;
 
 /// The largest write request accepted, as etcd's `--max-request-bytes` default.
@@ -33,12 +35,7 @@ pub const MAX_TXN_OPS: usize = 128;
 
 /// A response header from this node at `revision`.
 pub fn header(node: &Node, revision: i64) -> Option<ResponseHeader> {
-    Some(ResponseHeader {
-        cluster_id: node.cluster_id,
-        member_id: node.id,
-        revision,
-        raft_term: node.raft_term(),
-    })
+    Some(ResponseHeader { cluster_id: node.cluster_id, member_id: node.id, revision, raft_term: node.raft_term() })
 }
 
 /// Serve the client API on `addrs` until the node shuts down.
@@ -48,6 +45,8 @@ pub async fn serve_clients(node: Arc<Node>, addrs: Vec<SocketAddr>) -> anyhow::R
             .add_service(kv::KvService::server(node.clone()))
             .add_service(cluster::ClusterService::server(node.clone()))
             .add_service(maintenance::MaintenanceService::server(node.clone()))
+            .add_service(lease::LeaseService::server(node.clone()))
+            .add_service(watch::WatchService::server(node.clone(), node.watch_progress_interval))
     };
     serve(&node, addrs, make).await
 }
@@ -55,34 +54,21 @@ pub async fn serve_clients(node: Arc<Node>, addrs: Vec<SocketAddr>) -> anyhow::R
 /// Serve the peer protocol on `addrs` until the node shuts down.
 pub async fn serve_peers(node: Arc<Node>, addrs: Vec<SocketAddr>) -> anyhow::Result<()> {
     let make = || {
-        Server::builder().add_service(PeerService::server(
-            node.raft().clone(),
-            node.proposer().clone(),
-        ))
+        let leases: Arc<dyn LeaseAuthority> = node.clone();
+        Server::builder().add_service(PeerService::server(node.raft().clone(), node.proposer().clone(), leases))
     };
     serve(&node, addrs, make).await
 }
 
 /// Bind every address, then serve a router made by `make` on each until shutdown.
-async fn serve(
-    node: &Node,
-    addrs: Vec<SocketAddr>,
-    make: impl Fn() -> Router,
-) -> anyhow::Result<()> {
+async fn serve(node: &Node, addrs: Vec<SocketAddr>, make: impl Fn() -> Router) -> anyhow::Result<()> {
     let mut servers = Vec::new();
     for addr in addrs {
-        let listener = TcpListener::bind(addr)
-            .await
-            .map_err(|e| anyhow::anyhow!("binding {addr}: {e}"))?;
+        let listener = TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("binding {addr}: {e}"))?;
         // Small request/response pairs must not wait for Nagle's algorithm.
         let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-        let mut shutdown = node.shutdown_signal();
-        let stopped = async move {
-            let _ = shutdown.wait_for(|s| *s).await;
-        };
-        servers.push(tokio::spawn(
-            make().serve_with_incoming_shutdown(incoming, stopped),
-        ));
+        let stopped = crate::server::shutdown_started(node.shutdown_signal());
+        servers.push(tokio::spawn(make().serve_with_incoming_shutdown(incoming, stopped)));
     }
     for s in servers {
         s.await??;

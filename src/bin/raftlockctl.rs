@@ -5,11 +5,7 @@
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(
-    name = "raftlockctl",
-    version,
-    about = "Command-line client for raftlock"
-)]
+#[command(name = "raftlockctl", version, about = "Command-line client for raftlock")]
 struct Cli {
     /// Comma-separated client URLs.
     #[arg(
@@ -21,12 +17,7 @@ struct Cli {
     )]
     endpoints: Vec<String>,
     /// Output format: simple or json.
-    #[arg(
-        short = 'w',
-        long = "write-out",
-        default_value = "simple",
-        global = true
-    )]
+    #[arg(short = 'w', long = "write-out", default_value = "simple", global = true)]
     write_out: String,
     #[command(subcommand)]
     command: Cmd,
@@ -41,17 +32,8 @@ enum Cmd {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let endpoints: Vec<String> = cli
-        .endpoints
-        .iter()
-        .map(|e| {
-            if e.contains("://") {
-                e.clone()
-            } else {
-                format!("http://{e}")
-            }
-        })
-        .collect();
+    let endpoints: Vec<String> =
+        cli.endpoints.iter().map(|e| if e.contains("://") { e.clone() } else { format!("http://{e}") }).collect();
     match cli.command {
         Cmd::Bench(args) => {
             let report = raftlock::bench::run(&endpoints, &args).await?;

@@ -63,11 +63,7 @@ pub struct MvccStore {
 
 impl Default for MvccStore {
     fn default() -> Self {
-        MvccStore {
-            index: BTreeMap::new(),
-            revision: 1,
-            compact_revision: -1,
-        }
+        MvccStore { index: BTreeMap::new(), revision: 1, compact_revision: -1 }
     }
 }
 
@@ -91,10 +87,7 @@ impl MvccStore {
 
     /// Number of keys with a live value at the current revision.
     pub fn live_keys(&self) -> usize {
-        self.index
-            .values()
-            .filter(|v| v.last().is_some_and(|v| v.kv.is_some()))
-            .count()
+        self.index.values().filter(|v| v.last().is_some_and(|v| v.kv.is_some())).count()
     }
 
     /// Rebuild a store from persisted versions (any order) and its two counters.
@@ -103,11 +96,7 @@ impl MvccStore {
         revision: Revision,
         compact_revision: Revision,
     ) -> MvccStore {
-        let mut store = MvccStore {
-            index: BTreeMap::new(),
-            revision,
-            compact_revision,
-        };
+        let mut store = MvccStore { index: BTreeMap::new(), revision, compact_revision };
         for v in versions {
             store.index.entry(v.key).or_default().push(Version {
                 revision: v.revision,
@@ -117,14 +106,9 @@ impl MvccStore {
         }
         for versions in store.index.values_mut() {
             versions.sort_by_key(|v| (v.revision, v.sub));
-            assert!(versions
-                .windows(2)
-                .all(|w| (w[0].revision, w[0].sub) < (w[1].revision, w[1].sub)));
+            assert!(versions.windows(2).all(|w| (w[0].revision, w[0].sub) < (w[1].revision, w[1].sub)));
         }
-        assert!(
-            compact_revision <= revision,
-            "compact revision {compact_revision} above revision {revision}"
-        );
+        assert!(compact_revision <= revision, "compact revision {compact_revision} above revision {revision}");
         store
     }
 
@@ -140,6 +124,45 @@ impl MvccStore {
     pub fn set_revision(&mut self, revision: Revision) {
         assert!(revision >= self.revision, "the revision never goes back");
         self.revision = revision;
+    }
+
+    /// The changes to keys in `range` at revisions `from..=to`, in revision
+    /// order, with the previous value of each key where history still has it:
+    /// what a watcher that fell behind reads to catch up.
+    pub fn changes_between(&self, range: &KeyRange, from: Revision, to: Revision) -> Result<Vec<Change>, MvccError> {
+        if from < self.compact_revision {
+            return Err(MvccError::Compacted);
+        }
+        let mut out = Vec::new();
+        for (key, versions) in self.histories(range) {
+            let start = versions.partition_point(|v| v.revision < from);
+            for i in start..versions.len() {
+                let v = &versions[i];
+                if v.revision > to {
+                    break;
+                }
+                let prev = if i > 0 { versions[i - 1].kv.as_deref().cloned() } else { None };
+                out.push(Change {
+                    revision: v.revision,
+                    sub: v.sub,
+                    key: key.clone(),
+                    kv: v.kv.as_deref().cloned(),
+                    prev,
+                });
+            }
+        }
+        out.sort_by_key(|c| (c.revision, c.sub));
+        Ok(out)
+    }
+
+    /// Every live key that is attached to a lease, with its lease.
+    pub fn leased_keys(&self) -> Vec<(Vec<u8>, i64)> {
+        self.index
+            .iter()
+            .filter_map(|(k, versions)| {
+                versions.last()?.kv.as_ref().filter(|kv| kv.lease != 0).map(|kv| (k.clone(), kv.lease))
+            })
+            .collect()
     }
 
     /// Every version the store holds, key by key: the content of a snapshot.
@@ -165,11 +188,7 @@ impl MvccStore {
         if req.revision > current {
             return Err(MvccError::FutureRevision);
         }
-        let rev = if req.revision <= 0 {
-            current
-        } else {
-            req.revision
-        };
+        let rev = if req.revision <= 0 { current } else { req.revision };
         if rev < self.compact_revision {
             return Err(MvccError::Compacted);
         }
@@ -200,12 +219,7 @@ impl MvccStore {
             }
         });
         if req.count_only {
-            return Ok(RangeResult {
-                kvs: Vec::new(),
-                more: false,
-                count,
-                revision: current,
-            });
+            return Ok(RangeResult { kvs: Vec::new(), more: false, count, revision: current });
         }
 
         let mut kvs: Vec<KeyValue> = kvs.into_iter().map(|kv| kv.as_ref().clone()).collect();
@@ -239,73 +253,47 @@ impl MvccStore {
                 kv.value.clear();
             }
         }
-        Ok(RangeResult {
-            kvs,
-            more,
-            count,
-            revision: current,
-        })
+        Ok(RangeResult { kvs, more, count, revision: current })
     }
 
     /// Calls `f` for every key in `range` that has a live value at `rev`, in key order.
     fn visit_live(&self, range: &KeyRange, rev: Revision, mut f: impl FnMut(Arc<KeyValue>)) {
-        let mut visit = |versions: &Vec<Version>| {
+        for (_, versions) in self.histories(range) {
             if let Some(kv) = live_at(versions, rev) {
                 f(kv.clone())
             }
-        };
+        }
+    }
+
+    /// The history of every key in `range`, in key order.
+    fn histories<'a>(&'a self, range: &'a KeyRange) -> Box<dyn Iterator<Item = (&'a Vec<u8>, &'a Vec<Version>)> + 'a> {
         match range {
-            KeyRange::Single(key) => {
-                if let Some(versions) = self.index.get(key) {
-                    visit(versions)
-                }
+            KeyRange::Single(key) => Box::new(self.index.get_key_value(key).into_iter()),
+            KeyRange::Interval(start, end) if start < end => {
+                let bounds = (Bound::Included(start.as_slice()), Bound::Excluded(end.as_slice()));
+                Box::new(self.index.range::<[u8], _>(bounds))
             }
-            KeyRange::Interval(start, end) => {
-                if start < end {
-                    let bounds = (
-                        Bound::Included(start.as_slice()),
-                        Bound::Excluded(end.as_slice()),
-                    );
-                    self.index
-                        .range::<[u8], _>(bounds)
-                        .for_each(|(_, v)| visit(v));
-                }
-            }
+            KeyRange::Interval(..) => Box::new(std::iter::empty()),
             KeyRange::From(start) => {
-                let bounds = (Bound::Included(start.as_slice()), Bound::Unbounded);
-                self.index
-                    .range::<[u8], _>(bounds)
-                    .for_each(|(_, v)| visit(v));
+                Box::new(self.index.range::<[u8], _>((Bound::Included(start.as_slice()), Bound::Unbounded)))
             }
         }
     }
 
     /// The live value of one key at the current revision.
     fn get_live(&self, key: &[u8]) -> Option<&Arc<KeyValue>> {
-        self.index
-            .get(key)
-            .and_then(|versions| live_at(versions, Revision::MAX))
+        self.index.get(key).and_then(|versions| live_at(versions, Revision::MAX))
     }
 
     /// Record a new version of `key` at `(revision, sub)`.
     fn push_version(&mut self, key: &[u8], revision: Revision, sub: i64, kv: Option<KeyValue>) {
         let versions = self.index.entry(key.to_vec()).or_default();
         if let Some(last) = versions.last() {
-            assert!(
-                (last.revision, last.sub) < (revision, sub),
-                "versions of a key must increase"
-            );
+            assert!((last.revision, last.sub) < (revision, sub), "versions of a key must increase");
         } else {
-            assert!(
-                kv.is_some(),
-                "a key's history cannot start with a tombstone"
-            );
+            assert!(kv.is_some(), "a key's history cannot start with a tombstone");
         }
-        versions.push(Version {
-            revision,
-            sub,
-            kv: kv.map(Arc::new),
-        });
+        versions.push(Version { revision, sub, kv: kv.map(Arc::new) });
     }
 
     /// Drop history that no read at `rev` or later can see. Returns the
@@ -324,11 +312,7 @@ impl MvccStore {
                 return true;
             }
             // Keep the version a read at `rev` sees, unless it is a tombstone.
-            let keep_from = if versions[visible - 1].kv.is_some() {
-                visible - 1
-            } else {
-                visible
-            };
+            let keep_from = if versions[visible - 1].kv.is_some() { visible - 1 } else { visible };
             for v in versions.drain(..keep_from) {
                 removed.push((key.clone(), v.revision, v.sub));
             }

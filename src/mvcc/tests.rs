@@ -1,20 +1,12 @@
 use super::*;
 
 fn put(s: &mut MvccStore, k: &str, v: &str) -> Revision {
-    let req = PutRequest {
-        key: k.into(),
-        value: v.into(),
-        ..Default::default()
-    };
+    let req = PutRequest { key: k.into(), value: v.into(), ..Default::default() };
     s.put(&req, &()).unwrap().0.revision
 }
 
 fn get_at(s: &MvccStore, k: &str, rev: Revision) -> Result<Option<KeyValue>, MvccError> {
-    let req = RangeRequest {
-        key: k.into(),
-        revision: rev,
-        ..Default::default()
-    };
+    let req = RangeRequest { key: k.into(), revision: rev, ..Default::default() };
     s.range(&req).map(|r| r.kvs.into_iter().next())
 }
 
@@ -23,10 +15,7 @@ fn range(s: &MvccStore, req: RangeRequest) -> RangeResult {
 }
 
 fn keys(r: &RangeResult) -> Vec<String> {
-    r.kvs
-        .iter()
-        .map(|kv| String::from_utf8(kv.key.clone()).unwrap())
-        .collect()
+    r.kvs.iter().map(|kv| String::from_utf8(kv.key.clone()).unwrap()).collect()
 }
 
 #[test]
@@ -37,27 +26,14 @@ fn revisions_versions_and_generations() {
     assert_eq!(put(&mut s, "a", "2"), 3);
     let kv = get_at(&s, "a", 0).unwrap().unwrap();
     assert_eq!((kv.create_revision, kv.mod_revision, kv.version), (2, 3, 2));
-    let (del, changes) = s.delete_range(&DeleteRangeRequest {
-        key: "a".into(),
-        ..Default::default()
-    });
+    let (del, changes) = s.delete_range(&DeleteRangeRequest { key: "a".into(), ..Default::default() });
     assert_eq!((del.deleted, del.revision, changes.len()), (1, 4, 1));
     // Deleting nothing does not move the revision.
-    let (del, changes) = s.delete_range(&DeleteRangeRequest {
-        key: "a".into(),
-        ..Default::default()
-    });
-    assert_eq!(
-        (del.deleted, del.revision, changes.len(), s.revision()),
-        (0, 4, 0, 4)
-    );
+    let (del, changes) = s.delete_range(&DeleteRangeRequest { key: "a".into(), ..Default::default() });
+    assert_eq!((del.deleted, del.revision, changes.len(), s.revision()), (0, 4, 0, 4));
     assert_eq!(put(&mut s, "a", "3"), 5);
     let kv = get_at(&s, "a", 0).unwrap().unwrap();
-    assert_eq!(
-        (kv.create_revision, kv.version),
-        (5, 1),
-        "a tombstone starts a new generation"
-    );
+    assert_eq!((kv.create_revision, kv.version), (5, 1), "a tombstone starts a new generation");
     // History.
     assert_eq!(get_at(&s, "a", 2).unwrap().unwrap().value, b"1");
     assert_eq!(get_at(&s, "a", 4).unwrap(), None);
@@ -70,90 +46,23 @@ fn ranges_limits_counts_and_sorting() {
     for (k, v) in [("b", "3"), ("a", "2"), ("c", "1"), ("d", "0")] {
         put(&mut s, k, v);
     }
-    let all = RangeRequest {
-        key: vec![0],
-        range_end: vec![0],
-        ..Default::default()
-    };
+    let all = RangeRequest { key: vec![0], range_end: vec![0], ..Default::default() };
     assert_eq!(keys(&range(&s, all.clone())), ["a", "b", "c", "d"]);
-    let r = range(
-        &s,
-        RangeRequest {
-            limit: 2,
-            ..all.clone()
-        },
-    );
-    assert_eq!(
-        (keys(&r), r.more, r.count),
-        (vec!["a".to_string(), "b".into()], true, 4)
-    );
-    let r = range(
-        &s,
-        RangeRequest {
-            key: "b".into(),
-            range_end: "d".into(),
-            ..Default::default()
-        },
-    );
+    let r = range(&s, RangeRequest { limit: 2, ..all.clone() });
+    assert_eq!((keys(&r), r.more, r.count), (vec!["a".to_string(), "b".into()], true, 4));
+    let r = range(&s, RangeRequest { key: "b".into(), range_end: "d".into(), ..Default::default() });
     assert_eq!(keys(&r), ["b", "c"]);
-    let r = range(
-        &s,
-        RangeRequest {
-            key: "d".into(),
-            range_end: "b".into(),
-            ..Default::default()
-        },
-    );
-    assert_eq!(
-        (r.kvs.len(), r.count),
-        (0, 0),
-        "an inverted interval is empty"
-    );
-    let r = range(
-        &s,
-        RangeRequest {
-            sort_target: SortTarget::Value,
-            ..all.clone()
-        },
-    );
-    assert_eq!(
-        keys(&r),
-        ["d", "c", "a", "b"],
-        "a non-key target sorts ascending by default"
-    );
-    let r = range(
-        &s,
-        RangeRequest {
-            sort_order: SortOrder::Descend,
-            limit: 1,
-            ..all.clone()
-        },
-    );
+    let r = range(&s, RangeRequest { key: "d".into(), range_end: "b".into(), ..Default::default() });
+    assert_eq!((r.kvs.len(), r.count), (0, 0), "an inverted interval is empty");
+    let r = range(&s, RangeRequest { sort_target: SortTarget::Value, ..all.clone() });
+    assert_eq!(keys(&r), ["d", "c", "a", "b"], "a non-key target sorts ascending by default");
+    let r = range(&s, RangeRequest { sort_order: SortOrder::Descend, limit: 1, ..all.clone() });
     assert_eq!((keys(&r), r.more), (vec!["d".to_string()], true));
-    let r = range(
-        &s,
-        RangeRequest {
-            count_only: true,
-            ..all.clone()
-        },
-    );
+    let r = range(&s, RangeRequest { count_only: true, ..all.clone() });
     assert_eq!((r.kvs.len(), r.count), (0, 4));
-    let r = range(
-        &s,
-        RangeRequest {
-            keys_only: true,
-            ..all.clone()
-        },
-    );
+    let r = range(&s, RangeRequest { keys_only: true, ..all.clone() });
     assert!(r.kvs.iter().all(|kv| kv.value.is_empty()));
-    let r = range(
-        &s,
-        RangeRequest {
-            min_mod_revision: 3,
-            max_mod_revision: 4,
-            ..all.clone()
-        },
-    );
+    let r = range(&s, RangeRequest { min_mod_revision: 3, max_mod_revision: 4, ..all.clone() });
     assert_eq!((keys(&r), r.count), (vec!["a".to_string(), "c".into()], 4));
 }
 
@@ -163,10 +72,7 @@ fn compaction_keeps_what_later_reads_see() {
     put(&mut s, "a", "1"); // 2
     put(&mut s, "b", "1"); // 3
     put(&mut s, "a", "2"); // 4
-    s.delete_range(&DeleteRangeRequest {
-        key: "b".into(),
-        ..Default::default()
-    }); // 5
+    s.delete_range(&DeleteRangeRequest { key: "b".into(), ..Default::default() }); // 5
     put(&mut s, "c", "1"); // 6
     let removed = s.compact(5).unwrap();
     // a@2 is superseded; b@3 and its tombstone at 5 are both gone.
@@ -176,33 +82,13 @@ fn compaction_keeps_what_later_reads_see() {
     assert_eq!(get_at(&s, "b", 5).unwrap(), None);
     assert_eq!(s.compact(5), Err(MvccError::Compacted));
     assert_eq!(s.compact(7), Err(MvccError::FutureRevision));
-    let restored = MvccStore::restore(
-        s.versions().collect::<Vec<_>>(),
-        s.revision(),
-        s.compact_revision(),
-    );
-    assert_eq!(
-        get_at(&restored, "c", 0).unwrap(),
-        get_at(&s, "c", 0).unwrap()
-    );
+    let restored = MvccStore::restore(s.versions().collect::<Vec<_>>(), s.revision(), s.compact_revision());
+    assert_eq!(get_at(&restored, "c", 0).unwrap(), get_at(&s, "c", 0).unwrap());
     assert_eq!(restored.live_keys(), 2);
 }
 
-fn cmp(
-    key: &str,
-    target: CompareTarget,
-    result: CompareResult,
-    number: i64,
-    value: &str,
-) -> Compare {
-    Compare {
-        result,
-        target,
-        key: key.into(),
-        range_end: vec![],
-        number,
-        value: value.into(),
-    }
+fn cmp(key: &str, target: CompareTarget, result: CompareResult, number: i64, value: &str) -> Compare {
+    Compare { result, target, key: key.into(), range_end: vec![], number, value: value.into() }
 }
 
 #[test]
@@ -212,20 +98,9 @@ fn txn_is_one_revision_and_sees_its_own_writes() {
     let txn = TxnRequest {
         compare: vec![cmp("a", CompareTarget::Value, CompareResult::Equal, 0, "1")],
         success: vec![
-            RequestOp::Put(PutRequest {
-                key: "b".into(),
-                value: "x".into(),
-                ..Default::default()
-            }),
-            RequestOp::Put(PutRequest {
-                key: "c".into(),
-                value: "y".into(),
-                ..Default::default()
-            }),
-            RequestOp::Range(RangeRequest {
-                key: "b".into(),
-                ..Default::default()
-            }),
+            RequestOp::Put(PutRequest { key: "b".into(), value: "x".into(), ..Default::default() }),
+            RequestOp::Put(PutRequest { key: "c".into(), value: "y".into(), ..Default::default() }),
+            RequestOp::Range(RangeRequest { key: "b".into(), ..Default::default() }),
         ],
         failure: vec![],
     };
@@ -238,15 +113,7 @@ fn txn_is_one_revision_and_sees_its_own_writes() {
         other => panic!("{other:?}"),
     }
     // A read-only txn does not move the revision.
-    let (r, changes) = s
-        .txn(
-            &TxnRequest {
-                success: vec![txn.success[2].clone()],
-                ..Default::default()
-            },
-            &(),
-        )
-        .unwrap();
+    let (r, changes) = s.txn(&TxnRequest { success: vec![txn.success[2].clone()], ..Default::default() }, &()).unwrap();
     assert_eq!((r.revision, changes.len()), (3, 0));
 }
 
@@ -256,42 +123,19 @@ fn compares_on_missing_keys_and_failing_checks() {
     // Missing key: version/create/mod/lease compare as 0, value never matches.
     let missing_version = cmp("zz", CompareTarget::Version, CompareResult::Equal, 0, "");
     let missing_value = cmp("zz", CompareTarget::Value, CompareResult::Equal, 0, "");
-    assert!(
-        s.choose_path(&TxnRequest {
-            compare: vec![missing_version],
-            ..Default::default()
-        })
-        .succeeded
-    );
-    assert!(
-        !s.choose_path(&TxnRequest {
-            compare: vec![missing_value],
-            ..Default::default()
-        })
-        .succeeded
-    );
+    assert!(s.choose_path(&TxnRequest { compare: vec![missing_version], ..Default::default() }).succeeded);
+    assert!(!s.choose_path(&TxnRequest { compare: vec![missing_value], ..Default::default() }).succeeded);
     // A failing check (unknown lease) leaves the store untouched.
     let txn = TxnRequest {
         success: vec![
-            RequestOp::Put(PutRequest {
-                key: "a".into(),
-                ..Default::default()
-            }),
-            RequestOp::Put(PutRequest {
-                key: "b".into(),
-                lease: 7,
-                ..Default::default()
-            }),
+            RequestOp::Put(PutRequest { key: "a".into(), ..Default::default() }),
+            RequestOp::Put(PutRequest { key: "b".into(), lease: 7, ..Default::default() }),
         ],
         ..Default::default()
     };
     assert_eq!(s.txn(&txn, &()).unwrap_err(), MvccError::LeaseNotFound);
     assert_eq!((s.revision(), s.live_keys()), (1, 0));
-    let ignore = PutRequest {
-        key: "a".into(),
-        ignore_value: true,
-        ..Default::default()
-    };
+    let ignore = PutRequest { key: "a".into(), ignore_value: true, ..Default::default() };
     assert_eq!(s.put(&ignore, &()).unwrap_err(), MvccError::KeyNotFound);
 }
 

@@ -68,56 +68,27 @@ impl WriteTxn<'_> {
             (Some(p), true) => p.lease,
             _ => req.lease,
         };
-        let kv = KeyValue {
-            key: req.key.clone(),
-            create_revision,
-            mod_revision: revision,
-            version,
-            value,
-            lease,
-        };
+        let kv = KeyValue { key: req.key.clone(), create_revision, mod_revision: revision, version, value, lease };
         let sub = self.changes.len() as i64;
-        self.store
-            .push_version(&req.key, revision, sub, Some(kv.clone()));
-        self.changes.push(Change {
-            revision,
-            sub,
-            key: req.key.clone(),
-            kv: Some(kv),
-        });
-        PutResult {
-            revision,
-            prev_kv: if req.prev_kv { prev } else { None },
-        }
+        self.store.push_version(&req.key, revision, sub, Some(kv.clone()));
+        let prev_kv = if req.prev_kv { prev.clone() } else { None };
+        self.changes.push(Change { revision, sub, key: req.key.clone(), kv: Some(kv), prev });
+        PutResult { revision, prev_kv }
     }
 
     fn delete_range(&mut self, req: &DeleteRangeRequest) -> DeleteRangeResult {
         let range = KeyRange::new(&req.key, &req.range_end);
         let mut doomed = Vec::new();
-        self.store
-            .visit_live(&range, self.read_revision(), |kv| doomed.push(kv));
+        self.store.visit_live(&range, self.read_revision(), |kv| doomed.push(kv));
         let revision = self.begin + 1;
         for kv in &doomed {
             let sub = self.changes.len() as i64;
             self.store.push_version(&kv.key, revision, sub, None);
-            self.changes.push(Change {
-                revision,
-                sub,
-                key: kv.key.clone(),
-                kv: None,
-            });
+            self.changes.push(Change { revision, sub, key: kv.key.clone(), kv: None, prev: Some(kv.as_ref().clone()) });
         }
         let deleted = doomed.len() as i64;
-        let prev_kvs = if req.prev_kv {
-            doomed.iter().map(|kv| kv.as_ref().clone()).collect()
-        } else {
-            Vec::new()
-        };
-        DeleteRangeResult {
-            revision: self.read_revision(),
-            deleted,
-            prev_kvs,
-        }
+        let prev_kvs = if req.prev_kv { doomed.iter().map(|kv| kv.as_ref().clone()).collect() } else { Vec::new() };
+        DeleteRangeResult { revision: self.read_revision(), deleted, prev_kvs }
     }
 
     fn range(&self, req: &RangeRequest) -> Result<RangeResult, MvccError> {
@@ -125,11 +96,7 @@ impl WriteTxn<'_> {
     }
 
     fn txn(&mut self, req: &TxnRequest, path: &TxnPath) -> TxnResult {
-        let ops = if path.succeeded {
-            &req.success
-        } else {
-            &req.failure
-        };
+        let ops = if path.succeeded { &req.success } else { &req.failure };
         let mut nested = path.nested.iter();
         let mut responses = Vec::with_capacity(ops.len());
         for op in ops {
@@ -146,11 +113,7 @@ impl WriteTxn<'_> {
                 }
             });
         }
-        TxnResult {
-            succeeded: path.succeeded,
-            responses,
-            revision: 0,
-        }
+        TxnResult { succeeded: path.succeeded, responses, revision: 0 }
     }
 
     /// Ends the write: moves the store's revision if anything changed.
@@ -164,24 +127,26 @@ impl WriteTxn<'_> {
 impl MvccStore {
     fn begin_write(&mut self) -> WriteTxn<'_> {
         let begin = self.revision;
-        WriteTxn {
-            store: self,
-            begin,
-            changes: Vec::new(),
-        }
+        WriteTxn { store: self, begin, changes: Vec::new() }
     }
 
     /// Put one key. Always creates a new revision.
-    pub fn put(
-        &mut self,
-        req: &PutRequest,
-        leases: &dyn LeaseView,
-    ) -> Result<(PutResult, Vec<Change>), MvccError> {
+    pub fn put(&mut self, req: &PutRequest, leases: &dyn LeaseView) -> Result<(PutResult, Vec<Change>), MvccError> {
         self.check_put(req, leases)?;
         let mut w = self.begin_write();
         let result = w.put(req);
         let (_, changes) = w.finish();
         Ok((result, changes))
+    }
+
+    /// Delete the given keys (those that are live) in one revision, as a lease
+    /// revoke does. A new revision only if one was deleted.
+    pub fn delete_keys<'k>(&mut self, keys: impl IntoIterator<Item = &'k Vec<u8>>) -> (Revision, Vec<Change>) {
+        let mut w = self.begin_write();
+        for key in keys {
+            w.delete_range(&DeleteRangeRequest { key: key.clone(), range_end: Vec::new(), prev_kv: false });
+        }
+        w.finish()
     }
 
     /// Delete every live key in a range. A new revision only if one was deleted.
@@ -193,11 +158,7 @@ impl MvccStore {
     }
 
     /// A transaction (see the module doc for the order of evaluation).
-    pub fn txn(
-        &mut self,
-        req: &TxnRequest,
-        leases: &dyn LeaseView,
-    ) -> Result<(TxnResult, Vec<Change>), MvccError> {
+    pub fn txn(&mut self, req: &TxnRequest, leases: &dyn LeaseView) -> Result<(TxnResult, Vec<Change>), MvccError> {
         let path = self.choose_path(req);
         self.check_path(req, &path, leases)?;
         let mut w = self.begin_write();
@@ -219,38 +180,22 @@ impl MvccStore {
     }
 
     fn read_path(&self, req: &TxnRequest, path: &TxnPath) -> TxnResult {
-        let ops = if path.succeeded {
-            &req.success
-        } else {
-            &req.failure
-        };
+        let ops = if path.succeeded { &req.success } else { &req.failure };
         let mut nested = path.nested.iter();
         let responses = ops
             .iter()
             .map(|op| match op {
-                RequestOp::Range(r) => {
-                    ResponseOp::Range(self.range(r).expect("txn range was checked"))
-                }
-                RequestOp::Txn(t) => {
-                    ResponseOp::Txn(self.read_path(t, nested.next().expect("path per txn")))
-                }
+                RequestOp::Range(r) => ResponseOp::Range(self.range(r).expect("txn range was checked")),
+                RequestOp::Txn(t) => ResponseOp::Txn(self.read_path(t, nested.next().expect("path per txn"))),
                 RequestOp::Put(_) | RequestOp::DeleteRange(_) => unreachable!("checked read-only"),
             })
             .collect();
-        TxnResult {
-            succeeded: path.succeeded,
-            responses,
-            revision: 0,
-        }
+        TxnResult { succeeded: path.succeeded, responses, revision: 0 }
     }
 
     pub(super) fn choose_path(&self, req: &TxnRequest) -> TxnPath {
         let succeeded = req.compare.iter().all(|c| self.compare(c));
-        let ops = if succeeded {
-            &req.success
-        } else {
-            &req.failure
-        };
+        let ops = if succeeded { &req.success } else { &req.failure };
         let nested = ops
             .iter()
             .filter_map(|op| match op {
@@ -261,26 +206,15 @@ impl MvccStore {
         TxnPath { succeeded, nested }
     }
 
-    fn check_path(
-        &self,
-        req: &TxnRequest,
-        path: &TxnPath,
-        leases: &dyn LeaseView,
-    ) -> Result<(), MvccError> {
-        let ops = if path.succeeded {
-            &req.success
-        } else {
-            &req.failure
-        };
+    fn check_path(&self, req: &TxnRequest, path: &TxnPath, leases: &dyn LeaseView) -> Result<(), MvccError> {
+        let ops = if path.succeeded { &req.success } else { &req.failure };
         let mut nested = path.nested.iter();
         for op in ops {
             match op {
                 RequestOp::Range(r) => self.check_range(r)?,
                 RequestOp::Put(p) => self.check_put(p, leases)?,
                 RequestOp::DeleteRange(_) => {}
-                RequestOp::Txn(t) => {
-                    self.check_path(t, nested.next().expect("path per txn"), leases)?
-                }
+                RequestOp::Txn(t) => self.check_path(t, nested.next().expect("path per txn"), leases)?,
             }
         }
         Ok(())

@@ -237,10 +237,13 @@ pub enum MvccError {
     KeyNotFound,
     #[error("requested lease not found")]
     LeaseNotFound,
+    /// A grant named a lease ID that is in use.
+    #[error("lease already exists")]
+    LeaseExists,
 }
 
-/// One change made by a write, in (main, sub) revision order. The state machine
-/// persists these and (later) feeds them to watchers.
+/// One change made by a write, in (main, sub) revision order: what the state
+/// machine persists and what watchers see as an event.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Change {
     pub revision: Revision,
@@ -248,4 +251,6 @@ pub struct Change {
     pub key: Vec<u8>,
     /// The new value, or `None` for a deletion (tombstone).
     pub kv: Option<KeyValue>,
+    /// The key's value just before this change, if it had one.
+    pub prev: Option<KeyValue>,
 }

@@ -54,16 +54,11 @@ fn write_err(e: &io::Error) -> StorageError<u64> {
 
 impl LogStore {
     /// Open the WAL in `dir` and load what it holds.
-    pub fn open(
-        dir: &std::path::Path,
-        segment_bytes: u64,
-        state_db: StateDb,
-    ) -> anyhow::Result<LogStore> {
+    pub fn open(dir: &std::path::Path, segment_bytes: u64, state_db: StateDb) -> anyhow::Result<LogStore> {
         let (wal, recovered) = Wal::open(dir, segment_bytes)?;
         let mut cache = LogCache::default();
         for (index, bytes) in recovered.entries {
-            let entry: Entry =
-                decode(&bytes).map_err(|e| anyhow::anyhow!("wal entry {index}: {e}"))?;
+            let entry: Entry = decode(&bytes).map_err(|e| anyhow::anyhow!("wal entry {index}: {e}"))?;
             assert_eq!(entry.log_id.index, index, "wal entry index mismatch");
             cache.entries.insert(index, entry);
         }
@@ -75,15 +70,8 @@ impl LogStore {
             cache.last_purged = decode(b).map_err(anyhow::Error::msg)?;
         }
         let indexes: Vec<u64> = cache.entries.keys().copied().collect();
-        assert!(
-            indexes.windows(2).all(|w| w[1] == w[0] + 1),
-            "wal entries are not contiguous"
-        );
-        Ok(LogStore {
-            cache: Arc::new(Mutex::new(cache)),
-            wal,
-            state_db,
-        })
+        assert!(indexes.windows(2).all(|w| w[1] == w[0] + 1), "wal entries are not contiguous");
+        Ok(LogStore { cache: Arc::new(Mutex::new(cache)), wal, state_db })
     }
 
     pub fn wal(&self) -> &Wal {
@@ -100,12 +88,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
         &mut self,
         range: RB,
     ) -> Result<Vec<Entry>, StorageError<u64>> {
-        Ok(self
-            .cache()
-            .entries
-            .range(range)
-            .map(|(_, e)| e.clone())
-            .collect())
+        Ok(self.cache().entries.range(range).map(|(_, e)| e.clone()).collect())
     }
 }
 
@@ -114,16 +97,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError<u64>> {
         let cache = self.cache();
-        let last_log_id = cache
-            .entries
-            .values()
-            .next_back()
-            .map(|e| e.log_id)
-            .or(cache.last_purged);
-        Ok(LogState {
-            last_purged_log_id: cache.last_purged,
-            last_log_id,
-        })
+        let last_log_id = cache.entries.values().next_back().map(|e| e.log_id).or(cache.last_purged);
+        Ok(LogState { last_purged_log_id: cache.last_purged, last_log_id })
     }
 
     async fn get_log_reader(&mut self) -> Self::LogReader {
@@ -133,13 +108,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn save_vote(&mut self, vote: &Vote<u64>) -> Result<(), StorageError<u64>> {
         self.cache().vote = Some(*vote);
         self.wal
-            .write(
-                vec![WalRecord::Meta {
-                    key: META_VOTE,
-                    data: encode(vote),
-                }],
-                true,
-            )
+            .write(vec![WalRecord::Meta { key: META_VOTE, data: encode(vote) }], true)
             .map_err(|e| StorageError::from(StorageIOError::write_vote(&e)))
     }
 
@@ -147,11 +116,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         Ok(self.cache().vote)
     }
 
-    async fn append<I>(
-        &mut self,
-        entries: I,
-        callback: LogFlushed<TypeConfig>,
-    ) -> Result<(), StorageError<u64>>
+    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), StorageError<u64>>
     where
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
@@ -164,10 +129,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 if let Some((&last, _)) = cache.entries.iter().next_back() {
                     assert_eq!(index, last + 1, "log entries must be contiguous");
                 }
-                records.push(WalRecord::Entry {
-                    index,
-                    data: encode(&entry),
-                });
+                records.push(WalRecord::Entry { index, data: encode(&entry) });
                 cache.entries.insert(index, entry);
             }
         }
@@ -180,9 +142,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError<u64>> {
         self.cache().entries.split_off(&log_id.index);
-        self.wal
-            .write(vec![WalRecord::TruncateFrom(log_id.index)], true)
-            .map_err(|e| write_err(&e))
+        self.wal.write(vec![WalRecord::TruncateFrom(log_id.index)], true).map_err(|e| write_err(&e))
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError<u64>> {
@@ -190,20 +150,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.state_db.sync().map_err(|e| write_err(&e))?;
         {
             let mut cache = self.cache();
-            assert!(
-                cache.last_purged.is_none_or(|p| p.index <= log_id.index),
-                "purge must move forward"
-            );
+            assert!(cache.last_purged.is_none_or(|p| p.index <= log_id.index), "purge must move forward");
             cache.entries = cache.entries.split_off(&(log_id.index + 1));
             cache.last_purged = Some(log_id);
         }
-        let records = vec![
-            WalRecord::Meta {
-                key: META_PURGED,
-                data: encode(&Some(log_id)),
-            },
-            WalRecord::PurgeUpto(log_id.index),
-        ];
+        let records =
+            vec![WalRecord::Meta { key: META_PURGED, data: encode(&Some(log_id)) }, WalRecord::PurgeUpto(log_id.index)];
         self.wal.write(records, true).map_err(|e| write_err(&e))
     }
 }

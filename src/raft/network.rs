@@ -15,19 +15,17 @@ use std::io;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use openraft::error::{
-    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
-};
+use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
-    VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
+    VoteResponse,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tonic::transport::{Channel, Endpoint};
 
-use super::peer::ForwardError;
+use super::peer::{ForwardError, LeaseAnswer, LeaseQuery};
 use super::{decode, encode, MemberNode, TypeConfig};
 use crate::batcher::Batcher;
 use crate::command::{Command, CommandResult};
@@ -68,9 +66,7 @@ impl PeerClients {
                 c
             }
         };
-        Ok(PeerClient::new(channel)
-            .max_decoding_message_size(usize::MAX)
-            .max_encoding_message_size(usize::MAX))
+        Ok(PeerClient::new(channel).max_decoding_message_size(usize::MAX).max_encoding_message_size(usize::MAX))
     }
 
     /// Hand writes to the leader at `url`; one answer per command, in order.
@@ -85,24 +81,19 @@ impl PeerClients {
             Ok(c) => c,
             Err(e) => return failed(ForwardFailure::Unreachable(e.to_string())),
         };
-        let mut req = tonic::Request::new(RaftPayload {
-            data: encode(&cmds),
-        });
+        let mut req = tonic::Request::new(RaftPayload { data: encode(&cmds) });
         req.set_timeout(timeout);
         let resp = match client.forward(req).await {
             Ok(r) => r,
             Err(s) if never_sent(&s) => return failed(ForwardFailure::Unreachable(s.to_string())),
             Err(s) => return failed(ForwardFailure::Unknown(s.to_string())),
         };
-        let results: Vec<Result<CommandResult, ForwardError>> =
-            match decode(&resp.into_inner().data) {
-                Ok(r) => r,
-                Err(e) => return failed(ForwardFailure::Unknown(e)),
-            };
+        let results: Vec<Result<CommandResult, ForwardError>> = match decode(&resp.into_inner().data) {
+            Ok(r) => r,
+            Err(e) => return failed(ForwardFailure::Unknown(e)),
+        };
         if results.len() != cmds.len() {
-            return failed(ForwardFailure::Unknown(
-                "forward: wrong number of results".into(),
-            ));
+            return failed(ForwardFailure::Unknown("forward: wrong number of results".into()));
         }
         results
             .into_iter()
@@ -115,11 +106,18 @@ impl PeerClients {
             .collect()
     }
 
+    /// Ask the leader at `url` a lease question.
+    pub async fn lease(&self, url: &str, query: &LeaseQuery, timeout: Duration) -> Result<LeaseAnswer, tonic::Status> {
+        let mut client = self.client(url).map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+        let mut req = tonic::Request::new(RaftPayload { data: encode(query) });
+        req.set_timeout(timeout);
+        let resp = client.lease(req).await?;
+        decode(&resp.into_inner().data).map_err(tonic::Status::internal)
+    }
+
     /// Ask the leader at `url` for a read index.
     pub async fn read_index(&self, url: &str, timeout: Duration) -> Result<u64, tonic::Status> {
-        let mut client = self
-            .client(url)
-            .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+        let mut client = self.client(url).map_err(|e| tonic::Status::unavailable(e.to_string()))?;
         let mut req = tonic::Request::new(ReadIndexRequest {});
         req.set_timeout(timeout);
         Ok(client.read_index(req).await?.into_inner().index)
@@ -158,51 +156,33 @@ const FORWARD_BATCH: usize = 512;
 
 impl Forwarder {
     pub fn start(clients: PeerClients, timeout: Duration) -> Forwarder {
-        let batcher = Batcher::start(
-            FORWARD_BATCH,
-            FORWARD_IN_FLIGHT,
-            move |items: Vec<(String, Command)>| {
-                let clients = clients.clone();
-                async move {
-                    // Usually one leader URL; group by URL, keeping queue order.
-                    let mut groups: Vec<(&String, Vec<usize>)> = Vec::new();
-                    for (i, (url, _)) in items.iter().enumerate() {
-                        match groups.iter_mut().find(|(u, _)| *u == url) {
-                            Some((_, idx)) => idx.push(i),
-                            None => groups.push((url, vec![i])),
-                        }
+        let batcher = Batcher::start(FORWARD_BATCH, FORWARD_IN_FLIGHT, move |items: Vec<(String, Command)>| {
+            let clients = clients.clone();
+            async move {
+                // Usually one leader URL; group by URL, keeping queue order.
+                let mut groups: Vec<(&String, Vec<usize>)> = Vec::new();
+                for (i, (url, _)) in items.iter().enumerate() {
+                    match groups.iter_mut().find(|(u, _)| *u == url) {
+                        Some((_, idx)) => idx.push(i),
+                        None => groups.push((url, vec![i])),
                     }
-                    let mut results: Vec<Option<Result<CommandResult, ForwardFailure>>> =
-                        vec![None; items.len()];
-                    for (url, idx) in groups {
-                        let cmds: Vec<Command> = idx.iter().map(|&i| items[i].1.clone()).collect();
-                        for (i, r) in idx
-                            .into_iter()
-                            .zip(clients.forward(url, &cmds, timeout).await)
-                        {
-                            results[i] = Some(r);
-                        }
-                    }
-                    results
-                        .into_iter()
-                        .map(|r| r.expect("every item forwarded"))
-                        .collect()
                 }
-            },
-        );
+                let mut results: Vec<Option<Result<CommandResult, ForwardFailure>>> = vec![None; items.len()];
+                for (url, idx) in groups {
+                    let cmds: Vec<Command> = idx.iter().map(|&i| items[i].1.clone()).collect();
+                    for (i, r) in idx.into_iter().zip(clients.forward(url, &cmds, timeout).await) {
+                        results[i] = Some(r);
+                    }
+                }
+                results.into_iter().map(|r| r.expect("every item forwarded")).collect()
+            }
+        });
         Forwarder { batcher }
     }
 
     /// Forward `cmd` to the leader at `url` and wait for its apply result.
-    pub async fn forward(
-        &self,
-        url: String,
-        cmd: Command,
-    ) -> Result<CommandResult, ForwardFailure> {
-        self.batcher
-            .call((url, cmd))
-            .await
-            .unwrap_or(Err(ForwardFailure::Unknown("forwarder stopped".into())))
+    pub async fn forward(&self, url: String, cmd: Command) -> Result<CommandResult, ForwardFailure> {
+        self.batcher.call((url, cmd)).await.unwrap_or(Err(ForwardFailure::Unknown("forwarder stopped".into())))
     }
 }
 
@@ -216,11 +196,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
     type Network = PeerConnection;
 
     async fn new_client(&mut self, target: u64, node: &MemberNode) -> PeerConnection {
-        PeerConnection {
-            target,
-            url: node.peer_url.clone(),
-            clients: self.clients.clone(),
-        }
+        PeerConnection { target, url: node.peer_url.clone(), clients: self.clients.clone() }
     }
 }
 
@@ -249,10 +225,7 @@ impl PeerConnection {
         Resp: DeserializeOwned,
         E: std::error::Error + DeserializeOwned,
     {
-        let mut client = self
-            .clients
-            .client(&self.url)
-            .map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;
+        let mut client = self.clients.client(&self.url).map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;
         let mut request = tonic::Request::new(RaftPayload { data: encode(req) });
         request.set_timeout(option.hard_ttl());
         let response = match rpc {
@@ -286,10 +259,7 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         &mut self,
         rpc: InstallSnapshotRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<
-        InstallSnapshotResponse<u64>,
-        RPCError<u64, MemberNode, RaftError<u64, InstallSnapshotError>>,
-    > {
+    ) -> Result<InstallSnapshotResponse<u64>, RPCError<u64, MemberNode, RaftError<u64, InstallSnapshotError>>> {
         self.call(RaftRpc::InstallSnapshot, &rpc, &option).await
     }
 

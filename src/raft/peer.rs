@@ -26,36 +26,66 @@ pub enum ForwardError {
     Failed(String),
 }
 
+/// A lease question only the leader can answer: lease time is the leader's.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum LeaseQuery {
+    KeepAlive(i64),
+    TimeToLive(i64),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseStatus {
+    /// Whole seconds left.
+    pub remaining: i64,
+    pub granted: i64,
+    pub keys: Vec<Vec<u8>>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LeaseAnswer {
+    NotLeader,
+    /// The lease's TTL after the keepalive; 0 when it is unknown or expired.
+    KeptAlive {
+        ttl: i64,
+    },
+    TimeToLive(Option<LeaseStatus>),
+}
+
+/// The leader's side of [`LeaseQuery`], implemented by the node.
+#[tonic::async_trait]
+pub trait LeaseAuthority: Send + Sync + 'static {
+    async fn answer(&self, query: LeaseQuery) -> LeaseAnswer;
+}
+
 pub struct PeerService {
     raft: Raft,
     proposer: Proposer,
+    leases: std::sync::Arc<dyn LeaseAuthority>,
 }
 
 impl PeerService {
-    pub fn server(raft: Raft, proposer: Proposer) -> PeerServer<PeerService> {
-        PeerServer::new(PeerService { raft, proposer })
+    pub fn server(
+        raft: Raft,
+        proposer: Proposer,
+        leases: std::sync::Arc<dyn LeaseAuthority>,
+    ) -> PeerServer<PeerService> {
+        PeerServer::new(PeerService { raft, proposer, leases })
             .max_decoding_message_size(usize::MAX)
             .max_encoding_message_size(usize::MAX)
     }
 }
 
 fn payload<T: for<'de> Deserialize<'de>>(req: Request<RaftPayload>) -> Result<T, Status> {
-    decode(&req.into_inner().data)
-        .map_err(|e| Status::invalid_argument(format!("peer payload: {e}")))
+    decode(&req.into_inner().data).map_err(|e| Status::invalid_argument(format!("peer payload: {e}")))
 }
 
 fn reply<T: Serialize>(value: &T) -> Result<Response<RaftPayload>, Status> {
-    Ok(Response::new(RaftPayload {
-        data: encode(value),
-    }))
+    Ok(Response::new(RaftPayload { data: encode(value) }))
 }
 
 #[tonic::async_trait]
 impl Peer for PeerService {
-    async fn append_entries(
-        &self,
-        req: Request<RaftPayload>,
-    ) -> Result<Response<RaftPayload>, Status> {
+    async fn append_entries(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
         let rpc: AppendEntriesRequest<TypeConfig> = payload(req)?;
         reply(&self.raft.append_entries(rpc).await)
     }
@@ -65,10 +95,7 @@ impl Peer for PeerService {
         reply(&self.raft.vote(rpc).await)
     }
 
-    async fn install_snapshot(
-        &self,
-        req: Request<RaftPayload>,
-    ) -> Result<Response<RaftPayload>, Status> {
+    async fn install_snapshot(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
         let rpc: InstallSnapshotRequest<TypeConfig> = payload(req)?;
         reply(&self.raft.install_snapshot(rpc).await)
     }
@@ -76,9 +103,7 @@ impl Peer for PeerService {
     async fn forward(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
         let cmds: Vec<Command> = payload(req)?;
         if cmds.iter().any(|c| matches!(c, Command::Batch(_))) {
-            return Err(Status::invalid_argument(
-                "peer: a forwarded command cannot be a batch",
-            ));
+            return Err(Status::invalid_argument("peer: a forwarded command cannot be a batch"));
         }
         // Queued together, so the proposer puts them in one entry.
         let results: Vec<Result<CommandResult, ForwardError>> =
@@ -87,23 +112,21 @@ impl Peer for PeerService {
                 .into_iter()
                 .map(|r| match r {
                     Ok(r) => Ok(r),
-                    Err(ProposeError::NotLeader { leader }) => {
-                        Err(ForwardError::NotLeader { leader })
-                    }
+                    Err(ProposeError::NotLeader { leader }) => Err(ForwardError::NotLeader { leader }),
                     Err(ProposeError::Stopped) => Err(ForwardError::Failed("raft stopped".into())),
                 })
                 .collect();
         reply(&results)
     }
 
-    async fn read_index(
-        &self,
-        _req: Request<ReadIndexRequest>,
-    ) -> Result<Response<ReadIndexResponse>, Status> {
+    async fn lease(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        let query: LeaseQuery = payload(req)?;
+        reply(&self.leases.answer(query).await)
+    }
+
+    async fn read_index(&self, _req: Request<ReadIndexRequest>) -> Result<Response<ReadIndexResponse>, Status> {
         match self.raft.get_read_log_id().await {
-            Ok((read, _applied)) => Ok(Response::new(ReadIndexResponse {
-                index: read.map_or(0, |l| l.index),
-            })),
+            Ok((read, _applied)) => Ok(Response::new(ReadIndexResponse { index: read.map_or(0, |l| l.index) })),
             Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(_))) => {
                 Err(Status::failed_precondition("not leader"))
             }

@@ -55,29 +55,17 @@ impl Proposer {
 
     /// Propose `cmd` on this member and wait for its apply result.
     pub async fn propose(&self, cmd: Command) -> Result<CommandResult, ProposeError> {
-        self.batcher
-            .call(cmd)
-            .await
-            .unwrap_or(Err(ProposeError::Stopped))
+        self.batcher.call(cmd).await.unwrap_or(Err(ProposeError::Stopped))
     }
 }
 
-async fn propose_batch(
-    raft: &Raft,
-    cmds: Vec<Command>,
-) -> Vec<Result<CommandResult, ProposeError>> {
+async fn propose_batch(raft: &Raft, cmds: Vec<Command>) -> Vec<Result<CommandResult, ProposeError>> {
     let n = cmds.len();
-    let cmd = if n == 1 {
-        cmds.into_iter().next().expect("one command")
-    } else {
-        Command::Batch(cmds)
-    };
+    let cmd = if n == 1 { cmds.into_iter().next().expect("one command") } else { Command::Batch(cmds) };
     let outcome = match raft.client_write(cmd).await {
         Ok(resp) => Ok(resp.data),
         Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
-            Err(ProposeError::NotLeader {
-                leader: f.leader_id,
-            })
+            Err(ProposeError::NotLeader { leader: f.leader_id })
         }
         Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => {
             unreachable!("a command is not a membership change: {e}")

@@ -34,15 +34,15 @@ use std::io::Cursor;
 use std::sync::Arc;
 
 use openraft::storage::{RaftStateMachine, Snapshot, SnapshotMeta};
-use openraft::{
-    EntryPayload, OptionalSend, RaftSnapshotBuilder, StorageError, StorageIOError, StoredMembership,
-};
+use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder, StorageError, StorageIOError, StoredMembership};
 use serde::{Deserialize, Serialize};
 
 use super::{decode, encode, Entry, LogId, MemberNode, TypeConfig};
 use crate::command::{Command, CommandResult};
+use crate::lease::LeaseTable;
+use crate::mvcc::MvccError;
 use crate::mvcc::{Change, MvccStore, Revision, StoredVersion};
-use crate::state::{AppliedState, MemberAttrs};
+use crate::state::{AppliedChanges, AppliedState, MemberAttrs};
 use crate::storage::{StateBatch, StateDb};
 
 const APPLIED: &[u8] = b"m/applied";
@@ -65,6 +65,8 @@ enum JournalOp {
     Version(StoredVersion),
     Compact(Revision),
     Member(u64, MemberAttrs),
+    LeaseGrant { id: i64, ttl: i64 },
+    LeaseRevoke(i64),
 }
 
 pub struct StateMachine {
@@ -88,6 +90,8 @@ struct SnapshotImage {
     compact_revision: Revision,
     versions: Vec<StoredVersion>,
     members: Vec<(u64, MemberAttrs)>,
+    /// (id, granted TTL); attached keys are found again from the versions.
+    leases: Vec<(i64, i64)>,
 }
 
 fn journal_key(seq: u64) -> Vec<u8> {
@@ -107,15 +111,8 @@ impl StateMachine {
         Self::open_with(db, state, CHECKPOINT_EVERY)
     }
 
-    fn open_with(
-        db: StateDb,
-        state: Arc<AppliedState>,
-        checkpoint_every: u64,
-    ) -> anyhow::Result<StateMachine> {
-        fn get<T: for<'de> Deserialize<'de>>(
-            db: &StateDb,
-            key: &[u8],
-        ) -> anyhow::Result<Option<T>> {
+    fn open_with(db: StateDb, state: Arc<AppliedState>, checkpoint_every: u64) -> anyhow::Result<StateMachine> {
+        fn get<T: for<'de> Deserialize<'de>>(db: &StateDb, key: &[u8]) -> anyhow::Result<Option<T>> {
             match db.get(key)? {
                 Some(b) => Ok(Some(decode(&b).map_err(anyhow::Error::msg)?)),
                 None => Ok(None),
@@ -128,12 +125,13 @@ impl StateMachine {
         let seq: u64 = get(&db, SEQ)?.unwrap_or(0);
         let checkpoint_seq: u64 = get(&db, CHECKPOINT_SEQ)?.unwrap_or(0);
 
-        let (mut mvcc, mut members) = match get::<SnapshotImage>(&db, CHECKPOINT)? {
+        let (mut mvcc, mut members, mut leases) = match get::<SnapshotImage>(&db, CHECKPOINT)? {
             Some(image) => (
                 MvccStore::restore(image.versions, image.revision, image.compact_revision),
                 image.members.into_iter().collect(),
+                image.leases.into_iter().collect(),
             ),
-            None => (MvccStore::default(), std::collections::BTreeMap::new()),
+            None => (MvccStore::default(), std::collections::BTreeMap::new(), std::collections::BTreeMap::new()),
         };
         let mut since_checkpoint = 0;
         for item in db.scan_prefix(&[JOURNAL_PREFIX]) {
@@ -148,11 +146,16 @@ impl StateMachine {
                 match op {
                     JournalOp::Version(v) => mvcc.replay(v),
                     JournalOp::Compact(rev) => {
-                        mvcc.compact(rev)
-                            .map_err(|e| anyhow::anyhow!("journal: compaction at {rev}: {e}"))?;
+                        mvcc.compact(rev).map_err(|e| anyhow::anyhow!("journal: compaction at {rev}: {e}"))?;
                     }
                     JournalOp::Member(id, attrs) => {
                         members.insert(id, attrs);
+                    }
+                    JournalOp::LeaseGrant { id, ttl } => {
+                        leases.insert(id, ttl);
+                    }
+                    JournalOp::LeaseRevoke(id) => {
+                        leases.remove(&id);
                     }
                 }
             }
@@ -164,6 +167,7 @@ impl StateMachine {
             mvcc.compact_revision()
         );
         mvcc.set_revision(revision);
+        *state.leases_mut() = LeaseTable::restore(leases, mvcc.leased_keys());
         *state.mvcc_mut() = mvcc;
         *state.members_mut() = members;
         Ok(StateMachine {
@@ -178,73 +182,88 @@ impl StateMachine {
         })
     }
 
-    fn journal_versions(ops: &mut Vec<JournalOp>, changes: Vec<Change>) {
-        ops.extend(changes.into_iter().map(|c| {
-            JournalOp::Version(StoredVersion {
-                revision: c.revision,
-                sub: c.sub,
-                key: c.key,
-                kv: c.kv,
-            })
+    /// Record a write's changes: in the journal, in the lease table's
+    /// attachments, and for the watchers.
+    fn record(&self, ops: &mut Vec<JournalOp>, published: &mut Vec<Change>, changes: Vec<Change>) {
+        self.state.leases_mut().track(&changes);
+        ops.extend(changes.iter().map(|c| {
+            JournalOp::Version(StoredVersion { revision: c.revision, sub: c.sub, key: c.key.clone(), kv: c.kv.clone() })
         }));
+        published.extend(changes);
     }
 
-    fn apply_command(&self, cmd: Command, ops: &mut Vec<JournalOp>) -> CommandResult {
+    fn apply_command(&self, cmd: Command, ops: &mut Vec<JournalOp>, published: &mut Vec<Change>) -> CommandResult {
         if let Command::Batch(cmds) = cmd {
             return CommandResult::Batch(
                 cmds.into_iter()
                     .map(|c| {
                         assert!(!matches!(c, Command::Batch(_)), "batches are never nested");
-                        self.apply_command(c, ops)
+                        self.apply_command(c, ops, published)
                     })
                     .collect(),
             );
         }
         let mut mvcc = self.state.mvcc_mut();
-        let rejected = |error, mvcc: &MvccStore| CommandResult::Rejected {
-            error,
-            revision: mvcc.revision(),
-        };
+        let rejected = |error, mvcc: &MvccStore| CommandResult::Rejected { error, revision: mvcc.revision() };
         match cmd {
-            Command::Put(req) => match mvcc.put(&req, &()) {
-                Ok((result, changes)) => {
-                    Self::journal_versions(ops, changes);
-                    CommandResult::Put(result)
+            Command::Put(req) => {
+                // The lease guard must be gone before `record` locks the table.
+                let outcome = mvcc.put(&req, &*self.state.leases());
+                match outcome {
+                    Ok((result, changes)) => {
+                        self.record(ops, published, changes);
+                        CommandResult::Put(result)
+                    }
+                    Err(e) => rejected(e, &mvcc),
                 }
-                Err(e) => rejected(e, &mvcc),
-            },
+            }
             Command::DeleteRange(req) => {
                 let (result, changes) = mvcc.delete_range(&req);
-                Self::journal_versions(ops, changes);
+                self.record(ops, published, changes);
                 CommandResult::DeleteRange(result)
             }
-            Command::Txn(req) => match mvcc.txn(&req, &()) {
-                Ok((result, changes)) => {
-                    Self::journal_versions(ops, changes);
-                    CommandResult::Txn(result)
+            Command::Txn(req) => {
+                let outcome = mvcc.txn(&req, &*self.state.leases());
+                match outcome {
+                    Ok((result, changes)) => {
+                        self.record(ops, published, changes);
+                        CommandResult::Txn(result)
+                    }
+                    Err(e) => rejected(e, &mvcc),
                 }
-                Err(e) => rejected(e, &mvcc),
-            },
+            }
+            Command::LeaseGrant { id, ttl } => {
+                if self.state.leases_mut().grant(id, ttl) {
+                    ops.push(JournalOp::LeaseGrant { id, ttl });
+                    CommandResult::LeaseGranted { id, ttl, revision: mvcc.revision() }
+                } else {
+                    rejected(MvccError::LeaseExists, &mvcc)
+                }
+            }
+            Command::LeaseRevoke { id } => {
+                let keys = self.state.leases_mut().revoke(id);
+                match keys {
+                    Some(keys) => {
+                        ops.push(JournalOp::LeaseRevoke(id));
+                        let (revision, changes) = mvcc.delete_keys(&keys);
+                        self.record(ops, published, changes);
+                        CommandResult::LeaseRevoked { revision }
+                    }
+                    None => rejected(MvccError::LeaseNotFound, &mvcc),
+                }
+            }
             Command::Compact { revision } => match mvcc.compact(revision) {
                 Ok(_) => {
                     ops.push(JournalOp::Compact(revision));
-                    CommandResult::Compacted {
-                        revision: mvcc.revision(),
-                    }
+                    CommandResult::Compacted { revision: mvcc.revision() }
                 }
                 Err(e) => rejected(e, &mvcc),
             },
-            Command::PublishMember {
-                id,
-                name,
-                client_urls,
-            } => {
+            Command::PublishMember { id, name, client_urls } => {
                 let attrs = MemberAttrs { name, client_urls };
                 ops.push(JournalOp::Member(id, attrs.clone()));
                 self.state.members_mut().insert(id, attrs);
-                CommandResult::MemberPublished {
-                    revision: mvcc.revision(),
-                }
+                CommandResult::MemberPublished { revision: mvcc.revision() }
             }
             Command::Batch(_) => unreachable!("handled above"),
         }
@@ -253,33 +272,19 @@ impl StateMachine {
     /// The counters every state-store batch carries.
     fn counters(&self, batch: &mut StateBatch) {
         let mvcc = self.state.mvcc();
-        batch
-            .puts
-            .push((REVISION.to_vec(), encode(&mvcc.revision())));
-        batch
-            .puts
-            .push((COMPACT.to_vec(), encode(&mvcc.compact_revision())));
-        batch
-            .puts
-            .push((APPLIED.to_vec(), encode(&self.last_applied)));
-        batch
-            .puts
-            .push((MEMBERSHIP.to_vec(), encode(&self.membership)));
+        batch.puts.push((REVISION.to_vec(), encode(&mvcc.revision())));
+        batch.puts.push((COMPACT.to_vec(), encode(&mvcc.compact_revision())));
+        batch.puts.push((APPLIED.to_vec(), encode(&self.last_applied)));
+        batch.puts.push((MEMBERSHIP.to_vec(), encode(&self.membership)));
         batch.puts.push((SEQ.to_vec(), encode(&self.seq)));
     }
 
     /// Add to `batch` a checkpoint of the current state that replaces every
     /// journal record since the previous checkpoint.
     fn checkpoint(&mut self, batch: &mut StateBatch) {
-        batch
-            .puts
-            .push((CHECKPOINT.to_vec(), encode(&self.image())));
-        batch
-            .puts
-            .push((CHECKPOINT_SEQ.to_vec(), encode(&self.seq)));
-        batch
-            .deletes
-            .extend((self.checkpoint_seq + 1..=self.seq).map(journal_key));
+        batch.puts.push((CHECKPOINT.to_vec(), encode(&self.image())));
+        batch.puts.push((CHECKPOINT_SEQ.to_vec(), encode(&self.seq)));
+        batch.deletes.extend((self.checkpoint_seq + 1..=self.seq).map(journal_key));
         self.checkpoint_seq = self.seq;
         self.since_checkpoint = 0;
     }
@@ -290,12 +295,8 @@ impl StateMachine {
             revision: mvcc.revision(),
             compact_revision: mvcc.compact_revision(),
             versions: mvcc.versions().collect(),
-            members: self
-                .state
-                .members()
-                .iter()
-                .map(|(id, a)| (*id, a.clone()))
-                .collect(),
+            members: self.state.members().iter().map(|(id, a)| (*id, a.clone())).collect(),
+            leases: self.state.leases().grants(),
         }
     }
 
@@ -304,15 +305,9 @@ impl StateMachine {
             Some(l) => format!("{}-{}-{}", l.leader_id.term, l.index, image.revision),
             None => format!("0-0-{}", image.revision),
         };
-        let meta = SnapshotMeta {
-            last_log_id: self.last_applied,
-            last_membership: self.membership.clone(),
-            snapshot_id: id,
-        };
-        Snapshot {
-            meta,
-            snapshot: Box::new(Cursor::new(encode(image))),
-        }
+        let meta =
+            SnapshotMeta { last_log_id: self.last_applied, last_membership: self.membership.clone(), snapshot_id: id };
+        Snapshot { meta, snapshot: Box::new(Cursor::new(encode(image))) }
     }
 }
 
@@ -329,12 +324,13 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I::IntoIter: OptionalSend,
     {
         let mut ops = Vec::new();
+        let mut published = Vec::new();
         let mut results = Vec::new();
         for entry in entries {
             self.last_applied = Some(entry.log_id);
             let result = match entry.payload {
                 EntryPayload::Blank => CommandResult::Empty,
-                EntryPayload::Normal(cmd) => self.apply_command(cmd, &mut ops),
+                EntryPayload::Normal(cmd) => self.apply_command(cmd, &mut ops, &mut published),
                 EntryPayload::Membership(m) => {
                     self.membership = StoredMembership::new(Some(entry.log_id), m);
                     CommandResult::Empty
@@ -353,19 +349,19 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         }
         self.counters(&mut batch);
         self.db.commit(batch);
+        if !published.is_empty() {
+            let revision = self.state.mvcc().revision();
+            self.state.publish(AppliedChanges { revision, changes: published });
+        }
         Ok(results)
     }
 
     async fn get_snapshot_builder(&mut self) -> SnapshotBuilder {
         let image = self.image();
-        SnapshotBuilder {
-            snapshot: Some(self.snapshot_of(&image)),
-        }
+        SnapshotBuilder { snapshot: Some(self.snapshot_of(&image)) }
     }
 
-    async fn begin_receiving_snapshot(
-        &mut self,
-    ) -> Result<Box<Cursor<Vec<u8>>>, StorageError<u64>> {
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError<u64>> {
         Ok(Box::new(Cursor::new(Vec::new())))
     }
 
@@ -375,9 +371,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError<u64>> {
         let image: SnapshotImage = decode(snapshot.get_ref()).map_err(sm_err)?;
-        *self.state.mvcc_mut() =
-            MvccStore::restore(image.versions, image.revision, image.compact_revision);
+        *self.state.mvcc_mut() = MvccStore::restore(image.versions, image.revision, image.compact_revision);
         *self.state.members_mut() = image.members.into_iter().collect();
+        *self.state.leases_mut() = LeaseTable::restore(image.leases, self.state.mvcc().leased_keys());
         self.last_applied = meta.last_log_id;
         self.membership = meta.last_membership.clone();
         // The whole store becomes one checkpoint of the installed state.
@@ -385,15 +381,11 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         self.seq += 1;
         self.checkpoint(&mut batch);
         self.counters(&mut batch);
-        self.db
-            .replace_all(batch)
-            .map_err(|e| StorageError::from(StorageIOError::write_snapshot(None, &e)))?;
+        self.db.replace_all(batch).map_err(|e| StorageError::from(StorageIOError::write_snapshot(None, &e)))?;
         Ok(())
     }
 
-    async fn get_current_snapshot(
-        &mut self,
-    ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<u64>> {
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError<u64>> {
         let image = self.image();
         Ok(Some(self.snapshot_of(&image)))
     }
@@ -406,9 +398,7 @@ pub struct SnapshotBuilder {
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<u64>> {
-        self.snapshot
-            .take()
-            .ok_or_else(|| sm_err("snapshot already built"))
+        self.snapshot.take().ok_or_else(|| sm_err("snapshot already built"))
     }
 }
 
@@ -419,27 +409,16 @@ mod tests {
     use openraft::{CommittedLeaderId, LogId};
 
     fn entry(index: u64, cmd: Command) -> Entry {
-        Entry {
-            log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
-            payload: EntryPayload::Normal(cmd),
-        }
+        Entry { log_id: LogId::new(CommittedLeaderId::new(1, 1), index), payload: EntryPayload::Normal(cmd) }
     }
 
     fn put(k: &str, v: &str) -> Command {
-        Command::Put(PutRequest {
-            key: k.into(),
-            value: v.into(),
-            ..Default::default()
-        })
+        Command::Put(PutRequest { key: k.into(), value: v.into(), ..Default::default() })
     }
 
     fn dump(state: &AppliedState) -> (Vec<StoredVersion>, Revision, Revision) {
         let mvcc = state.mvcc();
-        (
-            mvcc.versions().collect(),
-            mvcc.revision(),
-            mvcc.compact_revision(),
-        )
+        (mvcc.versions().collect(), mvcc.revision(), mvcc.compact_revision())
     }
 
     #[tokio::test]
@@ -454,22 +433,14 @@ mod tests {
             entry(index, cmd)
         };
         for i in 0..50 {
-            sm.apply([next(put(&format!("k{}", i % 7), &format!("v{i}")))])
-                .await
-                .unwrap();
+            sm.apply([next(put(&format!("k{}", i % 7), &format!("v{i}")))]).await.unwrap();
         }
-        sm.apply([next(Command::Compact { revision: 40 })])
-            .await
-            .unwrap();
+        sm.apply([next(Command::Compact { revision: 40 })]).await.unwrap();
         // A batch entry, a delete and a compaction that removes the newest versions.
         let batch = Command::Batch(vec![put("b1", "x"), put("b2", "y")]);
         sm.apply([
             next(batch),
-            next(Command::DeleteRange(DeleteRangeRequest {
-                key: "k".into(),
-                range_end: "l".into(),
-                prev_kv: false,
-            })),
+            next(Command::DeleteRange(DeleteRangeRequest { key: "k".into(), range_end: "l".into(), prev_kv: false })),
         ])
         .await
         .unwrap();
@@ -481,13 +452,9 @@ mod tests {
         }))])
         .await
         .unwrap();
-        sm.apply([next(Command::Compact { revision: rev + 1 })])
-            .await
-            .unwrap();
+        sm.apply([next(Command::Compact { revision: rev + 1 })]).await.unwrap();
         for i in 0..5 {
-            sm.apply([next(put(&format!("z{i}"), "after"))])
-                .await
-                .unwrap();
+            sm.apply([next(put(&format!("z{i}"), "after"))]).await.unwrap();
         }
         let before = dump(&state);
         let applied = sm.last_applied;
@@ -499,11 +466,7 @@ mod tests {
         let sm = StateMachine::open_with(db.clone(), restored.clone(), 30).unwrap();
         assert_eq!(dump(&restored), before);
         assert_eq!(sm.last_applied, applied);
-        let all = RangeRequest {
-            key: vec![0],
-            range_end: vec![0],
-            ..Default::default()
-        };
+        let all = RangeRequest { key: vec![0], range_end: vec![0], ..Default::default() };
         assert_eq!(restored.mvcc().range(&all).unwrap().count, 5);
     }
 }

@@ -23,17 +23,26 @@ use openraft::error::{CheckIsLeaderError, InitializeError, RaftError};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+pub mod lease_keeper;
+
 use crate::batcher::Batcher;
 use crate::command::{Command, CommandResult};
 use crate::config::{ClusterState, Config};
 use crate::raft::log_store::LogStore;
 use crate::raft::network::{ForwardFailure, Forwarder, PeerClients, PeerNetwork};
+use crate::raft::peer::{LeaseAnswer, LeaseAuthority, LeaseQuery, LeaseStatus};
 use crate::raft::proposer::{ProposeError, Proposer};
 use crate::raft::state_machine::StateMachine;
 use crate::raft::{MemberNode, Raft, RaftConfig, RaftMetrics, ServerState};
 use crate::state::{AppliedState, MemberAttrs};
 use crate::storage::wal::{WalStats, DEFAULT_SEGMENT_BYTES};
 use crate::storage::StateDb;
+use lease_keeper::LeaseKeeper;
+
+/// Resolves once the node has begun to shut down (for `select!` in streams).
+pub async fn shutdown_started(mut signal: watch::Receiver<bool>) {
+    let _ = signal.wait_for(|stopping| *stopping).await;
+}
 
 /// Why a request could not be served; each maps to one of etcd's errors.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -76,6 +85,12 @@ pub struct Node {
     raft: Raft,
     proposer: Proposer,
     forwarder: Forwarder,
+    /// Lease deadlines, kept while this member leads.
+    lease_keeper: LeaseKeeper,
+    /// The smallest TTL granted, in seconds (etcd: 1.5 election timeouts, rounded up).
+    pub min_lease_ttl: i64,
+    /// How often watchers that asked for it get a progress notification.
+    pub watch_progress_interval: Duration,
     /// Linearizable reads that arrive together share one ReadIndex round.
     read_barriers: Batcher<(), Result<(), ServerError>>,
     state: Arc<AppliedState>,
@@ -93,22 +108,15 @@ impl Node {
         config.validate()?;
         let id = config.member_id();
         let members = config.initial_members()?;
-        let cluster_id =
-            crate::config::cluster_id(members.keys().copied(), &config.initial_cluster_token);
+        let cluster_id = crate::config::cluster_id(members.keys().copied(), &config.initial_cluster_token);
         let data_dir = config.data_dir();
-        std::fs::create_dir_all(&data_dir)
-            .with_context(|| format!("creating {}", data_dir.display()))?;
+        std::fs::create_dir_all(&data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
 
         let state_db = StateDb::open(&data_dir.join("state")).context("opening the state store")?;
-        let log_store = LogStore::open(
-            &data_dir.join("wal"),
-            DEFAULT_SEGMENT_BYTES,
-            state_db.clone(),
-        )
-        .context("opening the WAL")?;
+        let log_store = LogStore::open(&data_dir.join("wal"), DEFAULT_SEGMENT_BYTES, state_db.clone())
+            .context("opening the WAL")?;
         let state = Arc::new(AppliedState::default());
-        let state_machine = StateMachine::open(state_db.clone(), state.clone())
-            .context("loading the state machine")?;
+        let state_machine = StateMachine::open(state_db.clone(), state.clone()).context("loading the state machine")?;
         let network = PeerNetwork::default();
         let peers = network.clients.clone();
 
@@ -122,21 +130,12 @@ impl Node {
             max_in_snapshot_log_to_keep: 1000,
             ..Default::default()
         };
-        let raft =
-            crate::raft::start(id, raft_config, log_store.clone(), state_machine, network).await?;
+        let raft = crate::raft::start(id, raft_config, log_store.clone(), state_machine, network).await?;
 
         if config.initial_cluster_state == ClusterState::New {
             let nodes: BTreeMap<u64, MemberNode> = members
                 .values()
-                .map(|m| {
-                    (
-                        m.id,
-                        MemberNode {
-                            name: m.name.clone(),
-                            peer_url: m.peer_urls[0].clone(),
-                        },
-                    )
-                })
+                .map(|m| (m.id, MemberNode { name: m.name.clone(), peer_url: m.peer_urls[0].clone() }))
                 .collect();
             // Every member initializes with the same membership; on a member
             // that already has a log this is refused, which is what we want.
@@ -172,6 +171,9 @@ impl Node {
                 proposer,
                 forwarder,
                 read_barriers,
+                lease_keeper: LeaseKeeper::default(),
+                min_lease_ttl: (config.election_timeout * 3).div_ceil(2 * 1000).max(1) as i64,
+                watch_progress_interval: Duration::from_millis(config.watch_progress_notify_interval),
                 state,
                 peers,
                 state_db,
@@ -180,11 +182,9 @@ impl Node {
                 shutdown,
             }
         });
-        let attrs = MemberAttrs {
-            name: config.name.clone(),
-            client_urls: config.advertise_client_urls(),
-        };
+        let attrs = MemberAttrs { name: config.name.clone(), client_urls: config.advertise_client_urls() };
         tokio::spawn(node.clone().publish(attrs));
+        tokio::spawn(lease_keeper::run(Arc::downgrade(&node)));
         Ok(node)
     }
 
@@ -218,16 +218,47 @@ impl Node {
         self.raft.metrics().borrow().current_term
     }
 
+    pub fn is_leader(&self) -> bool {
+        self.raft.metrics().borrow().current_leader == Some(self.id)
+    }
+
+    /// Ask the leader a lease question (answered here if we lead).
+    pub async fn lease_query(&self, query: LeaseQuery) -> Result<LeaseAnswer, ServerError> {
+        let deadline = Instant::now() + self.request_timeout;
+        loop {
+            let leader = self.leader();
+            match &leader {
+                Some((id, _)) if *id == self.id => {
+                    let answer = self.answer(query.clone()).await;
+                    if answer != LeaseAnswer::NotLeader {
+                        return Ok(answer);
+                    }
+                }
+                Some((_, url)) => {
+                    let remaining = deadline.saturating_duration_since(Instant::now());
+                    match self.peers.lease(url, &query, remaining).await {
+                        Ok(LeaseAnswer::NotLeader) | Err(_) => {}
+                        Ok(answer) => return Ok(answer),
+                    }
+                }
+                None => {}
+            }
+            if *self.shutdown.borrow() {
+                return Err(ServerError::Stopped);
+            }
+            if Instant::now() >= deadline {
+                return Err(if leader.is_none() { ServerError::NoLeader } else { ServerError::Timeout });
+            }
+            self.await_change(deadline).await;
+        }
+    }
+
     /// The leader's ID and peer URL, if there is a leader.
     fn leader(&self) -> Option<(u64, String)> {
         let m = self.raft.metrics();
         let m = m.borrow();
         let leader = m.current_leader?;
-        let url = m
-            .membership_config
-            .membership()
-            .get_node(&leader)
-            .map(|n| n.peer_url.clone())?;
+        let url = m.membership_config.membership().get_node(&leader).map(|n| n.peer_url.clone())?;
         Some((leader, url))
     }
 
@@ -247,9 +278,7 @@ impl Node {
             let leader = self.leader();
             match &leader {
                 Some((leader_id, _)) if *leader_id == self.id => {
-                    match tokio::time::timeout_at(deadline, self.proposer.propose(cmd.clone()))
-                        .await
-                    {
+                    match tokio::time::timeout_at(deadline, self.proposer.propose(cmd.clone())).await {
                         Err(_) => return Err(ServerError::Timeout),
                         Ok(Ok(result)) => return Ok(result),
                         // Not appended (or truncated before commit): safe to retry.
@@ -264,8 +293,7 @@ impl Node {
                     };
                     match outcome {
                         Ok(result) => return Ok(result),
-                        Err(ForwardFailure::NotLeader { .. })
-                        | Err(ForwardFailure::Unreachable(_)) => {}
+                        Err(ForwardFailure::NotLeader { .. }) | Err(ForwardFailure::Unreachable(_)) => {}
                         Err(ForwardFailure::Unknown(e)) => {
                             tracing::debug!(error = %e, "forwarded write failed");
                             return Err(if Instant::now() >= deadline {
@@ -282,11 +310,7 @@ impl Node {
                 return Err(ServerError::Stopped);
             }
             if Instant::now() >= deadline {
-                return Err(if leader.is_none() {
-                    ServerError::NoLeader
-                } else {
-                    ServerError::Timeout
-                });
+                return Err(if leader.is_none() { ServerError::NoLeader } else { ServerError::Timeout });
             }
             self.await_change(deadline).await;
         }
@@ -296,10 +320,7 @@ impl Node {
     /// new as everything committed when this call began. Concurrent callers
     /// share rounds: a round that starts after a caller arrived serves it.
     pub async fn read_barrier(&self) -> Result<(), ServerError> {
-        self.read_barriers
-            .call(())
-            .await
-            .unwrap_or(Err(ServerError::Stopped))
+        self.read_barriers.call(()).await.unwrap_or(Err(ServerError::Stopped))
     }
 
     /// One ReadIndex round (see [`Node::read_barrier`]).
@@ -328,12 +349,8 @@ impl Node {
                             .await
                         {
                             Ok(_) => Ok(()),
-                            Err(openraft::metrics::WaitError::Timeout(..)) => {
-                                Err(ServerError::Timeout)
-                            }
-                            Err(openraft::metrics::WaitError::ShuttingDown) => {
-                                Err(ServerError::Stopped)
-                            }
+                            Err(openraft::metrics::WaitError::Timeout(..)) => Err(ServerError::Timeout),
+                            Err(openraft::metrics::WaitError::ShuttingDown) => Err(ServerError::Stopped),
                         };
                     }
                 }
@@ -343,11 +360,7 @@ impl Node {
                 return Err(ServerError::Stopped);
             }
             if Instant::now() >= deadline {
-                return Err(if leader.is_none() {
-                    ServerError::NoLeader
-                } else {
-                    ServerError::Timeout
-                });
+                return Err(if leader.is_none() { ServerError::NoLeader } else { ServerError::Timeout });
             }
             self.await_change(deadline).await;
         }
@@ -365,10 +378,7 @@ impl Node {
                 id: *id,
                 name: node.name.clone(),
                 peer_urls: vec![node.peer_url.clone()],
-                client_urls: attrs
-                    .get(id)
-                    .map(|a| a.client_urls.clone())
-                    .unwrap_or_default(),
+                client_urls: attrs.get(id).map(|a| a.client_urls.clone()).unwrap_or_default(),
                 is_learner: !voters.contains(id),
             })
             .collect()
@@ -417,6 +427,30 @@ impl Node {
         }
         if let Err(e) = self.state_db.sync() {
             tracing::warn!(error = %e, "syncing the state store at shutdown");
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl LeaseAuthority for Node {
+    async fn answer(&self, query: LeaseQuery) -> LeaseAnswer {
+        if !self.is_leader() {
+            return LeaseAnswer::NotLeader;
+        }
+        // The leader must have applied every grant it acknowledged.
+        if self.raft.ensure_linearizable().await.is_err() {
+            return LeaseAnswer::NotLeader;
+        }
+        let table = self.state.leases();
+        match query {
+            LeaseQuery::KeepAlive(id) => {
+                LeaseAnswer::KeptAlive { ttl: self.lease_keeper.renew(&table, id).unwrap_or(0) }
+            }
+            LeaseQuery::TimeToLive(id) => LeaseAnswer::TimeToLive(table.get(id).map(|l| LeaseStatus {
+                remaining: self.lease_keeper.remaining(&table, id).unwrap_or(l.ttl),
+                granted: l.ttl,
+                keys: l.keys.iter().cloned().collect(),
+            })),
         }
     }
 }

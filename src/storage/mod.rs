@@ -69,34 +69,21 @@ fn io_err(e: sled::Error) -> io::Error {
 
 impl StateDb {
     pub fn open(dir: &Path) -> io::Result<StateDb> {
-        let db = sled::Config::new()
-            .path(dir)
-            .flush_every_ms(Some(500))
-            .open()
-            .map_err(io_err)?;
+        let db = sled::Config::new().path(dir).flush_every_ms(Some(500)).open().map_err(io_err)?;
         let tree = db.open_tree("state").map_err(io_err)?;
         let queue = Arc::new(StateQueue::default());
         let (writer_tree, writer_queue) = (tree.clone(), queue.clone());
         std::thread::Builder::new()
             .name("raftlock-state".into())
             .spawn(move || write_loop(writer_tree, writer_queue))?;
-        Ok(StateDb {
-            db,
-            tree,
-            dir: dir.to_path_buf(),
-            queue,
-        })
+        Ok(StateDb { db, tree, dir: dir.to_path_buf(), queue })
     }
 
     /// Queue a batch. Batches reach sled in order, each atomically (possibly
     /// merged with the ones around it): after a crash the store is at the end
     /// of some batch.
     pub fn commit(&self, batch: StateBatch) {
-        let mut pending = self
-            .queue
-            .pending
-            .lock()
-            .expect("state queue lock poisoned");
+        let mut pending = self.queue.pending.lock().expect("state queue lock poisoned");
         pending.batches.push(batch);
         if pending.writer_idle {
             pending.writer_idle = false;
@@ -108,17 +95,12 @@ impl StateDb {
     fn drain(&self) -> io::Result<()> {
         let (tx, rx) = std::sync::mpsc::channel();
         {
-            let mut pending = self
-                .queue
-                .pending
-                .lock()
-                .expect("state queue lock poisoned");
+            let mut pending = self.queue.pending.lock().expect("state queue lock poisoned");
             pending.barriers.push(tx);
             pending.writer_idle = false;
             self.queue.wake.notify_one();
         }
-        rx.recv()
-            .map_err(|_| io::Error::other("state store writer stopped"))
+        rx.recv().map_err(|_| io::Error::other("state store writer stopped"))
     }
 
     pub fn get(&self, key: &[u8]) -> io::Result<Option<Vec<u8>>> {
@@ -126,13 +108,8 @@ impl StateDb {
     }
 
     /// Every `(key, value)` under a prefix, in key order.
-    pub fn scan_prefix(
-        &self,
-        prefix: &[u8],
-    ) -> impl Iterator<Item = io::Result<(Vec<u8>, Vec<u8>)>> + '_ {
-        self.tree
-            .scan_prefix(prefix)
-            .map(|r| r.map(|(k, v)| (k.to_vec(), v.to_vec())).map_err(io_err))
+    pub fn scan_prefix(&self, prefix: &[u8]) -> impl Iterator<Item = io::Result<(Vec<u8>, Vec<u8>)>> + '_ {
+        self.tree.scan_prefix(prefix).map(|r| r.map(|(k, v)| (k.to_vec(), v.to_vec())).map_err(io_err))
     }
 
     /// Replace the whole content (snapshot install). Not atomic across a crash;
@@ -181,10 +158,7 @@ fn write_loop(tree: sled::Tree, queue: Arc<StateQueue>) {
                 std::thread::sleep(STATE_WRITE_WINDOW);
                 pending = queue.pending.lock().expect("state queue lock poisoned");
             }
-            (
-                std::mem::take(&mut pending.batches),
-                std::mem::take(&mut pending.barriers),
-            )
+            (std::mem::take(&mut pending.batches), std::mem::take(&mut pending.barriers))
         };
         let mut merged = sled::Batch::default();
         for batch in batches {

@@ -153,30 +153,12 @@ impl Wal {
         let metas = recovered.metas.clone();
         let writer = match tail {
             Some((seq, offset)) => {
-                let file = OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .open(segment_path(dir, seq))?;
-                Writer {
-                    dir: dir.to_path_buf(),
-                    segment_bytes,
-                    file,
-                    seq,
-                    offset,
-                    segments,
-                    metas,
-                    failed: false,
-                }
+                let file = OpenOptions::new().read(true).write(true).open(segment_path(dir, seq))?;
+                Writer { dir: dir.to_path_buf(), segment_bytes, file, seq, offset, segments, metas, failed: false }
             }
             None => Writer::create(dir, segment_bytes, metas)?,
         };
-        Ok((
-            Wal {
-                writer: Arc::new(Mutex::new(writer)),
-                stats: Arc::new(WalStats::default()),
-            },
-            recovered,
-        ))
+        Ok((Wal { writer: Arc::new(Mutex::new(writer)), stats: Arc::new(WalStats::default()) }, recovered))
     }
 
     /// Write `records` in order; with `sync`, return only once they (and
@@ -185,9 +167,7 @@ impl Wal {
     pub fn write(&self, records: Vec<WalRecord>, sync: bool) -> io::Result<()> {
         let mut writer = self.writer.lock().expect("wal lock poisoned");
         if writer.failed {
-            return Err(io::Error::other(
-                "wal: an earlier write failed; the node must restart",
-            ));
+            return Err(io::Error::other("wal: an earlier write failed; the node must restart"));
         }
         let result = writer.write(&records, sync, &self.stats);
         if result.is_err() {
@@ -229,10 +209,7 @@ impl Writer {
             file,
             seq: 1,
             offset: 0,
-            segments: vec![Segment {
-                seq: 1,
-                max_index: None,
-            }],
+            segments: vec![Segment { seq: 1, max_index: None }],
             metas,
             failed: false,
         };
@@ -247,16 +224,12 @@ impl Writer {
         for record in records {
             encode(record, &mut buf);
             match record {
-                WalRecord::Entry { index, .. } => {
-                    batch_max = Some(batch_max.map_or(*index, |m: u64| m.max(*index)))
-                }
+                WalRecord::Entry { index, .. } => batch_max = Some(batch_max.map_or(*index, |m: u64| m.max(*index))),
                 WalRecord::Meta { key, data } => {
                     self.metas.insert(*key, data.clone());
                 }
                 WalRecord::TruncateFrom(_) => {}
-                WalRecord::PurgeUpto(index) => {
-                    purge = Some(purge.map_or(*index, |p: u64| p.max(*index)))
-                }
+                WalRecord::PurgeUpto(index) => purge = Some(purge.map_or(*index, |p: u64| p.max(*index))),
             }
         }
         if self.offset > 0 && self.offset + buf.len() as u64 > self.segment_bytes {
@@ -273,9 +246,7 @@ impl Writer {
             stats.syncs.fetch_add(1, Ordering::Relaxed);
         }
         stats.writes.fetch_add(1, Ordering::Relaxed);
-        stats
-            .records
-            .fetch_add(records.len() as u64, Ordering::Relaxed);
+        stats.records.fetch_add(records.len() as u64, Ordering::Relaxed);
         stats.bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
         if let Some(upto) = purge {
             self.remove_purged(upto)?;
@@ -292,10 +263,7 @@ impl Writer {
         self.file = create_segment(&self.dir, seq, self.segment_bytes)?;
         self.seq = seq;
         self.offset = 0;
-        self.segments.push(Segment {
-            seq,
-            max_index: None,
-        });
+        self.segments.push(Segment { seq, max_index: None });
         self.write_checkpoint()
     }
 
@@ -304,13 +272,7 @@ impl Writer {
         let mut keys: Vec<_> = self.metas.keys().copied().collect();
         keys.sort_unstable();
         for key in keys {
-            encode(
-                &WalRecord::Meta {
-                    key,
-                    data: self.metas[&key].clone(),
-                },
-                &mut buf,
-            );
+            encode(&WalRecord::Meta { key, data: self.metas[&key].clone() }, &mut buf);
         }
         if !buf.is_empty() {
             self.file.write_all_at(&buf, 0)?;
@@ -341,11 +303,7 @@ fn segment_path(dir: &Path, seq: u64) -> PathBuf {
 /// Create a preallocated segment and make its existence durable.
 fn create_segment(dir: &Path, seq: u64, bytes: u64) -> io::Result<File> {
     let path = segment_path(dir, seq);
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .open(&path)?;
+    let file = OpenOptions::new().read(true).write(true).create_new(true).open(&path)?;
     // SAFETY: `file` is an open descriptor for the duration of the call.
     let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, bytes as libc::off_t) };
     if rc != 0 {
@@ -428,19 +386,10 @@ fn replay_segment(bytes: &[u8], rec: &mut Recovered) -> (usize, Option<u64>) {
 
 fn decode(body: &[u8]) -> Option<WalRecord> {
     let (&kind, rest) = body.split_first()?;
-    let u64_at = |b: &[u8]| {
-        b.get(..8)
-            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
-    };
+    let u64_at = |b: &[u8]| b.get(..8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")));
     Some(match kind {
-        KIND_ENTRY => WalRecord::Entry {
-            index: u64_at(rest)?,
-            data: rest[8..].to_vec(),
-        },
-        KIND_META => WalRecord::Meta {
-            key: *rest.first()?,
-            data: rest[1..].to_vec(),
-        },
+        KIND_ENTRY => WalRecord::Entry { index: u64_at(rest)?, data: rest[8..].to_vec() },
+        KIND_META => WalRecord::Meta { key: *rest.first()?, data: rest[1..].to_vec() },
         KIND_TRUNCATE => WalRecord::TruncateFrom(u64_at(rest)?),
         KIND_PURGE => WalRecord::PurgeUpto(u64_at(rest)?),
         _ => return None,
@@ -456,10 +405,7 @@ mod tests {
     use super::*;
 
     fn entry(i: u64) -> WalRecord {
-        WalRecord::Entry {
-            index: i,
-            data: format!("entry-{i}").into_bytes(),
-        }
+        WalRecord::Entry { index: i, data: format!("entry-{i}").into_bytes() }
     }
 
     #[test]
@@ -468,43 +414,22 @@ mod tests {
         {
             let (wal, rec) = Wal::open(dir.path(), 4096).unwrap();
             assert!(rec.entries.is_empty());
-            wal.write(
-                vec![WalRecord::Meta {
-                    key: 1,
-                    data: b"vote-1".to_vec(),
-                }],
-                true,
-            )
-            .unwrap();
+            wal.write(vec![WalRecord::Meta { key: 1, data: b"vote-1".to_vec() }], true).unwrap();
             for i in 1..=100 {
                 wal.write(vec![entry(i)], true).unwrap();
             }
-            wal.write(vec![WalRecord::TruncateFrom(90), entry(90)], true)
-                .unwrap();
-            wal.write(
-                vec![WalRecord::Meta {
-                    key: 1,
-                    data: b"vote-2".to_vec(),
-                }],
-                true,
-            )
-            .unwrap();
+            wal.write(vec![WalRecord::TruncateFrom(90), entry(90)], true).unwrap();
+            wal.write(vec![WalRecord::Meta { key: 1, data: b"vote-2".to_vec() }], true).unwrap();
             wal.write(vec![WalRecord::PurgeUpto(50)], true).unwrap();
             assert_eq!(wal.stats().syncs.load(Ordering::Relaxed), 104);
         }
         let (_wal, rec) = Wal::open(dir.path(), 4096).unwrap();
-        assert_eq!(
-            rec.entries.keys().copied().collect::<Vec<_>>(),
-            (51..=90).collect::<Vec<_>>()
-        );
+        assert_eq!(rec.entries.keys().copied().collect::<Vec<_>>(), (51..=90).collect::<Vec<_>>());
         assert_eq!(rec.entries[&90], b"entry-90");
         assert_eq!(rec.metas[&1], b"vote-2");
         assert_eq!(rec.purged_upto, Some(50));
         let segments = fs::read_dir(dir.path()).unwrap().count();
-        assert!(
-            segments < 10,
-            "purged segments are deleted ({segments} left)"
-        );
+        assert!(segments < 10, "purged segments are deleted ({segments} left)");
     }
 
     #[test]
@@ -526,8 +451,7 @@ mod tests {
             n += 1;
         }
         let file = OpenOptions::new().write(true).open(&path).unwrap();
-        file.write_all_at(b"XX", (frame_two + FRAME_HEADER + 3) as u64)
-            .unwrap();
+        file.write_all_at(b"XX", (frame_two + FRAME_HEADER + 3) as u64).unwrap();
         drop(file);
         {
             let (wal, rec) = Wal::open(dir.path(), 1 << 20).unwrap();
@@ -551,13 +475,7 @@ mod tests {
             assert_eq!(wal.stats().writes.load(Ordering::Relaxed), 40);
         }
         let (_, rec) = Wal::open(dir.path(), 256).unwrap();
-        assert_eq!(
-            rec.entries.keys().copied().collect::<Vec<_>>(),
-            (1..=40).collect::<Vec<_>>()
-        );
-        assert!(
-            fs::read_dir(dir.path()).unwrap().count() >= 3,
-            "segments rotated"
-        );
+        assert_eq!(rec.entries.keys().copied().collect::<Vec<_>>(), (1..=40).collect::<Vec<_>>());
+        assert!(fs::read_dir(dir.path()).unwrap().count() >= 3, "segments rotated");
     }
 }

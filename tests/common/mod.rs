@@ -44,11 +44,7 @@ pub struct Cluster {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 impl Cluster {
@@ -73,11 +69,7 @@ impl Cluster {
             .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port))
             .collect::<Vec<_>>()
             .join(",");
-        let mut cluster = Cluster {
-            members,
-            initial_cluster,
-            _dir: dir,
-        };
+        let mut cluster = Cluster { members, initial_cluster, _dir: dir };
         for i in 0..n {
             cluster.spawn(i);
         }
@@ -87,19 +79,12 @@ impl Cluster {
 
     fn spawn(&mut self, i: usize) {
         let m = &mut self.members[i];
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&m.log)
-            .unwrap();
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&m.log).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_raftlock"))
             .args(["--name", &m.name])
             .args(["--data-dir", m.data_dir.to_str().unwrap()])
             .args(["--listen-client-urls", &m.endpoint()])
-            .args([
-                "--listen-peer-urls",
-                &format!("http://127.0.0.1:{}", m.peer_port),
-            ])
+            .args(["--listen-peer-urls", &format!("http://127.0.0.1:{}", m.peer_port)])
             .args(["--initial-cluster", &self.initial_cluster])
             .args(["--heartbeat-interval", &HEARTBEAT_MS.to_string()])
             .args(["--election-timeout", &ELECTION_MS.to_string()])
@@ -117,9 +102,7 @@ impl Cluster {
 
     /// A client talking to member `i` only.
     pub async fn client(&self, i: usize) -> Client {
-        Client::connect([self.members[i].endpoint()], None)
-            .await
-            .expect("connect")
+        Client::connect([self.members[i].endpoint()], None).await.expect("connect")
     }
 
     /// Wait until every running member reports the same leader and answers a
@@ -130,11 +113,7 @@ impl Cluster {
             if self.try_ready().await {
                 return;
             }
-            assert!(
-                Instant::now() < deadline,
-                "cluster not ready in 30 s; logs:\n{}",
-                self.logs()
-            );
+            assert!(Instant::now() < deadline, "cluster not ready in 30 s; logs:\n{}", self.logs());
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
@@ -145,11 +124,8 @@ impl Cluster {
             if m.child.is_none() {
                 continue;
             }
-            let Ok(Ok(mut c)) = tokio::time::timeout(
-                Duration::from_secs(1),
-                Client::connect([m.endpoint()], None),
-            )
-            .await
+            let Ok(Ok(mut c)) =
+                tokio::time::timeout(Duration::from_secs(1), Client::connect([m.endpoint()], None)).await
             else {
                 return false;
             };
@@ -157,10 +133,7 @@ impl Cluster {
                 Ok(Ok(s)) if s.leader() != 0 => leaders.push(s.leader()),
                 _ => return false,
             }
-            if !matches!(
-                tokio::time::timeout(Duration::from_secs(2), c.get("ready-probe", None)).await,
-                Ok(Ok(_))
-            ) {
+            if !matches!(tokio::time::timeout(Duration::from_secs(2), c.get("ready-probe", None)).await, Ok(Ok(_))) {
                 return false;
             }
             let _ = i;
@@ -187,9 +160,7 @@ impl Cluster {
     /// A member that is not the leader.
     pub async fn follower(&self) -> usize {
         let leader = self.leader().await;
-        (0..self.members.len())
-            .find(|&i| i != leader && self.members[i].child.is_some())
-            .unwrap()
+        (0..self.members.len()).find(|&i| i != leader && self.members[i].child.is_some()).unwrap()
     }
 
     /// kill -9.
@@ -219,11 +190,7 @@ impl Cluster {
             .map(|m| {
                 let text = std::fs::read_to_string(&m.log).unwrap_or_default();
                 let tail: Vec<&str> = text.lines().rev().take(30).collect();
-                format!(
-                    "--- {} ---\n{}",
-                    m.name,
-                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-                )
+                format!("--- {} ---\n{}", m.name, tail.into_iter().rev().collect::<Vec<_>>().join("\n"))
             })
             .collect::<Vec<_>>()
             .join("\n")

@@ -1,0 +1,278 @@
+//! etcd's Watch service: one bidirectional stream carrying many watchers.
+//!
+//! Each stream is a session task that owns its watchers and follows the node's
+//! feed of applied changes (`AppliedState::subscribe`), served from this
+//! member's own applied state. The session subscribes *before* it reads any
+//! history, so between history and feed no change is missed, and a watcher's
+//! position (`next_revision`) makes sure none is delivered twice.
+//!
+//! Slow consumers: the session writes to a bounded outbox; when the client
+//! does not read, the session waits on the outbox and falls behind the feed.
+//! The feed never waits for it (it is a bounded broadcast); once the session
+//! has missed feed messages it catches every watcher up from MVCC history, a
+//! bounded number of revisions at a time, then follows the feed again. So a
+//! stalled watcher holds at most the outbox and one catch-up chunk in memory,
+//! and never slows apply or other watchers.
+//!
+//! Watch IDs are per stream, as etcd assigns them: the client's, or the lowest
+//! free one counting from 0. A watcher whose start revision is compacted is
+//! created, then cancelled with `compact_revision` set.
+
+use std::collections::BTreeMap;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::mpsc;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::{header, MAX_REQUEST_BYTES};
+use crate::mvcc::{KeyRange, KeyValue, MvccError, Revision};
+use crate::proto::etcdserverpb as pb;
+use crate::proto::etcdserverpb::watch_server::{Watch, WatchServer};
+use crate::proto::mvccpb;
+use crate::server::Node;
+use crate::watch::{by_revision, fragments, Event, Watcher};
+
+/// Responses queued for a client that is not reading, per stream.
+const OUTBOX: usize = 64;
+/// Revisions read from history per catch-up step.
+const CATCH_UP_REVISIONS: Revision = 1000;
+
+pub struct WatchService {
+    node: Arc<Node>,
+    progress_interval: Duration,
+}
+
+impl WatchService {
+    pub fn server(node: Arc<Node>, progress_interval: Duration) -> WatchServer<WatchService> {
+        WatchServer::new(WatchService { node, progress_interval })
+    }
+}
+
+type WatchStream = Pin<Box<dyn futures::Stream<Item = Result<pb::WatchResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Watch for WatchService {
+    type WatchStream = WatchStream;
+
+    async fn watch(&self, req: Request<Streaming<pb::WatchRequest>>) -> Result<Response<WatchStream>, Status> {
+        let (tx, rx) = mpsc::channel(OUTBOX);
+        let session = Session {
+            feed: self.node.state().subscribe(),
+            node: self.node.clone(),
+            outbox: tx,
+            watchers: BTreeMap::new(),
+            next_id: 0,
+        };
+        tokio::spawn(session.run(req.into_inner(), self.progress_interval));
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+    }
+}
+
+/// The client went away: the session ends.
+struct Gone;
+
+struct Session {
+    node: Arc<Node>,
+    feed: tokio::sync::broadcast::Receiver<Arc<crate::state::AppliedChanges>>,
+    outbox: mpsc::Sender<Result<pb::WatchResponse, Status>>,
+    watchers: BTreeMap<i64, Watcher>,
+    next_id: i64,
+}
+
+impl Session {
+    async fn run(mut self, mut inbound: Streaming<pb::WatchRequest>, progress_interval: Duration) {
+        let shutdown = self.node.shutdown_signal();
+        let mut progress = tokio::time::interval_at(tokio::time::Instant::now() + progress_interval, progress_interval);
+        loop {
+            let step = tokio::select! {
+                msg = inbound.next() => match msg {
+                    Some(Ok(req)) => self.handle(req).await,
+                    _ => return,
+                },
+                batch = self.feed.recv() => match batch {
+                    Ok(batch) => self.deliver(&batch.changes, batch.revision).await,
+                    Err(RecvError::Lagged(_)) => self.catch_up_all().await,
+                    Err(RecvError::Closed) => return,
+                },
+                _ = progress.tick() => self.progress().await,
+                _ = crate::server::shutdown_started(shutdown.clone()) => return,
+            };
+            if step.is_err() {
+                return;
+            }
+        }
+    }
+
+    async fn send(&self, resp: pb::WatchResponse) -> Result<(), Gone> {
+        self.outbox.send(Ok(resp)).await.map_err(|_| Gone)
+    }
+
+    fn response(&self, watch_id: i64, revision: Revision) -> pb::WatchResponse {
+        pb::WatchResponse { header: header(&self.node, revision), watch_id, ..Default::default() }
+    }
+
+    fn current_revision(&self) -> Revision {
+        self.node.state().mvcc().revision()
+    }
+
+    async fn handle(&mut self, req: pb::WatchRequest) -> Result<(), Gone> {
+        use pb::watch_request::RequestUnion;
+        match req.request_union {
+            Some(RequestUnion::CreateRequest(c)) => self.create(c).await,
+            Some(RequestUnion::CancelRequest(c)) => {
+                if self.watchers.remove(&c.watch_id).is_some() {
+                    let mut resp = self.response(c.watch_id, self.current_revision());
+                    resp.canceled = true;
+                    self.send(resp).await?;
+                }
+                Ok(())
+            }
+            Some(RequestUnion::ProgressRequest(_)) => {
+                // Every watcher is caught up whenever the session reads a request.
+                self.send(self.response(-1, self.current_revision())).await
+            }
+            None => Ok(()),
+        }
+    }
+
+    async fn create(&mut self, c: pb::WatchCreateRequest) -> Result<(), Gone> {
+        let current = self.current_revision();
+        let key = if c.key.is_empty() { vec![0] } else { c.key };
+        let range = KeyRange::new(&key, &c.range_end);
+        let mut refused = None;
+        if let KeyRange::Interval(start, end) = &range {
+            if end <= start {
+                refused = Some("mvcc: watcher range is empty");
+            }
+        }
+        let id = if c.watch_id != 0 {
+            if self.watchers.contains_key(&c.watch_id) {
+                refused = Some("mvcc: duplicate watch ID provided on the WatchStream");
+            }
+            c.watch_id
+        } else {
+            while self.watchers.contains_key(&self.next_id) {
+                self.next_id += 1;
+            }
+            self.next_id += 1;
+            self.next_id - 1
+        };
+        let mut created = self.response(id, current);
+        created.created = true;
+        if let Some(reason) = refused {
+            created.canceled = true;
+            created.cancel_reason = reason.to_string();
+            return self.send(created).await;
+        }
+        self.send(created).await?;
+        let filters = |f: pb::watch_create_request::FilterType| c.filters.contains(&(f as i32));
+        let watcher = Watcher {
+            id,
+            range,
+            next_revision: if c.start_revision <= 0 { current + 1 } else { c.start_revision },
+            no_put: filters(pb::watch_create_request::FilterType::Noput),
+            no_delete: filters(pb::watch_create_request::FilterType::Nodelete),
+            prev_kv: c.prev_kv,
+            progress_notify: c.progress_notify,
+            fragment: c.fragment,
+        };
+        self.watchers.insert(id, watcher);
+        self.catch_up(id).await
+    }
+
+    /// Bring one watcher up to the store's revision from history.
+    async fn catch_up(&mut self, id: i64) -> Result<(), Gone> {
+        loop {
+            let Some(w) = self.watchers.get_mut(&id) else { return Ok(()) };
+            let (read, current) = {
+                let mvcc = self.node.state().mvcc();
+                let current = mvcc.revision();
+                if w.next_revision > current {
+                    return Ok(());
+                }
+                let to = current.min(w.next_revision + CATCH_UP_REVISIONS - 1);
+                (mvcc.changes_between(&w.range, w.next_revision, to).map(|c| (c, to)), current)
+            };
+            match read {
+                Ok((changes, to)) => {
+                    let events = w.take(&changes, to);
+                    let fragment = w.fragment;
+                    if !events.is_empty() {
+                        self.send_events(id, current, events, fragment).await?;
+                    }
+                }
+                Err(MvccError::Compacted) => {
+                    let compacted = self.node.state().mvcc().compact_revision();
+                    self.watchers.remove(&id);
+                    let mut resp = self.response(id, 0);
+                    resp.compact_revision = compacted;
+                    resp.canceled = true;
+                    return self.send(resp).await;
+                }
+                Err(e) => unreachable!("reading history: {e}"),
+            }
+        }
+    }
+
+    async fn catch_up_all(&mut self) -> Result<(), Gone> {
+        let ids: Vec<i64> = self.watchers.keys().copied().collect();
+        for id in ids {
+            self.catch_up(id).await?;
+        }
+        Ok(())
+    }
+
+    /// Events of an applied batch: one response per revision, as etcd sends them.
+    async fn deliver(&mut self, changes: &[crate::mvcc::Change], revision: Revision) -> Result<(), Gone> {
+        let mut out = Vec::new();
+        for (id, w) in self.watchers.iter_mut() {
+            let events = w.take(changes, revision);
+            if !events.is_empty() {
+                out.push((*id, w.fragment, events));
+            }
+        }
+        for (id, fragment, events) in out {
+            for (rev, group) in by_revision(events) {
+                self.send_events(id, rev, group, fragment).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn send_events(&self, id: i64, revision: Revision, events: Vec<Event>, fragment: bool) -> Result<(), Gone> {
+        let parts = if fragment { fragments(events, MAX_REQUEST_BYTES) } else { vec![events] };
+        let n = parts.len();
+        for (i, part) in parts.into_iter().enumerate() {
+            let mut resp = self.response(id, revision);
+            resp.fragment = i + 1 < n;
+            resp.events = part.into_iter().map(event).collect();
+            self.send(resp).await?;
+        }
+        Ok(())
+    }
+
+    async fn progress(&mut self) -> Result<(), Gone> {
+        let current = self.current_revision();
+        let ids: Vec<i64> = self.watchers.values().filter(|w| w.progress_notify).map(|w| w.id).collect();
+        for id in ids {
+            self.send(self.response(id, current)).await?;
+        }
+        Ok(())
+    }
+}
+
+fn event(e: Event) -> mvccpb::Event {
+    use mvccpb::event::EventType;
+    let (kind, kv) = match e.kv {
+        Some(kv) => (EventType::Put, super::kv::key_value(kv)),
+        None => (
+            EventType::Delete,
+            super::kv::key_value(KeyValue { key: e.key, mod_revision: e.revision, ..Default::default() }),
+        ),
+    };
+    mvccpb::Event { r#type: kind as i32, kv: Some(kv), prev_kv: e.prev_kv.map(super::kv::key_value) }
+}

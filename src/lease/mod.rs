@@ -1,0 +1,155 @@
+//! The replicated lease table: which leases exist, their granted TTL, and the
+//! keys attached to each.
+//!
+//! This is deterministic state, changed only by applied commands: a grant, a
+//! revoke, and the puts and deletes that attach keys to and detach them from
+//! leases. *Time* is not here: when a lease expires is decided by the leader
+//! alone (`crate::server::lease_keeper`), which proposes a revoke through Raft
+//! like any client would. So every replica agrees on which leases exist, and
+//! none of them ever reads a clock in apply.
+//!
+//! Invariants: a key is attached to at most one lease; `attached[key] == id`
+//! exactly when `leases[id].keys` contains `key`.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use serde::{Deserialize, Serialize};
+
+use crate::mvcc::{Change, LeaseView};
+
+/// etcd's limit on a granted TTL, in seconds.
+pub const MAX_LEASE_TTL: i64 = 9_000_000_000;
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    pub id: i64,
+    /// The TTL granted, in seconds (after raising it to the floor).
+    pub ttl: i64,
+    pub keys: BTreeSet<Vec<u8>>,
+}
+
+#[derive(Debug, Default)]
+pub struct LeaseTable {
+    leases: BTreeMap<i64, Lease>,
+    attached: HashMap<Vec<u8>, i64>,
+}
+
+impl LeaseView for LeaseTable {
+    fn lease_exists(&self, id: i64) -> bool {
+        self.leases.contains_key(&id)
+    }
+}
+
+impl LeaseTable {
+    pub fn get(&self, id: i64) -> Option<&Lease> {
+        self.leases.get(&id)
+    }
+
+    pub fn ids(&self) -> impl Iterator<Item = i64> + '_ {
+        self.leases.keys().copied()
+    }
+
+    pub fn len(&self) -> usize {
+        self.leases.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.leases.is_empty()
+    }
+
+    /// Grant a lease. False if the ID is taken (nothing changes).
+    pub fn grant(&mut self, id: i64, ttl: i64) -> bool {
+        if self.leases.contains_key(&id) {
+            return false;
+        }
+        self.leases.insert(id, Lease { id, ttl, keys: BTreeSet::new() });
+        true
+    }
+
+    /// Remove a lease; returns its keys (to delete), or `None` if unknown.
+    pub fn revoke(&mut self, id: i64) -> Option<BTreeSet<Vec<u8>>> {
+        let lease = self.leases.remove(&id)?;
+        for k in &lease.keys {
+            self.attached.remove(k);
+        }
+        Some(lease.keys)
+    }
+
+    /// Follow the MVCC changes of a write: a put attaches its key to the put's
+    /// lease (and detaches it from any other); a delete detaches it.
+    pub fn track(&mut self, changes: &[Change]) {
+        for c in changes {
+            if let Some(old) = self.attached.remove(&c.key) {
+                if let Some(l) = self.leases.get_mut(&old) {
+                    l.keys.remove(&c.key);
+                }
+            }
+            if let Some(kv) = &c.kv {
+                if kv.lease != 0 {
+                    if let Some(l) = self.leases.get_mut(&kv.lease) {
+                        l.keys.insert(c.key.clone());
+                        self.attached.insert(c.key.clone(), kv.lease);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Rebuild from persisted leases (id, ttl) and the live keys that name a
+    /// lease (key, lease id).
+    pub fn restore(
+        leases: impl IntoIterator<Item = (i64, i64)>,
+        keys: impl IntoIterator<Item = (Vec<u8>, i64)>,
+    ) -> Self {
+        let mut table = LeaseTable::default();
+        for (id, ttl) in leases {
+            table.grant(id, ttl);
+        }
+        for (key, id) in keys {
+            if let Some(l) = table.leases.get_mut(&id) {
+                l.keys.insert(key.clone());
+                table.attached.insert(key, id);
+            }
+        }
+        table
+    }
+
+    /// (id, ttl) of every lease: what a checkpoint stores.
+    pub fn grants(&self) -> Vec<(i64, i64)> {
+        self.leases.values().map(|l| (l.id, l.ttl)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mvcc::KeyValue;
+
+    fn put(key: &str, lease: i64) -> Change {
+        Change {
+            revision: 2,
+            sub: 0,
+            key: key.into(),
+            kv: Some(KeyValue { key: key.into(), lease, ..Default::default() }),
+            prev: None,
+        }
+    }
+
+    #[test]
+    fn attach_move_detach_and_revoke() {
+        let mut t = LeaseTable::default();
+        assert!(t.grant(1, 10));
+        assert!(t.grant(2, 10));
+        assert!(!t.grant(1, 5), "an ID is granted once");
+        t.track(&[put("a", 1), put("b", 1)]);
+        t.track(&[put("b", 2)]);
+        assert_eq!(t.get(1).unwrap().keys, BTreeSet::from([b"a".to_vec()]));
+        assert_eq!(t.get(2).unwrap().keys, BTreeSet::from([b"b".to_vec()]));
+        t.track(&[Change { revision: 3, sub: 0, key: "a".into(), kv: None, prev: None }]);
+        assert!(t.get(1).unwrap().keys.is_empty());
+        t.track(&[put("c", 0)]);
+        assert_eq!(t.revoke(2), Some(BTreeSet::from([b"b".to_vec()])));
+        assert_eq!(t.revoke(2), None);
+        assert!(t.lease_exists(1) && !t.lease_exists(2));
+    }
+}
