@@ -201,8 +201,20 @@ impl Session {
                 Ok((changes, to)) => {
                     let events = w.take(&changes, to);
                     let fragment = w.fragment;
-                    if !events.is_empty() {
-                        self.send_events(id, current, events, fragment).await?;
+                    // Whole revisions, in responses of bounded size.
+                    let mut pending: Vec<Event> = Vec::new();
+                    let mut size = 0;
+                    for (_, group) in by_revision(events) {
+                        let group_size: usize = group.iter().map(Event::size).sum();
+                        if !pending.is_empty() && size + group_size > MAX_REQUEST_BYTES {
+                            self.send_events(id, current, std::mem::take(&mut pending), fragment).await?;
+                            size = 0;
+                        }
+                        size += group_size;
+                        pending.extend(group);
+                    }
+                    if !pending.is_empty() {
+                        self.send_events(id, current, pending, fragment).await?;
                     }
                 }
                 Err(MvccError::Compacted) => {

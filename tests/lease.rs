@@ -1,0 +1,161 @@
+//! Leases on a real 3-member cluster, driven by `etcd-client`: grant, revoke,
+//! expiry timing, keepalive through a follower, a leader killed while a lease
+//! is kept alive, and leases across restarts.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{grpc_error, Cluster, ELECTION_MS};
+use etcd_client::{Client, LeaseGrantOptions, LeaseTimeToLiveOptions, PutOptions};
+use tonic::Code;
+
+/// The TTL floor with the test timing: 1.5 election timeouts, rounded up to a second.
+const FLOOR: i64 = ((ELECTION_MS * 3).div_ceil(2000)) as i64;
+
+async fn exists(c: &mut Client, key: &str) -> bool {
+    !c.get(key, None).await.unwrap().kvs().is_empty()
+}
+
+#[tokio::test]
+async fn grant_attach_revoke_and_time_to_live() {
+    let cluster = Cluster::start(3).await;
+    let mut c = cluster.client(cluster.follower().await).await;
+
+    let lease = c.lease_grant(60, None).await.unwrap();
+    assert_eq!(lease.ttl(), 60);
+    let id = lease.id();
+    assert!(id > 0);
+    let chosen = c.lease_grant(30, Some(LeaseGrantOptions::new().with_id(4242))).await.unwrap();
+    assert_eq!(chosen.id(), 4242);
+    let (code, msg) = grpc_error(c.lease_grant(30, Some(LeaseGrantOptions::new().with_id(4242))).await.unwrap_err());
+    assert_eq!((code, msg.as_str()), (Code::FailedPrecondition, "etcdserver: lease already exists"));
+    let floor = c.lease_grant(0, None).await.unwrap();
+    assert_eq!(floor.ttl(), FLOOR, "a TTL below the floor is raised to it");
+
+    c.put("l/a", "1", Some(PutOptions::new().with_lease(id))).await.unwrap();
+    c.put("l/b", "2", Some(PutOptions::new().with_lease(id))).await.unwrap();
+    c.put("l/c", "3", Some(PutOptions::new().with_lease(4242))).await.unwrap();
+    // Moving a key to another lease detaches it from the first.
+    c.put("l/c", "3", Some(PutOptions::new().with_lease(id))).await.unwrap();
+    assert_eq!(c.get("l/a", None).await.unwrap().kvs()[0].lease(), id);
+
+    let ttl = c.lease_time_to_live(id, Some(LeaseTimeToLiveOptions::new().with_keys())).await.unwrap();
+    assert_eq!(ttl.granted_ttl(), 60);
+    assert!(ttl.ttl() > 50 && ttl.ttl() <= 60, "remaining {}", ttl.ttl());
+    let mut keys: Vec<_> = ttl.keys().to_vec();
+    keys.sort();
+    assert_eq!(keys, vec![b"l/a".to_vec(), b"l/b".to_vec(), b"l/c".to_vec()]);
+    let listed: Vec<i64> = c.leases().await.unwrap().leases().iter().map(|l| l.id()).collect();
+    assert!(listed.contains(&id) && listed.contains(&4242));
+
+    // Revoke deletes every attached key in one revision.
+    let before = c.get("l/", None).await.unwrap().header().unwrap().revision();
+    let revoked = c.lease_revoke(id).await.unwrap();
+    assert_eq!(revoked.header().unwrap().revision(), before + 1);
+    for k in ["l/a", "l/b", "l/c"] {
+        assert!(!exists(&mut c, k).await, "{k} outlived its lease");
+    }
+    assert_eq!(c.lease_time_to_live(id, None).await.unwrap().ttl(), -1, "an unknown lease has TTL -1");
+    let (code, msg) = grpc_error(c.lease_revoke(id).await.unwrap_err());
+    assert_eq!((code, msg.as_str()), (Code::NotFound, "etcdserver: requested lease not found"));
+    let (code, _) = grpc_error(c.put("l/x", "1", Some(PutOptions::new().with_lease(id))).await.unwrap_err());
+    assert_eq!(code, Code::NotFound);
+    // A keepalive on an unknown lease answers TTL 0, which etcd-client reports
+    // as "lease not found".
+    match c.lease_keep_alive(id).await {
+        Err(etcd_client::Error::LeaseKeepAliveError(msg)) => assert_eq!(msg, "lease not found"),
+        other => panic!("expected a TTL-0 answer, got {:?}", other.map(|_| ())),
+    }
+}
+
+#[tokio::test]
+async fn a_lease_without_keepalive_expires_on_time_and_one_kept_alive_does_not() {
+    let cluster = Cluster::start(3).await;
+    let mut c = cluster.client(cluster.follower().await).await;
+    let lapsing = c.lease_grant(3, None).await.unwrap().id();
+    let kept = c.lease_grant(3, None).await.unwrap().id();
+    let granted = Instant::now();
+    c.put("e/lapsing", "v", Some(PutOptions::new().with_lease(lapsing))).await.unwrap();
+    c.put("e/kept", "v", Some(PutOptions::new().with_lease(kept))).await.unwrap();
+    let (mut keeper, mut answers) = c.lease_keep_alive(kept).await.unwrap();
+
+    let mut gone_after = None;
+    while granted.elapsed() < Duration::from_secs(8) {
+        keeper.keep_alive().await.unwrap();
+        assert_eq!(answers.message().await.unwrap().unwrap().ttl(), 3);
+        if gone_after.is_none() && !exists(&mut c, "e/lapsing").await {
+            gone_after = Some(granted.elapsed());
+        }
+        assert!(exists(&mut c, "e/kept").await, "a lease kept alive expired");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let gone_after = gone_after.expect("the lease without keepalive never expired");
+    let slack = Duration::from_millis(FLOOR as u64 * 1000 + ELECTION_MS + 300);
+    assert!(gone_after >= Duration::from_millis(2900), "expired early: {gone_after:?}");
+    assert!(gone_after <= Duration::from_secs(3) + slack, "expired late: {gone_after:?}");
+}
+
+#[tokio::test]
+async fn a_kept_alive_lease_survives_the_leader_being_killed() {
+    let mut cluster = Cluster::start(3).await;
+    let leader = cluster.leader().await;
+    let follower = (0..3).find(|&i| i != leader).unwrap();
+    let mut c = cluster.client(follower).await;
+    let id = c.lease_grant(3, None).await.unwrap().id();
+    c.put("k/held", "v", Some(PutOptions::new().with_lease(id))).await.unwrap();
+    let mut stream = Some(c.lease_keep_alive(id).await.unwrap());
+    let start = Instant::now();
+    let mut killed = false;
+    let mut kept = 0;
+    while start.elapsed() < Duration::from_secs(9) {
+        if !killed && start.elapsed() > Duration::from_secs(1) {
+            cluster.kill(leader);
+            killed = true;
+        }
+        // A keepalive waits out the election on the follower; should a round
+        // fail anyway, a client re-opens the stream, as etcd's clients do.
+        let mut answered = None;
+        if let Some((keeper, answers)) = &mut stream {
+            if keeper.keep_alive().await.is_ok() {
+                if let Ok(Ok(Some(a))) = tokio::time::timeout(Duration::from_secs(3), answers.message()).await {
+                    answered = Some(a.ttl());
+                }
+            }
+        }
+        match answered {
+            Some(ttl) => {
+                assert_eq!(ttl, 3, "the lease must not lapse across the election");
+                kept += 1;
+            }
+            None => stream = c.lease_keep_alive(id).await.ok(),
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(kept > 5, "only {kept} keepalives answered");
+    assert!(exists(&mut c, "k/held").await, "the key of a lease kept alive was deleted");
+    assert!(c.lease_time_to_live(id, None).await.unwrap().ttl() > 0);
+}
+
+#[tokio::test]
+async fn leases_survive_a_restart_of_every_member() {
+    let mut cluster = Cluster::start(3).await;
+    let mut c = cluster.client(0).await;
+    let id = c.lease_grant(120, None).await.unwrap().id();
+    c.put("r/leased", "v", Some(PutOptions::new().with_lease(id))).await.unwrap();
+    drop(c);
+    for i in 0..3 {
+        assert!(cluster.terminate(i).success());
+    }
+    for i in 0..3 {
+        cluster.restart(i);
+    }
+    cluster.wait_ready().await;
+    let mut c = cluster.client(1).await;
+    let ttl = c.lease_time_to_live(id, Some(LeaseTimeToLiveOptions::new().with_keys())).await.unwrap();
+    assert_eq!(ttl.granted_ttl(), 120);
+    assert!(ttl.ttl() > 100, "a new leader gives the lease its full TTL again ({})", ttl.ttl());
+    assert_eq!(ttl.keys(), [b"r/leased".to_vec()]);
+    c.lease_revoke(id).await.unwrap();
+    assert!(!exists(&mut c, "r/leased").await);
+}

@@ -1,0 +1,187 @@
+//! Watches on a real 3-member cluster, driven by `etcd-client`.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use common::Cluster;
+use etcd_client::{EventType, WatchFilterType, WatchOptions, WatchResponse, WatchStream};
+
+async fn next(stream: &mut WatchStream) -> WatchResponse {
+    tokio::time::timeout(Duration::from_secs(10), stream.message())
+        .await
+        .expect("a watch response within 10 s")
+        .expect("the stream stays up")
+        .expect("the stream is not closed")
+}
+
+/// (type, key, value, mod revision, prev value) of every event until `n` are in.
+async fn collect(stream: &mut WatchStream, n: usize) -> Vec<(EventType, String, String, i64, Option<String>)> {
+    let mut out = Vec::new();
+    while out.len() < n {
+        let resp = next(stream).await;
+        for e in resp.events() {
+            let kv = e.kv().unwrap();
+            out.push((
+                e.event_type(),
+                kv.key_str().unwrap().to_string(),
+                kv.value_str().unwrap().to_string(),
+                kv.mod_revision(),
+                e.prev_kv().map(|p| p.value_str().unwrap().to_string()),
+            ));
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn replay_prev_kv_filters_progress_cancel_and_compaction() {
+    let cluster = Cluster::start(3).await;
+    let mut w = cluster.client(0).await;
+    let r1 = w.put("a", "1", None).await.unwrap().header().unwrap().revision();
+    w.put("a", "2", None).await.unwrap();
+    let r3 = w.delete("a", None).await.unwrap().header().unwrap().revision();
+    let r4 = w.put("b", "1", None).await.unwrap().header().unwrap().revision();
+
+    // History replay on a follower, with previous values.
+    let mut c = cluster.client(cluster.follower().await).await;
+    let mut s = c.watch("a", Some(WatchOptions::new().with_start_revision(r1).with_prev_key())).await.unwrap();
+    let created = next(&mut s).await;
+    assert!(created.created());
+    assert_eq!(created.watch_id(), 0, "the first watch on a stream is 0");
+    let events = collect(&mut s, 3).await;
+    assert_eq!(
+        events,
+        vec![
+            (EventType::Put, "a".into(), "1".into(), r1, None),
+            (EventType::Put, "a".into(), "2".into(), r1 + 1, Some("1".into())),
+            (EventType::Delete, "a".into(), "".into(), r3, Some("2".into())),
+        ]
+    );
+    // A second watch on the same stream gets the next ID; then live events.
+    s.watch("b", None).await.unwrap();
+    let second = next(&mut s).await;
+    assert!(second.created());
+    assert_eq!(second.watch_id(), 1);
+    w.put("b", "2", None).await.unwrap();
+    let live = next(&mut s).await;
+    assert_eq!((live.watch_id(), live.events().len()), (1, 1));
+    assert_eq!(live.header().unwrap().revision(), r4 + 1);
+
+    // Progress on request: not tied to a watcher, at the current revision.
+    s.request_progress().await.unwrap();
+    let progress = next(&mut s).await;
+    assert!(progress.events().is_empty());
+    assert_eq!(progress.watch_id(), -1);
+    assert_eq!(progress.header().unwrap().revision(), r4 + 1);
+    s.cancel(1).await.unwrap();
+    let canceled = next(&mut s).await;
+    assert!(canceled.canceled());
+    assert_eq!(canceled.watch_id(), 1);
+
+    // Filters.
+    let opts = WatchOptions::new().with_prefix().with_start_revision(r1);
+    let mut no_put = c.watch("", Some(opts.clone().with_filters([WatchFilterType::NoPut]))).await.unwrap();
+    next(&mut no_put).await;
+    let deletes = collect(&mut no_put, 1).await;
+    assert_eq!(deletes[0].0, EventType::Delete);
+    let mut no_delete = c.watch("", Some(opts.with_filters([WatchFilterType::NoDelete]))).await.unwrap();
+    next(&mut no_delete).await;
+    let puts = collect(&mut no_delete, 4).await;
+    assert!(puts.iter().all(|e| e.0 == EventType::Put));
+    assert_eq!(puts.iter().map(|e| e.3).collect::<Vec<_>>(), vec![r1, r1 + 1, r4, r4 + 1]);
+
+    // A watch from a compacted revision is created, then cancelled. (Watches
+    // are served from the member's own state: read through it first, so that
+    // it has applied the compaction.)
+    w.compact(r3, None).await.unwrap();
+    c.get("a", None).await.unwrap();
+    let mut old = c.watch("a", Some(WatchOptions::new().with_start_revision(r1))).await.unwrap();
+    assert!(next(&mut old).await.created());
+    let cancel = next(&mut old).await;
+    assert!(cancel.canceled());
+    assert_eq!(cancel.compact_revision(), r3);
+}
+
+#[tokio::test]
+async fn every_revision_once_in_order_with_writers_on_every_member() {
+    const PER_WRITER: usize = 150;
+    let cluster = Cluster::start(3).await;
+    let mut c = cluster.client(1).await;
+    let start = c.get("w/", None).await.unwrap().header().unwrap().revision() + 1;
+    let mut s = c.watch("w/", Some(WatchOptions::new().with_prefix())).await.unwrap();
+    assert!(next(&mut s).await.created());
+
+    let mut writers = Vec::new();
+    for m in 0..3 {
+        let mut wc = cluster.client(m).await;
+        writers.push(tokio::spawn(async move {
+            for i in 0..PER_WRITER {
+                wc.put(format!("w/{m}/{i:04}"), "v", None).await.unwrap();
+            }
+        }));
+    }
+    // Read half on member 1, then move to member 2 and resume after the last
+    // revision seen, as a client does when its member goes away.
+    let first = collect(&mut s, 3 * PER_WRITER / 2).await;
+    let resume = first.last().unwrap().3 + 1;
+    drop(s);
+    let mut c2 = cluster.client(2).await;
+    let mut s2 = c2.watch("w/", Some(WatchOptions::new().with_prefix().with_start_revision(resume))).await.unwrap();
+    assert!(next(&mut s2).await.created());
+    for w in writers {
+        w.await.unwrap();
+    }
+    let rest = collect(&mut s2, 3 * PER_WRITER - first.len()).await;
+    let all: Vec<_> = first.into_iter().chain(rest).collect();
+    let revisions: Vec<i64> = all.iter().map(|e| e.3).collect();
+    assert_eq!(
+        revisions,
+        (start..start + (3 * PER_WRITER) as i64).collect::<Vec<_>>(),
+        "every revision once, in order"
+    );
+    let keys: BTreeSet<&String> = all.iter().map(|e| &e.1).collect();
+    assert_eq!(keys.len(), 3 * PER_WRITER);
+}
+
+#[tokio::test]
+async fn a_stalled_watcher_does_not_block_writes_and_catches_up() {
+    const WRITERS: usize = 4;
+    const PER_WRITER: usize = 600;
+    let cluster = Cluster::start(3).await;
+    let mut c = cluster.client(0).await;
+    // Opened and never read while the writes run.
+    let mut stalled = c.watch("s/", Some(WatchOptions::new().with_prefix())).await.unwrap();
+    let value = vec![b'x'; 8 * 1024];
+    let writes = async {
+        let mut tasks = Vec::new();
+        for m in 0..WRITERS {
+            let mut wc = cluster.client(m % 3).await;
+            let value = value.clone();
+            tasks.push(tokio::spawn(async move {
+                for i in 0..PER_WRITER {
+                    wc.put(format!("s/{m}/{i:04}"), value.clone(), None).await.unwrap();
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(120), writes).await.expect("writes finish while a watcher is stalled");
+    // Now it reads, and gets everything, in order.
+    assert!(next(&mut stalled).await.created());
+    let mut last = 0;
+    let mut seen = 0;
+    while seen < WRITERS * PER_WRITER {
+        for e in next(&mut stalled).await.events() {
+            let rev = e.kv().unwrap().mod_revision();
+            assert!(rev > last, "out of order: {rev} after {last}");
+            assert_eq!(e.kv().unwrap().value().len(), 8 * 1024);
+            last = rev;
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, WRITERS * PER_WRITER);
+}
