@@ -13,11 +13,12 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
+    Client, Compare, CompareOp, DeleteOptions, EventType, GetOptions, LeaseGrantOptions, LeaseTimeToLiveOptions,
+    PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions, WatchResponse,
 };
 use serde_json::{json, Value};
 
-const SUITES: &[&str] = &["kv"];
+const SUITES: &[&str] = &["kv", "lease_watch"];
 
 fn suite_path(name: &str, golden: bool) -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/conformance");
@@ -72,6 +73,99 @@ fn txn_resp(r: &etcd_client::TxnResponse) -> Value {
         })
         .collect();
     json!({"header": header(r.header()), "succeeded": r.succeeded(), "responses": responses})
+}
+
+fn watch_resp(r: &WatchResponse) -> Value {
+    let events: Vec<Value> = r
+        .events()
+        .iter()
+        .map(|e| {
+            json!({
+                "type": if e.event_type() == EventType::Put { "PUT" } else { "DELETE" },
+                "kv": e.kv().map(kv),
+                "prev_kv": e.prev_kv().map(kv),
+            })
+        })
+        .collect();
+    json!({
+        "header": header(r.header()), "watch_id": r.watch_id(), "created": r.created(), "canceled": r.canceled(),
+        "compact_revision": r.compact_revision(), "cancel_reason": r.cancel_reason(), "events": events,
+    })
+}
+
+/// A remaining TTL depends on time; only its sign is compared.
+fn remaining(ttl: i64) -> Value {
+    if ttl > 0 {
+        json!("positive")
+    } else {
+        json!(ttl)
+    }
+}
+
+fn watch_options(op: &Value, current: i64) -> WatchOptions {
+    let mut o = WatchOptions::new();
+    if flag(op, "prefix") {
+        o = o.with_prefix();
+    }
+    if flag(op, "from_key") {
+        o = o.with_from_key();
+    }
+    if let Some(end) = op["range_end"].as_str() {
+        o = o.with_range(end);
+    }
+    if let Some(r) = revision(&op["rev"], current) {
+        o = o.with_start_revision(r);
+    }
+    if flag(op, "prev_kv") {
+        o = o.with_prev_key();
+    }
+    let mut filters = Vec::new();
+    if flag(op, "no_put") {
+        filters.push(WatchFilterType::NoPut);
+    }
+    if flag(op, "no_delete") {
+        filters.push(WatchFilterType::NoDelete);
+    }
+    if !filters.is_empty() {
+        o = o.with_filters(filters);
+    }
+    if let Some(id) = op["watch_id"].as_i64() {
+        o = o.with_watch_id(id);
+    }
+    o
+}
+
+async fn next_watch_response(stream: &mut etcd_client::WatchStream) -> Value {
+    match tokio::time::timeout(Duration::from_secs(5), stream.message()).await {
+        Ok(Ok(Some(r))) => watch_resp(&r),
+        Ok(Ok(None)) => json!("closed"),
+        Ok(Err(e)) => error(e),
+        Err(_) => json!("timeout"),
+    }
+}
+
+/// Open a watch, run the follow-up ops, then take `responses` responses
+/// (the first is the creation); `progress` asks for one more at the end.
+async fn run_watch(c: &mut Client, op: &Value, current: i64) -> Value {
+    let mut stream = match c.watch(s(op, "key"), Some(watch_options(op, current))).await {
+        Ok(s) => s,
+        Err(e) => return error(e),
+    };
+    let want = op["responses"].as_u64().unwrap_or(1) as usize;
+    let mut responses = Vec::new();
+    responses.push(next_watch_response(&mut stream).await);
+    let mut then = Vec::new();
+    for o in op["then"].as_array().cloned().unwrap_or_default() {
+        then.push(Box::pin(run_op(c, &o)).await);
+    }
+    while responses.len() < want {
+        responses.push(next_watch_response(&mut stream).await);
+    }
+    if flag(op, "progress") {
+        stream.request_progress().await.expect("progress request");
+        responses.push(next_watch_response(&mut stream).await);
+    }
+    json!({"responses": responses, "then": then})
 }
 
 fn error(e: etcd_client::Error) -> Value {
@@ -271,6 +365,40 @@ async fn run_op(c: &mut Client, op: &Value) -> Value {
                 .and_then((0..puts).map(|i| TxnOp::put(format!("many/{i}"), "v", None)).collect::<Vec<_>>());
             c.txn(t).await.map(|r| json!({"header": header(r.header()), "succeeded": r.succeeded()}))
         }
+        "lease_grant" => {
+            let opts = op["id"].as_i64().map(|id| LeaseGrantOptions::new().with_id(id));
+            c.lease_grant(op["ttl"].as_i64().unwrap(), opts)
+                .await
+                .map(|r| json!({"header": header(r.header()), "id": r.id(), "ttl": r.ttl()}))
+        }
+        "lease_revoke" => {
+            c.lease_revoke(op["id"].as_i64().unwrap()).await.map(|r| json!({"header": header(r.header())}))
+        }
+        "lease_ttl" => {
+            let opts = flag(op, "keys").then(|| LeaseTimeToLiveOptions::new().with_keys());
+            c.lease_time_to_live(op["id"].as_i64().unwrap(), opts).await.map(|r| {
+                let mut keys: Vec<Value> = r.keys().iter().map(|k| text(k)).collect();
+                keys.sort_by_key(|k| k.to_string());
+                json!({"header": header(r.header()), "id": r.id(), "ttl": remaining(r.ttl()), "granted_ttl": r.granted_ttl(), "keys": keys})
+            })
+        }
+        "lease_leases" => c.leases().await.map(|r| {
+            let mut ids: Vec<i64> = r.leases().iter().map(|l| l.id()).collect();
+            ids.sort_unstable();
+            json!({"header": header(r.header()), "leases": ids})
+        }),
+        "lease_keepalive" => match c.lease_keep_alive(op["id"].as_i64().unwrap()).await {
+            Ok((mut keeper, mut answers)) => {
+                keeper.keep_alive().await.expect("keepalive");
+                match answers.message().await {
+                    Ok(Some(r)) => Ok(json!({"header": header(r.header()), "id": r.id(), "ttl": r.ttl()})),
+                    Ok(None) => Ok(json!("closed")),
+                    Err(e) => Err(e),
+                }
+            }
+            Err(e) => Err(e),
+        },
+        "watch" => Ok(run_watch(c, op, current).await),
         "compact" => {
             let rev = revision(&op["rev"], current).expect("compact needs rev");
             c.compact(rev, None).await.map(|r| json!({"header": header(r.header())}))

@@ -149,10 +149,18 @@ impl Session {
                 refused = Some("mvcc: watcher range is empty");
             }
         }
+        if c.watch_id != 0 && self.watchers.contains_key(&c.watch_id) {
+            refused = Some("mvcc: duplicate watch ID provided on the WatchStream");
+        }
+        if let Some(reason) = refused {
+            // As etcd: a refused watcher gets no ID (-1).
+            let mut resp = self.response(-1, current);
+            resp.created = true;
+            resp.canceled = true;
+            resp.cancel_reason = reason.to_string();
+            return self.send(resp).await;
+        }
         let id = if c.watch_id != 0 {
-            if self.watchers.contains_key(&c.watch_id) {
-                refused = Some("mvcc: duplicate watch ID provided on the WatchStream");
-            }
             c.watch_id
         } else {
             while self.watchers.contains_key(&self.next_id) {
@@ -163,11 +171,6 @@ impl Session {
         };
         let mut created = self.response(id, current);
         created.created = true;
-        if let Some(reason) = refused {
-            created.canceled = true;
-            created.cancel_reason = reason.to_string();
-            return self.send(created).await;
-        }
         self.send(created).await?;
         let filters = |f: pb::watch_create_request::FilterType| c.filters.contains(&(f as i32));
         let watcher = Watcher {
