@@ -185,3 +185,57 @@ async fn a_stalled_watcher_does_not_block_writes_and_catches_up() {
     }
     assert_eq!(seen, WRITERS * PER_WRITER);
 }
+
+#[tokio::test]
+async fn progress_notifications_fragments_and_a_clean_shutdown_with_open_streams() {
+    use raftlock::proto::etcdserverpb as pb;
+    let mut cluster = Cluster::start_with(3, &["--watch-progress-notify-interval", "300"]).await;
+    let mut c = cluster.client(0).await;
+
+    // Periodic progress for a watcher that asked for it, with no events.
+    let mut s = c.watch("p/", Some(WatchOptions::new().with_prefix().with_progress_notify())).await.unwrap();
+    assert!(next(&mut s).await.created());
+    let progress = next(&mut s).await;
+    assert!(progress.events().is_empty() && !progress.canceled() && !progress.created());
+    assert_eq!(progress.watch_id(), 0);
+
+    // Fragments: one revision whose events are larger than a request may be.
+    let big = vec![b'x'; 1 << 20];
+    c.put("f/1", big.clone(), None).await.unwrap();
+    c.put("f/2", big, None).await.unwrap();
+    let mut raw = pb::watch_client::WatchClient::connect(cluster.members[0].endpoint())
+        .await
+        .unwrap()
+        .max_decoding_message_size(64 << 20);
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let create = pb::WatchCreateRequest {
+        key: b"f/".to_vec(),
+        range_end: b"f0".to_vec(),
+        prev_kv: true,
+        fragment: true,
+        ..Default::default()
+    };
+    tx.send(pb::WatchRequest { request_union: Some(pb::watch_request::RequestUnion::CreateRequest(create)) })
+        .await
+        .unwrap();
+    let mut responses = raw.watch(tokio_stream::wrappers::ReceiverStream::new(rx)).await.unwrap().into_inner();
+    assert!(responses.message().await.unwrap().unwrap().created);
+    c.delete("f/", Some(etcd_client::DeleteOptions::new().with_prefix())).await.unwrap();
+    let first = responses.message().await.unwrap().unwrap();
+    let second = responses.message().await.unwrap().unwrap();
+    assert!(first.fragment && !second.fragment, "a 2 MiB revision comes in two fragments");
+    assert_eq!((first.events.len(), second.events.len()), (1, 1));
+    assert_eq!(first.events[0].prev_kv.as_ref().unwrap().value.len(), 1 << 20);
+
+    // SIGTERM with a watch and a keepalive stream open: a prompt, clean exit,
+    // and the streams end.
+    let id = c.lease_grant(60, None).await.unwrap().id();
+    let (mut keeper, _answers) = c.lease_keep_alive(id).await.unwrap();
+    keeper.keep_alive().await.unwrap();
+    let stopping = std::time::Instant::now();
+    assert!(cluster.terminate(0).success());
+    assert!(stopping.elapsed() < Duration::from_secs(5), "shutdown took {:?}", stopping.elapsed());
+    let ended = tokio::time::timeout(Duration::from_secs(5), s.message()).await.expect("the watch stream ends");
+    assert!(!matches!(ended, Ok(Some(ref r)) if !r.events().is_empty()), "{ended:?}");
+    drop(tx);
+}

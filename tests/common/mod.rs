@@ -40,6 +40,8 @@ impl Member {
 pub struct Cluster {
     pub members: Vec<Member>,
     initial_cluster: String,
+    /// Flags every member gets on top of the cluster's own.
+    extra_args: Vec<String>,
     _dir: tempfile::TempDir,
 }
 
@@ -50,6 +52,11 @@ fn free_port() -> u16 {
 impl Cluster {
     /// Start `n` members and wait until the cluster has a leader and serves.
     pub async fn start(n: usize) -> Cluster {
+        Self::start_with(n, &[]).await
+    }
+
+    /// As [`Cluster::start`], with extra flags for every member.
+    pub async fn start_with(n: usize, extra_args: &[&str]) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let members: Vec<Member> = (0..n)
             .map(|i| {
@@ -69,7 +76,8 @@ impl Cluster {
             .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port))
             .collect::<Vec<_>>()
             .join(",");
-        let mut cluster = Cluster { members, initial_cluster, _dir: dir };
+        let extra_args = extra_args.iter().map(|a| a.to_string()).collect();
+        let mut cluster = Cluster { members, initial_cluster, extra_args, _dir: dir };
         for i in 0..n {
             cluster.spawn(i);
         }
@@ -88,6 +96,7 @@ impl Cluster {
             .args(["--initial-cluster", &self.initial_cluster])
             .args(["--heartbeat-interval", &HEARTBEAT_MS.to_string()])
             .args(["--election-timeout", &ELECTION_MS.to_string()])
+            .args(&self.extra_args)
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
