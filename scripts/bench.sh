@@ -41,10 +41,23 @@ start_cluster() { # kind base_port
   echo "$kind cluster did not start" >&2; exit 1
 }
 
+is_leader() { # endpoint: asks with etcdctl whether it leads
+  ETCDCTL_API=3 "$etcd_dir/etcdctl" --endpoints="$1" endpoint status -w json 2>/dev/null \
+    | python3 -c 'import json,sys; s=json.load(sys.stdin)[0]["Status"]; sys.exit(0 if s["leader"]==s["header"]["member_id"] else 1)'
+}
+
 suite() { # kind
   local kind=$1
-  run() { "$ctl" --endpoints "$endpoints" -w json bench "$@" | sed "s/^/{\"system\":\"$kind\",\"args\":\"$*\",\"r\":/; s/\$/}/" | tee -a "$work/results.jsonl" >&2; }
-  run put --clients 1 --conns 1 --total $((5000/scale))
+  run_on() { local eps=$1 label=$2; shift 2
+    "$ctl" --endpoints "$eps" -w json bench "$@" | sed "s|^|{\"system\":\"$kind\",\"args\":\"$*$label\",\"r\":|; s/\$/}/" | tee -a "$work/results.jsonl" >&2; }
+  run() { run_on "$endpoints" "" "$@"; }
+  # One client, on the leader and on a follower: the follower forwards.
+  local leader follower ep
+  for ep in ${endpoints//,/ }; do
+    if "$ctl" --endpoints "$ep" -w json bench get --total 1 >/dev/null 2>&1 && is_leader "$ep"; then leader=$ep; else follower=$ep; fi
+  done
+  run_on "$leader" " (leader)" put --clients 1 --conns 1 --total $((5000/scale))
+  run_on "$follower" " (follower)" put --clients 1 --conns 1 --total $((5000/scale))
   run put --clients 64 --conns 8 --total $((60000/scale))
   run get --clients 1 --conns 1 --total $((5000/scale))
   run get --clients 64 --conns 8 --total $((60000/scale))
