@@ -243,13 +243,7 @@ impl Node {
                 }
                 None => {}
             }
-            if *self.shutdown.borrow() {
-                return Err(ServerError::Stopped);
-            }
-            if Instant::now() >= deadline {
-                return Err(if leader.is_none() { ServerError::NoLeader } else { ServerError::Timeout });
-            }
-            self.await_change(deadline).await;
+            self.before_retry(leader.is_some(), deadline).await?;
         }
     }
 
@@ -260,6 +254,20 @@ impl Node {
         let leader = m.current_leader?;
         let url = m.membership_config.membership().get_node(&leader).map(|n| n.peer_url.clone())?;
         Some((leader, url))
+    }
+
+    /// Between two attempts of a request: give up if the node is stopping or the
+    /// deadline has passed (with "no leader" if none was known), else wait a
+    /// moment for news of a leader.
+    async fn before_retry(&self, had_leader: bool, deadline: Instant) -> Result<(), ServerError> {
+        if *self.shutdown.borrow() {
+            return Err(ServerError::Stopped);
+        }
+        if Instant::now() >= deadline {
+            return Err(if had_leader { ServerError::Timeout } else { ServerError::NoLeader });
+        }
+        self.await_change(deadline).await;
+        Ok(())
     }
 
     /// Wait (at most until `deadline`, and at most a moment) for news of a leader.
@@ -306,13 +314,7 @@ impl Node {
                 }
                 None => {}
             }
-            if *self.shutdown.borrow() {
-                return Err(ServerError::Stopped);
-            }
-            if Instant::now() >= deadline {
-                return Err(if leader.is_none() { ServerError::NoLeader } else { ServerError::Timeout });
-            }
-            self.await_change(deadline).await;
+            self.before_retry(leader.is_some(), deadline).await?;
         }
     }
 
@@ -356,13 +358,7 @@ impl Node {
                 }
                 None => {}
             }
-            if *self.shutdown.borrow() {
-                return Err(ServerError::Stopped);
-            }
-            if Instant::now() >= deadline {
-                return Err(if leader.is_none() { ServerError::NoLeader } else { ServerError::Timeout });
-            }
-            self.await_change(deadline).await;
+            self.before_retry(leader.is_some(), deadline).await?;
         }
     }
 
