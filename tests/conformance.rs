@@ -20,6 +20,24 @@ use serde_json::{json, Value};
 
 const SUITES: &[&str] = &["kv", "lease_watch"];
 
+/// The key-range flags that etcd-client's get, delete and watch options share
+/// (by method name; they have no common trait).
+macro_rules! with_key_range {
+    ($options:expr, $op:expr) => {{
+        let mut o = $options;
+        if flag($op, "prefix") {
+            o = o.with_prefix();
+        }
+        if flag($op, "from_key") {
+            o = o.with_from_key();
+        }
+        if let Some(end) = $op["range_end"].as_str() {
+            o = o.with_range(end);
+        }
+        o
+    }};
+}
+
 fn suite_path(name: &str, golden: bool) -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/conformance");
     dir.join(if golden { format!("{name}.golden.json") } else { format!("{name}.json") })
@@ -103,16 +121,7 @@ fn remaining(ttl: i64) -> Value {
 }
 
 fn watch_options(op: &Value, current: i64) -> WatchOptions {
-    let mut o = WatchOptions::new();
-    if flag(op, "prefix") {
-        o = o.with_prefix();
-    }
-    if flag(op, "from_key") {
-        o = o.with_from_key();
-    }
-    if let Some(end) = op["range_end"].as_str() {
-        o = o.with_range(end);
-    }
+    let mut o = with_key_range!(WatchOptions::new(), op);
     if let Some(r) = revision(&op["rev"], current) {
         o = o.with_start_revision(r);
     }
@@ -202,16 +211,7 @@ fn revision(v: &Value, current: i64) -> Option<i64> {
 }
 
 fn get_options(op: &Value, current: i64) -> GetOptions {
-    let mut o = GetOptions::new();
-    if flag(op, "prefix") {
-        o = o.with_prefix();
-    }
-    if flag(op, "from_key") {
-        o = o.with_from_key();
-    }
-    if let Some(end) = op["range_end"].as_str() {
-        o = o.with_range(end);
-    }
+    let mut o = with_key_range!(GetOptions::new(), op);
     if let Some(l) = op["limit"].as_i64() {
         o = o.with_limit(l);
     }
@@ -277,16 +277,7 @@ fn put_options(op: &Value) -> PutOptions {
 }
 
 fn delete_options(op: &Value) -> DeleteOptions {
-    let mut o = DeleteOptions::new();
-    if flag(op, "prefix") {
-        o = o.with_prefix();
-    }
-    if flag(op, "from_key") {
-        o = o.with_from_key();
-    }
-    if let Some(end) = op["range_end"].as_str() {
-        o = o.with_range(end);
-    }
+    let mut o = with_key_range!(DeleteOptions::new(), op);
     if flag(op, "prev_kv") {
         o = o.with_prev_key();
     }
