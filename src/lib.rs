@@ -17,6 +17,7 @@ pub mod bench;
 pub mod command;
 pub mod config;
 pub mod lease;
+pub mod locks;
 pub mod mvcc;
 pub mod proto;
 pub mod raft;

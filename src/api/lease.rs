@@ -37,7 +37,7 @@ impl LeaseService {
 }
 
 /// A random positive lease ID (std's randomly keyed hasher as the source).
-fn random_lease_id() -> i64 {
+pub fn random_lease_id() -> i64 {
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u64(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64));
     (h.finish() & i64::MAX as u64).max(1) as i64

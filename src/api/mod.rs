@@ -12,6 +12,7 @@ pub mod cluster;
 pub mod error;
 pub mod kv;
 pub mod lease;
+pub mod lock;
 pub mod maintenance;
 pub mod watch;
 
@@ -47,6 +48,8 @@ pub async fn serve_clients(node: Arc<Node>, addrs: Vec<SocketAddr>) -> anyhow::R
             .add_service(maintenance::MaintenanceService::server(node.clone()))
             .add_service(lease::LeaseService::server(node.clone()))
             .add_service(watch::WatchService::server(node.clone(), node.watch_progress_interval))
+            .add_service(lock::LockService::server(node.clone()))
+            .add_service(lock::ElectionService::server(node.clone()))
     };
     serve(&node, addrs, make).await
 }

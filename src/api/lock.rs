@@ -1,0 +1,120 @@
+//! etcd's `v3lockpb.Lock` (Lock, Unlock) and `v3electionpb.Election`
+//! (Campaign, Proclaim, Leader, Observe, Resign), as adapters over the
+//! server-side recipes in `crate::locks`.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use tonic::{Request, Response, Status};
+
+use super::{error, header};
+use crate::locks::election::{self, LeaderKey};
+use crate::locks::{self, mutex, RecipeError};
+use crate::proto::v3electionpb as epb;
+use crate::proto::v3electionpb::election_server::{Election, ElectionServer};
+use crate::proto::v3lockpb as lpb;
+use crate::proto::v3lockpb::lock_server::{Lock, LockServer};
+use crate::server::Node;
+
+/// etcd answers recipe failures with gRPC code Unknown and these messages.
+fn recipe(e: RecipeError) -> Status {
+    match e {
+        RecipeError::Server(e) => error::server(e),
+        RecipeError::Mvcc(e) => error::mvcc(e),
+        other => Status::unknown(other.to_string()),
+    }
+}
+
+pub struct LockService {
+    node: Arc<Node>,
+}
+
+impl LockService {
+    pub fn server(node: Arc<Node>) -> LockServer<LockService> {
+        LockServer::new(LockService { node })
+    }
+}
+
+#[tonic::async_trait]
+impl Lock for LockService {
+    async fn lock(&self, req: Request<lpb::LockRequest>) -> Result<Response<lpb::LockResponse>, Status> {
+        let req = req.into_inner();
+        let held = mutex::lock(self.node.clone(), &req.name, req.lease).await.map_err(recipe)?;
+        let revision = self.node.state().mvcc().revision();
+        Ok(Response::new(lpb::LockResponse { header: header(&self.node, revision), key: held.key }))
+    }
+
+    async fn unlock(&self, req: Request<lpb::UnlockRequest>) -> Result<Response<lpb::UnlockResponse>, Status> {
+        let revision = locks::delete(&self.node, &req.into_inner().key).await.map_err(recipe)?;
+        Ok(Response::new(lpb::UnlockResponse { header: header(&self.node, revision) }))
+    }
+}
+
+pub struct ElectionService {
+    node: Arc<Node>,
+}
+
+impl ElectionService {
+    pub fn server(node: Arc<Node>) -> ElectionServer<ElectionService> {
+        ElectionServer::new(ElectionService { node })
+    }
+
+    fn revision(&self) -> i64 {
+        self.node.state().mvcc().revision()
+    }
+}
+
+fn leader_key(k: Option<epb::LeaderKey>) -> Result<LeaderKey, Status> {
+    let k = k.ok_or_else(|| Status::invalid_argument("election: no leader key given"))?;
+    Ok(LeaderKey { name: k.name, key: k.key, rev: k.rev, lease: k.lease })
+}
+
+type ObserveStream = Pin<Box<dyn futures::Stream<Item = Result<epb::LeaderResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Election for ElectionService {
+    async fn campaign(&self, req: Request<epb::CampaignRequest>) -> Result<Response<epb::CampaignResponse>, Status> {
+        let req = req.into_inner();
+        let l = election::campaign(self.node.clone(), &req.name, req.lease, &req.value).await.map_err(recipe)?;
+        let leader = epb::LeaderKey { name: l.name, key: l.key, rev: l.rev, lease: l.lease };
+        Ok(Response::new(epb::CampaignResponse { header: header(&self.node, self.revision()), leader: Some(leader) }))
+    }
+
+    async fn proclaim(&self, req: Request<epb::ProclaimRequest>) -> Result<Response<epb::ProclaimResponse>, Status> {
+        let req = req.into_inner();
+        let leader = leader_key(req.leader)?;
+        let revision = election::proclaim(&self.node, &leader, &req.value).await.map_err(recipe)?;
+        Ok(Response::new(epb::ProclaimResponse { header: header(&self.node, revision) }))
+    }
+
+    async fn leader(&self, req: Request<epb::LeaderRequest>) -> Result<Response<epb::LeaderResponse>, Status> {
+        let kv = election::leader(&self.node, &req.into_inner().name).await.map_err(recipe)?;
+        let kv = Some(super::kv::key_value(kv));
+        Ok(Response::new(epb::LeaderResponse { header: header(&self.node, self.revision()), kv }))
+    }
+
+    type ObserveStream = ObserveStream;
+
+    async fn observe(&self, req: Request<epb::LeaderRequest>) -> Result<Response<ObserveStream>, Status> {
+        let name = req.into_inner().name;
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        let node = self.node.clone();
+        tokio::spawn(async move {
+            let outcome = election::observe(&node, &name, &tx, |kv| {
+                let revision = node.state().mvcc().revision();
+                Ok(epb::LeaderResponse { header: header(&node, revision), kv: Some(super::kv::key_value(kv)) })
+            })
+            .await;
+            if let Err(e) = outcome {
+                let _ = tx.send(Err(recipe(e))).await;
+            }
+        });
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+    }
+
+    async fn resign(&self, req: Request<epb::ResignRequest>) -> Result<Response<epb::ResignResponse>, Status> {
+        let leader = leader_key(req.into_inner().leader)?;
+        let revision = election::resign(&self.node, &leader).await.map_err(recipe)?;
+        Ok(Response::new(epb::ResignResponse { header: header(&self.node, revision) }))
+    }
+}

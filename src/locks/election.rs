@@ -1,0 +1,140 @@
+//! etcd's `v3election`: Campaign, Proclaim, Leader, Observe, Resign, run on the
+//! server (see the module above). The leader of election `name` is the key
+//! under `name/` with the lowest create_revision; its value is the leader's
+//! proclamation.
+
+use std::sync::Arc;
+
+use super::{create_or_get, member_key, prefix_end, wait_for_turn, CleanupOnDrop, RecipeError};
+use crate::command::{Command, CommandResult};
+use crate::mvcc::{
+    Compare, CompareResult, CompareTarget, KeyValue, PutRequest, RangeRequest, RequestOp, SortOrder, SortTarget,
+    TxnRequest,
+};
+use crate::server::Node;
+
+/// Who leads: the election's name, the leader's key, its create_revision and lease.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaderKey {
+    pub name: Vec<u8>,
+    pub key: Vec<u8>,
+    pub rev: i64,
+    pub lease: i64,
+}
+
+fn prefix(name: &[u8]) -> Vec<u8> {
+    let mut p = name.to_vec();
+    p.push(b'/');
+    p
+}
+
+/// Wait to become leader of `name` with `value`; a campaign again by the same
+/// lease keeps its place and updates the value.
+pub async fn campaign(node: Arc<Node>, name: &[u8], lease: i64, value: &[u8]) -> Result<LeaderKey, RecipeError> {
+    let key = member_key(name, lease);
+    let mine = create_or_get(&node, &key, value, lease).await?;
+    let cleanup = CleanupOnDrop::new(node.clone(), key.clone());
+    let leader = LeaderKey { name: name.to_vec(), key: key.clone(), rev: mine.create_revision, lease };
+    if mine.value != value {
+        proclaim(&node, &leader, value).await?;
+    }
+    wait_for_turn(&node, &prefix(name), &mine).await?;
+    match super::get(&node, &key).await? {
+        Some(kv) if kv.create_revision == mine.create_revision => {
+            cleanup.disarm();
+            Ok(leader)
+        }
+        _ => Err(RecipeError::SessionExpired),
+    }
+}
+
+/// A txn that runs `op` only while `leader` still holds its key.
+async fn while_leader(node: &Node, leader: &LeaderKey, op: RequestOp) -> Result<i64, RecipeError> {
+    let txn = TxnRequest {
+        compare: vec![Compare {
+            result: CompareResult::Equal,
+            target: CompareTarget::Create,
+            key: leader.key.clone(),
+            range_end: vec![],
+            number: leader.rev,
+            value: vec![],
+        }],
+        success: vec![op],
+        failure: vec![],
+    };
+    match node.write(Command::Txn(txn)).await? {
+        CommandResult::Txn(r) if r.succeeded => Ok(r.revision),
+        CommandResult::Txn(_) => Err(RecipeError::NotLeader),
+        CommandResult::Rejected { error, .. } => Err(RecipeError::Mvcc(error)),
+        other => unreachable!("a txn answers with a txn result, not {other:?}"),
+    }
+}
+
+/// Change the leader's value, if `leader` still leads.
+pub async fn proclaim(node: &Node, leader: &LeaderKey, value: &[u8]) -> Result<i64, RecipeError> {
+    let put = PutRequest { key: leader.key.clone(), value: value.to_vec(), lease: leader.lease, ..Default::default() };
+    while_leader(node, leader, RequestOp::Put(put)).await
+}
+
+/// Give up leadership (delete the leader's key), if `leader` still leads.
+pub async fn resign(node: &Node, leader: &LeaderKey) -> Result<i64, RecipeError> {
+    let del = crate::mvcc::DeleteRangeRequest { key: leader.key.clone(), range_end: vec![], prev_kv: false };
+    while_leader(node, leader, RequestOp::DeleteRange(del)).await
+}
+
+/// The current leader's key-value, read linearizably.
+pub async fn leader(node: &Node, name: &[u8]) -> Result<KeyValue, RecipeError> {
+    node.read_barrier().await?;
+    first_created(node, name)?.ok_or(RecipeError::NoLeader)
+}
+
+fn first_created(node: &Node, name: &[u8]) -> Result<Option<KeyValue>, RecipeError> {
+    let p = prefix(name);
+    let req = RangeRequest {
+        key: p.clone(),
+        range_end: prefix_end(&p),
+        sort_order: SortOrder::Ascend,
+        sort_target: SortTarget::Create,
+        limit: 1,
+        ..Default::default()
+    };
+    Ok(node.state().mvcc().range(&req).map_err(RecipeError::Mvcc)?.kvs.into_iter().next())
+}
+
+/// Follow the leadership of `name`: each time it changes (a new leader, or a
+/// new value) the leader, mapped by `make`, goes to `out`; ends when `out` closes.
+pub async fn observe<T: Send>(
+    node: &Node,
+    name: &[u8],
+    out: &tokio::sync::mpsc::Sender<T>,
+    mut make: impl FnMut(KeyValue) -> T + Send,
+) -> Result<(), RecipeError> {
+    let p = prefix(name);
+    let mut feed = node.state().subscribe();
+    node.read_barrier().await?;
+    let mut last: Option<KeyValue> = None;
+    let shutdown = node.shutdown_signal();
+    loop {
+        let current = first_created(node, name)?;
+        if let Some(kv) = &current {
+            if last.as_ref() != Some(kv) {
+                if out.send(make(kv.clone())).await.is_err() {
+                    return Ok(());
+                }
+                last = current;
+            }
+        }
+        // Wait for any change under the election's prefix.
+        loop {
+            tokio::select! {
+                batch = feed.recv() => match batch {
+                    Ok(b) if b.changes.iter().any(|c| c.key.starts_with(&p)) => break,
+                    Ok(_) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => break,
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return Ok(()),
+                },
+                _ = crate::server::shutdown_started(shutdown.clone()) => return Ok(()),
+            }
+        }
+    }
+}

@@ -1,0 +1,49 @@
+//! etcd's `v3lock` Lock/Unlock, run on the server (see the module above).
+//!
+//! Lock with lease 0 behaves as etcd's: the server grants a 60-second lease
+//! that nobody keeps alive, so the lock silently ends a minute later. The
+//! README warns about this trap and steers users to pass their own lease.
+
+use std::sync::Arc;
+
+use super::{create_or_get, get, member_key, wait_for_turn, CleanupOnDrop, RecipeError};
+use crate::command::{Command, CommandResult};
+use crate::mvcc::KeyValue;
+use crate::server::Node;
+
+/// The TTL of the lease etcd's Lock grants when the request names none.
+pub const DEFAULT_SESSION_TTL: i64 = 60;
+
+/// Take the lock `name` for `lease`, waiting in FIFO order. Returns the
+/// holder's key as it is once held (its create_revision is the fencing token).
+pub async fn lock(node: Arc<Node>, name: &[u8], lease: i64) -> Result<KeyValue, RecipeError> {
+    let lease = if lease == 0 { grant_unattended_lease(&node).await? } else { lease };
+    let key = member_key(name, lease);
+    let mine = create_or_get(&node, &key, b"", lease).await?;
+    // From here on, giving up (or being dropped) must remove our key.
+    let cleanup = CleanupOnDrop::new(node.clone(), key.clone());
+    let mut prefix = name.to_vec();
+    prefix.push(b'/');
+    wait_for_turn(&node, &prefix, &mine).await?;
+    // Our turn; but if our lease lapsed while we waited, the key is gone.
+    match get(&node, &key).await? {
+        Some(kv) if kv.create_revision == mine.create_revision => {
+            cleanup.disarm();
+            Ok(kv)
+        }
+        _ => Err(RecipeError::SessionExpired),
+    }
+}
+
+async fn grant_unattended_lease(node: &Node) -> Result<i64, RecipeError> {
+    loop {
+        let id = crate::api::lease::random_lease_id();
+        let ttl = DEFAULT_SESSION_TTL.max(node.min_lease_ttl);
+        match node.write(Command::LeaseGrant { id, ttl }).await? {
+            CommandResult::LeaseGranted { id, .. } => return Ok(id),
+            CommandResult::Rejected { error: crate::mvcc::MvccError::LeaseExists, .. } => continue,
+            CommandResult::Rejected { error, .. } => return Err(RecipeError::Mvcc(error)),
+            other => unreachable!("a grant answers with a grant result, not {other:?}"),
+        }
+    }
+}

@@ -1,0 +1,161 @@
+//! The etcd-compatible Lock and Election services on a real 3-member cluster,
+//! driven by `etcd-client`.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{grpc_error, Cluster};
+use etcd_client::{Client, LockOptions, ProclaimOptions, ResignOptions};
+use tonic::Code;
+
+async fn lease(c: &mut Client, ttl: i64) -> i64 {
+    c.lease_grant(ttl, None).await.unwrap().id()
+}
+
+async fn lock(c: &mut Client, name: &str, lease: i64) -> Result<Vec<u8>, etcd_client::Error> {
+    c.lock(name, Some(LockOptions::new().with_lease(lease))).await.map(|r| r.key().to_vec())
+}
+
+async fn create_revision(c: &mut Client, key: &[u8]) -> i64 {
+    c.get(key, None).await.unwrap().kvs()[0].create_revision()
+}
+
+#[tokio::test]
+async fn mutual_exclusion_with_increasing_fencing_tokens() {
+    const CLIENTS: usize = 6;
+    const ROUNDS: usize = 8;
+    let cluster = Cluster::start(3).await;
+    let tokens = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..CLIENTS {
+        let mut c = cluster.client(i % 3).await;
+        let tokens = tokens.clone();
+        tasks.push(tokio::spawn(async move {
+            let id = lease(&mut c, 30).await;
+            for _ in 0..ROUNDS {
+                let key = lock(&mut c, "counter-lock", id).await.unwrap();
+                // Read-modify-write under the lock: an unlocked version loses updates.
+                let n: u64 = match c.get("counter", None).await.unwrap().kvs().first() {
+                    Some(kv) => kv.value_str().unwrap().parse().unwrap(),
+                    None => 0,
+                };
+                let token = create_revision(&mut c, &key).await;
+                tokens.lock().unwrap().push(token);
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                c.put("counter", (n + 1).to_string(), None).await.unwrap();
+                c.unlock(key).await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let mut c = cluster.client(0).await;
+    let total = c.get("counter", None).await.unwrap().kvs()[0].value_str().unwrap().to_string();
+    assert_eq!(total, (CLIENTS * ROUNDS).to_string(), "an update was lost: two holders at once");
+    let tokens = tokens.lock().unwrap().clone();
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "fencing tokens must increase across holders: {tokens:?}");
+}
+
+#[tokio::test]
+async fn waiters_are_served_in_fifo_order_and_a_dead_holder_passes_the_lock_on() {
+    let cluster = Cluster::start(3).await;
+    let mut c = cluster.client(1).await;
+    let holder = lease(&mut c, 30).await;
+    let held = lock(&mut c, "fifo", holder).await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for name in ["first", "second", "third"] {
+        let mut wc = cluster.client(2).await;
+        let id = lease(&mut wc, 30).await;
+        let order = order.clone();
+        waiters.push(tokio::spawn(async move {
+            let key = lock(&mut wc, "fifo", id).await.unwrap();
+            order.lock().unwrap().push(name);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            wc.unlock(key).await.unwrap();
+        }));
+        // Let each waiter's key be created before the next one's.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(order.lock().unwrap().is_empty(), "nobody gets a held lock");
+    // The holder "dies": its lease is revoked, as expiry would do.
+    c.lease_revoke(holder).await.unwrap();
+    for w in waiters {
+        tokio::time::timeout(Duration::from_secs(10), w).await.expect("every waiter is served").unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), ["first", "second", "third"]);
+    assert!(c.get(held, None).await.unwrap().kvs().is_empty());
+}
+
+#[tokio::test]
+async fn a_waiter_whose_lease_ends_gets_an_error_and_a_cancelled_waiter_leaves_no_key() {
+    let cluster = Cluster::start(3).await;
+    let mut c = cluster.client(0).await;
+    let holder = lease(&mut c, 60).await;
+    lock(&mut c, "busy", holder).await.unwrap();
+
+    // Its lease is revoked while it waits: an error, never the lock.
+    let doomed = lease(&mut c, 60).await;
+    let mut wc = cluster.client(1).await;
+    let waiting = tokio::spawn(async move { lock(&mut wc, "busy", doomed).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    c.lease_revoke(doomed).await.unwrap();
+    let outcome = tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("answered at once").unwrap();
+    let (code, msg) = grpc_error(outcome.unwrap_err());
+    assert_eq!((code, msg.as_str()), (Code::Unknown, "session: session is expired"));
+
+    // A waiter that gives up (its call is cancelled) removes its key.
+    let quitter = lease(&mut c, 60).await;
+    let mut qc = cluster.client(2).await;
+    let gave_up = tokio::time::timeout(Duration::from_millis(500), lock(&mut qc, "busy", quitter)).await;
+    assert!(gave_up.is_err(), "the lock is held; the call waits");
+    let key = format!("busy/{quitter:x}");
+    let mut gone = false;
+    for _ in 0..100 {
+        if c.get(key.as_str(), None).await.unwrap().kvs().is_empty() {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(gone, "the cancelled waiter's key was left behind");
+
+    // Unknown lease.
+    let (code, _) = grpc_error(lock(&mut c, "busy", 777).await.unwrap_err());
+    assert_eq!(code, Code::NotFound);
+}
+
+#[tokio::test]
+async fn elections_campaign_proclaim_observe_and_resign() {
+    let cluster = Cluster::start(3).await;
+    let mut a = cluster.client(0).await;
+    let mut b = cluster.client(1).await;
+    let (code, msg) = grpc_error(a.leader("pick").await.unwrap_err());
+    assert_eq!((code, msg.as_str()), (Code::Unknown, "election: no leader"));
+
+    let la = lease(&mut a, 30).await;
+    let lb = lease(&mut b, 30).await;
+    let a_leads = a.campaign("pick", "a", la).await.unwrap().leader().unwrap().clone();
+    assert_eq!(a.leader("pick").await.unwrap().kv().unwrap().value(), b"a");
+    let mut observed = cluster.client(2).await.observe("pick").await.unwrap();
+    assert_eq!(observed.message().await.unwrap().unwrap().kv().unwrap().value(), b"a");
+
+    let b_campaign =
+        tokio::spawn(async move { b.campaign("pick", "b", lb).await.map(|r| r.leader().unwrap().clone()) });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!b_campaign.is_finished(), "b waits while a leads");
+
+    a.proclaim("a2", Some(ProclaimOptions::new().with_leader(a_leads.clone()))).await.unwrap();
+    assert_eq!(observed.message().await.unwrap().unwrap().kv().unwrap().value(), b"a2");
+    a.resign(Some(ResignOptions::new().with_leader(a_leads.clone()))).await.unwrap();
+    let b_leads = tokio::time::timeout(Duration::from_secs(5), b_campaign).await.unwrap().unwrap().unwrap();
+    assert_eq!(observed.message().await.unwrap().unwrap().kv().unwrap().value(), b"b");
+    assert!(b_leads.rev() > a_leads.rev());
+    // a no longer leads.
+    let (code, msg) =
+        grpc_error(a.proclaim("late", Some(ProclaimOptions::new().with_leader(a_leads))).await.unwrap_err());
+    assert_eq!((code, msg.as_str()), (Code::Unknown, "election: not leader"));
+}
