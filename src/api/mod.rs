@@ -58,7 +58,8 @@ pub async fn serve_clients(node: Arc<Node>, addrs: Vec<SocketAddr>) -> anyhow::R
 pub async fn serve_peers(node: Arc<Node>, addrs: Vec<SocketAddr>) -> anyhow::Result<()> {
     let make = || {
         let leases: Arc<dyn LeaseAuthority> = node.clone();
-        Server::builder().add_service(PeerService::server(node.raft().clone(), node.proposer().clone(), leases))
+        let service = PeerService::server(node.raft().clone(), node.proposer().clone(), leases, node.read_floor());
+        Server::builder().add_service(service)
     };
     serve(&node, addrs, make).await
 }

@@ -43,6 +43,7 @@ pub mod log_store;
 pub mod network;
 pub mod peer;
 pub mod proposer;
+pub mod read_index;
 pub mod state_machine;
 
 use std::io::Cursor;

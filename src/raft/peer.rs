@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use tonic::{Request, Response, Status};
 
 use super::proposer::{ProposeError, Proposer};
+use super::read_index::{read_index, ReadFloor};
 use super::{decode, encode, Raft, TypeConfig};
 use crate::command::{Command, CommandResult};
 use crate::proto::raftlock::peer::peer_server::{Peer, PeerServer};
@@ -61,6 +62,7 @@ pub struct PeerService {
     raft: Raft,
     proposer: Proposer,
     leases: std::sync::Arc<dyn LeaseAuthority>,
+    read_floor: std::sync::Arc<ReadFloor>,
 }
 
 impl PeerService {
@@ -68,8 +70,9 @@ impl PeerService {
         raft: Raft,
         proposer: Proposer,
         leases: std::sync::Arc<dyn LeaseAuthority>,
+        read_floor: std::sync::Arc<ReadFloor>,
     ) -> PeerServer<PeerService> {
-        PeerServer::new(PeerService { raft, proposer, leases })
+        PeerServer::new(PeerService { raft, proposer, leases, read_floor })
             .max_decoding_message_size(usize::MAX)
             .max_encoding_message_size(usize::MAX)
     }
@@ -125,8 +128,8 @@ impl Peer for PeerService {
     }
 
     async fn read_index(&self, _req: Request<ReadIndexRequest>) -> Result<Response<ReadIndexResponse>, Status> {
-        match self.raft.get_read_log_id().await {
-            Ok((read, _applied)) => Ok(Response::new(ReadIndexResponse { index: read.map_or(0, |l| l.index) })),
+        match read_index(&self.raft, &self.read_floor).await {
+            Ok(index) => Ok(Response::new(ReadIndexResponse { index })),
             Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(_))) => {
                 Err(Status::failed_precondition("not leader"))
             }

@@ -32,6 +32,7 @@ use crate::raft::log_store::LogStore;
 use crate::raft::network::{ForwardFailure, Forwarder, PeerClients, PeerNetwork};
 use crate::raft::peer::{LeaseAnswer, LeaseAuthority, LeaseQuery, LeaseStatus};
 use crate::raft::proposer::{ProposeError, Proposer};
+use crate::raft::read_index::{read_index, ReadFloor};
 use crate::raft::state_machine::StateMachine;
 use crate::raft::{MemberNode, Raft, RaftConfig, RaftMetrics, ServerState};
 use crate::state::{AppliedState, MemberAttrs};
@@ -91,6 +92,8 @@ pub struct Node {
     pub min_lease_ttl: i64,
     /// How often watchers that asked for it get a progress notification.
     pub watch_progress_interval: Duration,
+    /// The least read index this member hands out while it leads (see raft::read_index).
+    read_floor: Arc<ReadFloor>,
     /// Linearizable reads that arrive together share one ReadIndex round.
     read_barriers: Batcher<(), Result<(), ServerError>>,
     state: Arc<AppliedState>,
@@ -171,6 +174,7 @@ impl Node {
                 proposer,
                 forwarder,
                 read_barriers,
+                read_floor: Arc::default(),
                 lease_keeper: LeaseKeeper::default(),
                 min_lease_ttl: (config.election_timeout * 3).div_ceil(2 * 1000).max(1) as i64,
                 watch_progress_interval: Duration::from_millis(config.watch_progress_notify_interval),
@@ -194,6 +198,10 @@ impl Node {
 
     pub fn proposer(&self) -> &Proposer {
         &self.proposer
+    }
+
+    pub fn read_floor(&self) -> Arc<ReadFloor> {
+        self.read_floor.clone()
     }
 
     pub fn state(&self) -> &AppliedState {
@@ -325,40 +333,38 @@ impl Node {
         self.read_barriers.call(()).await.unwrap_or(Err(ServerError::Stopped))
     }
 
-    /// One ReadIndex round (see [`Node::read_barrier`]).
+    /// One ReadIndex round (see [`Node::read_barrier`]): get a read index from
+    /// the leader (ourselves or over the peer channel), then wait until this
+    /// member has applied that far.
     async fn read_index_round(&self) -> Result<(), ServerError> {
         let deadline = Instant::now() + self.request_timeout;
-        loop {
+        let index = loop {
             let leader = self.leader();
+            let remaining = deadline.saturating_duration_since(Instant::now());
             match &leader {
                 Some((leader_id, _)) if *leader_id == self.id => {
-                    match tokio::time::timeout_at(deadline, self.raft.ensure_linearizable()).await {
+                    match tokio::time::timeout_at(deadline, read_index(&self.raft, &self.read_floor)).await {
                         Err(_) => return Err(ServerError::Timeout),
-                        Ok(Ok(_)) => return Ok(()),
+                        Ok(Ok(index)) => break index,
                         Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(_)))) => {}
                         Ok(Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_)))) => {}
                         Ok(Err(RaftError::Fatal(_))) => return Err(ServerError::Stopped),
                     }
                 }
                 Some((_, url)) => {
-                    let remaining = deadline.saturating_duration_since(Instant::now());
                     if let Ok(index) = self.peers.read_index(url, remaining).await {
-                        let remaining = deadline.saturating_duration_since(Instant::now());
-                        return match self
-                            .raft
-                            .wait(Some(remaining))
-                            .applied_index_at_least(Some(index), "read index")
-                            .await
-                        {
-                            Ok(_) => Ok(()),
-                            Err(openraft::metrics::WaitError::Timeout(..)) => Err(ServerError::Timeout),
-                            Err(openraft::metrics::WaitError::ShuttingDown) => Err(ServerError::Stopped),
-                        };
+                        break index;
                     }
                 }
                 None => {}
             }
             self.before_retry(leader.is_some(), deadline).await?;
+        };
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        match self.raft.wait(Some(remaining)).applied_index_at_least(Some(index), "read index").await {
+            Ok(_) => Ok(()),
+            Err(openraft::metrics::WaitError::Timeout(..)) => Err(ServerError::Timeout),
+            Err(openraft::metrics::WaitError::ShuttingDown) => Err(ServerError::Stopped),
         }
     }
 
@@ -434,7 +440,7 @@ impl LeaseAuthority for Node {
             return LeaseAnswer::NotLeader;
         }
         // The leader must have applied every grant it acknowledged.
-        if self.raft.ensure_linearizable().await.is_err() {
+        if self.read_barrier().await.is_err() || !self.is_leader() {
             return LeaseAnswer::NotLeader;
         }
         let table = self.state.leases();

@@ -42,7 +42,8 @@ pub struct Cluster {
     initial_cluster: String,
     /// Flags every member gets on top of the cluster's own.
     extra_args: Vec<String>,
-    _dir: tempfile::TempDir,
+    /// Kept (and printed) when a test fails, for the post-mortem.
+    dir: Option<tempfile::TempDir>,
 }
 
 fn free_port() -> u16 {
@@ -77,7 +78,7 @@ impl Cluster {
             .collect::<Vec<_>>()
             .join(",");
         let extra_args = extra_args.iter().map(|a| a.to_string()).collect();
-        let mut cluster = Cluster { members, initial_cluster, extra_args, _dir: dir };
+        let mut cluster = Cluster { members, initial_cluster, extra_args, dir: Some(dir) };
         for i in 0..n {
             cluster.spawn(i);
         }
@@ -210,6 +211,11 @@ impl Drop for Cluster {
     fn drop(&mut self) {
         for i in 0..self.members.len() {
             self.kill(i);
+        }
+        if std::thread::panicking() {
+            if let Some(dir) = self.dir.take() {
+                eprintln!("test failed: cluster data and logs kept in {}", dir.keep().display());
+            }
         }
     }
 }

@@ -1,0 +1,53 @@
+//! The read index a leader hands out for linearizable reads.
+//!
+//! openraft's `get_read_log_id` answers max(noop, committed): the first entry
+//! this leader proposed in its term, or the commit index. That is not enough
+//! after a restart: a member that restarts holding a committed vote for itself
+//! comes back as leader *without* an election, reuses its old noop, and — as
+//! the commit index is not persisted — starts from its state store's applied
+//! index, which may be behind entries that were committed and acknowledged
+//! before the crash. A read served then would miss acknowledged writes.
+//!
+//! So the read index is also at least the leader's last log index at the
+//! moment it began to lead in its current term ([`ReadFloor`]). That is safe
+//! (every committed entry is in the leader's log) and always reached (a leader
+//! commits its own log). After an ordinary election openraft's new noop is
+//! already above the floor, so reads pay nothing extra.
+
+use std::sync::Mutex;
+
+use openraft::error::{CheckIsLeaderError, RaftError};
+
+use super::{MemberNode, Raft};
+
+/// The last log index of this member when it began to lead, per term.
+#[derive(Default)]
+pub struct ReadFloor {
+    /// std Mutex: held only to read or set two numbers.
+    by_term: Mutex<(u64, u64)>,
+}
+
+impl ReadFloor {
+    fn for_term(&self, term: u64, last_log_index: u64) -> u64 {
+        let mut floor = self.by_term.lock().expect("read floor lock poisoned");
+        if floor.0 != term {
+            *floor = (term, last_log_index);
+        }
+        floor.1
+    }
+}
+
+/// Confirm leadership with a quorum and return the index a linearizable read
+/// must wait for (see the module doc).
+pub async fn read_index(
+    raft: &Raft,
+    floor: &ReadFloor,
+) -> Result<u64, RaftError<u64, CheckIsLeaderError<u64, MemberNode>>> {
+    let (read_log_id, _applied) = raft.get_read_log_id().await?;
+    let (term, last_log_index) = {
+        let m = raft.metrics();
+        let m = m.borrow();
+        (m.current_term, m.last_log_index.unwrap_or(0))
+    };
+    Ok(read_log_id.map_or(0, |l| l.index).max(floor.for_term(term, last_log_index)))
+}
