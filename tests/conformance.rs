@@ -13,12 +13,13 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, DeleteOptions, EventType, GetOptions, LeaseGrantOptions, LeaseTimeToLiveOptions,
-    PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions, WatchResponse,
+    Client, Compare, CompareOp, DeleteOptions, EventType, GetOptions, LeaderKey, LeaseGrantOptions,
+    LeaseTimeToLiveOptions, LockOptions, ProclaimOptions, PutOptions, ResignOptions, SortOrder, SortTarget, Txn, TxnOp,
+    TxnOpResponse, WatchFilterType, WatchOptions, WatchResponse,
 };
 use serde_json::{json, Value};
 
-const SUITES: &[&str] = &["kv", "lease_watch"];
+const SUITES: &[&str] = &["kv", "lease_watch", "locks"];
 
 /// The key-range flags that etcd-client's get, delete and watch options share
 /// (by method name; they have no common trait).
@@ -142,6 +143,19 @@ fn watch_options(op: &Value, current: i64) -> WatchOptions {
         o = o.with_watch_id(id);
     }
     o
+}
+
+fn leader_key(k: &LeaderKey) -> Value {
+    json!({"name": text(k.name()), "key": text(k.key()), "rev": k.rev(), "lease": k.lease()})
+}
+
+/// The leader key an op names: `name`, `key`, `rev` (may be relative) and `lease`.
+fn leader_of(op: &Value, current: i64) -> LeaderKey {
+    LeaderKey::new()
+        .with_name(s(op, "name"))
+        .with_key(s(op, "key"))
+        .with_rev(revision(&op["rev"], current).unwrap_or(0))
+        .with_lease(op["lease"].as_i64().unwrap_or(0))
 }
 
 async fn next_watch_response(stream: &mut etcd_client::WatchStream) -> Value {
@@ -390,6 +404,24 @@ async fn run_op(c: &mut Client, op: &Value) -> Value {
             Err(e) => Err(e),
         },
         "watch" => Ok(run_watch(c, op, current).await),
+        "lock" => {
+            let opts = op["lease"].as_i64().map(|l| LockOptions::new().with_lease(l));
+            c.lock(s(op, "name"), opts).await.map(|r| json!({"header": header(r.header()), "key": text(r.key())}))
+        }
+        "unlock" => c.unlock(s(op, "key")).await.map(|r| json!({"header": header(r.header())})),
+        "campaign" => c
+            .campaign(s(op, "name"), s(op, "value"), op["lease"].as_i64().unwrap())
+            .await
+            .map(|r| json!({"header": header(r.header()), "leader": r.leader().map(leader_key)})),
+        "proclaim" => c
+            .proclaim(s(op, "value"), Some(ProclaimOptions::new().with_leader(leader_of(op, current))))
+            .await
+            .map(|r| json!({"header": header(r.header())})),
+        "leader" => c.leader(s(op, "name")).await.map(|r| json!({"header": header(r.header()), "kv": r.kv().map(kv)})),
+        "resign" => c
+            .resign(Some(ResignOptions::new().with_leader(leader_of(op, current))))
+            .await
+            .map(|r| json!({"header": header(r.header())})),
         "compact" => {
             let rev = revision(&op["rev"], current).expect("compact needs rev");
             c.compact(rev, None).await.map(|r| json!({"header": header(r.header())}))

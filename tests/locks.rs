@@ -123,9 +123,9 @@ async fn a_waiter_whose_lease_ends_gets_an_error_and_a_cancelled_waiter_leaves_n
     }
     assert!(gone, "the cancelled waiter's key was left behind");
 
-    // Unknown lease.
-    let (code, _) = grpc_error(lock(&mut c, "busy", 777).await.unwrap_err());
-    assert_eq!(code, Code::NotFound);
+    // Unknown lease: etcd's Lock service passes the error through as Unknown.
+    let (code, msg) = grpc_error(lock(&mut c, "busy", 777).await.unwrap_err());
+    assert_eq!((code, msg.as_str()), (Code::Unknown, "etcdserver: requested lease not found"));
 }
 
 #[tokio::test]

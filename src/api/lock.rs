@@ -16,11 +16,13 @@ use crate::proto::v3lockpb as lpb;
 use crate::proto::v3lockpb::lock_server::{Lock, LockServer};
 use crate::server::Node;
 
-/// etcd answers recipe failures with gRPC code Unknown and these messages.
+/// etcd's lock and election services pass their internal client's failures
+/// through as gRPC code Unknown (with the same message); availability errors
+/// stay Unavailable here, so that clients retry them.
 fn recipe(e: RecipeError) -> Status {
     match e {
         RecipeError::Server(e) => error::server(e),
-        RecipeError::Mvcc(e) => error::mvcc(e),
+        RecipeError::Mvcc(e) => Status::unknown(error::mvcc(e).message()),
         other => Status::unknown(other.to_string()),
     }
 }
@@ -39,8 +41,7 @@ impl LockService {
 impl Lock for LockService {
     async fn lock(&self, req: Request<lpb::LockRequest>) -> Result<Response<lpb::LockResponse>, Status> {
         let req = req.into_inner();
-        let held = mutex::lock(self.node.clone(), &req.name, req.lease).await.map_err(recipe)?;
-        let revision = self.node.state().mvcc().revision();
+        let (held, revision) = mutex::lock(self.node.clone(), &req.name, req.lease).await.map_err(recipe)?;
         Ok(Response::new(lpb::LockResponse { header: header(&self.node, revision), key: held.key }))
     }
 
@@ -75,9 +76,10 @@ type ObserveStream = Pin<Box<dyn futures::Stream<Item = Result<epb::LeaderRespon
 impl Election for ElectionService {
     async fn campaign(&self, req: Request<epb::CampaignRequest>) -> Result<Response<epb::CampaignResponse>, Status> {
         let req = req.into_inner();
-        let l = election::campaign(self.node.clone(), &req.name, req.lease, &req.value).await.map_err(recipe)?;
+        let (l, revision) =
+            election::campaign(self.node.clone(), &req.name, req.lease, &req.value).await.map_err(recipe)?;
         let leader = epb::LeaderKey { name: l.name, key: l.key, rev: l.rev, lease: l.lease };
-        Ok(Response::new(epb::CampaignResponse { header: header(&self.node, self.revision()), leader: Some(leader) }))
+        Ok(Response::new(epb::CampaignResponse { header: header(&self.node, revision), leader: Some(leader) }))
     }
 
     async fn proclaim(&self, req: Request<epb::ProclaimRequest>) -> Result<Response<epb::ProclaimResponse>, Status> {

@@ -29,10 +29,11 @@ fn prefix(name: &[u8]) -> Vec<u8> {
 }
 
 /// Wait to become leader of `name` with `value`; a campaign again by the same
-/// lease keeps its place and updates the value.
-pub async fn campaign(node: Arc<Node>, name: &[u8], lease: i64, value: &[u8]) -> Result<LeaderKey, RecipeError> {
+/// lease keeps its place and updates the value. Returns the leader key and, for
+/// the response header, the revision of the campaign's txn (as etcd does).
+pub async fn campaign(node: Arc<Node>, name: &[u8], lease: i64, value: &[u8]) -> Result<(LeaderKey, i64), RecipeError> {
     let key = member_key(name, lease);
-    let mine = create_or_get(&node, &key, value, lease).await?;
+    let (mine, campaigned_at) = create_or_get(&node, &key, value, lease).await?;
     let cleanup = CleanupOnDrop::new(node.clone(), key.clone());
     let leader = LeaderKey { name: name.to_vec(), key: key.clone(), rev: mine.create_revision, lease };
     if mine.value != value {
@@ -42,14 +43,15 @@ pub async fn campaign(node: Arc<Node>, name: &[u8], lease: i64, value: &[u8]) ->
     match super::get(&node, &key).await? {
         Some(kv) if kv.create_revision == mine.create_revision => {
             cleanup.disarm();
-            Ok(leader)
+            Ok((leader, campaigned_at))
         }
         _ => Err(RecipeError::SessionExpired),
     }
 }
 
-/// A txn that runs `op` only while `leader` still holds its key.
-async fn while_leader(node: &Node, leader: &LeaderKey, op: RequestOp) -> Result<i64, RecipeError> {
+/// A txn that runs `op` only while `leader` still holds its key; answers the
+/// txn's revision and whether it ran.
+async fn while_leader(node: &Node, leader: &LeaderKey, op: RequestOp) -> Result<(i64, bool), RecipeError> {
     let txn = TxnRequest {
         compare: vec![Compare {
             result: CompareResult::Equal,
@@ -63,8 +65,7 @@ async fn while_leader(node: &Node, leader: &LeaderKey, op: RequestOp) -> Result<
         failure: vec![],
     };
     match node.write(Command::Txn(txn)).await? {
-        CommandResult::Txn(r) if r.succeeded => Ok(r.revision),
-        CommandResult::Txn(_) => Err(RecipeError::NotLeader),
+        CommandResult::Txn(r) => Ok((r.revision, r.succeeded)),
         CommandResult::Rejected { error, .. } => Err(RecipeError::Mvcc(error)),
         other => unreachable!("a txn answers with a txn result, not {other:?}"),
     }
@@ -73,13 +74,17 @@ async fn while_leader(node: &Node, leader: &LeaderKey, op: RequestOp) -> Result<
 /// Change the leader's value, if `leader` still leads.
 pub async fn proclaim(node: &Node, leader: &LeaderKey, value: &[u8]) -> Result<i64, RecipeError> {
     let put = PutRequest { key: leader.key.clone(), value: value.to_vec(), lease: leader.lease, ..Default::default() };
-    while_leader(node, leader, RequestOp::Put(put)).await
+    match while_leader(node, leader, RequestOp::Put(put)).await? {
+        (revision, true) => Ok(revision),
+        (_, false) => Err(RecipeError::NotLeader),
+    }
 }
 
-/// Give up leadership (delete the leader's key), if `leader` still leads.
+/// Give up leadership (delete the leader's key), if `leader` still leads. A
+/// stale leader key resigns nothing and is not an error, as in etcd.
 pub async fn resign(node: &Node, leader: &LeaderKey) -> Result<i64, RecipeError> {
     let del = crate::mvcc::DeleteRangeRequest { key: leader.key.clone(), range_end: vec![], prev_kv: false };
-    while_leader(node, leader, RequestOp::DeleteRange(del)).await
+    Ok(while_leader(node, leader, RequestOp::DeleteRange(del)).await?.0)
 }
 
 /// The current leader's key-value, read linearizably.

@@ -67,8 +67,8 @@ pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
 }
 
 /// Create `key` with `value` under `lease` unless it exists; either way return
-/// the key as it now is. One txn, as etcd's recipes do.
-pub async fn create_or_get(node: &Node, key: &[u8], value: &[u8], lease: i64) -> Result<KeyValue, RecipeError> {
+/// the key as it now is and the txn's revision. One txn, as etcd's recipes do.
+pub async fn create_or_get(node: &Node, key: &[u8], value: &[u8], lease: i64) -> Result<(KeyValue, i64), RecipeError> {
     let get = RequestOp::Range(RangeRequest { key: key.to_vec(), ..Default::default() });
     let txn = TxnRequest {
         compare: vec![Compare {
@@ -91,7 +91,7 @@ pub async fn create_or_get(node: &Node, key: &[u8], value: &[u8], lease: i64) ->
         other => unreachable!("a txn answers with a txn result, not {other:?}"),
     };
     match result.responses.last() {
-        Some(ResponseOp::Range(r)) if !r.kvs.is_empty() => Ok(r.kvs[0].clone()),
+        Some(ResponseOp::Range(r)) if !r.kvs.is_empty() => Ok((r.kvs[0].clone(), result.revision)),
         _ => Err(RecipeError::SessionExpired),
     }
 }
@@ -115,11 +115,14 @@ async fn predecessor(node: &Node, prefix: &[u8], before: i64) -> Result<Option<K
 /// Wait until no key under `prefix` was created before `mine`: every earlier
 /// holder or waiter is gone. Wakes on the deletion of the key just ahead, then
 /// looks again; fails at once if `mine` itself is deleted (its lease ended).
-pub async fn wait_for_turn(node: &Node, prefix: &[u8], mine: &KeyValue) -> Result<(), RecipeError> {
+/// Returns whether it had to wait at all.
+pub async fn wait_for_turn(node: &Node, prefix: &[u8], mine: &KeyValue) -> Result<bool, RecipeError> {
+    let mut waited = false;
     loop {
         // Follow the feed before reading, so that a deletion cannot slip between.
         let mut feed = node.state().subscribe();
-        let Some(ahead) = predecessor(node, prefix, mine.create_revision).await? else { return Ok(()) };
+        let Some(ahead) = predecessor(node, prefix, mine.create_revision).await? else { return Ok(waited) };
+        waited = true;
         if wait_deleted(node, &mut feed, &ahead.key, &mine.key).await? == Deleted::Mine {
             return Err(RecipeError::SessionExpired);
         }

@@ -15,21 +15,24 @@ use crate::server::Node;
 pub const DEFAULT_SESSION_TTL: i64 = 60;
 
 /// Take the lock `name` for `lease`, waiting in FIFO order. Returns the
-/// holder's key as it is once held (its create_revision is the fencing token).
-pub async fn lock(node: Arc<Node>, name: &[u8], lease: i64) -> Result<KeyValue, RecipeError> {
+/// holder's key as it is once held (its create_revision is the fencing token)
+/// and the revision for the response header: as etcd's, the revision of the
+/// txn that queued it if it did not wait, else the revision it saw its turn at.
+pub async fn lock(node: Arc<Node>, name: &[u8], lease: i64) -> Result<(KeyValue, i64), RecipeError> {
     let lease = if lease == 0 { grant_unattended_lease(&node).await? } else { lease };
     let key = member_key(name, lease);
-    let mine = create_or_get(&node, &key, b"", lease).await?;
+    let (mine, queued_at) = create_or_get(&node, &key, b"", lease).await?;
     // From here on, giving up (or being dropped) must remove our key.
     let cleanup = CleanupOnDrop::new(node.clone(), key.clone());
     let mut prefix = name.to_vec();
     prefix.push(b'/');
-    wait_for_turn(&node, &prefix, &mine).await?;
+    let waited = wait_for_turn(&node, &prefix, &mine).await?;
     // Our turn; but if our lease lapsed while we waited, the key is gone.
     match get(&node, &key).await? {
         Some(kv) if kv.create_revision == mine.create_revision => {
             cleanup.disarm();
-            Ok(kv)
+            let revision = if waited { node.state().mvcc().revision() } else { queued_at };
+            Ok((kv, revision))
         }
         _ => Err(RecipeError::SessionExpired),
     }
