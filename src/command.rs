@@ -50,22 +50,6 @@ pub enum Command {
     },
 }
 
-impl Command {
-    /// A short name for logs and metrics.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Command::Put(_) => "put",
-            Command::DeleteRange(_) => "delete_range",
-            Command::Txn(_) => "txn",
-            Command::Compact { .. } => "compact",
-            Command::PublishMember { .. } => "publish_member",
-            Command::Batch(_) => "batch",
-            Command::LeaseGrant { .. } => "lease_grant",
-            Command::LeaseRevoke { .. } => "lease_revoke",
-        }
-    }
-}
-
 /// The outcome of applying one log entry, identical on every replica. The
 /// leader's copy becomes the client's response.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -19,10 +19,6 @@ impl ClusterService {
     pub fn server(node: Arc<Node>) -> ClusterServer<ClusterService> {
         ClusterServer::new(ClusterService { node })
     }
-
-    fn revision(&self) -> i64 {
-        self.node.state().mvcc().revision()
-    }
 }
 
 pub fn member(m: MemberInfo) -> pb::Member {
@@ -67,7 +63,7 @@ impl Cluster for ClusterService {
             self.node.read_barrier().await.map_err(error::server)?;
         }
         let members = self.node.members().into_iter().map(member).collect();
-        Ok(Response::new(pb::MemberListResponse { header: header(&self.node, self.revision()), members }))
+        Ok(Response::new(pb::MemberListResponse { header: header(&self.node, self.node.revision()), members }))
     }
 
     async fn member_promote(

@@ -30,10 +30,6 @@ impl LeaseService {
     pub fn server(node: Arc<Node>) -> LeaseServer<LeaseService> {
         LeaseServer::new(LeaseService { node })
     }
-
-    fn revision(&self) -> i64 {
-        self.node.state().mvcc().revision()
-    }
 }
 
 /// A random positive lease ID (std's randomly keyed hasher as the source).
@@ -109,7 +105,7 @@ impl Lease for LeaseService {
                 let Some(Ok(msg)) = next else { return };
                 let reply = match node.lease_query(LeaseQuery::KeepAlive(msg.id)).await {
                     Ok(LeaseAnswer::KeptAlive { ttl }) => {
-                        let revision = node.state().mvcc().revision();
+                        let revision = node.revision();
                         Ok(pb::LeaseKeepAliveResponse { header: header(&node, revision), id: msg.id, ttl })
                     }
                     Ok(other) => Err(Status::internal(format!("raftlock: unexpected lease answer {other:?}"))),
@@ -130,7 +126,7 @@ impl Lease for LeaseService {
     ) -> Result<Response<pb::LeaseTimeToLiveResponse>, Status> {
         let req = req.into_inner();
         let answer = self.node.lease_query(LeaseQuery::TimeToLive(req.id)).await.map_err(error::server)?;
-        let header = header(&self.node, self.revision());
+        let header = header(&self.node, self.node.revision());
         let resp = match answer {
             LeaseAnswer::TimeToLive(Some(s)) => pb::LeaseTimeToLiveResponse {
                 header,
@@ -154,6 +150,6 @@ impl Lease for LeaseService {
     ) -> Result<Response<pb::LeaseLeasesResponse>, Status> {
         self.node.read_barrier().await.map_err(error::server)?;
         let leases = self.node.state().leases().ids().map(|id| pb::LeaseStatus { id }).collect();
-        Ok(Response::new(pb::LeaseLeasesResponse { header: header(&self.node, self.revision()), leases }))
+        Ok(Response::new(pb::LeaseLeasesResponse { header: header(&self.node, self.node.revision()), leases }))
     }
 }

@@ -59,10 +59,6 @@ impl ElectionService {
     pub fn server(node: Arc<Node>) -> ElectionServer<ElectionService> {
         ElectionServer::new(ElectionService { node })
     }
-
-    fn revision(&self) -> i64 {
-        self.node.state().mvcc().revision()
-    }
 }
 
 fn leader_key(k: Option<epb::LeaderKey>) -> Result<LeaderKey, Status> {
@@ -92,7 +88,7 @@ impl Election for ElectionService {
     async fn leader(&self, req: Request<epb::LeaderRequest>) -> Result<Response<epb::LeaderResponse>, Status> {
         let kv = election::leader(&self.node, &req.into_inner().name).await.map_err(recipe)?;
         let kv = Some(super::kv::key_value(kv));
-        Ok(Response::new(epb::LeaderResponse { header: header(&self.node, self.revision()), kv }))
+        Ok(Response::new(epb::LeaderResponse { header: header(&self.node, self.node.revision()), kv }))
     }
 
     type ObserveStream = ObserveStream;
@@ -103,7 +99,7 @@ impl Election for ElectionService {
         let node = self.node.clone();
         tokio::spawn(async move {
             let outcome = election::observe(&node, &name, &tx, |kv| {
-                let revision = node.state().mvcc().revision();
+                let revision = node.revision();
                 Ok(epb::LeaderResponse { header: header(&node, revision), kv: Some(super::kv::key_value(kv)) })
             })
             .await;

@@ -24,10 +24,6 @@ impl MaintenanceService {
     pub fn server(node: Arc<Node>) -> MaintenanceServer<MaintenanceService> {
         MaintenanceServer::new(MaintenanceService { node })
     }
-
-    fn revision(&self) -> i64 {
-        self.node.state().mvcc().revision()
-    }
 }
 
 fn not_yet(what: &str) -> Status {
@@ -42,13 +38,15 @@ impl Maintenance for MaintenanceService {
         use pb::alarm_request::AlarmAction;
         match AlarmAction::try_from(req.into_inner().action) {
             // raftlock raises no alarms (it has no space quota), so the list is empty.
-            Ok(AlarmAction::Get) => {
-                Ok(Response::new(pb::AlarmResponse { header: header(&self.node, self.revision()), alarms: vec![] }))
-            }
+            Ok(AlarmAction::Get) => Ok(Response::new(pb::AlarmResponse {
+                header: header(&self.node, self.node.revision()),
+                alarms: vec![],
+            })),
             // Disarming an alarm that is not raised changes nothing, as in etcd.
-            Ok(AlarmAction::Deactivate) => {
-                Ok(Response::new(pb::AlarmResponse { header: header(&self.node, self.revision()), alarms: vec![] }))
-            }
+            Ok(AlarmAction::Deactivate) => Ok(Response::new(pb::AlarmResponse {
+                header: header(&self.node, self.node.revision()),
+                alarms: vec![],
+            })),
             Ok(AlarmAction::Activate) => Err(not_yet("raising alarms")),
             Err(_) => Err(Status::invalid_argument("etcdserver: unknown alarm action")),
         }
@@ -61,7 +59,7 @@ impl Maintenance for MaintenanceService {
             errors.push("etcdserver: no leader".to_string());
         }
         Ok(Response::new(pb::StatusResponse {
-            header: header(&self.node, self.revision()),
+            header: header(&self.node, self.node.revision()),
             version: ETCD_API_VERSION.to_string(),
             db_size: s.db_size as i64,
             leader: s.leader,

@@ -116,7 +116,7 @@ impl Session {
     }
 
     fn current_revision(&self) -> Revision {
-        self.node.state().mvcc().revision()
+        self.node.revision()
     }
 
     async fn handle(&mut self, req: pb::WatchRequest) -> Result<(), Gone> {

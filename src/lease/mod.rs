@@ -49,14 +49,6 @@ impl LeaseTable {
         self.leases.keys().copied()
     }
 
-    pub fn len(&self) -> usize {
-        self.leases.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.leases.is_empty()
-    }
-
     /// Grant a lease. False if the ID is taken (nothing changes).
     pub fn grant(&mut self, id: i64, ttl: i64) -> bool {
         if self.leases.contains_key(&id) {

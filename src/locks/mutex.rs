@@ -31,7 +31,7 @@ pub async fn lock(node: Arc<Node>, name: &[u8], lease: i64) -> Result<(KeyValue,
     match get(&node, &key).await? {
         Some(kv) if kv.create_revision == mine.create_revision => {
             cleanup.disarm();
-            let revision = if waited { node.state().mvcc().revision() } else { queued_at };
+            let revision = if waited { node.revision() } else { queued_at };
             Ok((kv, revision))
         }
         _ => Err(RecipeError::SessionExpired),

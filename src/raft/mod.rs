@@ -81,7 +81,7 @@ pub type Raft = openraft::Raft<TypeConfig>;
 pub type LogId = openraft::LogId<u64>;
 pub type Entry = openraft::Entry<TypeConfig>;
 pub type RaftMetrics = openraft::RaftMetrics<u64, MemberNode>;
-pub use openraft::{BasicNode, Config as RaftConfig, ServerState};
+pub use openraft::{Config as RaftConfig, ServerState};
 
 /// The first byte of every encoded log entry and peer payload. Bumped when the
 /// encoding changes incompatibly, so that a mismatch is an error, not a misread.

@@ -36,7 +36,7 @@ use crate::raft::read_index::{read_index, ReadFloor};
 use crate::raft::state_machine::StateMachine;
 use crate::raft::{MemberNode, Raft, RaftConfig, RaftMetrics, ServerState};
 use crate::state::{AppliedState, MemberAttrs};
-use crate::storage::wal::{WalStats, DEFAULT_SEGMENT_BYTES};
+use crate::storage::wal::DEFAULT_SEGMENT_BYTES;
 use crate::storage::StateDb;
 use lease_keeper::LeaseKeeper;
 
@@ -99,7 +99,6 @@ pub struct Node {
     state: Arc<AppliedState>,
     peers: PeerClients,
     state_db: StateDb,
-    wal: LogStore,
     request_timeout: Duration,
     shutdown: watch::Sender<bool>,
 }
@@ -181,7 +180,6 @@ impl Node {
                 state,
                 peers,
                 state_db,
-                wal: log_store,
                 request_timeout,
                 shutdown,
             }
@@ -208,8 +206,9 @@ impl Node {
         &self.state
     }
 
-    pub fn wal_stats(&self) -> &WalStats {
-        self.wal.wal().stats()
+    /// The store's current revision (for response headers).
+    pub fn revision(&self) -> i64 {
+        self.state.mvcc().revision()
     }
 
     /// Resolves when the node begins to shut down.
