@@ -8,6 +8,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/v3lockpb/v3lock.proto",
         "proto/v3electionpb/v3election.proto",
         "proto/raftlock/peer.proto",
+        "proto/raftlock/v1/lock.proto",
     ];
     let descriptors = protox::compile(files, ["proto"])?;
     tonic_prost_build::configure().build_client(true).build_server(true).compile_fds(descriptors)?;

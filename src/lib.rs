@@ -8,12 +8,15 @@
 //!   mvcc/       the deterministic data model (no tokio, no openraft, no tonic)
 //!   storage/    the only module that names sled; the WAL
 //! ```
+//! `locks` holds the lock, semaphore and election queues the API serves;
 //! `command` is the replicated log format; `state` the applied state shared
-//! between the state machine and readers; `config` the command line.
+//! between the state machine and readers; `config` the command line. `client`
+//! is the Rust client (used by `raftlockctl`) and `bench` the load generator.
 
 pub mod api;
 pub mod batcher;
 pub mod bench;
+pub mod client;
 pub mod command;
 pub mod config;
 pub mod lease;

@@ -1,5 +1,6 @@
 //! Code generated from `proto/` by `build.rs`: etcd's v3 API (wire-compatible
-//! with etcd v3.5) and raftlock's internal peer protocol.
+//! with etcd v3.5), raftlock's native lock API (`raftlock.v1`) and its
+//! internal peer protocol.
 #![allow(clippy::all, missing_docs)]
 
 pub mod mvccpb {
@@ -20,5 +21,8 @@ pub mod v3electionpb {
 pub mod raftlock {
     pub mod peer {
         tonic::include_proto!("raftlock.peer");
+    }
+    pub mod v1 {
+        tonic::include_proto!("raftlock.v1");
     }
 }

@@ -1,4 +1,5 @@
-//! The client API: etcd's v3 gRPC services as tonic adapters over the node.
+//! The client API: etcd's v3 gRPC services and raftlock's native lock API, as
+//! tonic adapters over the node.
 //!
 //! Every handler has the same four steps: validate the request (etcd's checks,
 //! etcd's errors) -> call the node -> map errors (`error`, one place) -> fill
@@ -14,6 +15,7 @@ pub mod kv;
 pub mod lease;
 pub mod lock;
 pub mod maintenance;
+pub mod native_lock;
 pub mod watch;
 
 use std::net::SocketAddr;
@@ -50,6 +52,7 @@ pub async fn serve_clients(node: Arc<Node>, addrs: Vec<SocketAddr>) -> anyhow::R
             .add_service(watch::WatchService::server(node.clone(), node.watch_progress_interval))
             .add_service(lock::LockService::server(node.clone()))
             .add_service(lock::ElectionService::server(node.clone()))
+            .add_service(native_lock::LocksService::server(node.clone()))
     };
     serve(&node, addrs, make).await
 }

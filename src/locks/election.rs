@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use super::{create_or_get, member_key, prefix_end, wait_for_turn, CleanupOnDrop, RecipeError};
+use super::{confirm_held, enqueue, prefix_end, queue_prefix, wait_for_turn, CleanupOnDrop, RecipeError};
 use crate::command::{Command, CommandResult};
 use crate::mvcc::{
     Compare, CompareResult, CompareTarget, KeyValue, PutRequest, RangeRequest, RequestOp, SortOrder, SortTarget,
@@ -22,31 +22,23 @@ pub struct LeaderKey {
     pub lease: i64,
 }
 
-fn prefix(name: &[u8]) -> Vec<u8> {
-    let mut p = name.to_vec();
-    p.push(b'/');
-    p
-}
-
 /// Wait to become leader of `name` with `value`; a campaign again by the same
 /// lease keeps its place and updates the value. Returns the leader key and, for
 /// the response header, the revision of the campaign's txn (as etcd does).
 pub async fn campaign(node: Arc<Node>, name: &[u8], lease: i64, value: &[u8]) -> Result<(LeaderKey, i64), RecipeError> {
-    let key = member_key(name, lease);
-    let (mine, campaigned_at) = create_or_get(&node, &key, value, lease).await?;
-    let cleanup = CleanupOnDrop::new(node.clone(), key.clone());
-    let leader = LeaderKey { name: name.to_vec(), key: key.clone(), rev: mine.create_revision, lease };
+    let queued = enqueue(&node, name, lease, value, 1).await?;
+    let mine = &queued.mine;
+    let cleanup = CleanupOnDrop::new(node.clone(), mine);
+    let leader = LeaderKey { name: name.to_vec(), key: mine.key.clone(), rev: mine.create_revision, lease };
     if mine.value != value {
         proclaim(&node, &leader, value).await?;
     }
-    wait_for_turn(&node, &prefix(name), &mine).await?;
-    match super::get(&node, &key).await? {
-        Some(kv) if kv.create_revision == mine.create_revision => {
-            cleanup.disarm();
-            Ok((leader, campaigned_at))
-        }
-        _ => Err(RecipeError::SessionExpired),
+    if !queued.holds() {
+        wait_for_turn(&node, &queue_prefix(name), mine, 1, None).await?;
+        confirm_held(&node, mine).await?;
     }
+    cleanup.disarm();
+    Ok((leader, queued.revision))
 }
 
 /// A txn that runs `op` only while `leader` still holds its key; answers the
@@ -94,7 +86,7 @@ pub async fn leader(node: &Node, name: &[u8]) -> Result<KeyValue, RecipeError> {
 }
 
 fn first_created(node: &Node, name: &[u8]) -> Result<Option<KeyValue>, RecipeError> {
-    let p = prefix(name);
+    let p = queue_prefix(name);
     let req = RangeRequest {
         key: p.clone(),
         range_end: prefix_end(&p),
@@ -114,7 +106,7 @@ pub async fn observe<T: Send>(
     out: &tokio::sync::mpsc::Sender<T>,
     mut make: impl FnMut(KeyValue) -> T + Send,
 ) -> Result<(), RecipeError> {
-    let p = prefix(name);
+    let p = queue_prefix(name);
     let mut feed = node.state().subscribe();
     node.read_barrier().await?;
     let mut last: Option<KeyValue> = None;

@@ -1,31 +1,42 @@
-//! Locks and elections: etcd's recipes, run on the server over the node facade.
+//! Locks, semaphores and elections, run on the server over the node facade.
 //!
-//! A lock (or an election) named `N` is a set of ordinary keys `N/<lease id in
-//! hex>`, each attached to its holder's lease. They are ordered by
-//! create_revision: the lowest is the owner, the others wait in FIFO order.
-//! Because the keys are exactly etcd's, client-side recipes (etcdctl lock and
-//! elect, clientv3's `concurrency`, python etcd3 locks) and these server-side
-//! services see and respect each other.
+//! A lock (or an election) named `N` is a queue of ordinary keys `N/<lease id
+//! in hex>`, each attached to its owner's lease and ordered by create_revision.
+//! With `permits` = P the first P keys hold the lock (P = 1: a mutex; etcd's
+//! Lock and Election always use 1); the others wait in FIFO order. Because the
+//! keys are exactly etcd's, client-side recipes (etcdctl lock and elect,
+//! clientv3's `concurrency`, python etcd3 locks), etcd's Lock service and the
+//! native API all see and respect each other.
 //!
-//! Waiting is server-side: a waiter follows the node's feed of applied changes
-//! and wakes only when the key just ahead of it is deleted — no polling, and a
-//! release wakes exactly one waiter (no thundering herd). Before it answers, a
-//! waiter checks that its own key still exists: if its lease expired while it
-//! waited, the key is gone and it gets an error, not the lock (etcd issue
-//! 11456). A waiter that is cancelled (the client went away) deletes its key.
+//! Taking a place is one txn that also reads the front of the queue, so an
+//! uncontended lock costs one write. Waiting is server-side: a waiter follows
+//! the node's feed of applied changes and counts down the deletions of keys
+//! ahead of it — no polling, and a release makes exactly one waiter look again
+//! (no thundering herd). Before it answers, a waiter checks linearizably that
+//! its own key still exists: if its lease ended while it waited, it gets an
+//! error, not the lock (etcd issue 11456). A waiter that gives up, times out or
+//! is cancelled (the client went away) deletes its key.
 //!
-//! Caveat: the fencing token of a holder is its key's create_revision; it only
-//! grows across holders of one name.
+//! Fencing: a grant's token is its key's create_revision, strictly greater for
+//! every later holder of the same name. Releases can be fenced by it, so a
+//! stale holder cannot delete a later grant of the same lease (etcd issue 22082).
+//!
+//! Caveats: names nest — the keys of lock `a/b` lie under `a/` and so queue in
+//! lock `a` too, as in etcd; and every user of a name must agree on `permits`.
 
 pub mod election;
+pub mod fenced;
 pub mod mutex;
 
 use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::broadcast;
 
 use crate::command::{Command, CommandResult};
 use crate::mvcc::{
-    Compare, CompareResult, CompareTarget, KeyValue, MvccError, PutRequest, RangeRequest, RequestOp, ResponseOp,
-    SortOrder, SortTarget, TxnRequest,
+    Compare, CompareResult, CompareTarget, DeleteRangeRequest, KeyValue, MvccError, PutRequest, RangeRequest,
+    RequestOp, ResponseOp, SortOrder, SortTarget, TxnRequest,
 };
 use crate::server::{Node, ServerError};
 
@@ -44,6 +55,9 @@ pub enum RecipeError {
     NotLeader,
     #[error("election: no leader")]
     NoLeader,
+    /// The wait for a lock reached its deadline.
+    #[error("lock: wait timed out")]
+    TimedOut,
 }
 
 /// `name/<lease hex>`, etcd's key for a lease in a lock or election.
@@ -66,103 +80,181 @@ pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     vec![0]
 }
 
-/// Create `key` with `value` under `lease` unless it exists; either way return
-/// the key as it now is and the txn's revision. One txn, as etcd's recipes do.
-pub async fn create_or_get(node: &Node, key: &[u8], value: &[u8], lease: i64) -> Result<(KeyValue, i64), RecipeError> {
-    let get = RequestOp::Range(RangeRequest { key: key.to_vec(), ..Default::default() });
+/// A place in a lock's queue, as the txn that took it left things.
+#[derive(Clone, Debug)]
+pub struct Queued {
+    /// Our key; its create_revision is our place (and fencing token).
+    pub mine: KeyValue,
+    /// The revision of the txn that queued (or found) the key.
+    pub revision: i64,
+    /// Whether that txn created the key (false: this lease was already queued).
+    pub created: bool,
+    /// The first `permits` keys of the queue at that revision, lowest
+    /// create_revision first: the holders.
+    pub front: Vec<KeyValue>,
+}
+
+impl Queued {
+    /// Whether our key is among the holders.
+    pub fn holds(&self) -> bool {
+        self.front.iter().any(|kv| kv.key == self.mine.key && kv.create_revision == self.mine.create_revision)
+    }
+}
+
+/// `name/`, the prefix of every key of a lock or election.
+pub fn queue_prefix(name: &[u8]) -> Vec<u8> {
+    let mut prefix = name.to_vec();
+    prefix.push(b'/');
+    prefix
+}
+
+/// The first `permits` keys under `prefix`, by create_revision.
+fn front_range(prefix: &[u8], permits: usize) -> RangeRequest {
+    RangeRequest {
+        key: prefix.to_vec(),
+        range_end: prefix_end(prefix),
+        sort_order: SortOrder::Ascend,
+        sort_target: SortTarget::Create,
+        limit: permits as i64,
+        ..Default::default()
+    }
+}
+
+/// Take a place in the queue of lock `name` for `lease`, in one txn (as etcd's
+/// recipes do): create `name/<lease hex>` with `value` unless it exists, and
+/// read back the key and the queue's first `permits` keys. A lease that is
+/// already queued keeps its place (and its value).
+pub async fn enqueue(
+    node: &Node,
+    name: &[u8],
+    lease: i64,
+    value: &[u8],
+    permits: usize,
+) -> Result<Queued, RecipeError> {
+    let key = member_key(name, lease);
+    let reads = vec![
+        RequestOp::Range(RangeRequest { key: key.clone(), ..Default::default() }),
+        RequestOp::Range(front_range(&queue_prefix(name), permits)),
+    ];
+    let put = RequestOp::Put(PutRequest { key: key.clone(), value: value.to_vec(), lease, ..Default::default() });
     let txn = TxnRequest {
-        compare: vec![Compare {
-            result: CompareResult::Equal,
-            target: CompareTarget::Create,
-            key: key.to_vec(),
-            range_end: vec![],
-            number: 0,
-            value: vec![],
-        }],
-        success: vec![
-            RequestOp::Put(PutRequest { key: key.to_vec(), value: value.to_vec(), lease, ..Default::default() }),
-            get.clone(),
-        ],
-        failure: vec![get],
+        compare: vec![create_revision_is(&key, 0)],
+        success: std::iter::once(put).chain(reads.iter().cloned()).collect(),
+        failure: reads,
     };
     let result = match node.write(Command::Txn(txn)).await? {
         CommandResult::Txn(r) => r,
         CommandResult::Rejected { error, .. } => return Err(RecipeError::Mvcc(error)),
         other => unreachable!("a txn answers with a txn result, not {other:?}"),
     };
-    match result.responses.last() {
-        Some(ResponseOp::Range(r)) if !r.kvs.is_empty() => Ok((r.kvs[0].clone(), result.revision)),
-        _ => Err(RecipeError::SessionExpired),
+    let mut ranges = result.responses.into_iter().filter_map(|r| match r {
+        ResponseOp::Range(r) => Some(r.kvs),
+        _ => None,
+    });
+    let (Some(mine), Some(front)) = (ranges.next(), ranges.next()) else {
+        unreachable!("the queue txn reads the key and the front of the queue")
+    };
+    // A failure branch on a key that exists always finds it: the txn is atomic.
+    let mine = mine.into_iter().next().ok_or(RecipeError::SessionExpired)?;
+    Ok(Queued { mine, revision: result.revision, created: result.succeeded, front })
+}
+
+/// A txn guard: `key`'s create_revision is `revision` (0: it does not exist).
+fn create_revision_is(key: &[u8], revision: i64) -> Compare {
+    Compare {
+        result: CompareResult::Equal,
+        target: CompareTarget::Create,
+        key: key.to_vec(),
+        range_end: vec![],
+        number: revision,
+        value: vec![],
     }
 }
 
-/// The key under `prefix` created last before `before` (the one to wait for),
-/// read linearizably.
-async fn predecessor(node: &Node, prefix: &[u8], before: i64) -> Result<Option<KeyValue>, RecipeError> {
-    node.read_barrier().await?;
-    let req = RangeRequest {
-        key: prefix.to_vec(),
-        range_end: prefix_end(prefix),
-        max_create_revision: before - 1,
-        sort_order: SortOrder::Descend,
-        sort_target: SortTarget::Create,
-        limit: 1,
-        ..Default::default()
-    };
-    Ok(node.state().mvcc().range(&req).map_err(RecipeError::Mvcc)?.kvs.into_iter().next())
-}
-
-/// Wait until no key under `prefix` was created before `mine`: every earlier
-/// holder or waiter is gone. Wakes on the deletion of the key just ahead, then
-/// looks again; fails at once if `mine` itself is deleted (its lease ended).
-/// Returns whether it had to wait at all.
-pub async fn wait_for_turn(node: &Node, prefix: &[u8], mine: &KeyValue) -> Result<bool, RecipeError> {
+/// Wait until fewer than `permits` keys under `prefix` were created before
+/// `mine` (it holds the lock), or until `deadline` ([`RecipeError::TimedOut`]).
+/// Fails at once if `mine` itself is deleted (its lease ended). Returns whether
+/// it had to wait at all.
+///
+/// It counts the keys ahead once, in the local applied state (committed, so
+/// the count is true at that revision; later keys are created behind `mine`),
+/// then follows the feed of applied changes and counts down the deletions of
+/// keys ahead. It looks at the store again only when the count says its turn
+/// has come — so a release wakes only the waiter it makes a holder.
+pub async fn wait_for_turn(
+    node: &Node,
+    prefix: &[u8],
+    mine: &KeyValue,
+    permits: usize,
+    deadline: Option<Instant>,
+) -> Result<bool, RecipeError> {
+    // The key may have been queued through another member; see it here first.
+    node.wait_revision(mine.mod_revision).await?;
+    let shutdown = node.shutdown_signal();
     let mut waited = false;
     loop {
-        // Follow the feed before reading, so that a deletion cannot slip between.
+        // Follow the feed before reading, so that no deletion slips between.
         let mut feed = node.state().subscribe();
-        let Some(ahead) = predecessor(node, prefix, mine.create_revision).await? else { return Ok(waited) };
+        let (mut ahead, read_at) = {
+            let mvcc = node.state().mvcc();
+            let own = mvcc.range(&RangeRequest { key: mine.key.clone(), ..Default::default() });
+            match own.map_err(RecipeError::Mvcc)?.kvs.first() {
+                Some(kv) if kv.create_revision == mine.create_revision => {}
+                _ => return Err(RecipeError::SessionExpired),
+            }
+            let earlier = RangeRequest {
+                key: prefix.to_vec(),
+                range_end: prefix_end(prefix),
+                max_create_revision: mine.create_revision - 1,
+                keys_only: true,
+                ..Default::default()
+            };
+            (mvcc.range(&earlier).map_err(RecipeError::Mvcc)?.kvs.len(), mvcc.revision())
+        };
+        if ahead < permits {
+            return Ok(waited);
+        }
         waited = true;
-        if wait_deleted(node, &mut feed, &ahead.key, &mine.key).await? == Deleted::Mine {
-            return Err(RecipeError::SessionExpired);
+        while ahead >= permits {
+            let batch = tokio::select! {
+                batch = feed.recv() => batch,
+                _ = crate::server::shutdown_started(shutdown.clone()) => return Err(ServerError::Stopped.into()),
+                _ = until(deadline) => return Err(RecipeError::TimedOut),
+            };
+            let batch = match batch {
+                Ok(batch) => batch,
+                // Missed changes: count again.
+                Err(broadcast::error::RecvError::Lagged(_)) => break,
+                Err(broadcast::error::RecvError::Closed) => return Err(ServerError::Stopped.into()),
+            };
+            // Changes up to `read_at` are already in the count.
+            for c in batch.changes.iter().filter(|c| c.kv.is_none() && c.revision > read_at) {
+                if c.key == mine.key {
+                    return Err(RecipeError::SessionExpired);
+                }
+                let was_ahead = c.prev.as_ref().is_some_and(|p| p.create_revision < mine.create_revision);
+                if was_ahead && c.key.starts_with(prefix) {
+                    ahead -= 1;
+                }
+            }
         }
     }
 }
 
-#[derive(Debug, PartialEq, Eq)]
-enum Deleted {
-    Ahead,
-    Mine,
-    /// The feed lagged: nothing is known, look again.
-    Unknown,
+/// Resolves at `deadline`, or never.
+async fn until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d.into()).await,
+        None => std::future::pending().await,
+    }
 }
 
-/// Resolve once `ahead` or `mine` is deleted.
-async fn wait_deleted(
-    node: &Node,
-    feed: &mut tokio::sync::broadcast::Receiver<Arc<crate::state::AppliedChanges>>,
-    ahead: &[u8],
-    mine: &[u8],
-) -> Result<Deleted, RecipeError> {
-    let shutdown = node.shutdown_signal();
-    loop {
-        tokio::select! {
-            batch = feed.recv() => match batch {
-                Ok(batch) => {
-                    for c in batch.changes.iter().filter(|c| c.kv.is_none()) {
-                        if c.key == mine {
-                            return Ok(Deleted::Mine);
-                        }
-                        if c.key == ahead {
-                            return Ok(Deleted::Ahead);
-                        }
-                    }
-                }
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => return Ok(Deleted::Unknown),
-                Err(tokio::sync::broadcast::error::RecvError::Closed) => return Err(ServerError::Stopped.into()),
-            },
-            _ = crate::server::shutdown_started(shutdown.clone()) => return Err(ServerError::Stopped.into()),
-        }
+/// After a wait: check linearizably that `mine` still exists (its lease did
+/// not end while it waited), and return it as it is now.
+pub async fn confirm_held(node: &Node, mine: &KeyValue) -> Result<KeyValue, RecipeError> {
+    match get(node, &mine.key).await? {
+        Some(kv) if kv.create_revision == mine.create_revision => Ok(kv),
+        _ => Err(RecipeError::SessionExpired),
     }
 }
 
@@ -175,28 +267,70 @@ pub async fn get(node: &Node, key: &[u8]) -> Result<Option<KeyValue>, RecipeErro
 
 /// Delete `key` (one revision if it existed); returns the store revision.
 pub async fn delete(node: &Node, key: &[u8]) -> Result<i64, RecipeError> {
-    let req = crate::mvcc::DeleteRangeRequest { key: key.to_vec(), range_end: vec![], prev_kv: false };
+    let req = DeleteRangeRequest { key: key.to_vec(), range_end: vec![], prev_kv: false };
     match node.write(Command::DeleteRange(req)).await? {
         CommandResult::DeleteRange(r) => Ok(r.revision),
         other => unreachable!("a delete answers with a delete result, not {other:?}"),
     }
 }
 
-/// Deletes a waiter's key if the waiter is dropped before it is disarmed (the
-/// client went away mid-wait).
+/// What a fenced release did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Release {
+    /// The revision of the release's txn.
+    pub revision: i64,
+    pub released: bool,
+    /// When not released: the key's create_revision now, 0 if it does not exist.
+    pub current_token: i64,
+}
+
+/// Delete `key` only if its create_revision is still `token`: a release that
+/// cannot touch a later grant of the same key.
+pub async fn release(node: &Node, key: &[u8], token: i64) -> Result<Release, RecipeError> {
+    let txn = TxnRequest {
+        compare: vec![create_revision_is(key, token)],
+        success: vec![RequestOp::DeleteRange(DeleteRangeRequest {
+            key: key.to_vec(),
+            range_end: vec![],
+            prev_kv: false,
+        })],
+        failure: vec![RequestOp::Range(RangeRequest { key: key.to_vec(), keys_only: true, ..Default::default() })],
+    };
+    let result = match node.write(Command::Txn(txn)).await? {
+        CommandResult::Txn(r) => r,
+        CommandResult::Rejected { error, .. } => return Err(RecipeError::Mvcc(error)),
+        other => unreachable!("a txn answers with a txn result, not {other:?}"),
+    };
+    let current_token = match result.responses.first() {
+        Some(ResponseOp::Range(r)) => r.kvs.first().map_or(0, |kv| kv.create_revision),
+        _ => 0,
+    };
+    Ok(Release { revision: result.revision, released: result.succeeded, current_token })
+}
+
+/// Removes a waiter's key, fenced by its token, unless disarmed: explicitly
+/// ([`CleanupOnDrop::remove`]) when the waiter gives up, or in the background
+/// when it is dropped mid-wait (the client went away).
 pub struct CleanupOnDrop {
     node: Option<Arc<Node>>,
     key: Vec<u8>,
+    token: i64,
 }
 
 impl CleanupOnDrop {
-    pub fn new(node: Arc<Node>, key: Vec<u8>) -> Self {
-        CleanupOnDrop { node: Some(node), key }
+    pub fn new(node: Arc<Node>, mine: &KeyValue) -> Self {
+        CleanupOnDrop { node: Some(node), key: mine.key.clone(), token: mine.create_revision }
     }
 
-    /// The wait ended normally; keep the key.
+    /// The wait ended with the lock; keep the key.
     pub fn disarm(mut self) {
         self.node = None;
+    }
+
+    /// The waiter gave up: remove the key now.
+    pub async fn remove(mut self) -> Result<Release, RecipeError> {
+        let node = self.node.take().expect("armed until used");
+        release(&node, &self.key, self.token).await
     }
 }
 
@@ -204,8 +338,9 @@ impl Drop for CleanupOnDrop {
     fn drop(&mut self) {
         if let Some(node) = self.node.take() {
             let key = std::mem::take(&mut self.key);
+            let token = self.token;
             tokio::spawn(async move {
-                if let Err(e) = delete(&node, &key).await {
+                if let Err(e) = release(&node, &key, token).await {
                     tracing::warn!(error = %e, "removing an abandoned waiter's key");
                 }
             });

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use super::{create_or_get, get, member_key, wait_for_turn, CleanupOnDrop, RecipeError};
+use super::{confirm_held, enqueue, queue_prefix, wait_for_turn, CleanupOnDrop, RecipeError};
 use crate::command::{Command, CommandResult};
 use crate::mvcc::KeyValue;
 use crate::server::Node;
@@ -20,22 +20,16 @@ pub const DEFAULT_SESSION_TTL: i64 = 60;
 /// txn that queued it if it did not wait, else the revision it saw its turn at.
 pub async fn lock(node: Arc<Node>, name: &[u8], lease: i64) -> Result<(KeyValue, i64), RecipeError> {
     let lease = if lease == 0 { grant_unattended_lease(&node).await? } else { lease };
-    let key = member_key(name, lease);
-    let (mine, queued_at) = create_or_get(&node, &key, b"", lease).await?;
-    // From here on, giving up (or being dropped) must remove our key.
-    let cleanup = CleanupOnDrop::new(node.clone(), key.clone());
-    let mut prefix = name.to_vec();
-    prefix.push(b'/');
-    let waited = wait_for_turn(&node, &prefix, &mine).await?;
-    // Our turn; but if our lease lapsed while we waited, the key is gone.
-    match get(&node, &key).await? {
-        Some(kv) if kv.create_revision == mine.create_revision => {
-            cleanup.disarm();
-            let revision = if waited { node.revision() } else { queued_at };
-            Ok((kv, revision))
-        }
-        _ => Err(RecipeError::SessionExpired),
+    let queued = enqueue(&node, name, lease, b"", 1).await?;
+    if queued.holds() {
+        return Ok((queued.mine, queued.revision));
     }
+    // From here on, giving up (or being dropped) must remove our key.
+    let cleanup = CleanupOnDrop::new(node.clone(), &queued.mine);
+    wait_for_turn(&node, &queue_prefix(name), &queued.mine, 1, None).await?;
+    let held = confirm_held(&node, &queued.mine).await?;
+    cleanup.disarm();
+    Ok((held, node.revision()))
 }
 
 async fn grant_unattended_lease(node: &Node) -> Result<i64, RecipeError> {

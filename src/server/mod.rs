@@ -367,6 +367,26 @@ impl Node {
         }
     }
 
+    /// Wait until this member's store has reached `revision` (for state that
+    /// was written through another member), at most the request timeout.
+    pub async fn wait_revision(&self, revision: i64) -> Result<(), ServerError> {
+        let deadline = tokio::time::Instant::now() + self.request_timeout;
+        let mut feed = self.state.subscribe();
+        let shutdown = self.shutdown_signal();
+        while self.revision() < revision {
+            tokio::select! {
+                batch = feed.recv() => {
+                    if let Err(tokio::sync::broadcast::error::RecvError::Closed) = batch {
+                        return Err(ServerError::Stopped);
+                    }
+                }
+                _ = tokio::time::sleep_until(deadline) => return Err(ServerError::Timeout),
+                _ = shutdown_started(shutdown.clone()) => return Err(ServerError::Stopped),
+            }
+        }
+        Ok(())
+    }
+
     /// Every member, with the client URLs it published.
     pub fn members(&self) -> Vec<MemberInfo> {
         let m = self.metrics();

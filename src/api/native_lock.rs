@@ -1,0 +1,149 @@
+//! raftlock's native lock API, `raftlock.v1.Locks` (Acquire, Release,
+//! Describe, List), as an adapter over `crate::locks::fenced`.
+//!
+//! Errors keep etcd's codes where etcd has the case (a missing lease is
+//! NotFound "etcdserver: requested lease not found"; availability is
+//! Unavailable) and are InvalidArgument with a `raftlock:` message for what
+//! only this API can get wrong.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tonic::{Request, Response, Status};
+
+use super::{error, header};
+use crate::locks::fenced::{self, Acquired, Owner, Wait};
+use crate::locks::{self, RecipeError};
+use crate::proto::raftlock::v1 as pb;
+use crate::proto::raftlock::v1::locks_server::{Locks, LocksServer};
+use crate::server::Node;
+
+/// The most permits a lock may have.
+pub const MAX_PERMITS: u32 = 1024;
+
+fn recipe(e: RecipeError) -> Status {
+    match e {
+        RecipeError::Server(e) => error::server(e),
+        RecipeError::Mvcc(e) => error::mvcc(e),
+        RecipeError::SessionExpired => {
+            Status::failed_precondition("raftlock: the lease ended while waiting for the lock")
+        }
+        other => Status::unknown(other.to_string()),
+    }
+}
+
+fn permits(n: u32) -> Result<usize, Status> {
+    match n {
+        0 => Ok(1),
+        n if n <= MAX_PERMITS => Ok(n as usize),
+        _ => Err(Status::invalid_argument(format!("raftlock: permits must be at most {MAX_PERMITS}"))),
+    }
+}
+
+fn name(name: &[u8]) -> Result<(), Status> {
+    if name.is_empty() {
+        return Err(Status::invalid_argument("raftlock: lock name is not provided"));
+    }
+    Ok(())
+}
+
+fn owner(o: Owner) -> pb::Owner {
+    pb::Owner {
+        token: o.kv.create_revision,
+        lease: o.kv.lease,
+        ttl: o.ttl,
+        granted_ttl: o.granted_ttl,
+        metadata: o.kv.value,
+        key: o.kv.key,
+    }
+}
+
+pub struct LocksService {
+    node: Arc<Node>,
+}
+
+impl LocksService {
+    pub fn server(node: Arc<Node>) -> LocksServer<LocksService> {
+        LocksServer::new(LocksService { node })
+    }
+}
+
+#[tonic::async_trait]
+impl Locks for LocksService {
+    async fn acquire(&self, req: Request<pb::AcquireRequest>) -> Result<Response<pb::AcquireResponse>, Status> {
+        let req = req.into_inner();
+        name(&req.name)?;
+        if req.lease == 0 {
+            return Err(Status::invalid_argument(
+                "raftlock: a lease is required (grant one and keep it alive while holding the lock)",
+            ));
+        }
+        let permits = permits(req.permits)?;
+        let wait = match req.wait_ms {
+            0 => Wait::Never,
+            ms if ms < 0 => Wait::Forever,
+            ms => Wait::For(Duration::from_millis(ms as u64)),
+        };
+        let outcome = fenced::acquire(self.node.clone(), &req.name, req.lease, &req.metadata, permits, wait)
+            .await
+            .map_err(recipe)?;
+        let response = match outcome {
+            Acquired::Granted { kv, revision } => pb::AcquireResponse {
+                header: header(&self.node, revision),
+                acquired: true,
+                token: kv.create_revision,
+                key: kv.key,
+                holders: vec![],
+            },
+            Acquired::Refused { holders, revision } => pb::AcquireResponse {
+                header: header(&self.node, revision),
+                acquired: false,
+                key: vec![],
+                token: 0,
+                holders: holders.into_iter().map(owner).collect(),
+            },
+        };
+        Ok(Response::new(response))
+    }
+
+    async fn release(&self, req: Request<pb::ReleaseRequest>) -> Result<Response<pb::ReleaseResponse>, Status> {
+        let req = req.into_inner();
+        if req.key.is_empty() {
+            return Err(error::empty_key());
+        }
+        if req.token <= 0 {
+            return Err(Status::invalid_argument("raftlock: release needs the grant's fencing token"));
+        }
+        let r = locks::release(&self.node, &req.key, req.token).await.map_err(recipe)?;
+        Ok(Response::new(pb::ReleaseResponse {
+            header: header(&self.node, r.revision),
+            released: r.released,
+            current_token: r.current_token,
+        }))
+    }
+
+    async fn describe(&self, req: Request<pb::DescribeRequest>) -> Result<Response<pb::DescribeResponse>, Status> {
+        let req = req.into_inner();
+        name(&req.name)?;
+        let d = fenced::describe(&self.node, &req.name, permits(req.permits)?).await.map_err(recipe)?;
+        Ok(Response::new(pb::DescribeResponse {
+            header: header(&self.node, d.revision),
+            holders: d.holders.into_iter().map(owner).collect(),
+            waiters: d.waiters.into_iter().map(owner).collect(),
+        }))
+    }
+
+    async fn list(&self, req: Request<pb::ListRequest>) -> Result<Response<pb::ListResponse>, Status> {
+        let req = req.into_inner();
+        let (locks, revision) = fenced::list(&self.node, &req.prefix, permits(req.permits)?).await.map_err(recipe)?;
+        let locks = locks
+            .into_iter()
+            .map(|s| pb::LockSummary {
+                name: s.name,
+                holders: s.holders.into_iter().map(owner).collect(),
+                waiters: s.waiters as i64,
+            })
+            .collect();
+        Ok(Response::new(pb::ListResponse { header: header(&self.node, revision), locks }))
+    }
+}

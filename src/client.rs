@@ -1,0 +1,325 @@
+//! A Rust client for raftlock: a connection to the cluster, sessions (a lease
+//! kept alive in the background), fenced locks and semaphores, and elections.
+//! `raftlockctl` is built on it. The etcd services are reachable through
+//! [`Client::kv`] and its siblings as the generated gRPC clients.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), raftlock::client::ClientError> {
+//! use raftlock::client::{Acquisition, Client, LockOptions};
+//! let client = Client::connect(["http://127.0.0.1:2379"]).await?;
+//! let session = client.session(10).await?;
+//! match session.lock("jobs/nightly", LockOptions::default()).await? {
+//!     Acquisition::Held(guard) => {
+//!         // ... guard writes to the resource with guard.token() ...
+//!         guard.release().await?;
+//!     }
+//!     Acquisition::Busy(holders) => println!("held by {:?}", holders[0].key),
+//! }
+//! session.close().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! Caveats: a [`Session`] keeps its lease alive from a background task; when it
+//! cannot for a whole TTL it reports the session lost ([`Session::lost`]), and
+//! from then on every lock taken under it must be treated as gone — which is
+//! what fencing tokens are for. With several endpoints, requests are spread
+//! over them and a dead endpoint is skipped.
+
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::proto::etcdserverpb as etcd;
+use crate::proto::etcdserverpb::cluster_client::ClusterClient;
+use crate::proto::etcdserverpb::kv_client::KvClient;
+use crate::proto::etcdserverpb::lease_client::LeaseClient;
+use crate::proto::etcdserverpb::maintenance_client::MaintenanceClient;
+use crate::proto::etcdserverpb::watch_client::WatchClient;
+use crate::proto::raftlock::v1 as locks;
+use crate::proto::raftlock::v1::locks_client::LocksClient;
+use crate::proto::v3electionpb as election;
+use crate::proto::v3electionpb::election_client::ElectionClient;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("invalid endpoint {0}: {1}")]
+    Endpoint(String, tonic::transport::Error),
+    #[error("connecting: {0}")]
+    Connect(#[from] tonic::transport::Error),
+    #[error("{}", .0.message())]
+    Status(#[from] tonic::Status),
+    #[error("no endpoints given")]
+    NoEndpoints,
+}
+
+/// A connection to a raftlock (or etcd) cluster; cheap to clone.
+#[derive(Clone)]
+pub struct Client {
+    channel: Channel,
+}
+
+/// `host:port` becomes `http://host:port`; URLs are kept as they are.
+pub fn endpoint_url(endpoint: &str) -> String {
+    if endpoint.contains("://") {
+        endpoint.to_string()
+    } else {
+        format!("http://{endpoint}")
+    }
+}
+
+impl Client {
+    /// Connect to the cluster at `endpoints` (client URLs or `host:port`).
+    pub async fn connect<S: AsRef<str>>(endpoints: impl IntoIterator<Item = S>) -> Result<Client, ClientError> {
+        let mut list = Vec::new();
+        for e in endpoints {
+            let url = endpoint_url(e.as_ref());
+            let endpoint = Endpoint::from_shared(url.clone())
+                .map_err(|err| ClientError::Endpoint(url, err))?
+                .connect_timeout(Duration::from_secs(5))
+                .tcp_nodelay(true);
+            list.push(endpoint);
+        }
+        let channel = match list.len() {
+            0 => return Err(ClientError::NoEndpoints),
+            // One endpoint: connect now, so that a wrong address fails here.
+            1 => list.pop().expect("one endpoint").connect().await?,
+            _ => Channel::balance_list(list.into_iter()),
+        };
+        Ok(Client { channel })
+    }
+
+    pub fn kv(&self) -> KvClient<Channel> {
+        KvClient::new(self.channel.clone())
+    }
+    pub fn lease(&self) -> LeaseClient<Channel> {
+        LeaseClient::new(self.channel.clone())
+    }
+    pub fn watch(&self) -> WatchClient<Channel> {
+        WatchClient::new(self.channel.clone())
+    }
+    pub fn cluster(&self) -> ClusterClient<Channel> {
+        ClusterClient::new(self.channel.clone())
+    }
+    pub fn maintenance(&self) -> MaintenanceClient<Channel> {
+        MaintenanceClient::new(self.channel.clone())
+    }
+    pub fn locks(&self) -> LocksClient<Channel> {
+        LocksClient::new(self.channel.clone())
+    }
+    pub fn election(&self) -> ElectionClient<Channel> {
+        ElectionClient::new(self.channel.clone())
+    }
+
+    /// Grant a lease of `ttl` seconds and keep it alive until the session is
+    /// closed or dropped.
+    pub async fn session(&self, ttl: i64) -> Result<Session, ClientError> {
+        let granted = self.lease().lease_grant(etcd::LeaseGrantRequest { ttl, id: 0 }).await?.into_inner();
+        let (lost_tx, lost) = watch::channel(false);
+        let keeper = tokio::spawn(keep_alive(self.clone(), granted.id, granted.ttl, lost_tx));
+        Ok(Session { client: self.clone(), lease: granted.id, ttl: granted.ttl, lost, keeper })
+    }
+
+    /// The current leader of election `name`.
+    pub async fn leader(&self, name: &[u8]) -> Result<election::LeaderResponse, ClientError> {
+        let req = election::LeaderRequest { name: name.to_vec() };
+        Ok(self.election().leader(req).await?.into_inner())
+    }
+
+    /// Release a grant by key, fenced by its token; false if the key is gone or
+    /// belongs to a later grant.
+    pub async fn release(&self, key: &[u8], token: i64) -> Result<bool, ClientError> {
+        let req = locks::ReleaseRequest { key: key.to_vec(), token };
+        Ok(self.locks().release(req).await?.into_inner().released)
+    }
+}
+
+/// Send a keepalive every third of the TTL; report the session lost when the
+/// lease is gone or has not been renewed for a whole TTL.
+async fn keep_alive(client: Client, lease: i64, ttl: i64, lost: watch::Sender<bool>) {
+    let ttl = Duration::from_secs(ttl.max(1) as u64);
+    let period = ttl / 3;
+    let mut renewed = tokio::time::Instant::now();
+    loop {
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        let stream = client.lease().lease_keep_alive(tokio_stream::wrappers::ReceiverStream::new(rx)).await;
+        if let Ok(stream) = stream {
+            let mut stream = stream.into_inner();
+            loop {
+                if tx.send(etcd::LeaseKeepAliveRequest { id: lease }).await.is_err() {
+                    break;
+                }
+                match tokio::time::timeout(period, stream.message()).await {
+                    Ok(Ok(Some(r))) if r.ttl > 0 => renewed = tokio::time::Instant::now(),
+                    Ok(Ok(Some(_))) => {
+                        let _ = lost.send(true);
+                        return;
+                    }
+                    _ => break,
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(period) => {}
+                    _ = lost.closed() => return,
+                }
+            }
+        }
+        if renewed.elapsed() >= ttl {
+            let _ = lost.send(true);
+            return;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            _ = lost.closed() => return,
+        }
+    }
+}
+
+/// A lease kept alive in the background: the owner identity of locks and
+/// campaigns. Dropping it stops the keepalives (the lease then expires);
+/// [`Session::close`] also revokes it, releasing everything at once.
+pub struct Session {
+    client: Client,
+    lease: i64,
+    ttl: i64,
+    lost: watch::Receiver<bool>,
+    keeper: JoinHandle<()>,
+}
+
+/// How to acquire a lock.
+#[derive(Clone, Debug)]
+pub struct LockOptions {
+    /// How long to wait; `Some(Duration::ZERO)` tries once, `None` waits until granted.
+    pub wait: Option<Duration>,
+    /// How many owners may hold the lock at once (1: a mutex).
+    pub permits: u32,
+    /// Shown to others by Describe: who the owner is.
+    pub metadata: Vec<u8>,
+}
+
+impl Default for LockOptions {
+    fn default() -> Self {
+        LockOptions { wait: None, permits: 1, metadata: Vec::new() }
+    }
+}
+
+pub enum Acquisition {
+    Held(Guard),
+    /// Not granted within the wait; these hold the lock.
+    Busy(Vec<locks::Owner>),
+}
+
+/// A granted lock. Dropping it does not release it (the session's end does).
+pub struct Guard {
+    client: Client,
+    key: Vec<u8>,
+    token: i64,
+}
+
+impl Guard {
+    /// The owner key, `<name>/<lease hex>`.
+    pub fn key(&self) -> &[u8] {
+        &self.key
+    }
+
+    /// The fencing token: strictly greater for every later holder of the lock.
+    pub fn token(&self) -> i64 {
+        self.token
+    }
+
+    /// Release, fenced by the token; false if the grant had already ended.
+    pub async fn release(self) -> Result<bool, ClientError> {
+        self.client.release(&self.key, self.token).await
+    }
+}
+
+/// Leadership won by [`Session::campaign`].
+pub struct Leadership {
+    client: Client,
+    pub key: election::LeaderKey,
+}
+
+impl Leadership {
+    /// Announce a new value, while still leader.
+    pub async fn proclaim(&self, value: &[u8]) -> Result<(), ClientError> {
+        let req = election::ProclaimRequest { leader: Some(self.key.clone()), value: value.to_vec() };
+        self.client.election().proclaim(req).await?;
+        Ok(())
+    }
+
+    /// Step down.
+    pub async fn resign(self) -> Result<(), ClientError> {
+        self.client.election().resign(election::ResignRequest { leader: Some(self.key) }).await?;
+        Ok(())
+    }
+}
+
+impl Session {
+    pub fn lease(&self) -> i64 {
+        self.lease
+    }
+
+    /// The lease's TTL as granted, in seconds.
+    pub fn ttl(&self) -> i64 {
+        self.ttl
+    }
+
+    pub fn is_lost(&self) -> bool {
+        *self.lost.borrow()
+    }
+
+    /// Resolves when the lease is known to be gone (expired, revoked, or not
+    /// renewed for a whole TTL).
+    pub async fn lost(&self) {
+        let mut lost = self.lost.clone();
+        let _ = lost.wait_for(|l| *l).await;
+    }
+
+    /// Acquire lock `name` under this session's lease.
+    pub async fn lock(&self, name: impl AsRef<[u8]>, options: LockOptions) -> Result<Acquisition, ClientError> {
+        let wait_ms = match options.wait {
+            None => -1,
+            Some(d) => d.as_millis().min(i64::MAX as u128) as i64,
+        };
+        let req = locks::AcquireRequest {
+            name: name.as_ref().to_vec(),
+            lease: self.lease,
+            wait_ms,
+            permits: options.permits,
+            metadata: options.metadata,
+        };
+        let r = self.client.locks().acquire(req).await?.into_inner();
+        Ok(if r.acquired {
+            Acquisition::Held(Guard { client: self.client.clone(), key: r.key, token: r.token })
+        } else {
+            Acquisition::Busy(r.holders)
+        })
+    }
+
+    /// Wait to become leader of election `name`, announcing `value`.
+    pub async fn campaign(&self, name: impl AsRef<[u8]>, value: &[u8]) -> Result<Leadership, ClientError> {
+        let req = election::CampaignRequest { name: name.as_ref().to_vec(), lease: self.lease, value: value.to_vec() };
+        let r = self.client.election().campaign(req).await?.into_inner();
+        let key = r.leader.ok_or_else(|| tonic::Status::internal("campaign answered without a leader key"))?;
+        Ok(Leadership { client: self.client.clone(), key })
+    }
+
+    /// Stop the keepalives and revoke the lease: every lock and campaign of
+    /// this session ends at once.
+    pub async fn close(self) -> Result<(), ClientError> {
+        self.keeper.abort();
+        let req = etcd::LeaseRevokeRequest { id: self.lease };
+        match self.client.lease().lease_revoke(req).await {
+            Ok(_) => Ok(()),
+            // Already gone: closed all the same.
+            Err(s) if s.code() == tonic::Code::NotFound => Ok(()),
+            Err(s) => Err(s.into()),
+        }
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.keeper.abort();
+    }
+}
