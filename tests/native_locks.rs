@@ -109,9 +109,11 @@ async fn stale_release_and_stale_writes_leave_the_new_holder_alone() {
 
     // Guard 1: a txn on raftlock's own keys — write only while the grant lives.
     let guarded_put = |key: String, token: i64, value: &'static str| {
-        Txn::new()
-            .when([Compare::create_revision(key, CompareOp::Equal, token)])
-            .and_then([TxnOp::put("schema-version", value, None)])
+        Txn::new().when([Compare::create_revision(key, CompareOp::Equal, token)]).and_then([TxnOp::put(
+            "schema-version",
+            value,
+            None,
+        )])
     };
     assert!(kv.txn(guarded_put(fresh_key, fresh.token(), "v2")).await.unwrap().succeeded());
     assert!(!kv.txn(guarded_put(stale_key.clone(), stale_token, "v1")).await.unwrap().succeeded());
@@ -176,7 +178,10 @@ async fn a_semaphore_admits_n_holders_then_serves_waiters_in_order() {
     let req = raftlock::proto::raftlock::v1::ListRequest { prefix: b"g".to_vec(), permits: 3 };
     let list = c.locks().list(req).await.unwrap().into_inner();
     assert_eq!(list.locks.len(), 1);
-    assert_eq!((list.locks[0].name.as_slice(), list.locks[0].holders.len(), list.locks[0].waiters), (&b"gpu"[..], 3, 1));
+    assert_eq!(
+        (list.locks[0].name.as_slice(), list.locks[0].holders.len(), list.locks[0].waiters),
+        (&b"gpu"[..], 3, 1)
+    );
 }
 
 #[tokio::test]

@@ -1,0 +1,164 @@
+//! `raftlockctl` as people and scripts use it, against a real 3-member
+//! cluster: `lock NAME -- CMD` (environment, exit code, release on exit and on
+//! signals), try-lock's exit code, describe/list, the key-value, lease, member
+//! and endpoint commands, human and JSON output.
+
+mod common;
+
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::Cluster;
+use serde_json::Value;
+
+fn ctl(endpoints: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_raftlockctl"))
+        .env("RAFTLOCK_ENDPOINTS", endpoints)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn ok(endpoints: &str, args: &[&str]) -> String {
+    let o = ctl(endpoints, args);
+    assert!(o.status.success(), "raftlockctl {args:?}: {}{}", stdout(&o), String::from_utf8_lossy(&o.stderr));
+    stdout(&o)
+}
+
+fn json(endpoints: &str, args: &[&str]) -> Value {
+    let mut all = vec!["-w", "json"];
+    all.extend_from_slice(args);
+    serde_json::from_str(&ok(endpoints, &all)).unwrap()
+}
+
+/// Wait until lock `name` has `n` holders.
+fn wait_holders(endpoints: &str, name: &str, n: usize) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let d = json(endpoints, &["describe", name]);
+        if d["holders"].as_array().unwrap().len() == n {
+            return d;
+        }
+        assert!(Instant::now() < deadline, "lock {name} never had {n} holders: {d}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[tokio::test]
+async fn lock_runs_a_command_holding_the_lock_and_releases_it() {
+    let cluster = Cluster::start(3).await;
+    let endpoints = cluster.endpoints().join(",");
+    let e = endpoints.as_str();
+
+    // The command sees its key and token, and raftlockctl exits with its code.
+    let script = r#"echo "$RAFTLOCK_LOCK_NAME $RAFTLOCK_LOCK_KEY $RAFTLOCK_FENCING_TOKEN $RAFTLOCK_LEASE_ID"; exit 7"#;
+    let o = ctl(e, &["lock", "deploy", "--", "sh", "-c", script]);
+    assert_eq!(o.status.code(), Some(7));
+    let out = stdout(&o);
+    let fields: Vec<&str> = out.split_whitespace().collect();
+    assert_eq!(fields.len(), 4, "{out}");
+    assert_eq!(fields[0], "deploy");
+    assert_eq!(fields[1], format!("deploy/{}", fields[3]));
+    assert!(fields[2].parse::<i64>().unwrap() > 0);
+    // Released and its lease revoked on exit.
+    let d = json(e, &["describe", "deploy"]);
+    assert!(d["holders"].as_array().unwrap().is_empty(), "{d}");
+    let o = ctl(e, &["lease", "ttl", fields[3]]);
+    assert!(stdout(&o).contains("already expired"), "{}", stdout(&o));
+
+    // While one holds it, a try fails at once with exit code 75 and names the holder.
+    let mut holder = Command::new(env!("CARGO_BIN_EXE_raftlockctl"))
+        .env("RAFTLOCK_ENDPOINTS", e)
+        .args(["lock", "deploy", "--metadata", "release-42", "--", "sleep", "30"])
+        .spawn()
+        .unwrap();
+    let d = wait_holders(e, "deploy", 1);
+    assert_eq!(d["holders"][0]["metadata"], "release-42");
+    let o = ctl(e, &["lock", "deploy", "--try"]);
+    assert_eq!(o.status.code(), Some(75));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("lock deploy is held by deploy/") && err.contains("release-42"), "{err}");
+    let started = Instant::now();
+    let o = ctl(e, &["-w", "json", "lock", "deploy", "--wait", "300ms"]);
+    assert_eq!(o.status.code(), Some(75));
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!((v["acquired"].as_bool(), v["holders"][0]["metadata"].as_str()), (Some(false), Some("release-42")));
+    let list = json(e, &["list", "dep"]);
+    assert_eq!(list["locks"][0]["name"], "deploy");
+    assert_eq!(list["locks"][0]["waiters"], 0, "the failed attempts left no key: {list}");
+
+    // SIGTERM to raftlockctl reaches the command; the lock is released and
+    // raftlockctl exits with the command's status (killed by SIGTERM).
+    unsafe { libc::kill(holder.id() as i32, libc::SIGTERM) };
+    let status = holder.wait().unwrap();
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM));
+    let d = json(e, &["describe", "deploy"]);
+    assert!(d["holders"].as_array().unwrap().is_empty(), "{d}");
+    let o = ctl(e, &["lock", "deploy", "--try", "--", "true"]);
+    assert_eq!(o.status.code(), Some(0));
+}
+
+#[tokio::test]
+async fn key_value_lease_member_and_endpoint_commands() {
+    let cluster = Cluster::start(3).await;
+    let endpoints = cluster.endpoints().join(",");
+    let e = endpoints.as_str();
+
+    assert_eq!(ok(e, &["put", "app/a", "1"]).trim(), "OK");
+    assert_eq!(ok(e, &["put", "app/b", "2"]).trim(), "OK");
+    assert_eq!(ok(e, &["get", "app/a"]), "app/a\n1\n");
+    let v = json(e, &["get", "app/", "--prefix"]);
+    assert_eq!(v["count"], 2);
+    assert_eq!(v["kvs"][1]["value"], "2");
+
+    // A watch started before a change prints it.
+    let watch = Command::new(env!("CARGO_BIN_EXE_raftlockctl"))
+        .env("RAFTLOCK_ENDPOINTS", e)
+        .args(["-w", "json", "watch", "app/", "--prefix"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lease = json(e, &["lease", "grant", "30"]);
+    let id = lease["id"].as_str().unwrap().to_string();
+    assert_eq!(lease["ttl"], 30);
+    // Give the watch time to start before the change.
+    std::thread::sleep(Duration::from_millis(500));
+    ok(e, &["put", "app/c", "3", "--lease", &id]);
+    let ttl = ok(e, &["lease", "ttl", &id, "--keys"]);
+    assert!(ttl.contains("granted with TTL(30s)") && ttl.contains("app/c"), "{ttl}");
+    assert!(ok(e, &["lease", "list"]).contains(&id));
+    assert_eq!(ok(e, &["lease", "revoke", &id]).trim(), format!("lease {id} revoked"));
+    assert_eq!(ok(e, &["del", "app/", "--prefix"]).trim(), "2");
+    std::thread::sleep(Duration::from_millis(300));
+    unsafe { libc::kill(watch.id() as i32, libc::SIGINT) };
+    let out = watch.wait_with_output().unwrap();
+    let events: Vec<Value> = stdout(&out).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let seen: Vec<(&str, &str)> =
+        events.iter().map(|e| (e["type"].as_str().unwrap(), e["kv"]["key"].as_str().unwrap())).collect();
+    assert_eq!(seen, [("PUT", "app/c"), ("DELETE", "app/c"), ("DELETE", "app/a"), ("DELETE", "app/b")]);
+
+    let members = json(e, &["member", "list"]);
+    assert_eq!(members["members"].as_array().unwrap().len(), 3);
+    let human = ok(e, &["member", "list"]);
+    assert_eq!(human.lines().count(), 3);
+    assert!(human.lines().all(|l| l.contains(", started, ")), "{human}");
+
+    let status = ok(e, &["-w", "json", "endpoint", "status"]);
+    let statuses: Vec<Value> = status.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(statuses.len(), 3);
+    assert_eq!(statuses.iter().filter(|s| s["is_leader"] == true).count(), 1, "{status}");
+
+    // Bad input: a clear error and a failing exit code; the cluster keeps serving.
+    let o = ctl(e, &["put", "", "x"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("etcdserver: key is not provided"));
+    let o = ctl("127.0.0.1:1", &["get", "x"]);
+    assert!(!o.status.success());
+    assert_eq!(ok(e, &["get", "app/", "--prefix", "--count-only"]).trim(), "0");
+}
