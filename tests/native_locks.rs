@@ -272,7 +272,7 @@ async fn leader_killed_during_contention_never_two_holders_and_every_waiter_serv
         let kv_endpoints = endpoints.clone();
         tasks.push(tokio::spawn(async move {
             let session = client.session(10).await.unwrap();
-            let mut kv = etcd_client::Client::connect(kv_endpoints, None).await.unwrap();
+            let kv = etcd_client::Client::connect(kv_endpoints, None).await.unwrap();
             for _ in 0..ROUNDS {
                 let guard = acquire_retrying(&session).await;
                 assert!(!holding.swap(true, Ordering::SeqCst), "two holders at once");
@@ -325,10 +325,8 @@ async fn retry<T, E: std::fmt::Debug, F: std::future::Future<Output = Result<T, 
 /// Acquire, waiting as long as it takes; a failover interrupts the call, and
 /// calling again with the same lease keeps the waiter's place.
 async fn acquire_retrying(session: &Session) -> Guard {
-    loop {
-        match retry(|| session.lock("contended-lock", LockOptions::default())).await {
-            Acquisition::Held(g) => return g,
-            Acquisition::Busy(_) => unreachable!("waits without a limit"),
-        }
+    match retry(|| session.lock("contended-lock", LockOptions::default())).await {
+        Acquisition::Held(g) => g,
+        Acquisition::Busy(_) => unreachable!("waits without a limit"),
     }
 }
