@@ -16,6 +16,11 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::proto::etcdserverpb as pb;
 use crate::proto::etcdserverpb::kv_client::KvClient;
+use crate::proto::etcdserverpb::lease_client::LeaseClient;
+use crate::proto::raftlock::v1 as native;
+use crate::proto::raftlock::v1::locks_client::LocksClient;
+use crate::proto::v3lockpb as v3lock;
+use crate::proto::v3lockpb::lock_client::LockClient;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Workload {
@@ -27,6 +32,12 @@ pub enum Workload {
     GetSerializable,
     /// A txn: if the key's mod revision is >= 0, put it (always succeeds).
     Txn,
+    /// etcd's Lock service: Lock then Unlock, one op per cycle. Each client
+    /// has its own lease and uses lock `bench-lock/<client % lock-names>`.
+    Lock,
+    /// raftlock's native API: Acquire (waiting) then fenced Release, one op per
+    /// cycle, on the same locks as `lock`.
+    NativeLock,
 }
 
 #[derive(Clone, Debug, clap::Args)]
@@ -51,6 +62,10 @@ pub struct BenchArgs {
     /// Distinct keys used.
     #[arg(long, default_value_t = 10_000)]
     pub key_space: u64,
+    /// Lock workloads: distinct lock names the clients spread over (1: every
+    /// client contends for one lock, measuring handoffs).
+    #[arg(long, default_value_t = 1)]
+    pub lock_names: usize,
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -105,13 +120,38 @@ impl Keys {
     }
 }
 
-async fn one_request(
-    client: &mut KvClient<Channel>,
-    args: &BenchArgs,
-    n: u64,
-    value: &[u8],
-) -> Result<(), tonic::Status> {
+/// One benchmark client's connection and identity.
+struct Driver {
+    channel: Channel,
+    kv: KvClient<Channel>,
+    /// Lock workloads: the client's lease and lock name.
+    lease: i64,
+    lock_name: Vec<u8>,
+}
+
+impl Driver {
+    async fn new(channel: Channel, args: &BenchArgs, client: usize) -> Result<Driver, tonic::Status> {
+        let mut lease = 0;
+        if matches!(args.workload, Workload::Lock | Workload::NativeLock) {
+            let grant = pb::LeaseGrantRequest { ttl: 300, id: 0 };
+            lease = LeaseClient::new(channel.clone()).lease_grant(grant).await?.into_inner().id;
+        }
+        let lock_name = format!("bench-lock/{}", client % args.lock_names.max(1)).into_bytes();
+        Ok(Driver { kv: KvClient::new(channel.clone()), channel, lease, lock_name })
+    }
+
+    /// Revoke the client's lease, if it has one.
+    async fn finish(&self) {
+        if self.lease != 0 {
+            let _ =
+                LeaseClient::new(self.channel.clone()).lease_revoke(pb::LeaseRevokeRequest { id: self.lease }).await;
+        }
+    }
+}
+
+async fn one_request(d: &mut Driver, args: &BenchArgs, n: u64, value: &[u8]) -> Result<(), tonic::Status> {
     let key = key(args, n);
+    let client = &mut d.kv;
     match args.workload {
         Workload::Put => {
             client.put(pb::PutRequest { key, value: value.to_vec(), ..Default::default() }).await?;
@@ -137,6 +177,22 @@ async fn one_request(
                 })),
             };
             client.txn(pb::TxnRequest { compare: vec![compare], success: vec![put], failure: vec![] }).await?;
+        }
+        Workload::Lock => {
+            let mut locks = LockClient::new(d.channel.clone());
+            let req = v3lock::LockRequest { name: d.lock_name.clone(), lease: d.lease };
+            let key = locks.lock(req).await?.into_inner().key;
+            locks.unlock(v3lock::UnlockRequest { key }).await?;
+        }
+        Workload::NativeLock => {
+            let mut locks = LocksClient::new(d.channel.clone());
+            let req =
+                native::AcquireRequest { name: d.lock_name.clone(), lease: d.lease, wait_ms: -1, ..Default::default() };
+            let granted = locks.acquire(req).await?.into_inner();
+            if !granted.acquired {
+                return Err(tonic::Status::internal("an unbounded wait answered without the lock"));
+            }
+            locks.release(native::ReleaseRequest { key: granted.key, token: granted.token }).await?;
         }
     }
     Ok(())
@@ -167,10 +223,13 @@ pub async fn run(endpoints: &[String], args: &BenchArgs) -> anyhow::Result<Bench
 
     let issued = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
-    let start = Instant::now();
     let mut tasks = Vec::new();
+    let mut drivers = Vec::new();
     for c in 0..args.clients.max(1) {
-        let mut client = KvClient::new(channels[c % channels.len()].clone());
+        drivers.push(Driver::new(channels[c % channels.len()].clone(), args, c).await?);
+    }
+    let start = Instant::now();
+    for (c, mut driver) in drivers.into_iter().enumerate() {
         let (issued, errors, args, value) = (issued.clone(), errors.clone(), args.clone(), value.clone());
         tasks.push(tokio::spawn(async move {
             let mut keys = Keys(0x9E37_79B9_7F4A_7C15 ^ (c as u64 + 1));
@@ -178,19 +237,25 @@ pub async fn run(endpoints: &[String], args: &BenchArgs) -> anyhow::Result<Bench
             while issued.fetch_add(1, Ordering::Relaxed) < args.total {
                 let n = keys.next();
                 let t = Instant::now();
-                if one_request(&mut client, &args, n, &value).await.is_err() {
+                if one_request(&mut driver, &args, n, &value).await.is_err() {
                     errors.fetch_add(1, Ordering::Relaxed);
                 }
                 latencies.push(t.elapsed());
             }
-            latencies
+            (latencies, driver)
         }));
     }
     let mut latencies: Vec<Duration> = Vec::with_capacity(args.total as usize);
+    let mut drivers = Vec::new();
     for t in tasks {
-        latencies.extend(t.await?);
+        let (l, driver) = t.await?;
+        latencies.extend(l);
+        drivers.push(driver);
     }
     let elapsed = start.elapsed().as_secs_f64();
+    for d in drivers {
+        d.finish().await;
+    }
     latencies.sort_unstable();
     let pct = |p: f64| -> f64 {
         if latencies.is_empty() {
@@ -200,7 +265,10 @@ pub async fn run(endpoints: &[String], args: &BenchArgs) -> anyhow::Result<Bench
         latencies[i].as_secs_f64() * 1e3
     };
     Ok(BenchReport {
-        workload: format!("{:?}", args.workload).to_lowercase(),
+        workload: match args.workload {
+            Workload::Lock | Workload::NativeLock => format!("{:?}/{}", args.workload, args.lock_names).to_lowercase(),
+            other => format!("{other:?}").to_lowercase(),
+        },
         clients: args.clients,
         total: latencies.len() as u64,
         errors: errors.load(Ordering::Relaxed),

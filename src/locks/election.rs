@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use super::{confirm_held, enqueue, prefix_end, queue_prefix, wait_for_turn, CleanupOnDrop, RecipeError};
+use super::{enqueue, prefix_end, queue_prefix, wait_for_turn, CleanupOnDrop, RecipeError};
 use crate::command::{Command, CommandResult};
 use crate::mvcc::{
     Compare, CompareResult, CompareTarget, KeyValue, PutRequest, RangeRequest, RequestOp, SortOrder, SortTarget,
@@ -35,7 +35,6 @@ pub async fn campaign(node: Arc<Node>, name: &[u8], lease: i64, value: &[u8]) ->
     }
     if !queued.holds() {
         wait_for_turn(&node, &queue_prefix(name), mine, 1, None).await?;
-        confirm_held(&node, mine).await?;
     }
     cleanup.disarm();
     Ok((leader, queued.revision))

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{confirm_held, enqueue, prefix_end, queue_prefix, wait_for_turn, CleanupOnDrop, RecipeError};
+use super::{enqueue, prefix_end, queue_prefix, wait_for_turn, CleanupOnDrop, RecipeError};
 use crate::mvcc::{KeyValue, RangeRequest, SortOrder, SortTarget};
 use crate::raft::peer::{LeaseAnswer, LeaseQuery};
 use crate::server::Node;
@@ -79,8 +79,7 @@ pub async fn acquire(
         Wait::Never => Err(RecipeError::TimedOut),
     };
     match waited {
-        Ok(_) => {
-            let kv = confirm_held(&node, &queued.mine).await?;
+        Ok(kv) => {
             cleanup.disarm();
             Ok(Acquired::Granted { kv, revision: node.revision() })
         }

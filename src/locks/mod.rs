@@ -12,10 +12,11 @@
 //! uncontended lock costs one write. Waiting is server-side: a waiter follows
 //! the node's feed of applied changes and counts down the deletions of keys
 //! ahead of it — no polling, and a release makes exactly one waiter look again
-//! (no thundering herd). Before it answers, a waiter checks linearizably that
-//! its own key still exists: if its lease ended while it waited, it gets an
-//! error, not the lock (etcd issue 11456). A waiter that gives up, times out or
-//! is cancelled (the client went away) deletes its key.
+//! (no thundering herd). Before it answers, a waiter checks that its own key
+//! still exists in the committed state in which its turn came: if its lease
+//! ended while it waited, it gets an error, not the lock (etcd issue 11456).
+//! A waiter that gives up, times out or is cancelled (the client went away)
+//! deletes its key.
 //!
 //! Fencing: a grant's token is its key's create_revision, strictly greater for
 //! every later holder of the same name. Releases can be fenced by it, so a
@@ -173,35 +174,36 @@ fn create_revision_is(key: &[u8], revision: i64) -> Compare {
 
 /// Wait until fewer than `permits` keys under `prefix` were created before
 /// `mine` (it holds the lock), or until `deadline` ([`RecipeError::TimedOut`]).
-/// Fails at once if `mine` itself is deleted (its lease ended). Returns whether
-/// it had to wait at all.
+/// Fails if `mine` itself is deleted (its lease ended) before its turn comes.
+/// Returns our key as it is when the turn came.
 ///
-/// It counts the keys ahead once, in the local applied state (committed, so
-/// the count is true at that revision; later keys are created behind `mine`),
-/// then follows the feed of applied changes and counts down the deletions of
-/// keys ahead. It looks at the store again only when the count says its turn
-/// has come — so a release wakes only the waiter it makes a holder.
+/// It counts the keys ahead in the local applied state (committed, so the
+/// count is true at that revision; later keys are created behind `mine`), then
+/// follows the feed of applied changes and counts down the deletions of keys
+/// ahead. It looks at the store again only when the count says its turn has
+/// come — so a release wakes only the waiter it makes a holder — and that look
+/// is the re-check: our key (hence our lease) is alive in the committed state
+/// in which nobody is ahead of us any more.
 pub async fn wait_for_turn(
     node: &Node,
     prefix: &[u8],
     mine: &KeyValue,
     permits: usize,
     deadline: Option<Instant>,
-) -> Result<bool, RecipeError> {
+) -> Result<KeyValue, RecipeError> {
     // The key may have been queued through another member; see it here first.
     node.wait_revision(mine.mod_revision).await?;
     let shutdown = node.shutdown_signal();
-    let mut waited = false;
     loop {
         // Follow the feed before reading, so that no deletion slips between.
         let mut feed = node.state().subscribe();
-        let (mut ahead, read_at) = {
+        let (current, mut ahead, read_at) = {
             let mvcc = node.state().mvcc();
             let own = mvcc.range(&RangeRequest { key: mine.key.clone(), ..Default::default() });
-            match own.map_err(RecipeError::Mvcc)?.kvs.first() {
-                Some(kv) if kv.create_revision == mine.create_revision => {}
+            let current = match own.map_err(RecipeError::Mvcc)?.kvs.into_iter().next() {
+                Some(kv) if kv.create_revision == mine.create_revision => kv,
                 _ => return Err(RecipeError::SessionExpired),
-            }
+            };
             let earlier = RangeRequest {
                 key: prefix.to_vec(),
                 range_end: prefix_end(prefix),
@@ -209,12 +211,11 @@ pub async fn wait_for_turn(
                 keys_only: true,
                 ..Default::default()
             };
-            (mvcc.range(&earlier).map_err(RecipeError::Mvcc)?.kvs.len(), mvcc.revision())
+            (current, mvcc.range(&earlier).map_err(RecipeError::Mvcc)?.kvs.len(), mvcc.revision())
         };
         if ahead < permits {
-            return Ok(waited);
+            return Ok(current);
         }
-        waited = true;
         while ahead >= permits {
             let batch = tokio::select! {
                 batch = feed.recv() => batch,
@@ -246,15 +247,6 @@ async fn until(deadline: Option<Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d.into()).await,
         None => std::future::pending().await,
-    }
-}
-
-/// After a wait: check linearizably that `mine` still exists (its lease did
-/// not end while it waited), and return it as it is now.
-pub async fn confirm_held(node: &Node, mine: &KeyValue) -> Result<KeyValue, RecipeError> {
-    match get(node, &mine.key).await? {
-        Some(kv) if kv.create_revision == mine.create_revision => Ok(kv),
-        _ => Err(RecipeError::SessionExpired),
     }
 }
 

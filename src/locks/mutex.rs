@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use super::{confirm_held, enqueue, queue_prefix, wait_for_turn, CleanupOnDrop, RecipeError};
+use super::{enqueue, queue_prefix, wait_for_turn, CleanupOnDrop, RecipeError};
 use crate::command::{Command, CommandResult};
 use crate::mvcc::KeyValue;
 use crate::server::Node;
@@ -26,8 +26,7 @@ pub async fn lock(node: Arc<Node>, name: &[u8], lease: i64) -> Result<(KeyValue,
     }
     // From here on, giving up (or being dropped) must remove our key.
     let cleanup = CleanupOnDrop::new(node.clone(), &queued.mine);
-    wait_for_turn(&node, &queue_prefix(name), &queued.mine, 1, None).await?;
-    let held = confirm_held(&node, &queued.mine).await?;
+    let held = wait_for_turn(&node, &queue_prefix(name), &queued.mine, 1, None).await?;
     cleanup.disarm();
     Ok((held, node.revision()))
 }
