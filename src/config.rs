@@ -62,6 +62,19 @@ pub struct Config {
     /// two of these without a heartbeat before it campaigns).
     #[arg(long, env = "RAFTLOCK_ELECTION_TIMEOUT", default_value_t = 1000)]
     pub election_timeout: u64,
+    /// Log entries applied between two snapshots; after a snapshot the log
+    /// before it is purged (all but --snapshot-catchup-entries).
+    #[arg(long, env = "RAFTLOCK_SNAPSHOT_COUNT", default_value_t = 100_000)]
+    pub snapshot_count: u64,
+    /// Log entries kept behind a snapshot, so that a member a little behind
+    /// catches up from the log rather than by a whole snapshot.
+    #[arg(
+        long,
+        alias = "experimental-snapshot-catchup-entries",
+        env = "RAFTLOCK_SNAPSHOT_CATCHUP_ENTRIES",
+        default_value_t = 5_000
+    )]
+    pub snapshot_catchup_entries: u64,
     /// How often watchers that asked for progress notifications get one, in ms
     /// (etcd's default is ten minutes).
     #[arg(long, env = "RAFTLOCK_WATCH_PROGRESS_NOTIFY_INTERVAL", default_value_t = 600_000)]
@@ -140,6 +153,9 @@ impl Config {
     pub fn validate(&self) -> anyhow::Result<()> {
         if self.heartbeat_interval == 0 || self.election_timeout < 5 * self.heartbeat_interval {
             bail!("--election-timeout must be at least 5 times --heartbeat-interval");
+        }
+        if self.snapshot_count == 0 {
+            bail!("--snapshot-count must be at least 1");
         }
         let me = self.member_id();
         let members = self.initial_members()?;

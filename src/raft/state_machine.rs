@@ -26,9 +26,12 @@
 //! checkpoint, replay the journal after it. Every [`CHECKPOINT_EVERY`] journal
 //! operations a new checkpoint replaces the journal, so replay stays short.
 //!
-//! Snapshots are the whole state (every version, counters, members) encoded in
-//! one buffer; they are built from memory on demand. Caveat: a checkpoint or a
-//! snapshot is built on the apply path and takes time proportional to the state.
+//! Snapshots are the whole state (every version, leases, members) encoded in
+//! one buffer. openraft asks for one every `--snapshot-count` entries: the
+//! state is copied on the apply path and encoded in openraft's snapshot task,
+//! and the result is kept in memory as the snapshot sent to members that the
+//! purged log can no longer catch up. Caveat: a checkpoint, and the copy for a
+//! snapshot, take time on the apply path proportional to the state.
 
 use std::io::Cursor;
 use std::sync::Arc;
@@ -41,7 +44,7 @@ use super::{decode, encode, Entry, LogId, MemberNode, TypeConfig};
 use crate::command::{Command, CommandResult};
 use crate::lease::LeaseTable;
 use crate::mvcc::MvccError;
-use crate::mvcc::{Change, MvccStore, Revision, StoredVersion};
+use crate::mvcc::{Change, KeyRange, MvccStore, Revision, StoredVersion};
 use crate::state::{AppliedChanges, AppliedState, MemberAttrs};
 use crate::storage::{StateBatch, StateDb};
 
@@ -81,6 +84,9 @@ pub struct StateMachine {
     /// Journal operations written since the last checkpoint.
     since_checkpoint: u64,
     checkpoint_every: u64,
+    /// The last snapshot built, encoded: what is sent to members that are
+    /// too far behind for the log.
+    last_snapshot: Arc<std::sync::Mutex<Option<Snapshot<TypeConfig>>>>,
 }
 
 /// The content of a snapshot.
@@ -179,6 +185,7 @@ impl StateMachine {
             checkpoint_seq,
             since_checkpoint,
             checkpoint_every,
+            last_snapshot: Default::default(),
         })
     }
 
@@ -300,14 +307,12 @@ impl StateMachine {
         }
     }
 
-    fn snapshot_of(&self, image: &SnapshotImage) -> Snapshot<TypeConfig> {
+    fn snapshot_meta(&self, image: &SnapshotImage) -> SnapshotMeta<u64, MemberNode> {
         let id = match self.last_applied {
             Some(l) => format!("{}-{}-{}", l.leader_id.term, l.index, image.revision),
             None => format!("0-0-{}", image.revision),
         };
-        let meta =
-            SnapshotMeta { last_log_id: self.last_applied, last_membership: self.membership.clone(), snapshot_id: id };
-        Snapshot { meta, snapshot: Box::new(Cursor::new(encode(image))) }
+        SnapshotMeta { last_log_id: self.last_applied, last_membership: self.membership.clone(), snapshot_id: id }
     }
 }
 
@@ -357,8 +362,11 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     }
 
     async fn get_snapshot_builder(&mut self) -> SnapshotBuilder {
+        // Copy the state here, on the apply path; encode it in the builder,
+        // which openraft runs in a task of its own, while apply goes on.
         let image = self.image();
-        SnapshotBuilder { snapshot: Some(self.snapshot_of(&image)) }
+        let meta = self.snapshot_meta(&image);
+        SnapshotBuilder { image: Some((meta, image)), last: self.last_snapshot.clone() }
     }
 
     async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError<u64>> {
@@ -371,6 +379,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError<u64>> {
         let image: SnapshotImage = decode(snapshot.get_ref()).map_err(sm_err)?;
+        let before = self.state.mvcc().revision();
         *self.state.mvcc_mut() = MvccStore::restore(image.versions, image.revision, image.compact_revision);
         *self.state.members_mut() = image.members.into_iter().collect();
         *self.state.leases_mut() = LeaseTable::restore(image.leases, self.state.mvcc().leased_keys());
@@ -382,23 +391,55 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         self.checkpoint(&mut batch);
         self.counters(&mut batch);
         self.db.replace_all(batch).map_err(|e| StorageError::from(StorageIOError::write_snapshot(None, &e)))?;
+        // Watchers and lock waiters here follow the feed: hand them what the
+        // snapshot skipped over, as history still has it.
+        let changes = {
+            let mvcc = self.state.mvcc();
+            mvcc.changes_between(&KeyRange::new(&[0], &[0]), before + 1, mvcc.revision()).map(|c| (c, mvcc.revision()))
+        };
+        match changes {
+            Ok((changes, revision)) if !changes.is_empty() => self.state.publish(AppliedChanges { revision, changes }),
+            Ok(_) => {}
+            // Compacted past what watchers here have seen: those changes are
+            // gone, and watchers here miss them (a known caveat).
+            Err(e) => tracing::warn!(error = %e, "a snapshot skipped changes that history no longer has"),
+        }
+        tracing::info!(snapshot = %meta.snapshot_id, revision = image.revision, "installed a snapshot from the leader");
+        // It is this member's snapshot now, should it have to send one.
+        let data = snapshot.into_inner();
+        *self.last_snapshot.lock().expect("snapshot lock poisoned") =
+            Some(Snapshot { meta: meta.clone(), snapshot: Box::new(Cursor::new(data)) });
         Ok(())
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError<u64>> {
-        let image = self.image();
-        Ok(Some(self.snapshot_of(&image)))
+        if let Some(s) = self.last_snapshot.lock().expect("snapshot lock poisoned").as_ref() {
+            let data = s.snapshot.get_ref().clone();
+            return Ok(Some(Snapshot { meta: s.meta.clone(), snapshot: Box::new(Cursor::new(data)) }));
+        }
+        // None built since this member started (its log may be purged all the
+        // same): build one now, on the apply path. Rare: once per restart.
+        let mut builder = self.get_snapshot_builder().await;
+        builder.build_snapshot().await.map(Some)
     }
 }
 
-/// Hands out a snapshot captured when the builder was made.
+/// Encodes the state captured when the builder was made, and keeps the result
+/// as the member's current snapshot.
 pub struct SnapshotBuilder {
-    snapshot: Option<Snapshot<TypeConfig>>,
+    image: Option<(SnapshotMeta<u64, MemberNode>, SnapshotImage)>,
+    last: Arc<std::sync::Mutex<Option<Snapshot<TypeConfig>>>>,
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<u64>> {
-        self.snapshot.take().ok_or_else(|| sm_err("snapshot already built"))
+        let (meta, image) = self.image.take().ok_or_else(|| sm_err("snapshot already built"))?;
+        let data = encode(&image);
+        tracing::info!(snapshot = %meta.snapshot_id, bytes = data.len(), "built a snapshot");
+        let snapshot = Snapshot { meta: meta.clone(), snapshot: Box::new(Cursor::new(data.clone())) };
+        *self.last.lock().expect("snapshot lock poisoned") =
+            Some(Snapshot { meta, snapshot: Box::new(Cursor::new(data)) });
+        Ok(snapshot)
     }
 }
 

@@ -127,9 +127,8 @@ impl Node {
             heartbeat_interval: config.heartbeat_interval,
             election_timeout_min: config.election_timeout,
             election_timeout_max: config.election_timeout * 2,
-            // Snapshots and log purging are driven explicitly (see raft/).
-            snapshot_policy: openraft::SnapshotPolicy::Never,
-            max_in_snapshot_log_to_keep: 1000,
+            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(config.snapshot_count),
+            max_in_snapshot_log_to_keep: config.snapshot_catchup_entries,
             ..Default::default()
         };
         let raft = crate::raft::start(id, raft_config, log_store.clone(), state_machine, network).await?;
