@@ -207,12 +207,12 @@ pub fn member_id(peer_urls: &[String], token: &str) -> u64 {
     fnv1a(&parts).max(1)
 }
 
-/// The cluster's ID from its initial members' IDs (never 0).
-pub fn cluster_id(member_ids: impl IntoIterator<Item = u64>, token: &str) -> u64 {
-    let bytes: Vec<[u8; 8]> = member_ids.into_iter().map(u64::to_be_bytes).collect();
-    let mut parts: Vec<&[u8]> = bytes.iter().map(|b| b.as_slice()).collect();
-    parts.push(token.as_bytes());
-    fnv1a(&parts).max(1)
+/// The cluster's ID, from its token (never 0). Not from the initial members,
+/// as etcd derives it: a member that joins later with
+/// `--initial-cluster-state existing` must compute the same ID from its own
+/// flags, and the token is what every member of a cluster shares.
+pub fn cluster_id(token: &str) -> u64 {
+    fnv1a(&[b"cluster".as_slice(), token.as_bytes()]).max(1)
 }
 
 #[cfg(test)]

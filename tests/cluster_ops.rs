@@ -1,13 +1,15 @@
 //! Cluster operations on real clusters of processes: snapshots and log
 //! purging (a member that was down catches up by snapshot; restarts after a
-//! purge).
+//! purge); membership changes with etcdctl (add a voter and a learner that
+//! join with `existing`, promote, remove a member and the leader); five
+//! members losing two.
 
 mod common;
 
 use std::time::{Duration, Instant};
 
 use common::Cluster;
-use etcd_client::GetOptions;
+use etcd_client::{Client, GetOptions};
 
 /// Every member snapshots every 50 entries and keeps only 10 behind it.
 const SMALL_SNAPSHOTS: &[&str] = &["--snapshot-count", "50", "--snapshot-catchup-entries", "10"];
@@ -67,4 +69,137 @@ async fn a_member_behind_the_purged_log_catches_up_by_snapshot_and_restarts_are_
     for i in 0..3 {
         wait_for_keys(&cluster, i, "snap/", 300).await;
     }
+}
+
+fn etcdctl(endpoints: &str, args: &[&str]) -> String {
+    let dir = std::env::var("RAFTLOCK_ETCD_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".tools/etcd-3.5.1"));
+    let out = std::process::Command::new(dir.join("etcdctl"))
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={endpoints}"))
+        .args(args)
+        .output()
+        .expect("etcdctl 3.5 (scripts/test.sh installs it)");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "etcdctl {args:?}: {text}");
+    text
+}
+
+/// Members by name: (hex id, is_learner), from `etcdctl member list -w json`.
+fn members(endpoints: &str) -> Vec<(String, String, bool)> {
+    let v: serde_json::Value = serde_json::from_str(&etcdctl(endpoints, &["member", "list", "-w", "json"])).unwrap();
+    v["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            let name = m["name"].as_str().unwrap_or("").to_string();
+            (name, format!("{:x}", m["ID"].as_u64().unwrap()), m["isLearner"].as_bool().unwrap_or(false))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn members_are_added_promoted_and_removed_with_etcdctl_even_the_leader() {
+    let mut cluster = Cluster::start(3).await;
+    let mut c = cluster.client(0).await;
+    for i in 0..20 {
+        c.put(format!("early/{i:02}"), "x", None).await.unwrap();
+    }
+    let endpoints = cluster.endpoints()[..3].join(",");
+
+    // A voter, added with etcdctl and started with `existing`: it gets the earlier data.
+    let voter = cluster.new_member();
+    let url = cluster.peer_url(voter);
+    let out = etcdctl(&endpoints, &["member", "add", "m3", &format!("--peer-urls={url}")]);
+    let initial = out
+        .lines()
+        .find_map(|l| l.strip_prefix("ETCD_INITIAL_CLUSTER=\""))
+        .and_then(|l| l.strip_suffix('"'))
+        .unwrap_or_else(|| panic!("no ETCD_INITIAL_CLUSTER in {out}"))
+        .to_string();
+    assert!(initial.contains(&format!("m3={url}")), "{initial}");
+    cluster.join(voter, &initial);
+    wait_for_keys(&cluster, voter, "early/", 20).await;
+    let mut v = cluster.client(voter).await;
+    v.put("from-new-member", "1", None).await.unwrap();
+    assert_eq!(c.get("from-new-member", None).await.unwrap().kvs()[0].value(), b"1");
+    let list = members(&endpoints);
+    assert_eq!(list.len(), 4);
+    assert!(list.iter().any(|(name, _, learner)| name == "m3" && !learner), "{list:?}");
+
+    // Refusals, with etcd's errors.
+    let dup = Client::connect([cluster.members[1].endpoint()], None).await.unwrap();
+    let err = dup.cluster_client().member_add([url.clone()], None).await.unwrap_err();
+    assert_eq!(
+        common::grpc_error(err),
+        (tonic::Code::FailedPrecondition, "etcdserver: Peer URLs already exists".into())
+    );
+
+    // A learner: added, started, promoted once it is in sync.
+    let learner = cluster.new_member();
+    let lurl = cluster.peer_url(learner);
+    let out = etcdctl(&endpoints, &["member", "add", "m4", &format!("--peer-urls={lurl}"), "--learner"]);
+    let initial = out
+        .lines()
+        .find_map(|l| l.strip_prefix("ETCD_INITIAL_CLUSTER=\""))
+        .and_then(|l| l.strip_suffix('"'))
+        .unwrap()
+        .to_string();
+    cluster.join(learner, &initial);
+    wait_for_keys(&cluster, learner, "early/", 20).await;
+    let id = members(&endpoints).into_iter().find(|m| m.0 == "m4").expect("m4 listed").1;
+    assert!(members(&endpoints).iter().any(|m| m.0 == "m4" && m.2), "m4 is a learner");
+    etcdctl(&endpoints, &["member", "promote", &id]);
+    assert!(members(&endpoints).iter().any(|m| m.0 == "m4" && !m.2), "m4 was promoted");
+
+    // Remove the added voter, then the leader itself.
+    let m3 = members(&endpoints).into_iter().find(|m| m.0 == "m3").unwrap().1;
+    etcdctl(&endpoints, &["member", "remove", &m3]);
+    cluster.kill(voter);
+    let leader = cluster.leader().await;
+    let leader_id = members(&endpoints).into_iter().find(|m| m.0 == cluster.members[leader].name).unwrap().1;
+    let rest: Vec<String> =
+        [0, 1, 2, learner].iter().filter(|&&i| i != leader).map(|&i| cluster.members[i].endpoint()).collect();
+    etcdctl(&rest.join(","), &["member", "remove", &leader_id]);
+    cluster.kill(leader);
+    let list = members(&rest.join(","));
+    assert_eq!(list.len(), 3, "{list:?}");
+    assert!(!list.iter().any(|m| m.1 == leader_id || m.1 == m3), "{list:?}");
+    // The remaining three elect a leader and serve writes.
+    let mut r = cluster.client(learner).await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while r.put("after-removals", "1", None).await.is_err() {
+        assert!(Instant::now() < deadline, "no writes after the leader was removed:\n{}", cluster.logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for i in [0, 1, 2, learner].into_iter().filter(|&i| i != leader) {
+        wait_for_keys(&cluster, i, "after-removals", 1).await;
+    }
+}
+
+#[tokio::test]
+async fn five_members_keep_serving_with_two_killed() {
+    let mut cluster = Cluster::start(5).await;
+    let leader = cluster.leader().await;
+    let other = (leader + 1) % 5;
+    let mut c = cluster.client((leader + 2) % 5).await;
+    c.put("five/before", "1", None).await.unwrap();
+    cluster.kill(leader);
+    cluster.kill(other);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while c.put("five/after", "2", None).await.is_err() {
+        assert!(Instant::now() < deadline, "3 of 5 did not serve writes:\n{}", cluster.logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for i in (0..5).filter(|&i| i != leader && i != other) {
+        let mut m = cluster.client(i).await;
+        let r = m.get("five/", Some(GetOptions::new().with_prefix())).await.unwrap();
+        assert_eq!(r.count(), 2, "member {i}");
+    }
+    // Locks still work on the survivors.
+    let lease = c.lease_grant(10, None).await.unwrap().id();
+    let key = c.lock("five-lock", Some(etcd_client::LockOptions::new().with_lease(lease))).await.unwrap();
+    c.unlock(key.key()).await.unwrap();
 }

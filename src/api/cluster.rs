@@ -1,6 +1,7 @@
-//! etcd's Cluster service. MemberList is served here; membership changes
-//! (add, remove, update, promote) belong to the cluster-operations work and
-//! answer `Unimplemented` until then, rather than pretend.
+//! etcd's Cluster service: MemberList, and the membership changes MemberAdd,
+//! MemberRemove, MemberUpdate and MemberPromote (run by the leader, see
+//! `raft::membership`). A change answers once this member has the new
+//! configuration, so the member list in the response includes it.
 
 use std::sync::Arc;
 
@@ -9,7 +10,7 @@ use tonic::{Request, Response, Status};
 use super::{error, header};
 use crate::proto::etcdserverpb as pb;
 use crate::proto::etcdserverpb::cluster_server::{Cluster, ClusterServer};
-use crate::server::{MemberInfo, Node};
+use crate::server::{MemberInfo, MembershipChange, Node};
 
 pub struct ClusterService {
     node: Arc<Node>,
@@ -31,28 +32,51 @@ pub fn member(m: MemberInfo) -> pb::Member {
     }
 }
 
-fn not_yet(what: &str) -> Status {
-    Status::unimplemented(format!("raftlock: {what} is not supported by this version"))
+impl ClusterService {
+    fn members(&self) -> Vec<pb::Member> {
+        self.node.members().into_iter().map(member).collect()
+    }
+
+    async fn change(&self, change: MembershipChange) -> Result<u64, Status> {
+        self.node.change_membership(change).await.map_err(error::membership)
+    }
 }
 
 #[tonic::async_trait]
 impl Cluster for ClusterService {
-    async fn member_add(&self, _: Request<pb::MemberAddRequest>) -> Result<Response<pb::MemberAddResponse>, Status> {
-        Err(not_yet("member add"))
+    async fn member_add(&self, req: Request<pb::MemberAddRequest>) -> Result<Response<pb::MemberAddResponse>, Status> {
+        let req = req.into_inner();
+        let change = MembershipChange::Add { peer_urls: req.peer_ur_ls.clone(), is_learner: req.is_learner };
+        let id = self.change(change).await?;
+        let members = self.members();
+        let added = members.iter().find(|m| m.id == id).cloned().unwrap_or(pb::Member {
+            id,
+            name: String::new(),
+            peer_ur_ls: req.peer_ur_ls,
+            client_ur_ls: vec![],
+            is_learner: req.is_learner,
+        });
+        let header = header(&self.node, self.node.revision());
+        Ok(Response::new(pb::MemberAddResponse { header, member: Some(added), members }))
     }
 
     async fn member_remove(
         &self,
-        _: Request<pb::MemberRemoveRequest>,
+        req: Request<pb::MemberRemoveRequest>,
     ) -> Result<Response<pb::MemberRemoveResponse>, Status> {
-        Err(not_yet("member remove"))
+        self.change(MembershipChange::Remove { id: req.into_inner().id }).await?;
+        let header = header(&self.node, self.node.revision());
+        Ok(Response::new(pb::MemberRemoveResponse { header, members: self.members() }))
     }
 
     async fn member_update(
         &self,
-        _: Request<pb::MemberUpdateRequest>,
+        req: Request<pb::MemberUpdateRequest>,
     ) -> Result<Response<pb::MemberUpdateResponse>, Status> {
-        Err(not_yet("member update"))
+        let req = req.into_inner();
+        self.change(MembershipChange::Update { id: req.id, peer_urls: req.peer_ur_ls }).await?;
+        let header = header(&self.node, self.node.revision());
+        Ok(Response::new(pb::MemberUpdateResponse { header, members: self.members() }))
     }
 
     async fn member_list(
@@ -62,14 +86,18 @@ impl Cluster for ClusterService {
         if req.into_inner().linearizable {
             self.node.read_barrier().await.map_err(error::server)?;
         }
-        let members = self.node.members().into_iter().map(member).collect();
-        Ok(Response::new(pb::MemberListResponse { header: header(&self.node, self.node.revision()), members }))
+        Ok(Response::new(pb::MemberListResponse {
+            header: header(&self.node, self.node.revision()),
+            members: self.members(),
+        }))
     }
 
     async fn member_promote(
         &self,
-        _: Request<pb::MemberPromoteRequest>,
+        req: Request<pb::MemberPromoteRequest>,
     ) -> Result<Response<pb::MemberPromoteResponse>, Status> {
-        Err(not_yet("member promote"))
+        self.change(MembershipChange::Promote { id: req.into_inner().id }).await?;
+        let header = header(&self.node, self.node.revision());
+        Ok(Response::new(pb::MemberPromoteResponse { header, members: self.members() }))
     }
 }

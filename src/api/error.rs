@@ -50,3 +50,21 @@ pub fn server(e: ServerError) -> Status {
         ServerError::Stopped => Status::unavailable("etcdserver: server stopped"),
     }
 }
+
+pub fn membership(e: crate::server::MembershipFailure) -> Status {
+    use crate::server::{MembershipFailure, MembershipRefusal};
+    let refusal = match e {
+        MembershipFailure::Server(e) => return server(e),
+        MembershipFailure::Refused(r) => r,
+    };
+    let message = refusal.to_string();
+    match refusal {
+        MembershipRefusal::MemberNotFound => Status::not_found(message),
+        MembershipRefusal::BadUrls => Status::invalid_argument(message),
+        MembershipRefusal::Unhealthy => Status::unavailable(message),
+        MembershipRefusal::PeerUrlExists
+        | MembershipRefusal::NotLearner
+        | MembershipRefusal::LearnerNotReady
+        | MembershipRefusal::NotEnoughMembers => Status::failed_precondition(message),
+    }
+}

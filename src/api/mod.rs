@@ -61,7 +61,13 @@ pub async fn serve_clients(node: Arc<Node>, addrs: Vec<SocketAddr>) -> anyhow::R
 pub async fn serve_peers(node: Arc<Node>, addrs: Vec<SocketAddr>) -> anyhow::Result<()> {
     let make = || {
         let leases: Arc<dyn LeaseAuthority> = node.clone();
-        let service = PeerService::server(node.raft().clone(), node.proposer().clone(), leases, node.read_floor());
+        let service = PeerService::server(
+            node.raft().clone(),
+            node.proposer().clone(),
+            leases,
+            node.read_floor(),
+            node.cluster_token.clone(),
+        );
         Server::builder().add_service(service)
     };
     serve(&node, addrs, make).await

@@ -40,6 +40,7 @@
 //!   members.
 
 pub mod log_store;
+pub mod membership;
 pub mod network;
 pub mod peer;
 pub mod proposer;

@@ -25,6 +25,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tonic::transport::{Channel, Endpoint};
 
+use super::membership::{MembershipAnswer, MembershipChange};
 use super::peer::{ForwardError, LeaseAnswer, LeaseQuery};
 use super::{decode, encode, MemberNode, TypeConfig};
 use crate::batcher::Batcher;
@@ -112,6 +113,20 @@ impl PeerClients {
         let mut req = tonic::Request::new(RaftPayload { data: encode(query) });
         req.set_timeout(timeout);
         let resp = client.lease(req).await?;
+        decode(&resp.into_inner().data).map_err(tonic::Status::internal)
+    }
+
+    /// Have the leader at `url` run a membership change.
+    pub async fn membership(
+        &self,
+        url: &str,
+        change: &MembershipChange,
+        timeout: Duration,
+    ) -> Result<MembershipAnswer, tonic::Status> {
+        let mut client = self.client(url).map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+        let mut req = tonic::Request::new(RaftPayload { data: encode(change) });
+        req.set_timeout(timeout);
+        let resp = client.membership(req).await?;
         decode(&resp.into_inner().data).map_err(tonic::Status::internal)
     }
 

@@ -2,8 +2,10 @@
 //!
 //! Raft RPCs are decoded and handed to openraft; the reply (including a Raft
 //! refusal) goes back encoded. `Forward` runs a follower's write through the
-//! leader's proposer (so it is batched with the leader's own writes); `ReadIndex` confirms leadership with
-//! a quorum and returns the index a follower must apply before it reads.
+//! leader's proposer (so it is batched with the leader's own writes);
+//! `ReadIndex` confirms leadership with a quorum and returns the index a
+//! follower must apply before it reads; `Lease` and `Membership` carry the
+//! lease questions and membership changes only the leader can answer.
 //!
 //! A payload that does not decode is `InvalidArgument`: it is a peer of another
 //! version or not a peer at all, and nothing is applied.
@@ -13,6 +15,7 @@ use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
 use serde::{Deserialize, Serialize};
 use tonic::{Request, Response, Status};
 
+use super::membership::MembershipChange;
 use super::proposer::{ProposeError, Proposer};
 use super::read_index::{read_index, ReadFloor};
 use super::{decode, encode, Raft, TypeConfig};
@@ -63,6 +66,8 @@ pub struct PeerService {
     proposer: Proposer,
     leases: std::sync::Arc<dyn LeaseAuthority>,
     read_floor: std::sync::Arc<ReadFloor>,
+    /// The cluster token, from which members' IDs are derived.
+    token: String,
 }
 
 impl PeerService {
@@ -71,8 +76,9 @@ impl PeerService {
         proposer: Proposer,
         leases: std::sync::Arc<dyn LeaseAuthority>,
         read_floor: std::sync::Arc<ReadFloor>,
+        token: String,
     ) -> PeerServer<PeerService> {
-        PeerServer::new(PeerService { raft, proposer, leases, read_floor })
+        PeerServer::new(PeerService { raft, proposer, leases, read_floor, token })
             .max_decoding_message_size(usize::MAX)
             .max_encoding_message_size(usize::MAX)
     }
@@ -125,6 +131,11 @@ impl Peer for PeerService {
     async fn lease(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
         let query: LeaseQuery = payload(req)?;
         reply(&self.leases.answer(query).await)
+    }
+
+    async fn membership(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        let change: MembershipChange = payload(req)?;
+        reply(&super::membership::change(&self.raft, &self.token, change).await)
     }
 
     async fn read_index(&self, _req: Request<ReadIndexRequest>) -> Result<Response<ReadIndexResponse>, Status> {

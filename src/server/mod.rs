@@ -29,6 +29,8 @@ use crate::batcher::Batcher;
 use crate::command::{Command, CommandResult};
 use crate::config::{ClusterState, Config};
 use crate::raft::log_store::LogStore;
+use crate::raft::membership::MembershipAnswer;
+pub use crate::raft::membership::{MembershipChange, MembershipRefusal};
 use crate::raft::network::{ForwardFailure, Forwarder, PeerClients, PeerNetwork};
 use crate::raft::peer::{LeaseAnswer, LeaseAuthority, LeaseQuery, LeaseStatus};
 use crate::raft::proposer::{ProposeError, Proposer};
@@ -58,6 +60,15 @@ pub enum ServerError {
     Stopped,
 }
 
+/// Why a membership change failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MembershipFailure {
+    #[error(transparent)]
+    Server(#[from] ServerError),
+    #[error(transparent)]
+    Refused(MembershipRefusal),
+}
+
 /// A member as MemberList shows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MemberInfo {
@@ -82,6 +93,8 @@ pub struct NodeStatus {
 pub struct Node {
     pub id: u64,
     pub cluster_id: u64,
+    /// `--initial-cluster-token`: member IDs are derived from it.
+    pub cluster_token: String,
     pub name: String,
     raft: Raft,
     proposer: Proposer,
@@ -110,7 +123,7 @@ impl Node {
         config.validate()?;
         let id = config.member_id();
         let members = config.initial_members()?;
-        let cluster_id = crate::config::cluster_id(members.keys().copied(), &config.initial_cluster_token);
+        let cluster_id = crate::config::cluster_id(&config.initial_cluster_token);
         let data_dir = config.data_dir();
         std::fs::create_dir_all(&data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
 
@@ -167,6 +180,7 @@ impl Node {
             Node {
                 id,
                 cluster_id,
+                cluster_token: config.initial_cluster_token.clone(),
                 name: config.name.clone(),
                 raft,
                 proposer,
@@ -386,6 +400,40 @@ impl Node {
         Ok(())
     }
 
+    /// Run a membership change on the leader (forwarded if we follow), and
+    /// wait until this member has the new configuration; returns the ID of the
+    /// member concerned.
+    pub async fn change_membership(&self, change: MembershipChange) -> Result<u64, MembershipFailure> {
+        let deadline = Instant::now() + self.request_timeout;
+        loop {
+            let leader = self.leader();
+            let answer = match &leader {
+                Some((id, _)) if *id == self.id => {
+                    Some(crate::raft::membership::change(&self.raft, &self.cluster_token, change.clone()).await)
+                }
+                Some((_, url)) => {
+                    let remaining = deadline.saturating_duration_since(Instant::now());
+                    self.peers.membership(url, &change, remaining).await.ok()
+                }
+                None => None,
+            };
+            match answer {
+                Some(MembershipAnswer::Changed { id, log_index }) => {
+                    let remaining = deadline.saturating_duration_since(Instant::now());
+                    let wait = self.raft.wait(Some(remaining));
+                    return match wait.applied_index_at_least(Some(log_index), "membership").await {
+                        Ok(_) => Ok(id),
+                        Err(openraft::metrics::WaitError::Timeout(..)) => Err(ServerError::Timeout.into()),
+                        Err(openraft::metrics::WaitError::ShuttingDown) => Err(ServerError::Stopped.into()),
+                    };
+                }
+                Some(MembershipAnswer::Refused(refusal)) => return Err(MembershipFailure::Refused(refusal)),
+                Some(MembershipAnswer::NotLeader) | None => {}
+            }
+            self.before_retry(leader.is_some(), deadline).await?;
+        }
+    }
+
     /// Every member, with the client URLs it published.
     pub fn members(&self) -> Vec<MemberInfo> {
         let m = self.metrics();
@@ -396,7 +444,8 @@ impl Node {
             .nodes()
             .map(|(id, node)| MemberInfo {
                 id: *id,
-                name: node.name.clone(),
+                // A member added at run time is named by what it publishes.
+                name: attrs.get(id).map_or_else(|| node.name.clone(), |a| a.name.clone()),
                 peer_urls: vec![node.peer_url.clone()],
                 client_urls: attrs.get(id).map(|a| a.client_urls.clone()).unwrap_or_default(),
                 is_learner: !voters.contains(id),

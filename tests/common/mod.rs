@@ -25,6 +25,9 @@ pub struct Member {
     pub data_dir: PathBuf,
     child: Option<Child>,
     log: PathBuf,
+    /// Set for a member that joins a running cluster: its `--initial-cluster`
+    /// (and it starts with `--initial-cluster-state existing`).
+    joins: Option<String>,
 }
 
 impl Member {
@@ -69,6 +72,7 @@ impl Cluster {
                     client_port: free_port(),
                     peer_port: free_port(),
                     child: None,
+                    joins: None,
                 }
             })
             .collect();
@@ -86,15 +90,48 @@ impl Cluster {
         cluster
     }
 
+    /// A member that is not started yet (ports and data directory chosen);
+    /// returns its index. Add it to the cluster, then [`Cluster::join`] it.
+    pub fn new_member(&mut self) -> usize {
+        let dir = self.dir.as_ref().unwrap().path().to_path_buf();
+        let name = format!("m{}", self.members.len());
+        self.members.push(Member {
+            data_dir: dir.join(format!("{name}.raftlock")),
+            log: dir.join(format!("{name}.log")),
+            name,
+            client_port: free_port(),
+            peer_port: free_port(),
+            child: None,
+            joins: None,
+        });
+        self.members.len() - 1
+    }
+
+    /// Start member `i` with `--initial-cluster-state existing`: it joins the
+    /// running cluster that added it.
+    pub fn join(&mut self, i: usize, initial_cluster: &str) {
+        self.members[i].joins = Some(initial_cluster.to_string());
+        self.spawn(i);
+    }
+
+    pub fn peer_url(&self, i: usize) -> String {
+        format!("http://127.0.0.1:{}", self.members[i].peer_port)
+    }
+
     fn spawn(&mut self, i: usize) {
         let m = &mut self.members[i];
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&m.log).unwrap();
+        let (initial_cluster, state) = match &m.joins {
+            Some(c) => (c.as_str(), "existing"),
+            None => (self.initial_cluster.as_str(), "new"),
+        };
         let child = Command::new(env!("CARGO_BIN_EXE_raftlock"))
             .args(["--name", &m.name])
             .args(["--data-dir", m.data_dir.to_str().unwrap()])
             .args(["--listen-client-urls", &m.endpoint()])
             .args(["--listen-peer-urls", &format!("http://127.0.0.1:{}", m.peer_port)])
-            .args(["--initial-cluster", &self.initial_cluster])
+            .args(["--initial-cluster", initial_cluster])
+            .args(["--initial-cluster-state", state])
             .args(["--heartbeat-interval", &HEARTBEAT_MS.to_string()])
             .args(["--election-timeout", &ELECTION_MS.to_string()])
             .args(&self.extra_args)
