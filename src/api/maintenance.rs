@@ -1,7 +1,7 @@
-//! etcd's Maintenance service: Status and the alarm list are served here (what
-//! `etcdctl endpoint status` and `endpoint health` need). Snapshot, defragment,
-//! hashes, move-leader and downgrade belong to the cluster-operations work and
-//! answer `Unimplemented` until then.
+//! etcd's Maintenance service: Status, the alarm list, Snapshot (the member's
+//! state streamed as a backup, in raftlock's own encoding — not a bbolt file)
+//! and Defragment (a flush of the state store). Hashes, MoveLeader (openraft
+//! 0.9 has no leader transfer) and Downgrade answer `Unimplemented`.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -12,6 +12,9 @@ use super::header;
 use crate::proto::etcdserverpb as pb;
 use crate::proto::etcdserverpb::maintenance_server::{Maintenance, MaintenanceServer};
 use crate::server::Node;
+
+/// Snapshot stream chunk size (etcd's).
+pub const SNAPSHOT_CHUNK: usize = 32 * 1024;
 
 /// The etcd API version raftlock serves; clients gate features on it.
 pub const ETCD_API_VERSION: &str = "3.5.0";
@@ -72,8 +75,15 @@ impl Maintenance for MaintenanceService {
         }))
     }
 
+    /// sled has no file compaction to trigger (it reclaims space itself);
+    /// what remains to do is to push the state store to disk.
     async fn defragment(&self, _: Request<pb::DefragmentRequest>) -> Result<Response<pb::DefragmentResponse>, Status> {
-        Err(not_yet("defragment"))
+        let node = self.node.clone();
+        tokio::task::spawn_blocking(move || node.sync_state())
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(|e| Status::internal(format!("raftlock: syncing the state store: {e}")))?;
+        Ok(Response::new(pb::DefragmentResponse { header: header(&self.node, self.node.revision()) }))
     }
 
     async fn hash(&self, _: Request<pb::HashRequest>) -> Result<Response<pb::HashResponse>, Status> {
@@ -86,8 +96,25 @@ impl Maintenance for MaintenanceService {
 
     type SnapshotStream = SnapshotStream;
 
+    /// The member's whole state (every version, leases, members) in
+    /// raftlock's snapshot encoding, in chunks of [`SNAPSHOT_CHUNK`] bytes.
     async fn snapshot(&self, _: Request<pb::SnapshotRequest>) -> Result<Response<SnapshotStream>, Status> {
-        Err(not_yet("snapshot"))
+        let (data, revision) = self.node.snapshot();
+        let first = header(&self.node, revision);
+        let total = data.len();
+        let chunks: Vec<Result<pb::SnapshotResponse, Status>> = data
+            .chunks(SNAPSHOT_CHUNK)
+            .enumerate()
+            .map(|(i, blob)| {
+                let sent = i * SNAPSHOT_CHUNK + blob.len();
+                Ok(pb::SnapshotResponse {
+                    header: if i == 0 { first.clone() } else { None },
+                    remaining_bytes: (total - sent) as u64,
+                    blob: blob.to_vec(),
+                })
+            })
+            .collect();
+        Ok(Response::new(Box::pin(futures::stream::iter(chunks))))
     }
 
     async fn move_leader(&self, _: Request<pb::MoveLeaderRequest>) -> Result<Response<pb::MoveLeaderResponse>, Status> {

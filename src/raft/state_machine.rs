@@ -297,14 +297,7 @@ impl StateMachine {
     }
 
     fn image(&self) -> SnapshotImage {
-        let mvcc = self.state.mvcc();
-        SnapshotImage {
-            revision: mvcc.revision(),
-            compact_revision: mvcc.compact_revision(),
-            versions: mvcc.versions().collect(),
-            members: self.state.members().iter().map(|(id, a)| (*id, a.clone())).collect(),
-            leases: self.state.leases().grants(),
-        }
+        image_of(&self.state)
     }
 
     fn snapshot_meta(&self, image: &SnapshotImage) -> SnapshotMeta<u64, MemberNode> {
@@ -422,6 +415,28 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let mut builder = self.get_snapshot_builder().await;
         builder.build_snapshot().await.map(Some)
     }
+}
+
+/// The whole applied state, consistent: every lock is held at once (in the
+/// state's lock order), so no apply falls between the parts.
+fn image_of(state: &AppliedState) -> SnapshotImage {
+    let mvcc = state.mvcc();
+    let leases = state.leases();
+    let members = state.members();
+    SnapshotImage {
+        revision: mvcc.revision(),
+        compact_revision: mvcc.compact_revision(),
+        versions: mvcc.versions().collect(),
+        members: members.iter().map(|(id, a)| (*id, a.clone())).collect(),
+        leases: leases.grants(),
+    }
+}
+
+/// The member's applied state, encoded as a snapshot is, and its revision:
+/// what Maintenance.Snapshot streams to a backup file.
+pub fn encode_state(state: &AppliedState) -> (Vec<u8>, Revision) {
+    let image = image_of(state);
+    (encode(&image), image.revision)
 }
 
 /// Encodes the state captured when the builder was made, and keeps the result

@@ -434,6 +434,16 @@ impl Node {
         }
     }
 
+    /// This member's applied state, encoded (a backup), and its revision.
+    pub fn snapshot(&self) -> (Vec<u8>, i64) {
+        crate::raft::state_machine::encode_state(&self.state)
+    }
+
+    /// Push the state store to disk (Maintenance.Defragment).
+    pub fn sync_state(&self) -> std::io::Result<()> {
+        self.state_db.sync()
+    }
+
     /// Every member, with the client URLs it published.
     pub fn members(&self) -> Vec<MemberInfo> {
         let m = self.metrics();

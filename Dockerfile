@@ -1,0 +1,17 @@
+# raftlock's image, built the ordinary way (needs a registry for the Rust
+# image): two self-contained (statically linked) binaries in an empty image.
+# On a machine without a registry, scripts/docker-image.sh builds the same
+# image from a local build instead (docker/Dockerfile.local).
+FROM rust:1-bookworm AS build
+WORKDIR /src
+COPY . .
+RUN RUSTFLAGS="-C target-feature=+crt-static" \
+    cargo build --release --locked --target x86_64-unknown-linux-gnu --bins \
+ && mkdir /out && cp target/x86_64-unknown-linux-gnu/release/raftlock target/x86_64-unknown-linux-gnu/release/raftlockctl /out/
+
+FROM scratch
+COPY --from=build /out/raftlock /out/raftlockctl /
+VOLUME /data
+EXPOSE 2379 2380
+ENTRYPOINT ["/raftlock"]
+CMD ["--data-dir", "/data", "--listen-client-urls", "http://0.0.0.0:2379", "--listen-peer-urls", "http://0.0.0.0:2380"]

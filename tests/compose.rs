@@ -1,0 +1,189 @@
+//! The docker-compose cluster, for real: `docker compose up` of the top-level
+//! docker-compose.yml, clients on the published ports, the leader's container
+//! stopped, the leader cut off from the network (the majority elects a new
+//! leader and serves; the old leader cannot commit), reconnected (it catches
+//! up), and `docker compose down -v`.
+//!
+//! Ignored by `cargo test`: it needs Docker and the raftlock image.
+//! `scripts/compose-test.sh` builds the image and runs it (CI does).
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, GetOptions};
+
+const PROJECT: &str = "raftlock-compose-test";
+const NETWORK: &str = "raftlock-compose-test_raftlock";
+/// Service, published client port, address on the cluster network.
+const MEMBERS: [(&str, u16, &str); 3] =
+    [("n1", 12379, "172.29.79.11"), ("n2", 22379, "172.29.79.12"), ("n3", 32379, "172.29.79.13")];
+
+/// `docker compose` (v2) where it exists, else `docker-compose` (v1).
+fn compose() -> Command {
+    let v2 = Command::new("docker").args(["compose", "version"]).output().is_ok_and(|o| o.status.success());
+    let mut c = if v2 {
+        let mut c = Command::new("docker");
+        c.arg("compose");
+        c
+    } else {
+        Command::new("docker-compose")
+    };
+    c.current_dir(env!("CARGO_MANIFEST_DIR")).args(["-p", PROJECT, "-f", "docker-compose.yml"]);
+    c
+}
+
+fn run(mut c: Command) -> String {
+    let out = c.output().expect("run docker");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{c:?} failed: {text}");
+    text
+}
+
+fn docker(args: &[&str]) -> String {
+    let mut c = Command::new("docker");
+    c.args(args);
+    run(c)
+}
+
+fn container(service: &str) -> String {
+    let mut c = compose();
+    c.args(["ps", "-q", service]);
+    run(c).trim().to_string()
+}
+
+/// Take the cluster down (with its volumes) when the test ends, pass or fail.
+struct Down;
+
+impl Drop for Down {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let mut logs = compose();
+            logs.args(["logs", "--no-color", "--tail", "40"]);
+            eprintln!("{}", String::from_utf8_lossy(&logs.output().map(|o| o.stdout).unwrap_or_default()));
+        }
+        let mut c = compose();
+        c.args(["down", "-v", "--remove-orphans"]);
+        let _ = c.output();
+    }
+}
+
+async fn client(port: u16) -> Option<Client> {
+    let connect = Client::connect([format!("http://127.0.0.1:{port}")], None);
+    tokio::time::timeout(Duration::from_secs(2), connect).await.ok()?.ok()
+}
+
+/// The member that leads, as the given members see it (waits for agreement).
+async fn leader(members: &[(&'static str, u16, &'static str)]) -> (&'static str, u16, &'static str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut seen = Vec::new();
+        for &(name, port, ip) in members {
+            if let Some(mut c) = client(port).await {
+                if let Ok(Ok(s)) = tokio::time::timeout(Duration::from_secs(2), c.status()).await {
+                    seen.push((s.leader(), s.header().map_or(0, |h| h.member_id()), (name, port, ip)));
+                }
+            }
+        }
+        if seen.len() == members.len() && seen[0].0 != 0 && seen.iter().all(|s| s.0 == seen[0].0) {
+            if let Some(l) = seen.iter().find(|s| s.0 == s.1) {
+                return l.2;
+            }
+        }
+        assert!(Instant::now() < deadline, "no agreed leader among {members:?}: {seen:?}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// Put through `port` until it succeeds.
+async fn put_eventually(port: u16, key: &str, value: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(mut c) = client(port).await {
+            if tokio::time::timeout(Duration::from_secs(5), c.put(key, value, None)).await.is_ok_and(|r| r.is_ok()) {
+                return;
+            }
+        }
+        assert!(Instant::now() < deadline, "no write through {port} in 30 s");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// raftlockctl inside a member's container, against that member alone.
+fn ctl_in(service: &str, args: &[&str]) -> std::process::Output {
+    let id = container(service);
+    let mut all = vec!["exec", id.as_str(), "/raftlockctl", "--endpoints", "127.0.0.1:2379", "--command-timeout", "3s"];
+    all.extend_from_slice(args);
+    Command::new("docker").args(&all).output().unwrap()
+}
+
+#[tokio::test]
+#[ignore = "needs Docker and the raftlock image: run scripts/compose-test.sh"]
+async fn compose_cluster_survives_a_stopped_and_a_partitioned_leader() {
+    let mut up = compose();
+    up.args(["up", "-d"]);
+    let _down = Down;
+    run(up);
+    let first = leader(&MEMBERS).await;
+
+    // Real clients on the published ports: etcd-client and etcdctl.
+    put_eventually(12379, "compose/greeting", "hello").await;
+    for (_, port, _) in MEMBERS {
+        let mut c = client(port).await.unwrap();
+        assert_eq!(c.get("compose/greeting", None).await.unwrap().kvs()[0].value(), b"hello");
+    }
+    let etcd_dir = std::env::var("RAFTLOCK_ETCD_DIR")
+        .unwrap_or_else(|_| format!("{}/.tools/etcd-3.5.1", env!("CARGO_MANIFEST_DIR")));
+    let mut etcdctl = Command::new(format!("{etcd_dir}/etcdctl"));
+    etcdctl.args(["--endpoints=127.0.0.1:12379,127.0.0.1:22379,127.0.0.1:32379", "member", "list"]);
+    let list = run(etcdctl);
+    assert_eq!(list.lines().count(), 3, "{list}");
+    for name in ["n1", "n2", "n3"] {
+        assert!(list.contains(&format!(", {name}, ")), "{list}");
+    }
+
+    // The leader's container stops: the other two elect a leader and serve.
+    docker(&["stop", &container(first.0)]);
+    let rest: Vec<_> = MEMBERS.iter().copied().filter(|m| m.0 != first.0).collect();
+    put_eventually(rest[0].1, "compose/after-stop", "1").await;
+    let second = leader(&rest).await;
+    assert_ne!(second.0, first.0);
+    docker(&["start", &container(first.0)]);
+    leader(&MEMBERS).await;
+    let mut back = client(first.1).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while back.get("compose/after-stop", None).await.map_or(true, |r| r.kvs().is_empty()) {
+        assert!(Instant::now() < deadline, "the restarted member never caught up");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+
+    // The leader is cut off from the network: the majority elects a new leader
+    // and serves; the old leader cannot commit.
+    let cut = leader(&MEMBERS).await;
+    docker(&["network", "disconnect", NETWORK, &container(cut.0)]);
+    let majority: Vec<_> = MEMBERS.iter().copied().filter(|m| m.0 != cut.0).collect();
+    put_eventually(majority[0].1, "compose/during-partition", "majority").await;
+    let new_leader = leader(&majority).await;
+    assert_ne!(new_leader.0, cut.0);
+    let stale = ctl_in(cut.0, &["put", "compose/from-old-leader", "lost"]);
+    assert!(!stale.status.success(), "the cut-off leader committed a write: {stale:?}");
+
+    // Reconnected (same address), it rejoins and catches up.
+    docker(&["network", "connect", "--ip", cut.2, NETWORK, &container(cut.0)]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = ctl_in(cut.0, &["get", "compose/during-partition"]);
+        if out.status.success() && String::from_utf8_lossy(&out.stdout).contains("majority") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the reconnected member never caught up: {out:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let mut any = client(majority[0].1).await.unwrap();
+    let r = any.get("compose/", Some(GetOptions::new().with_prefix())).await.unwrap();
+    let keys: Vec<&str> = r.kvs().iter().map(|kv| kv.key_str().unwrap()).collect();
+    assert_eq!(keys, ["compose/after-stop", "compose/during-partition", "compose/greeting"]);
+    let health = ctl_in(cut.0, &["endpoint", "health"]);
+    assert!(health.status.success(), "{health:?}");
+}
