@@ -203,3 +203,30 @@ async fn five_members_keep_serving_with_two_killed() {
     let key = c.lock("five-lock", Some(etcd_client::LockOptions::new().with_lease(lease))).await.unwrap();
     c.unlock(key.key()).await.unwrap();
 }
+
+#[tokio::test]
+async fn snapshot_save_and_defrag_with_etcdctl_and_raftlockctl() {
+    let cluster = Cluster::start(3).await;
+    let mut c = cluster.client(0).await;
+    for i in 0..100 {
+        c.put(format!("backup/{i}"), "x".repeat(100), None).await.unwrap();
+    }
+    let endpoints = cluster.endpoints().join(",");
+    let dir = tempfile::tempdir().unwrap();
+    // etcdctl checks the stream's SHA-256 trailer before it keeps the file.
+    let file = dir.path().join("etcdctl.snap");
+    let out = etcdctl(&cluster.members[1].endpoint(), &["snapshot", "save", file.to_str().unwrap()]);
+    assert!(out.contains("Snapshot saved at"), "{out}");
+    let len = std::fs::metadata(&file).unwrap().len();
+    assert!(len > 100 * 100 && (len - 32) % 512 == 0, "{len} bytes");
+    let ours = dir.path().join("raftlockctl.snap");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_raftlockctl"))
+        .args(["--endpoints", &cluster.members[2].endpoint(), "snapshot", "save", ours.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("Snapshot saved at"), "{out:?}");
+    assert!(std::fs::metadata(&ours).unwrap().len() > 100 * 100);
+    let out = etcdctl(&endpoints, &["defrag"]);
+    assert_eq!(out.matches("Finished defragmenting").count(), 3, "{out}");
+    assert_eq!(c.get("backup/", Some(GetOptions::new().with_prefix().with_count_only())).await.unwrap().count(), 100);
+}

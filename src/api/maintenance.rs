@@ -97,9 +97,15 @@ impl Maintenance for MaintenanceService {
     type SnapshotStream = SnapshotStream;
 
     /// The member's whole state (every version, leases, members) in
-    /// raftlock's snapshot encoding, in chunks of [`SNAPSHOT_CHUNK`] bytes.
+    /// raftlock's snapshot encoding, zero-padded to a multiple of 512 bytes and
+    /// followed by the SHA-256 of all that — etcd's trailer, which etcdctl
+    /// checks — in chunks of [`SNAPSHOT_CHUNK`] bytes.
     async fn snapshot(&self, _: Request<pb::SnapshotRequest>) -> Result<Response<SnapshotStream>, Status> {
-        let (data, revision) = self.node.snapshot();
+        use sha2::Digest;
+        let (mut data, revision) = self.node.snapshot();
+        data.resize(data.len().div_ceil(512) * 512, 0);
+        let digest = sha2::Sha256::digest(&data);
+        data.extend_from_slice(&digest);
         let first = header(&self.node, revision);
         let total = data.len();
         let chunks: Vec<Result<pb::SnapshotResponse, Status>> = data
@@ -108,7 +114,7 @@ impl Maintenance for MaintenanceService {
             .map(|(i, blob)| {
                 let sent = i * SNAPSHOT_CHUNK + blob.len();
                 Ok(pb::SnapshotResponse {
-                    header: if i == 0 { first.clone() } else { None },
+                    header: if i == 0 { first } else { None },
                     remaining_bytes: (total - sent) as u64,
                     blob: blob.to_vec(),
                 })
