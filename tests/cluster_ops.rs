@@ -218,7 +218,7 @@ async fn snapshot_save_and_defrag_with_etcdctl_and_raftlockctl() {
     let out = etcdctl(&cluster.members[1].endpoint(), &["snapshot", "save", file.to_str().unwrap()]);
     assert!(out.contains("Snapshot saved at"), "{out}");
     let len = std::fs::metadata(&file).unwrap().len();
-    assert!(len > 100 * 100 && (len - 32) % 512 == 0, "{len} bytes");
+    assert!(len > 100 * 100 && (len - 32).is_multiple_of(512), "{len} bytes");
     let ours = dir.path().join("raftlockctl.snap");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_raftlockctl"))
         .args(["--endpoints", &cluster.members[2].endpoint(), "snapshot", "save", ours.to_str().unwrap()])
