@@ -29,6 +29,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::proto::etcdserverpb as etcd;
@@ -115,9 +116,10 @@ impl Client {
     /// Grant a lease of `ttl` seconds and keep it alive until the session is
     /// closed or dropped.
     pub async fn session(&self, ttl: i64) -> Result<Session, ClientError> {
+        let sent = Instant::now();
         let granted = self.lease().lease_grant(etcd::LeaseGrantRequest { ttl, id: 0 }).await?.into_inner();
         let (lost_tx, lost) = watch::channel(false);
-        let keeper = tokio::spawn(keep_alive(self.clone(), granted.id, granted.ttl, lost_tx));
+        let keeper = tokio::spawn(keep_alive(self.clone(), granted.id, sent, granted.ttl, lost_tx));
         Ok(Session { client: self.clone(), lease: granted.id, ttl: granted.ttl, lost, keeper })
     }
 
@@ -136,43 +138,47 @@ impl Client {
 }
 
 /// Send a keepalive every third of the TTL; report the session lost when the
-/// lease is gone or has not been renewed for a whole TTL.
-async fn keep_alive(client: Client, lease: i64, ttl: i64, lost: watch::Sender<bool>) {
+/// lease is gone or may have expired. The lease is known to live until one TTL
+/// after the *sending* of the last keepalive that was answered (or of the
+/// grant); every wait is cut off at that moment, so a hung endpoint cannot
+/// hide the loss.
+async fn keep_alive(client: Client, lease: i64, granted_at: Instant, ttl: i64, lost: watch::Sender<bool>) {
     let ttl = Duration::from_secs(ttl.max(1) as u64);
     let period = ttl / 3;
-    let mut renewed = tokio::time::Instant::now();
-    loop {
+    let mut expires = granted_at + ttl;
+    'connect: while Instant::now() < expires {
         let (tx, rx) = tokio::sync::mpsc::channel(1);
-        let stream = client.lease().lease_keep_alive(tokio_stream::wrappers::ReceiverStream::new(rx)).await;
-        if let Ok(stream) = stream {
-            let mut stream = stream.into_inner();
-            loop {
-                if tx.send(etcd::LeaseKeepAliveRequest { id: lease }).await.is_err() {
-                    break;
-                }
-                match tokio::time::timeout(period, stream.message()).await {
-                    Ok(Ok(Some(r))) if r.ttl > 0 => renewed = tokio::time::Instant::now(),
-                    Ok(Ok(Some(_))) => {
-                        let _ = lost.send(true);
-                        return;
-                    }
-                    _ => break,
-                }
+        let mut leases = client.lease();
+        let open = leases.lease_keep_alive(tokio_stream::wrappers::ReceiverStream::new(rx));
+        let mut stream = match tokio::time::timeout_at(expires.min(Instant::now() + period), open).await {
+            Ok(Ok(stream)) => stream.into_inner(),
+            _ => {
+                // Unreachable for now: try again shortly (another endpoint, or later).
                 tokio::select! {
-                    _ = tokio::time::sleep(period) => {}
+                    _ = tokio::time::sleep_until(expires.min(Instant::now() + Duration::from_millis(200))) => {}
                     _ = lost.closed() => return,
                 }
+                continue;
+            }
+        };
+        loop {
+            let sent = Instant::now();
+            if tx.send(etcd::LeaseKeepAliveRequest { id: lease }).await.is_err() {
+                continue 'connect;
+            }
+            match tokio::time::timeout_at(expires.min(sent + period), stream.message()).await {
+                Ok(Ok(Some(r))) if r.ttl > 0 => expires = sent + Duration::from_secs(r.ttl as u64),
+                // The lease no longer exists.
+                Ok(Ok(Some(_))) => break 'connect,
+                _ => continue 'connect,
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(period) => {}
+                _ = lost.closed() => return,
             }
         }
-        if renewed.elapsed() >= ttl {
-            let _ = lost.send(true);
-            return;
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
-            _ = lost.closed() => return,
-        }
     }
+    let _ = lost.send(true);
 }
 
 /// A lease kept alive in the background: the owner identity of locks and

@@ -29,6 +29,10 @@ pub const CHANGE_FEED_CAPACITY: usize = 1024;
 pub struct AppliedChanges {
     pub revision: Revision,
     pub changes: Vec<Change>,
+    /// The store was replaced (a snapshot was installed) and `changes` may not
+    /// hold everything that changed: followers of the feed must look at the
+    /// store again, as after a lag.
+    pub resync: bool,
 }
 
 /// What a member publishes about itself through the log.

@@ -72,15 +72,7 @@ async fn a_member_behind_the_purged_log_catches_up_by_snapshot_and_restarts_are_
 }
 
 fn etcdctl(endpoints: &str, args: &[&str]) -> String {
-    let dir = std::env::var("RAFTLOCK_ETCD_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|_| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".tools/etcd-3.5.1"));
-    let out = std::process::Command::new(dir.join("etcdctl"))
-        .env("ETCDCTL_API", "3")
-        .arg(format!("--endpoints={endpoints}"))
-        .args(args)
-        .output()
-        .expect("etcdctl 3.5 (scripts/test.sh installs it)");
+    let out = etcdctl_unchecked(endpoints, args);
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "etcdctl {args:?}: {text}");
     text
@@ -229,4 +221,50 @@ async fn snapshot_save_and_defrag_with_etcdctl_and_raftlockctl() {
     let out = etcdctl(&endpoints, &["defrag"]);
     assert_eq!(out.matches("Finished defragmenting").count(), 3, "{out}");
     assert_eq!(c.get("backup/", Some(GetOptions::new().with_prefix().with_count_only())).await.unwrap().count(), 100);
+}
+
+#[tokio::test]
+async fn a_member_without_a_leader_is_unhealthy() {
+    let mut cluster = Cluster::start(3).await;
+    let survivor = cluster.follower().await;
+    let endpoint = cluster.members[survivor].endpoint();
+    let health = |endpoint: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_raftlockctl"))
+            .args(["--endpoints", endpoint, "--command-timeout", "2s", "endpoint", "health"])
+            .output()
+            .unwrap()
+    };
+    assert!(health(&endpoint).status.success());
+    for i in (0..3).filter(|&i| i != survivor) {
+        cluster.kill(i);
+    }
+    // Once it notices (an election timeout), it has no leader and says so.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let out = health(&endpoint);
+        if !out.status.success() {
+            assert!(String::from_utf8_lossy(&out.stderr).contains("is unhealthy"), "{out:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "a member alone still reports healthy");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let out = etcdctl_unchecked(&endpoint, &["endpoint", "health"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("unhealthy"), "{out:?}");
+    let mut c = cluster.client(survivor).await;
+    let status = c.status().await.unwrap();
+    assert_eq!(status.leader(), 0);
+    assert!(status.errors().iter().any(|e| e.contains("no leader")), "{:?}", status.errors());
+}
+
+fn etcdctl_unchecked(endpoints: &str, args: &[&str]) -> std::process::Output {
+    let dir = std::env::var("RAFTLOCK_ETCD_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".tools/etcd-3.5.1"));
+    std::process::Command::new(dir.join("etcdctl"))
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={endpoints}"))
+        .args(args)
+        .output()
+        .unwrap()
 }

@@ -63,6 +63,15 @@ async fn try_lock_and_wait_timeout_answer_with_the_holder_and_leave_no_key() {
     assert_eq!(d.holders.len(), 1);
     assert!(d.waiters.is_empty(), "a waiter that gave up left its key: {:?}", d.waiters);
 
+    // A call cancelled while it waits (the client went away) removes its place.
+    let cancelled = tokio::time::timeout(Duration::from_millis(300), sb.lock("reports", LockOptions::default())).await;
+    assert!(cancelled.is_err(), "the lock is held: the call waits");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !describe(&b, "reports", 1).await.waiters.is_empty() {
+        assert!(Instant::now() < deadline, "a cancelled waiter left its key");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
     // A wait that ends in time gets the lock once a releases it.
     let waiting = tokio::spawn(async move {
         let wait = LockOptions { wait: Some(Duration::from_secs(10)), ..Default::default() };

@@ -162,3 +162,43 @@ async fn key_value_lease_member_and_endpoint_commands() {
     assert!(!o.status.success());
     assert_eq!(ok(e, &["get", "app/", "--prefix", "--count-only"]).trim(), "0");
 }
+
+#[tokio::test]
+async fn lock_stops_the_command_when_the_lease_is_lost_and_reports_a_command_that_cannot_start() {
+    let mut cluster = Cluster::start(3).await;
+    let endpoints = cluster.endpoints().join(",");
+    let e = endpoints.as_str();
+
+    // A command that does not exist: 127, and the lock is free again.
+    let o = ctl(e, &["lock", "job", "--", "/nonexistent/command"]);
+    assert_eq!(o.status.code(), Some(127), "{o:?}");
+    assert!(json(e, &["describe", "job"])["holders"].as_array().unwrap().is_empty());
+
+    // The whole cluster goes away while the command runs: within the TTL the
+    // lock must be considered lost, the command stopped, and the exit code 1.
+    let mut holder = Command::new(env!("CARGO_BIN_EXE_raftlockctl"))
+        .env("RAFTLOCK_ENDPOINTS", e)
+        .args(["--command-timeout", "1s", "lock", "job", "--ttl", "2", "--", "sleep", "60"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_holders(e, "job", 1);
+    for i in 0..3 {
+        cluster.kill(i);
+    }
+    let killed = Instant::now();
+    let deadline = killed + Duration::from_secs(15);
+    let status = loop {
+        if let Some(status) = holder.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "raftlockctl kept running its command without the lock");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(status.code(), Some(1));
+    // Lost within the TTL (2 s) of the last renewal, plus the revoke attempt.
+    assert!(killed.elapsed() < Duration::from_secs(2 + 1 + 2), "took {:?}", killed.elapsed());
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut holder.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(err.contains("lock job lost"), "{err}");
+}

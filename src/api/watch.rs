@@ -94,6 +94,7 @@ impl Session {
                     _ => return,
                 },
                 batch = self.feed.recv() => match batch {
+                    Ok(batch) if batch.resync => self.catch_up_all().await,
                     Ok(batch) => self.deliver(&batch.changes, batch.revision).await,
                     Err(RecvError::Lagged(_)) => self.catch_up_all().await,
                     Err(RecvError::Closed) => return,

@@ -498,18 +498,31 @@ impl Signals {
 }
 
 async fn lock(ctl: &Ctl, args: LockArgs) -> Result<ExitCode> {
-    let session = ctl.client.session(args.ttl).await.context("granting the lock's lease")?;
-    let metadata = args.metadata.unwrap_or_else(default_metadata);
+    let granting = tokio::time::timeout(ctl.timeout, ctl.client.session(args.ttl));
+    let session = granting.await.map_err(|_| anyhow!("granting the lock's lease: timed out"))??;
+    let outcome = hold(ctl, &args, &session).await;
+    // Whatever happened, revoke the lease: it releases the lock (or gives up
+    // the place in its queue) at once. If the cluster cannot be reached, the
+    // lease ends by itself within its TTL.
+    match tokio::time::timeout(ctl.timeout, session.close()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => eprintln!("Warning: revoking the lock's lease: {e}"),
+        Err(_) => eprintln!("Warning: revoking the lock's lease: timed out; it expires within {}s", args.ttl),
+    }
+    outcome
+}
+
+/// Acquire the lock in `session`, then hold it: while CMD runs, or until a
+/// signal (or the loss of the lease) when there is no CMD.
+async fn hold(ctl: &Ctl, args: &LockArgs, session: &Session) -> Result<ExitCode> {
+    let metadata = args.metadata.clone().unwrap_or_else(default_metadata);
     let wait = if args.try_once { Some(Duration::ZERO) } else { args.wait };
     let options = LockOptions { wait, permits: args.permits, metadata: metadata.into_bytes() };
     let mut signals = Signals::new()?;
     let acquired = tokio::select! {
         r = session.lock(&args.name, options) => r?,
-        _ = signals.recv() => {
-            // The server removes our queued key when the call goes away.
-            session.close().await?;
-            return Ok(ExitCode::FAILURE);
-        }
+        // The server removes our place in the queue when the call goes away.
+        sig = signals.recv() => return Ok(ExitCode::from((128 + sig) as u8)),
     };
     let guard = match acquired {
         Acquisition::Held(guard) => guard,
@@ -525,31 +538,24 @@ async fn lock(ctl: &Ctl, args: LockArgs) -> Result<ExitCode> {
                     println!("{}", json!({"acquired": false, "name": args.name, "holders": holders}));
                 }
             }
-            session.close().await?;
             return Ok(ExitCode::from(NOT_ACQUIRED));
         }
     };
     let (key, token) = (text(guard.key()), guard.token());
-    let code = if args.command.is_empty() {
-        ctl.print(
-            format!("{key}\ntoken {token}"),
-            json!({"acquired": true, "name": args.name, "key": key, "token": token, "lease": format!("{:x}", session.lease())}),
-        );
-        tokio::select! {
-            _ = signals.recv() => ExitCode::SUCCESS,
-            _ = session.lost() => {
-                eprintln!("Error: lock {} lost: its lease ended", args.name);
-                ExitCode::FAILURE
-            }
-        }
-    } else {
-        run_holding(&args.name, &args.command, &session, &key, token, &mut signals).await?
-    };
-    if !session.is_lost() {
-        guard.release().await.context("releasing the lock")?;
+    if !args.command.is_empty() {
+        return run_holding(&args.name, &args.command, session, &key, token, &mut signals).await;
     }
-    session.close().await?;
-    Ok(code)
+    ctl.print(
+        format!("{key}\ntoken {token}"),
+        json!({"acquired": true, "name": args.name, "key": key, "token": token, "lease": format!("{:x}", session.lease())}),
+    );
+    Ok(tokio::select! {
+        _ = signals.recv() => ExitCode::SUCCESS,
+        _ = session.lost() => {
+            eprintln!("Error: lock {} lost: its lease ended", args.name);
+            ExitCode::FAILURE
+        }
+    })
 }
 
 fn default_metadata() -> String {
@@ -558,10 +564,15 @@ fn default_metadata() -> String {
     format!("{user}@{host} pid {}", std::process::id())
 }
 
+/// How long CMD has to stop after SIGTERM, once the lock is lost, before SIGKILL.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
 /// Run `command` while the lock is held: the key and fencing token go in its
-/// environment, signals to us are passed on, and if the lease is lost the
-/// command gets SIGTERM. Returns the command's exit code (128 + signal if it
-/// was killed), or failure if the lock was lost.
+/// environment, SIGTERM and SIGHUP to us are passed on (a terminal's SIGINT
+/// reaches it directly: it is in our process group), and if the lease is lost
+/// it gets SIGTERM, then SIGKILL after [`STOP_GRACE`]. Returns the command's
+/// exit code (128 + signal if it was killed; 127 if it could not be started),
+/// or failure if the lock was lost.
 async fn run_holding(
     name: &str,
     command: &[String],
@@ -570,30 +581,45 @@ async fn run_holding(
     token: i64,
     signals: &mut Signals,
 ) -> Result<ExitCode> {
-    let mut child = tokio::process::Command::new(&command[0])
+    let spawned = tokio::process::Command::new(&command[0])
         .args(&command[1..])
         .env("RAFTLOCK_LOCK_NAME", name)
         .env("RAFTLOCK_LOCK_KEY", key)
         .env("RAFTLOCK_FENCING_TOKEN", token.to_string())
         .env("RAFTLOCK_LEASE_ID", format!("{:x}", session.lease()))
-        .spawn()
-        .with_context(|| format!("running {}", command[0]))?;
+        .spawn();
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(e) => {
+            eprintln!("Error: running {}: {e}", command[0]);
+            return Ok(ExitCode::from(127));
+        }
+    };
     let pid = child.id().map(|p| p as i32);
+    let signal_child = |sig: i32| {
+        if let Some(pid) = pid {
+            // SAFETY: kill(2) on our own child, which has not been reaped yet
+            // (we are still waiting for it).
+            unsafe { libc::kill(pid, sig) };
+        }
+    };
     let mut lost = false;
+    let mut kill_at: Option<tokio::time::Instant> = None;
     let status = loop {
         tokio::select! {
             status = child.wait() => break status?,
-            sig = signals.recv() => if let Some(pid) = pid {
-                // SAFETY: kill(2) on our own child's pid, which we have not reaped.
-                unsafe { libc::kill(pid, sig) };
+            sig = signals.recv() => if sig != libc::SIGINT {
+                signal_child(sig);
             },
             _ = session.lost(), if !lost => {
                 lost = true;
+                kill_at = Some(tokio::time::Instant::now() + STOP_GRACE);
                 eprintln!("Error: lock {name} lost: its lease ended; stopping {}", command[0]);
-                if let Some(pid) = pid {
-                    // SAFETY: as above.
-                    unsafe { libc::kill(pid, libc::SIGTERM) };
-                }
+                signal_child(libc::SIGTERM);
+            }
+            _ = async { tokio::time::sleep_until(kill_at.expect("set")).await }, if kill_at.is_some() => {
+                kill_at = None;
+                signal_child(libc::SIGKILL);
             }
         }
     };

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use super::{enqueue, prefix_end, queue_prefix, wait_for_turn, CleanupOnDrop, RecipeError};
+use super::{enqueue_guarded, prefix_end, queue_prefix, wait_for_turn, RecipeError};
 use crate::command::{Command, CommandResult};
 use crate::mvcc::{
     Compare, CompareResult, CompareTarget, KeyValue, PutRequest, RangeRequest, RequestOp, SortOrder, SortTarget,
@@ -26,9 +26,8 @@ pub struct LeaderKey {
 /// lease keeps its place and updates the value. Returns the leader key and, for
 /// the response header, the revision of the campaign's txn (as etcd does).
 pub async fn campaign(node: Arc<Node>, name: &[u8], lease: i64, value: &[u8]) -> Result<(LeaderKey, i64), RecipeError> {
-    let queued = enqueue(&node, name, lease, value, 1).await?;
+    let (queued, cleanup) = enqueue_guarded(&node, name, lease, value, 1).await?;
     let mine = &queued.mine;
-    let cleanup = CleanupOnDrop::new(node.clone(), mine);
     let leader = LeaderKey { name: name.to_vec(), key: mine.key.clone(), rev: mine.create_revision, lease };
     if mine.value != value {
         proclaim(&node, &leader, value).await?;
@@ -124,7 +123,7 @@ pub async fn observe<T: Send>(
         loop {
             tokio::select! {
                 batch = feed.recv() => match batch {
-                    Ok(b) if b.changes.iter().any(|c| c.key.starts_with(&p)) => break,
+                    Ok(b) if b.resync || b.changes.iter().any(|c| c.key.starts_with(&p)) => break,
                     Ok(_) => {}
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => break,
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => return Ok(()),

@@ -7,14 +7,15 @@
 //! a queue as it is — linearizably read, holders with their leases' TTLs.
 //!
 //! Invariant: an acquire that does not answer "acquired" leaves no key behind
-//! that it created (its removal is fenced by the key's token, so it can never
-//! remove a later grant).
+//! (its removal is fenced by the key's token, so it can never remove a later
+//! grant). A place in the queue belongs to the lease, as in etcd: acquires by
+//! one lease of one lock share it, and one that gives up gives it up.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{enqueue, prefix_end, queue_prefix, wait_for_turn, CleanupOnDrop, RecipeError};
+use super::{enqueue_guarded, prefix_end, queue_prefix, wait_for_turn, RecipeError};
 use crate::mvcc::{KeyValue, RangeRequest, SortOrder, SortTarget};
 use crate::raft::peer::{LeaseAnswer, LeaseQuery};
 use crate::server::Node;
@@ -63,11 +64,11 @@ pub async fn acquire(
     permits: usize,
     wait: Wait,
 ) -> Result<Acquired, RecipeError> {
-    let queued = enqueue(&node, name, lease, metadata, permits).await?;
+    let (queued, cleanup) = enqueue_guarded(&node, name, lease, metadata, permits).await?;
     if queued.holds() {
+        cleanup.disarm();
         return Ok(Acquired::Granted { kv: queued.mine, revision: queued.revision });
     }
-    let cleanup = CleanupOnDrop::new(node.clone(), &queued.mine);
     let prefix = queue_prefix(name);
     let waited = match wait {
         // An overflowing deadline is as good as none.
@@ -84,14 +85,9 @@ pub async fn acquire(
             Ok(Acquired::Granted { kv, revision: node.revision() })
         }
         Err(RecipeError::TimedOut) => {
-            // A key this call did not create belongs to an earlier acquire by
-            // the same lease, still in the queue: leave it there.
-            let revision = if queued.created {
-                cleanup.remove().await?.revision
-            } else {
-                cleanup.disarm();
-                queued.revision
-            };
+            // The place belongs to the lease, as in etcd: an acquire that gives
+            // up removes it even if an earlier acquire by the lease made it.
+            let revision = cleanup.remove().await?.revision;
             let holders = if wait == Wait::Never {
                 queued.front.into_iter().map(Owner::of).collect()
             } else {

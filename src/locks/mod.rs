@@ -88,8 +88,6 @@ pub struct Queued {
     pub mine: KeyValue,
     /// The revision of the txn that queued (or found) the key.
     pub revision: i64,
-    /// Whether that txn created the key (false: this lease was already queued).
-    pub created: bool,
     /// The first `permits` keys of the queue at that revision, lowest
     /// create_revision first: the holders.
     pub front: Vec<KeyValue>,
@@ -157,7 +155,28 @@ pub async fn enqueue(
     };
     // A failure branch on a key that exists always finds it: the txn is atomic.
     let mine = mine.into_iter().next().ok_or(RecipeError::SessionExpired)?;
-    Ok(Queued { mine, revision: result.revision, created: result.succeeded, front })
+    Ok(Queued { mine, revision: result.revision, front })
+}
+
+/// [`enqueue`], guarded: the place comes with the [`CleanupOnDrop`] that
+/// removes it unless disarmed. The txn runs in a task of its own, so that a
+/// caller that goes away while it is in flight (a cancelled request) cannot
+/// leave a place behind: the task finishes, and the guard it produced, which
+/// nobody takes, removes the key.
+pub async fn enqueue_guarded(
+    node: &Arc<Node>,
+    name: &[u8],
+    lease: i64,
+    value: &[u8],
+    permits: usize,
+) -> Result<(Queued, CleanupOnDrop), RecipeError> {
+    let (node, name, value) = (node.clone(), name.to_vec(), value.to_vec());
+    let task = tokio::spawn(async move {
+        let queued = enqueue(&node, &name, lease, &value, permits).await?;
+        let guard = CleanupOnDrop::new(node, &queued.mine);
+        Ok((queued, guard))
+    });
+    task.await.unwrap_or(Err(RecipeError::Server(ServerError::Stopped)))
 }
 
 /// A txn guard: `key`'s create_revision is `revision` (0: it does not exist).
@@ -223,8 +242,9 @@ pub async fn wait_for_turn(
                 _ = until(deadline) => return Err(RecipeError::TimedOut),
             };
             let batch = match batch {
+                // Missed changes (a snapshot replaced the store): count again.
+                Ok(batch) if batch.resync => break,
                 Ok(batch) => batch,
-                // Missed changes: count again.
                 Err(broadcast::error::RecvError::Lagged(_)) => break,
                 Err(broadcast::error::RecvError::Closed) => return Err(ServerError::Stopped.into()),
             };
@@ -319,10 +339,14 @@ impl CleanupOnDrop {
         self.node = None;
     }
 
-    /// The waiter gave up: remove the key now.
+    /// The waiter gave up: remove the key now. Stays armed until the removal
+    /// has succeeded, so that a failure, or this call being dropped midway,
+    /// still leaves the removal to the background.
     pub async fn remove(mut self) -> Result<Release, RecipeError> {
-        let node = self.node.take().expect("armed until used");
-        release(&node, &self.key, self.token).await
+        let node = self.node.clone().expect("armed until used");
+        let released = release(&node, &self.key, self.token).await?;
+        self.node = None;
+        Ok(released)
     }
 }
 

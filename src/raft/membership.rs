@@ -1,8 +1,10 @@
 //! Membership changes (etcd's MemberAdd, MemberRemove, MemberUpdate,
 //! MemberPromote), run on the leader with openraft's joint consensus.
 //!
-//! - Add: a voter is added at once (as etcd does: the cluster's quorum grows
-//!   before the new member has started), a learner only receives the log. The
+//! - Add: a voter is added at once, as etcd does: the cluster's quorum grows
+//!   before the new member has started (so adding a voter to a single-member
+//!   cluster cannot commit until the new member runs; the request times out
+//!   meanwhile). A learner only receives the log. The
 //!   new member's ID is derived from its peer URLs and the cluster token, as
 //!   the member computes it itself from its flags, so that the member started
 //!   with `--initial-cluster-state existing` is the one that was added.
@@ -16,7 +18,8 @@
 //! member, peer URL in use, promoting a voter, a learner not in sync), and
 //! while another change is still in progress.
 //!
-//! Caveat: a removed member is not told to stop; stop its process.
+//! Caveats: a removed member is not told to stop; stop its process. A member
+//! has one peer URL: of several given, the first is used.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -66,10 +69,11 @@ pub enum MembershipAnswer {
     Refused(MembershipRefusal),
 }
 
-/// A peer URL etcd would accept: `http(s)://host:port`.
+/// A peer URL etcd would accept: `http(s)://host:port`, no path.
 fn valid_url(url: &str) -> bool {
-    let Some(rest) = url.strip_prefix("http://").or_else(|| url.strip_prefix("https://")) else { return false };
-    let authority = rest.trim_end_matches('/');
+    let Some(authority) = url.strip_prefix("http://").or_else(|| url.strip_prefix("https://")) else {
+        return false;
+    };
     match authority.rsplit_once(':') {
         Some((host, port)) => !host.is_empty() && !authority.contains('/') && port.parse::<u16>().is_ok(),
         None => false,
@@ -181,7 +185,8 @@ mod tests {
     #[test]
     fn peer_urls_are_checked_as_etcd_does() {
         assert!(valid_url("http://127.0.0.1:2380"));
-        assert!(valid_url("https://n4.example:2380/"));
+        assert!(valid_url("https://n4.example:2380"));
+        assert!(!valid_url("http://h:2380/"));
         assert!(!valid_url("127.0.0.1:2380"));
         assert!(!valid_url("http://127.0.0.1"));
         assert!(!valid_url("http://:2380"));

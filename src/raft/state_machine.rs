@@ -349,7 +349,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         self.db.commit(batch);
         if !published.is_empty() {
             let revision = self.state.mvcc().revision();
-            self.state.publish(AppliedChanges { revision, changes: published });
+            self.state.publish(AppliedChanges { revision, changes: published, resync: false });
         }
         Ok(results)
     }
@@ -373,9 +373,16 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     ) -> Result<(), StorageError<u64>> {
         let image: SnapshotImage = decode(snapshot.get_ref()).map_err(sm_err)?;
         let before = self.state.mvcc().revision();
-        *self.state.mvcc_mut() = MvccStore::restore(image.versions, image.revision, image.compact_revision);
-        *self.state.members_mut() = image.members.into_iter().collect();
-        *self.state.leases_mut() = LeaseTable::restore(image.leases, self.state.mvcc().leased_keys());
+        {
+            // All at once (in the state's lock order): no reader sees the new
+            // store with the old leases or members.
+            let mut mvcc = self.state.mvcc_mut();
+            let mut leases = self.state.leases_mut();
+            let mut members = self.state.members_mut();
+            *mvcc = MvccStore::restore(image.versions, image.revision, image.compact_revision);
+            *leases = LeaseTable::restore(image.leases, mvcc.leased_keys());
+            *members = image.members.into_iter().collect();
+        }
         self.last_applied = meta.last_log_id;
         self.membership = meta.last_membership.clone();
         // The whole store becomes one checkpoint of the installed state.
@@ -391,11 +398,15 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             mvcc.changes_between(&KeyRange::new(&[0], &[0]), before + 1, mvcc.revision()).map(|c| (c, mvcc.revision()))
         };
         match changes {
-            Ok((changes, revision)) if !changes.is_empty() => self.state.publish(AppliedChanges { revision, changes }),
-            Ok(_) => {}
-            // Compacted past what watchers here have seen: those changes are
-            // gone, and watchers here miss them (a known caveat).
-            Err(e) => tracing::warn!(error = %e, "a snapshot skipped changes that history no longer has"),
+            Ok((changes, revision)) => self.state.publish(AppliedChanges { revision, changes, resync: false }),
+            // Compacted past what followers of the feed here have seen: they
+            // must look at the store again (watchers get cancelled with the
+            // compact revision, lock waiters count again).
+            Err(e) => {
+                tracing::info!(error = %e, "an installed snapshot skipped compacted changes; feed followers resync");
+                let revision = self.state.mvcc().revision();
+                self.state.publish(AppliedChanges { revision, changes: Vec::new(), resync: true });
+            }
         }
         tracing::info!(snapshot = %meta.snapshot_id, revision = image.revision, "installed a snapshot from the leader");
         // It is this member's snapshot now, should it have to send one.

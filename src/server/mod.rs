@@ -405,15 +405,24 @@ impl Node {
     /// member concerned.
     pub async fn change_membership(&self, change: MembershipChange) -> Result<u64, MembershipFailure> {
         let deadline = Instant::now() + self.request_timeout;
+        // Set once an attempt may have reached the leader without an answer:
+        // a refusal of the retry may then only mean the change was made.
+        let mut uncertain = false;
         loop {
             let leader = self.leader();
             let answer = match &leader {
                 Some((id, _)) if *id == self.id => {
-                    Some(crate::raft::membership::change(&self.raft, &self.cluster_token, change.clone()).await)
+                    let change = crate::raft::membership::change(&self.raft, &self.cluster_token, change.clone());
+                    match tokio::time::timeout_at(deadline, change).await {
+                        Ok(answer) => Some(answer),
+                        Err(_) => return Err(ServerError::Timeout.into()),
+                    }
                 }
                 Some((_, url)) => {
                     let remaining = deadline.saturating_duration_since(Instant::now());
-                    self.peers.membership(url, &change, remaining).await.ok()
+                    let answer = self.peers.membership(url, &change, remaining).await.ok();
+                    uncertain |= answer.is_none();
+                    answer
                 }
                 None => None,
             };
@@ -427,7 +436,16 @@ impl Node {
                         Err(openraft::metrics::WaitError::ShuttingDown) => Err(ServerError::Stopped.into()),
                     };
                 }
-                Some(MembershipAnswer::Refused(refusal)) => return Err(MembershipFailure::Refused(refusal)),
+                Some(MembershipAnswer::Refused(refusal)) => {
+                    return match (&change, refusal) {
+                        // An earlier attempt did add (or remove) it.
+                        (MembershipChange::Add { peer_urls, .. }, MembershipRefusal::PeerUrlExists) if uncertain => {
+                            Ok(crate::config::member_id(peer_urls, &self.cluster_token))
+                        }
+                        (MembershipChange::Remove { id }, MembershipRefusal::MemberNotFound) if uncertain => Ok(*id),
+                        (_, refusal) => Err(MembershipFailure::Refused(refusal)),
+                    };
+                }
                 Some(MembershipAnswer::NotLeader) | None => {}
             }
             self.before_retry(leader.is_some(), deadline).await?;
