@@ -113,6 +113,7 @@ async fn key_value_lease_member_and_endpoint_commands() {
     assert_eq!(ok(e, &["put", "app/a", "1"]).trim(), "OK");
     assert_eq!(ok(e, &["put", "app/b", "2"]).trim(), "OK");
     assert_eq!(ok(e, &["get", "app/a"]), "app/a\n1\n");
+    assert_eq!(ok(e, &["get", "", "--prefix", "--keys-only"]), "app/a\napp/b\n");
     let v = json(e, &["get", "app/", "--prefix"]);
     assert_eq!(v["count"], 2);
     assert_eq!(v["kvs"][1]["value"], "2");

@@ -235,12 +235,17 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
-/// The end of a range from the KEY/RANGE_END/--prefix arguments.
-fn range_end(key: &str, range_end: Option<String>, prefix: bool) -> Vec<u8> {
+/// The range `[key, range_end)` from the KEY/RANGE_END/--prefix arguments;
+/// an empty prefix is every key (`"\0"` to `"\0"`, as etcdctl sends it).
+fn key_range(key: String, range_end: Option<String>, prefix: bool) -> (Vec<u8>, Vec<u8>) {
     match (range_end, prefix) {
-        (Some(end), _) => end.into_bytes(),
-        (None, true) => raftlock::locks::prefix_end(key.as_bytes()),
-        (None, false) => Vec::new(),
+        (Some(end), _) => (key.into_bytes(), end.into_bytes()),
+        (None, true) if key.is_empty() => (vec![0], vec![0]),
+        (None, true) => {
+            let end = raftlock::locks::prefix_end(key.as_bytes());
+            (key.into_bytes(), end)
+        }
+        (None, false) => (key.into_bytes(), Vec::new()),
     }
 }
 
@@ -385,9 +390,10 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         }
         Cmd::Elect { name, proposal, listen, ttl } => elect(&ctl, name, proposal, listen, ttl).await,
         Cmd::Get { key, range_end: end, prefix, rev, limit, keys_only, count_only } => {
+            let (key, range_end) = key_range(key, end, prefix);
             let req = etcd::RangeRequest {
-                range_end: range_end(&key, end, prefix),
-                key: key.into_bytes(),
+                key,
+                range_end,
                 revision: rev,
                 limit,
                 keys_only,
@@ -423,9 +429,10 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Del { key, range_end: end, prefix } => {
+            let (key, range_end) = key_range(key, end, prefix);
             let req = etcd::DeleteRangeRequest {
-                range_end: range_end(&key, end, prefix),
-                key: key.into_bytes(),
+                key,
+                range_end,
                 prev_kv: false,
             };
             let r = ctl.call(ctl.client.kv().delete_range(req)).await?;
@@ -433,9 +440,10 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Watch { key, range_end: end, prefix, rev, prev_kv } => {
+            let (key, range_end) = key_range(key, end, prefix);
             let create = etcd::WatchCreateRequest {
-                range_end: range_end(&key, end, prefix),
-                key: key.into_bytes(),
+                key,
+                range_end,
                 start_revision: rev,
                 prev_kv,
                 ..Default::default()
