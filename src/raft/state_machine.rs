@@ -30,8 +30,9 @@
 //! one buffer. openraft asks for one every `--snapshot-count` entries: the
 //! state is copied on the apply path and encoded in openraft's snapshot task,
 //! and the result is kept in memory as the snapshot sent to members that the
-//! purged log can no longer catch up. Caveat: a checkpoint, and the copy for a
-//! snapshot, take time on the apply path proportional to the state.
+//! purged log can no longer catch up. Checkpoints are likewise copied on the
+//! apply path and encoded on the state store's writer thread. Caveat: the copy
+//! still takes time on the apply path proportional to the state.
 
 use std::io::Cursor;
 use std::sync::Arc;
@@ -288,8 +289,11 @@ impl StateMachine {
 
     /// Add to `batch` a checkpoint of the current state that replaces every
     /// journal record since the previous checkpoint.
+    /// The whole state as the new base of the journal. Copied here; encoded on
+    /// the state store's writer thread, off the apply path.
     fn checkpoint(&mut self, batch: &mut StateBatch) {
-        batch.puts.push((CHECKPOINT.to_vec(), encode(&self.image())));
+        let image = self.image();
+        batch.deferred.push((CHECKPOINT.to_vec(), Box::new(move || encode(&image))));
         batch.puts.push((CHECKPOINT_SEQ.to_vec(), encode(&self.seq)));
         batch.deletes.extend((self.checkpoint_seq + 1..=self.seq).map(journal_key));
         self.checkpoint_seq = self.seq;

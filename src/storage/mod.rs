@@ -54,11 +54,17 @@ struct Pending {
 }
 
 /// One atomic change of the state store.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct StateBatch {
     pub puts: Vec<(Vec<u8>, Vec<u8>)>,
     pub deletes: Vec<Vec<u8>>,
+    /// Puts whose value the writer thread computes (after `puts`): costly
+    /// encodings that must not hold up the caller.
+    pub deferred: Vec<(Vec<u8>, DeferredValue)>,
 }
+
+/// A value computed on the writer thread.
+pub type DeferredValue = Box<dyn FnOnce() -> Vec<u8> + Send>;
 
 fn io_err(e: sled::Error) -> io::Error {
     match e {
@@ -167,6 +173,9 @@ fn write_loop(tree: sled::Tree, queue: Arc<StateQueue>) {
             }
             for (k, v) in batch.puts {
                 merged.insert(k, v);
+            }
+            for (k, value) in batch.deferred {
+                merged.insert(k, value());
             }
         }
         if let Err(e) = tree.apply_batch(merged) {
