@@ -268,3 +268,29 @@ fn etcdctl_unchecked(endpoints: &str, args: &[&str]) -> std::process::Output {
         .output()
         .unwrap()
 }
+
+#[tokio::test]
+async fn move_leader_hands_leadership_to_the_chosen_member() {
+    let cluster = Cluster::start(3).await;
+    let endpoints = cluster.endpoints().join(",");
+    let mut c = cluster.client(0).await;
+    c.put("before-move", "1", None).await.unwrap();
+    let leader = cluster.leader().await;
+    let target = (leader + 1) % 3;
+    let target_id = cluster.client(target).await.status().await.unwrap().header().unwrap().member_id();
+    let out = etcdctl(&endpoints, &["move-leader", &format!("{target_id:x}")]);
+    assert!(out.contains("Leadership transferred"), "{out}");
+    for i in 0..3 {
+        let s = cluster.client(i).await.status().await.unwrap();
+        assert_eq!(s.leader(), target_id, "member {i} follows another leader");
+    }
+    // The cluster serves as before, and elections work again (the new leader can be moved away).
+    c.put("after-move", "2", None).await.unwrap();
+    assert_eq!(c.get("before-move", None).await.unwrap().kvs()[0].value(), b"1");
+    let back_id = cluster.client(leader).await.status().await.unwrap().header().unwrap().member_id();
+    etcdctl(&endpoints, &["move-leader", &format!("{back_id:x}")]);
+    assert_eq!(cluster.client(target).await.status().await.unwrap().leader(), back_id);
+    // A member that does not exist: etcd's error.
+    let out = etcdctl_unchecked(&endpoints, &["move-leader", "abcdef"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("bad leader transferee"), "{out:?}");
+}

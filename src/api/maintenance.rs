@@ -1,7 +1,7 @@
 //! etcd's Maintenance service: Status, the alarm list, Snapshot (the member's
-//! state streamed as a backup, in raftlock's own encoding — not a bbolt file)
-//! and Defragment (a flush of the state store). Hashes, MoveLeader (openraft
-//! 0.9 has no leader transfer) and Downgrade answer `Unimplemented`.
+//! state streamed as a backup, in raftlock's own encoding — not a bbolt file),
+//! Defragment (a flush of the state store) and MoveLeader (see
+//! `raft::transfer`). Hashes and Downgrade answer `Unimplemented`.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -123,8 +123,19 @@ impl Maintenance for MaintenanceService {
         Ok(Response::new(Box::pin(futures::stream::iter(chunks))))
     }
 
-    async fn move_leader(&self, _: Request<pb::MoveLeaderRequest>) -> Result<Response<pb::MoveLeaderResponse>, Status> {
-        Err(not_yet("move leader"))
+    /// As etcd: only the leader takes it (clients send it to the leader).
+    async fn move_leader(
+        &self,
+        req: Request<pb::MoveLeaderRequest>,
+    ) -> Result<Response<pb::MoveLeaderResponse>, Status> {
+        use crate::server::TransferError;
+        match self.node.move_leader(req.into_inner().target_id).await {
+            Ok(()) => Ok(Response::new(pb::MoveLeaderResponse { header: header(&self.node, self.node.revision()) })),
+            Err(e @ TransferError::NotLeader) | Err(e @ TransferError::BadTransferee) => {
+                Err(Status::failed_precondition(e.to_string()))
+            }
+            Err(e @ TransferError::TimedOut) => Err(Status::unavailable(e.to_string())),
+        }
     }
 
     async fn downgrade(&self, _: Request<pb::DowngradeRequest>) -> Result<Response<pb::DowngradeResponse>, Status> {

@@ -430,24 +430,15 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         }
         Cmd::Del { key, range_end: end, prefix } => {
             let (key, range_end) = key_range(key, end, prefix);
-            let req = etcd::DeleteRangeRequest {
-                key,
-                range_end,
-                prev_kv: false,
-            };
+            let req = etcd::DeleteRangeRequest { key, range_end, prev_kv: false };
             let r = ctl.call(ctl.client.kv().delete_range(req)).await?;
             ctl.print(r.deleted, json!({"deleted": r.deleted, "revision": r.header.map_or(0, |h| h.revision)}));
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Watch { key, range_end: end, prefix, rev, prev_kv } => {
             let (key, range_end) = key_range(key, end, prefix);
-            let create = etcd::WatchCreateRequest {
-                key,
-                range_end,
-                start_revision: rev,
-                prev_kv,
-                ..Default::default()
-            };
+            let create =
+                etcd::WatchCreateRequest { key, range_end, start_revision: rev, prev_kv, ..Default::default() };
             watch(&ctl, create).await
         }
         Cmd::Lease(cmd) => lease(&ctl, cmd).await,

@@ -46,6 +46,7 @@ pub mod peer;
 pub mod proposer;
 pub mod read_index;
 pub mod state_machine;
+pub mod transfer;
 
 use std::io::Cursor;
 

@@ -27,6 +27,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use super::membership::{MembershipAnswer, MembershipChange};
 use super::peer::{ForwardError, LeaseAnswer, LeaseQuery};
+use super::transfer::AdminRequest;
 use super::{decode, encode, MemberNode, TypeConfig};
 use crate::batcher::Batcher;
 use crate::command::{Command, CommandResult};
@@ -127,6 +128,15 @@ impl PeerClients {
         let mut req = tonic::Request::new(RaftPayload { data: encode(change) });
         req.set_timeout(timeout);
         let resp = client.membership(req).await?;
+        decode(&resp.into_inner().data).map_err(tonic::Status::internal)
+    }
+
+    /// Ask the member at `url` for a step of a leader transfer.
+    pub async fn admin(&self, url: &str, req: &AdminRequest, timeout: Duration) -> Result<bool, tonic::Status> {
+        let mut client = self.client(url).map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+        let mut request = tonic::Request::new(RaftPayload { data: encode(req) });
+        request.set_timeout(timeout);
+        let resp = client.admin(request).await?;
         decode(&resp.into_inner().data).map_err(tonic::Status::internal)
     }
 

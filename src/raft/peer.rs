@@ -5,7 +5,8 @@
 //! leader's proposer (so it is batched with the leader's own writes);
 //! `ReadIndex` confirms leadership with a quorum and returns the index a
 //! follower must apply before it reads; `Lease` and `Membership` carry the
-//! lease questions and membership changes only the leader can answer.
+//! lease questions and membership changes only the leader can answer; `Admin`
+//! what a leader handing over leadership asks of the others.
 //!
 //! A payload that does not decode is `InvalidArgument`: it is a peer of another
 //! version or not a peer at all, and nothing is applied.
@@ -136,6 +137,11 @@ impl Peer for PeerService {
     async fn membership(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
         let change: MembershipChange = payload(req)?;
         reply(&super::membership::change(&self.raft, &self.token, change).await)
+    }
+
+    async fn admin(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        let admin: super::transfer::AdminRequest = payload(req)?;
+        reply(&super::transfer::admin(&self.raft, admin).await)
     }
 
     async fn read_index(&self, _req: Request<ReadIndexRequest>) -> Result<Response<ReadIndexResponse>, Status> {

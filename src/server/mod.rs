@@ -36,6 +36,8 @@ use crate::raft::peer::{LeaseAnswer, LeaseAuthority, LeaseQuery, LeaseStatus};
 use crate::raft::proposer::{ProposeError, Proposer};
 use crate::raft::read_index::{read_index, ReadFloor};
 use crate::raft::state_machine::StateMachine;
+use crate::raft::transfer::transfer;
+pub use crate::raft::transfer::TransferError;
 use crate::raft::{MemberNode, Raft, RaftConfig, RaftMetrics, ServerState};
 use crate::state::{AppliedState, MemberAttrs};
 use crate::storage::wal::DEFAULT_SEGMENT_BYTES;
@@ -450,6 +452,16 @@ impl Node {
             }
             self.before_retry(leader.is_some(), deadline).await?;
         }
+    }
+
+    /// Hand leadership to member `target` (Maintenance.MoveLeader); this
+    /// member must lead. The transfer runs in a task of its own: it must not
+    /// be stopped halfway if the caller goes away.
+    pub async fn move_leader(&self, target: u64) -> Result<(), TransferError> {
+        let deadline = Instant::now() + self.request_timeout;
+        let (raft, peers) = (self.raft.clone(), self.peers.clone());
+        let task = tokio::spawn(async move { transfer(&raft, &peers, target, deadline).await });
+        task.await.unwrap_or(Err(TransferError::TimedOut))
     }
 
     /// This member's applied state, encoded (a backup), and its revision.

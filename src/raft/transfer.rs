@@ -1,0 +1,151 @@
+//! Leader transfer (etcd's MoveLeader) on openraft 0.9, which has no transfer
+//! of its own.
+//!
+//! openraft's voters refuse to vote while their leader lease (the maximum
+//! election timeout since they last heard from the leader) lasts, so the
+//! transfer starves the lease and lets only the target campaign:
+//! 1. the target must be a voter whose log matches the leader's;
+//! 2. every other voter, the leader included, stops starting elections, and
+//!    the leader stops sending heartbeats;
+//! 3. the target is told to campaign, and campaigns again on its own election
+//!    timer until the others' leases have run out and it wins;
+//! 4. everyone's elections and heartbeats are switched back on, whatever the
+//!    outcome.
+//!
+//! Caveats: writes go on during the transfer, and each one replicated renews
+//! the followers' leases, so a transfer under a steady stream of writes may
+//! not finish in time (it is then refused as timed out, and the old leader
+//! stays). The transfer takes about two election timeouts.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+use super::network::PeerClients;
+use super::Raft;
+
+/// What the leader asks of other members during a transfer (peer `Admin`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AdminRequest {
+    /// Start no election for this long (then start them again by itself, so
+    /// that a transfer that is cut short cannot leave a member mute).
+    PauseElections {
+        ms: u64,
+    },
+    ResumeElections,
+    /// Start an election now.
+    Campaign,
+}
+
+/// Run an admin request on this member.
+pub async fn admin(raft: &Raft, req: AdminRequest) -> bool {
+    match req {
+        AdminRequest::PauseElections { ms } => {
+            raft.runtime_config().elect(false);
+            let raft = raft.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                raft.runtime_config().elect(true);
+            });
+            true
+        }
+        AdminRequest::ResumeElections => {
+            raft.runtime_config().elect(true);
+            true
+        }
+        AdminRequest::Campaign => raft.trigger().elect().await.is_ok(),
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TransferError {
+    #[error("etcdserver: not leader")]
+    NotLeader,
+    #[error("etcdserver: bad leader transferee")]
+    BadTransferee,
+    #[error("etcdserver: request timed out")]
+    TimedOut,
+}
+
+/// Make `target` the leader; this member must lead. Returns once `target`
+/// leads, or fails by `deadline`. Run it to the end (in a task of its own):
+/// stopping it halfway would leave this member without heartbeats.
+pub async fn transfer(raft: &Raft, peers: &PeerClients, target: u64, deadline: Instant) -> Result<(), TransferError> {
+    let metrics = raft.metrics().borrow().clone();
+    if metrics.current_leader != Some(metrics.id) {
+        return Err(TransferError::NotLeader);
+    }
+    if target == metrics.id {
+        return Ok(());
+    }
+    let membership = metrics.membership_config.membership().clone();
+    if !membership.voter_ids().any(|id| id == target) {
+        return Err(TransferError::BadTransferee);
+    }
+    let urls: Vec<(u64, String)> = membership
+        .nodes()
+        .filter(|(id, _)| membership.voter_ids().any(|v| v == **id))
+        .map(|(id, n)| (*id, n.peer_url.clone()))
+        .collect();
+    let others: Vec<&(u64, String)> = urls.iter().filter(|(id, _)| *id != metrics.id && *id != target).collect();
+    let target_url =
+        urls.iter().find(|(id, _)| *id == target).map(|(_, u)| u.clone()).ok_or(TransferError::BadTransferee)?;
+
+    // 1. The target must have everything the leader has.
+    caught_up(raft, target, deadline).await?;
+
+    // 2. Only the target may campaign; the leader stops renewing leases.
+    raft.runtime_config().elect(false);
+    raft.runtime_config().heartbeat(false);
+    let pause =
+        AdminRequest::PauseElections { ms: deadline.saturating_duration_since(Instant::now()).as_millis() as u64 };
+    for (_, url) in &others {
+        let _ = peers.admin(url, &pause, Duration::from_millis(500)).await;
+    }
+    // 3. Campaign until it leads.
+    let outcome = async {
+        let mut metrics = raft.metrics();
+        loop {
+            let _ = peers.admin(&target_url, &AdminRequest::Campaign, Duration::from_millis(500)).await;
+            let until = Instant::now() + Duration::from_millis(300);
+            while Instant::now() < until {
+                if metrics.borrow().current_leader == Some(target) {
+                    return Ok(());
+                }
+                if Instant::now() >= deadline {
+                    return Err(TransferError::TimedOut);
+                }
+                let _ = tokio::time::timeout_at(until.min(deadline), metrics.changed()).await;
+            }
+        }
+    }
+    .await;
+    // 4. Back to normal, whatever happened.
+    raft.runtime_config().heartbeat(true);
+    raft.runtime_config().elect(true);
+    for (_, url) in &others {
+        let _ = peers.admin(url, &AdminRequest::ResumeElections, Duration::from_secs(1)).await;
+    }
+    outcome
+}
+
+/// Wait until `target`'s log matches the leader's.
+async fn caught_up(raft: &Raft, target: u64, deadline: Instant) -> Result<(), TransferError> {
+    let mut metrics = raft.metrics();
+    loop {
+        {
+            let m = metrics.borrow();
+            if m.current_leader != Some(m.id) {
+                return Err(TransferError::NotLeader);
+            }
+            let matched = m.replication.as_ref().and_then(|r| r.get(&target).cloned().flatten()).map(|l| l.index);
+            if matched.is_some() && matched == m.last_log_index {
+                return Ok(());
+            }
+        }
+        if tokio::time::timeout_at(deadline, metrics.changed()).await.is_err() {
+            return Err(TransferError::TimedOut);
+        }
+    }
+}
