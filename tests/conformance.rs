@@ -484,8 +484,7 @@ async fn raftlock_matches_etcd_goldens() {
 async fn record_goldens() {
     let dir = std::env::var("RAFTLOCK_ETCD_DIR").expect("RAFTLOCK_ETCD_DIR: the directory of etcd 3.5.1");
     let data = tempfile::tempdir().unwrap();
-    let port = |_: ()| std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let (client_port, peer_port) = (port(()), port(()));
+    let (client_port, peer_port) = (common::free_port(), common::free_port());
     let client_url = format!("http://127.0.0.1:{client_port}");
     let peer_url = format!("http://127.0.0.1:{peer_port}");
     let mut etcd = std::process::Command::new(Path::new(&dir).join("etcd"))

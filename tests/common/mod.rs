@@ -3,11 +3,13 @@
 //! Each member is a separate OS process started from the binary cargo built,
 //! with its own client and peer port and data directory, so that kill -9,
 //! SIGSTOP and restarts are the real thing. Clients are the independent
-//! `etcd-client` crate. Ports come from the OS (bind to port 0, then release),
-//! so clusters of concurrently running tests do not collide.
+//! `etcd-client` crate. Ports come from a per-process sequence below the
+//! ephemeral range (see [`free_port`]), so clusters of concurrently running
+//! tests do not collide.
 #![allow(dead_code)]
 
 use std::net::TcpListener;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -49,8 +51,23 @@ pub struct Cluster {
     dir: Option<tempfile::TempDir>,
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+/// A port for a member to listen on. Not the OS's "any free port": it may
+/// hand out the same port twice in a row (before the first member has bound
+/// it), and an ephemeral port can be taken by an outgoing connection meanwhile.
+/// Instead each test process walks its own sequence below the kernel's
+/// ephemeral range (32768 and up), so no port is given twice in a process and
+/// no connection takes one; a port that is busy now is skipped.
+pub fn free_port() -> u16 {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    const FIRST: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    let start = std::process::id().wrapping_mul(7919) % SPAN;
+    loop {
+        let port = (FIRST + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % SPAN) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 impl Cluster {
