@@ -111,7 +111,7 @@ async fn key_value_lease_member_and_endpoint_commands() {
     let e = endpoints.as_str();
 
     assert_eq!(ok(e, &["put", "app/a", "1"]).trim(), "OK");
-    assert_eq!(ok(e, &["put", "app/b", "2"]).trim(), "OK");
+    let written = json(e, &["put", "app/b", "2"])["revision"].as_i64().unwrap();
     assert_eq!(ok(e, &["get", "app/a"]), "app/a\n1\n");
     assert_eq!(ok(e, &["get", "", "--prefix", "--keys-only"]), "app/a\napp/b\n");
     let v = json(e, &["get", "app/", "--prefix"]);
@@ -121,7 +121,9 @@ async fn key_value_lease_member_and_endpoint_commands() {
     // A watch started before a change prints it.
     let watch = Command::new(env!("CARGO_BIN_EXE_raftlockctl"))
         .env("RAFTLOCK_ENDPOINTS", e)
-        .args(["-w", "json", "watch", "app/", "--prefix"])
+        // From just after the puts above, which the member it reaches may not
+        // have applied yet.
+        .args(["-w", "json", "watch", "app/", "--prefix", "--rev", &(written + 1).to_string()])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
