@@ -60,7 +60,7 @@ async fn replay_prev_kv_filters_progress_cancel_and_compaction() {
         ]
     );
     // A second watch on the same stream gets the next ID; then live events.
-    s.watch("b", None).await.unwrap();
+    s.watch("b", Some(WatchOptions::new().with_start_revision(r4 + 1))).await.unwrap();
     let second = next(&mut s).await;
     assert!(second.created());
     assert_eq!(second.watch_id(), 1);
