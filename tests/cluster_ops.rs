@@ -44,7 +44,12 @@ async fn a_member_behind_the_purged_log_catches_up_by_snapshot_and_restarts_are_
     // The entries it missed are purged everywhere: only a snapshot brings it back.
     cluster.restart(down);
     wait_for_keys(&cluster, down, "snap/", 299).await;
-    assert!(cluster.logs().contains("installed a snapshot from the leader"), "{}", cluster.logs());
+    // (The log line follows the install by a moment.)
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cluster.logs().contains("installed a snapshot from the leader") {
+        assert!(Instant::now() < deadline, "no snapshot was installed:\n{}", cluster.logs());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let mut d = cluster.client(down).await;
     let r = d.get("snap/299", Some(GetOptions::new().with_serializable())).await.unwrap();
     assert_eq!(r.kvs()[0].value(), b"v299");
@@ -143,7 +148,12 @@ async fn members_are_added_promoted_and_removed_with_etcdctl_even_the_leader() {
     wait_for_keys(&cluster, learner, "early/", 20).await;
     let id = members(&endpoints).into_iter().find(|m| m.0 == "m4").expect("m4 listed").1;
     assert!(members(&endpoints).iter().any(|m| m.0 == "m4" && m.2), "m4 is a learner");
-    etcdctl(&endpoints, &["member", "promote", &id]);
+    // Refused while the leader does not yet see it in sync: try again.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !etcdctl_unchecked(&endpoints, &["member", "promote", &id]).status.success() {
+        assert!(Instant::now() < deadline, "the learner was never promoted");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     assert!(members(&endpoints).iter().any(|m| m.0 == "m4" && !m.2), "m4 was promoted");
 
     // Remove the added voter, then the leader itself.
@@ -280,9 +290,13 @@ async fn move_leader_hands_leadership_to_the_chosen_member() {
     let target_id = cluster.client(target).await.status().await.unwrap().header().unwrap().member_id();
     let out = etcdctl(&endpoints, &["move-leader", &format!("{target_id:x}")]);
     assert!(out.contains("Leadership transferred"), "{out}");
+    // The third member hears of the new leader with its first heartbeat.
     for i in 0..3 {
-        let s = cluster.client(i).await.status().await.unwrap();
-        assert_eq!(s.leader(), target_id, "member {i} follows another leader");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while cluster.client(i).await.status().await.unwrap().leader() != target_id {
+            assert!(Instant::now() < deadline, "member {i} follows another leader");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
     // The cluster serves as before, and elections work again (the new leader can be moved away).
     c.put("after-move", "2", None).await.unwrap();

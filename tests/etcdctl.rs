@@ -135,7 +135,8 @@ async fn etcdctl_lock_and_elect_work_against_raftlock() {
         let native = raftlock::client::Client::connect([cluster.members[1].endpoint()]).await.unwrap();
         let req = raftlock::proto::raftlock::v1::DescribeRequest { name: name.clone().into_bytes(), permits: 1 };
         let mut seen_holder = false;
-        for _ in 0..100 {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::time::Instant::now() < deadline {
             let d = native.locks().describe(req.clone()).await.unwrap().into_inner();
             if d.holders.len() == 1 {
                 seen_holder = true;

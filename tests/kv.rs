@@ -302,6 +302,8 @@ async fn every_member_serves_writes_with_etcd_headers() {
         assert!(std::time::Instant::now() < deadline, "client URLs not published");
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
+    // The leader now (an election may have happened since the start).
+    let leader = cluster.leader().await;
     let status = c.status().await.unwrap();
     assert_eq!(status.leader(), cluster_leader_id(&cluster, leader).await);
     assert!(status.raft_index() > 0);

@@ -73,9 +73,10 @@ async fn grant_attach_revoke_and_time_to_live() {
 async fn a_lease_without_keepalive_expires_on_time_and_one_kept_alive_does_not() {
     let cluster = Cluster::start(3).await;
     let mut c = cluster.client(cluster.follower().await).await;
+    // Its deadline counts from its grant: time it from just before.
+    let granted = Instant::now();
     let lapsing = c.lease_grant(3, None).await.unwrap().id();
     let kept = c.lease_grant(3, None).await.unwrap().id();
-    let granted = Instant::now();
     c.put("e/lapsing", "v", Some(PutOptions::new().with_lease(lapsing))).await.unwrap();
     c.put("e/kept", "v", Some(PutOptions::new().with_lease(kept))).await.unwrap();
     let (mut keeper, mut answers) = c.lease_keep_alive(kept).await.unwrap();

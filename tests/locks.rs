@@ -77,8 +77,8 @@ async fn waiters_are_served_in_fifo_order_and_a_dead_holder_passes_the_lock_on()
             tokio::time::sleep(Duration::from_millis(100)).await;
             wc.unlock(key).await.unwrap();
         }));
-        // Let each waiter's key be created before the next one's.
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        // Each waiter's key exists before the next one's is created.
+        common::wait_for_key(&mut c, &format!("fifo/{id:x}")).await;
     }
     assert!(order.lock().unwrap().is_empty(), "nobody gets a held lock");
     // The holder "dies": its lease is revoked, as expiry would do.
@@ -101,7 +101,7 @@ async fn a_waiter_whose_lease_ends_gets_an_error_and_a_cancelled_waiter_leaves_n
     let doomed = lease(&mut c, 60).await;
     let mut wc = cluster.client(1).await;
     let waiting = tokio::spawn(async move { lock(&mut wc, "busy", doomed).await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    common::wait_for_key(&mut c, &format!("busy/{doomed:x}")).await;
     c.lease_revoke(doomed).await.unwrap();
     let outcome = tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("answered at once").unwrap();
     let (code, msg) = grpc_error(outcome.unwrap_err());

@@ -7,6 +7,7 @@
 mod common;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::os::unix::process::CommandExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -152,6 +153,7 @@ async fn a_semaphore_admits_n_holders_then_serves_waiters_in_order() {
         sessions.push(Arc::new(native(&cluster, i % 3).await.session(30).await.unwrap()));
     }
     let permits = |wait: Option<Duration>| LockOptions { wait, permits: 3, ..Default::default() };
+    let mut kv = cluster.client(1).await;
     let mut guards = Vec::new();
     for s in &sessions[..3] {
         guards.push(held(s.lock("gpu", permits(Some(Duration::ZERO))).await.unwrap()));
@@ -166,8 +168,9 @@ async fn a_semaphore_admits_n_holders_then_serves_waiters_in_order() {
     let mut waiting = Vec::new();
     for s in &sessions[3..] {
         let s = s.clone();
+        let key = format!("gpu/{:x}", s.lease());
         waiting.push(tokio::spawn(async move { held(s.lock("gpu", permits(None)).await.unwrap()) }));
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        common::wait_for_key(&mut kv, &key).await;
     }
     let d = describe(&c, "gpu", 3).await;
     assert_eq!((d.holders.len(), d.waiters.len()), (3, 2));
@@ -202,8 +205,8 @@ async fn a_waiter_whose_lease_ends_gets_an_error_and_bad_requests_are_refused() 
     let waiter = Arc::new(native(&cluster, 1).await.session(30).await.unwrap());
     let w = waiter.clone();
     let waiting = tokio::spawn(async move { w.lock("busy", LockOptions::default()).await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
     let mut kv = cluster.client(2).await;
+    common::wait_for_key(&mut kv, &format!("busy/{:x}", waiter.lease())).await;
     kv.lease_revoke(waiter.lease()).await.unwrap();
     let outcome = tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("answered at once").unwrap();
     let Err(ClientError::Status(s)) = outcome else { panic!("the lock must not be granted") };
@@ -240,11 +243,14 @@ async fn a_holder_process_killed_passes_the_lock_on_within_ttl_and_an_election_t
     const TTL: u64 = 2;
     let cluster = Cluster::start(3).await;
     let endpoint = cluster.members[0].endpoint();
+    // In a process group of its own, so that its `sleep` can be cleaned up.
     let mut holder = std::process::Command::new(env!("CARGO_BIN_EXE_raftlockctl"))
         .args(["--endpoints", &endpoint, "lock", "cron", "--ttl", &TTL.to_string(), "--", "sleep", "600"])
         .stdout(std::process::Stdio::null())
+        .process_group(0)
         .spawn()
         .unwrap();
+    let group = holder.id() as i32;
     let c = native(&cluster, 1).await;
     let deadline = Instant::now() + Duration::from_secs(10);
     while describe(&c, "cron", 1).await.holders.is_empty() {
@@ -263,7 +269,7 @@ async fn a_holder_process_killed_passes_the_lock_on_within_ttl_and_an_election_t
     assert!(took <= bound, "the lock passed on after {took:?}, more than TTL + election timeout");
     assert!(guard.token() > 0);
     // The orphaned `sleep` child of the killed holder.
-    let _ = std::process::Command::new("pkill").args(["-f", "^sleep 600$"]).status();
+    unsafe { libc::kill(-group, libc::SIGKILL) };
 }
 
 #[tokio::test]

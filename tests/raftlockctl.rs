@@ -119,7 +119,7 @@ async fn key_value_lease_member_and_endpoint_commands() {
     assert_eq!(v["kvs"][1]["value"], "2");
 
     // A watch started before a change prints it.
-    let watch = Command::new(env!("CARGO_BIN_EXE_raftlockctl"))
+    let mut watch = Command::new(env!("CARGO_BIN_EXE_raftlockctl"))
         .env("RAFTLOCK_ENDPOINTS", e)
         // From just after the puts above, which the member it reaches may not
         // have applied yet.
@@ -130,18 +130,26 @@ async fn key_value_lease_member_and_endpoint_commands() {
     let lease = json(e, &["lease", "grant", "30"]);
     let id = lease["id"].as_str().unwrap().to_string();
     assert_eq!(lease["ttl"], 30);
-    // Give the watch time to start before the change.
-    std::thread::sleep(Duration::from_millis(500));
     ok(e, &["put", "app/c", "3", "--lease", &id]);
     let ttl = ok(e, &["lease", "ttl", &id, "--keys"]);
     assert!(ttl.contains("granted with TTL(30s)") && ttl.contains("app/c"), "{ttl}");
     assert!(ok(e, &["lease", "list"]).contains(&id));
     assert_eq!(ok(e, &["lease", "revoke", &id]).trim(), format!("lease {id} revoked"));
     assert_eq!(ok(e, &["del", "app/", "--prefix"]).trim(), "2");
-    std::thread::sleep(Duration::from_millis(300));
+    // Read the four events as they come (the member the watch reads from may
+    // print them later than the writes were acknowledged), then interrupt it.
+    let lines = std::io::BufRead::lines(std::io::BufReader::new(watch.stdout.take().unwrap()));
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok).take(4) {
+            let _ = tx.send(line);
+        }
+    });
+    let events: Vec<Value> = (0..4)
+        .map(|_| serde_json::from_str(&rx.recv_timeout(Duration::from_secs(10)).expect("a watch event")).unwrap())
+        .collect();
     unsafe { libc::kill(watch.id() as i32, libc::SIGINT) };
-    let out = watch.wait_with_output().unwrap();
-    let events: Vec<Value> = stdout(&out).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert!(watch.wait().unwrap().success());
     let seen: Vec<(&str, &str)> =
         events.iter().map(|e| (e["type"].as_str().unwrap(), e["kv"]["key"].as_str().unwrap())).collect();
     assert_eq!(seen, [("PUT", "app/c"), ("DELETE", "app/c"), ("DELETE", "app/a"), ("DELETE", "app/b")]);

@@ -274,6 +274,16 @@ impl Drop for Cluster {
     }
 }
 
+/// Wait (linearizable reads, 10 s at most) until `key` exists: for a test to
+/// know that a waiter has queued before it goes on.
+pub async fn wait_for_key(c: &mut Client, key: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while c.get(key, None).await.map_or(true, |r| r.kvs().is_empty()) {
+        assert!(Instant::now() < deadline, "{key} never appeared");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// The gRPC code and message of a failed etcd-client call.
 pub fn grpc_error(e: etcd_client::Error) -> (tonic::Code, String) {
     match e {
