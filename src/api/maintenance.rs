@@ -102,7 +102,10 @@ impl Maintenance for MaintenanceService {
     /// checks — in chunks of [`SNAPSHOT_CHUNK`] bytes.
     async fn snapshot(&self, _: Request<pb::SnapshotRequest>) -> Result<Response<SnapshotStream>, Status> {
         use sha2::Digest;
-        let (mut data, revision) = self.node.snapshot();
+        // Copying and encoding the whole state is long work: not on the runtime's thread.
+        let node = self.node.clone();
+        let (mut data, revision) =
+            tokio::task::spawn_blocking(move || node.snapshot()).await.map_err(|e| Status::internal(e.to_string()))?;
         data.resize(data.len().div_ceil(512) * 512, 0);
         let digest = sha2::Sha256::digest(&data);
         data.extend_from_slice(&digest);

@@ -7,10 +7,7 @@ use std::sync::Arc;
 
 use super::{enqueue_guarded, prefix_end, queue_prefix, wait_for_turn, RecipeError};
 use crate::command::{Command, CommandResult};
-use crate::mvcc::{
-    Compare, CompareResult, CompareTarget, KeyValue, PutRequest, RangeRequest, RequestOp, SortOrder, SortTarget,
-    TxnRequest,
-};
+use crate::mvcc::{KeyValue, PutRequest, RangeRequest, RequestOp, SortOrder, SortTarget, TxnRequest};
 use crate::server::Node;
 
 /// Who leads: the election's name, the leader's key, its create_revision and lease.
@@ -43,14 +40,7 @@ pub async fn campaign(node: Arc<Node>, name: &[u8], lease: i64, value: &[u8]) ->
 /// txn's revision and whether it ran.
 async fn while_leader(node: &Node, leader: &LeaderKey, op: RequestOp) -> Result<(i64, bool), RecipeError> {
     let txn = TxnRequest {
-        compare: vec![Compare {
-            result: CompareResult::Equal,
-            target: CompareTarget::Create,
-            key: leader.key.clone(),
-            range_end: vec![],
-            number: leader.rev,
-            value: vec![],
-        }],
+        compare: vec![super::create_revision_is(&leader.key, leader.rev)],
         success: vec![op],
         failure: vec![],
     };

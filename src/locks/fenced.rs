@@ -4,7 +4,8 @@
 //! These are the queues of the module above with three additions: a waiter
 //! that reaches its deadline removes its key and answers who holds the lock
 //! instead; the owner's metadata is the key's value; and Describe and List show
-//! a queue as it is — linearizably read, holders with their leases' TTLs.
+//! queues as they are, linearizably read (Describe with every owner's lease
+//! TTL).
 //!
 //! Invariant: an acquire that does not answer "acquired" leaves no key behind
 //! (its removal is fenced by the key's token, so it can never remove a later

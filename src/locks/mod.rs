@@ -180,7 +180,7 @@ pub async fn enqueue_guarded(
 }
 
 /// A txn guard: `key`'s create_revision is `revision` (0: it does not exist).
-fn create_revision_is(key: &[u8], revision: i64) -> Compare {
+pub(super) fn create_revision_is(key: &[u8], revision: i64) -> Compare {
     Compare {
         result: CompareResult::Equal,
         target: CompareTarget::Create,
@@ -268,13 +268,6 @@ async fn until(deadline: Option<Instant>) {
         Some(d) => tokio::time::sleep_until(d.into()).await,
         None => std::future::pending().await,
     }
-}
-
-/// The live version of `key`, read linearizably.
-pub async fn get(node: &Node, key: &[u8]) -> Result<Option<KeyValue>, RecipeError> {
-    node.read_barrier().await?;
-    let req = RangeRequest { key: key.to_vec(), ..Default::default() };
-    Ok(node.state().mvcc().range(&req).map_err(RecipeError::Mvcc)?.kvs.into_iter().next())
 }
 
 /// Delete `key` (one revision if it existed); returns the store revision.

@@ -13,7 +13,8 @@
 //!   with the last applied log id and the membership;
 //! - a **network** ([`network::PeerNetwork`]): Raft RPCs over gRPC on the peer
 //!   URL, with one cached channel per peer; [`peer::PeerService`] is its server
-//!   side and also serves follower-to-leader forwarding and ReadIndex.
+//!   side and also serves follower-to-leader forwarding, ReadIndex, lease
+//!   questions, membership changes and leader-transfer steps.
 //!
 //! ## A write, traced
 //! 1. A client's Put reaches any node's API (`crate::api::kv`), which validates it
@@ -35,7 +36,7 @@
 //!
 //! ## Caveats
 //! - Log entries are kept in memory until purged. Purging follows snapshots,
-//!   which are built from the in-memory MVCC state on demand.
+//!   taken every `--snapshot-count` applied entries (see `state_machine`).
 //! - Peer RPCs are not authenticated: the peer URL must only be reachable by
 //!   members.
 

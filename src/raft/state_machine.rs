@@ -288,9 +288,8 @@ impl StateMachine {
     }
 
     /// Add to `batch` a checkpoint of the current state that replaces every
-    /// journal record since the previous checkpoint.
-    /// The whole state as the new base of the journal. Copied here; encoded on
-    /// the state store's writer thread, off the apply path.
+    /// journal record since the previous checkpoint. The state is copied here
+    /// and encoded on the state store's writer thread, off the apply path.
     fn checkpoint(&mut self, batch: &mut StateBatch) {
         let image = self.image();
         batch.deferred.push((CHECKPOINT.to_vec(), Box::new(move || encode(&image))));

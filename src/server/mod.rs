@@ -374,8 +374,13 @@ impl Node {
             }
             self.before_retry(leader.is_some(), deadline).await?;
         };
+        self.wait_applied(index, deadline).await
+    }
+
+    /// Wait until this member has applied log index `index`, until `deadline`.
+    async fn wait_applied(&self, index: u64, deadline: Instant) -> Result<(), ServerError> {
         let remaining = deadline.saturating_duration_since(Instant::now());
-        match self.raft.wait(Some(remaining)).applied_index_at_least(Some(index), "read index").await {
+        match self.raft.wait(Some(remaining)).applied_index_at_least(Some(index), "applied").await {
             Ok(_) => Ok(()),
             Err(openraft::metrics::WaitError::Timeout(..)) => Err(ServerError::Timeout),
             Err(openraft::metrics::WaitError::ShuttingDown) => Err(ServerError::Stopped),
@@ -430,13 +435,8 @@ impl Node {
             };
             match answer {
                 Some(MembershipAnswer::Changed { id, log_index }) => {
-                    let remaining = deadline.saturating_duration_since(Instant::now());
-                    let wait = self.raft.wait(Some(remaining));
-                    return match wait.applied_index_at_least(Some(log_index), "membership").await {
-                        Ok(_) => Ok(id),
-                        Err(openraft::metrics::WaitError::Timeout(..)) => Err(ServerError::Timeout.into()),
-                        Err(openraft::metrics::WaitError::ShuttingDown) => Err(ServerError::Stopped.into()),
-                    };
+                    self.wait_applied(log_index, deadline).await?;
+                    return Ok(id);
                 }
                 Some(MembershipAnswer::Refused(refusal)) => {
                     return match (&change, refusal) {

@@ -9,9 +9,9 @@
 #![allow(dead_code)]
 
 use std::net::TcpListener;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use etcd_client::Client;
