@@ -35,6 +35,20 @@ pub struct AppliedChanges {
     pub resync: bool,
 }
 
+/// A follower of the applied changes. A batch that says the store was
+/// replaced (`resync`) is reported as a lag, so that every follower looks at
+/// the store again the one way it already does after missing batches.
+pub struct Feed(tokio::sync::broadcast::Receiver<std::sync::Arc<AppliedChanges>>);
+
+impl Feed {
+    pub async fn recv(&mut self) -> Result<std::sync::Arc<AppliedChanges>, tokio::sync::broadcast::error::RecvError> {
+        match self.0.recv().await? {
+            batch if batch.resync => Err(tokio::sync::broadcast::error::RecvError::Lagged(0)),
+            batch => Ok(batch),
+        }
+    }
+}
+
 /// What a member publishes about itself through the log.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemberAttrs {
@@ -78,8 +92,8 @@ impl AppliedState {
     }
 
     /// Follow applied changes from now on (see the module doc).
-    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<std::sync::Arc<AppliedChanges>> {
-        self.feed.subscribe()
+    pub fn subscribe(&self) -> Feed {
+        Feed(self.feed.subscribe())
     }
 
     /// Publish what an apply call changed. Never blocks.

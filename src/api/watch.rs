@@ -77,7 +77,7 @@ struct Gone;
 
 struct Session {
     node: Arc<Node>,
-    feed: tokio::sync::broadcast::Receiver<Arc<crate::state::AppliedChanges>>,
+    feed: crate::state::Feed,
     outbox: mpsc::Sender<Result<pb::WatchResponse, Status>>,
     watchers: BTreeMap<i64, Watcher>,
     next_id: i64,
@@ -94,7 +94,6 @@ impl Session {
                     _ => return,
                 },
                 batch = self.feed.recv() => match batch {
-                    Ok(batch) if batch.resync => self.catch_up_all().await,
                     Ok(batch) => self.deliver(&batch.changes, batch.revision).await,
                     Err(RecvError::Lagged(_)) => self.catch_up_all().await,
                     Err(RecvError::Closed) => return,

@@ -5,9 +5,9 @@
 
 use std::sync::Arc;
 
-use super::{enqueue_guarded, prefix_end, queue_prefix, wait_for_turn, RecipeError};
+use super::{enqueue_guarded, queue_prefix, wait_for_turn, RecipeError};
 use crate::command::{Command, CommandResult};
-use crate::mvcc::{KeyValue, PutRequest, RangeRequest, RequestOp, SortOrder, SortTarget, TxnRequest};
+use crate::mvcc::{KeyValue, PutRequest, RequestOp, TxnRequest};
 use crate::server::Node;
 
 /// Who leads: the election's name, the leader's key, its create_revision and lease.
@@ -74,15 +74,7 @@ pub async fn leader(node: &Node, name: &[u8]) -> Result<KeyValue, RecipeError> {
 }
 
 fn first_created(node: &Node, name: &[u8]) -> Result<Option<KeyValue>, RecipeError> {
-    let p = queue_prefix(name);
-    let req = RangeRequest {
-        key: p.clone(),
-        range_end: prefix_end(&p),
-        sort_order: SortOrder::Ascend,
-        sort_target: SortTarget::Create,
-        limit: 1,
-        ..Default::default()
-    };
+    let req = super::front_range(&queue_prefix(name), 1);
     Ok(node.state().mvcc().range(&req).map_err(RecipeError::Mvcc)?.kvs.into_iter().next())
 }
 
@@ -113,7 +105,7 @@ pub async fn observe<T: Send>(
         loop {
             tokio::select! {
                 batch = feed.recv() => match batch {
-                    Ok(b) if b.resync || b.changes.iter().any(|c| c.key.starts_with(&p)) => break,
+                    Ok(b) if b.changes.iter().any(|c| c.key.starts_with(&p)) => break,
                     Ok(_) => {}
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => break,
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => return Ok(()),

@@ -103,14 +103,7 @@ pub async fn acquire(
 /// Every key of lock `name`, first in line first, read linearizably.
 async fn queue(node: &Node, name: &[u8]) -> Result<Vec<KeyValue>, RecipeError> {
     node.read_barrier().await?;
-    let prefix = queue_prefix(name);
-    let req = RangeRequest {
-        key: prefix.clone(),
-        range_end: prefix_end(&prefix),
-        sort_order: SortOrder::Ascend,
-        sort_target: SortTarget::Create,
-        ..Default::default()
-    };
+    let req = super::front_range(&queue_prefix(name), 0);
     Ok(node.state().mvcc().range(&req).map_err(RecipeError::Mvcc)?.kvs)
 }
 

@@ -107,8 +107,8 @@ pub fn queue_prefix(name: &[u8]) -> Vec<u8> {
     prefix
 }
 
-/// The first `permits` keys under `prefix`, by create_revision.
-fn front_range(prefix: &[u8], permits: usize) -> RangeRequest {
+/// The first `permits` keys under `prefix`, by create_revision (0: all).
+pub(super) fn front_range(prefix: &[u8], permits: usize) -> RangeRequest {
     RangeRequest {
         key: prefix.to_vec(),
         range_end: prefix_end(prefix),
@@ -242,9 +242,8 @@ pub async fn wait_for_turn(
                 _ = until(deadline) => return Err(RecipeError::TimedOut),
             };
             let batch = match batch {
-                // Missed changes (a snapshot replaced the store): count again.
-                Ok(batch) if batch.resync => break,
                 Ok(batch) => batch,
+                // Missed changes (or a snapshot replaced the store): count again.
                 Err(broadcast::error::RecvError::Lagged(_)) => break,
                 Err(broadcast::error::RecvError::Closed) => return Err(ServerError::Stopped.into()),
             };

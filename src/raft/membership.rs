@@ -144,11 +144,7 @@ pub async fn change(raft: &Raft, token: &str, change: MembershipChange) -> Membe
                 return MembershipAnswer::Refused(MembershipRefusal::NotLearner);
             }
             let leader_index = metrics.last_log_index.unwrap_or(0);
-            let matched = metrics
-                .replication
-                .as_ref()
-                .and_then(|r| r.get(&id).cloned().flatten())
-                .map_or(0, |log_id| log_id.index);
+            let matched = super::matched_index(&metrics, id).unwrap_or(0);
             // etcd's rule: the learner's match is at least 90% of the leader's.
             if (matched as f64) < leader_index as f64 * 0.9 {
                 return MembershipAnswer::Refused(MembershipRefusal::LearnerNotReady);

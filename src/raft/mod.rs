@@ -84,6 +84,12 @@ pub type Raft = openraft::Raft<TypeConfig>;
 pub type LogId = openraft::LogId<u64>;
 pub type Entry = openraft::Entry<TypeConfig>;
 pub type RaftMetrics = openraft::RaftMetrics<u64, MemberNode>;
+
+/// How far member `id`'s log matches the leader's, as the leader's metrics
+/// know it (`None` if this member does not lead or has no news of `id`).
+pub fn matched_index(metrics: &RaftMetrics, id: u64) -> Option<u64> {
+    metrics.replication.as_ref()?.get(&id)?.as_ref().map(|log_id| log_id.index)
+}
 pub use openraft::{Config as RaftConfig, ServerState};
 
 /// The first byte of every encoded log entry and peer payload. Bumped when the

@@ -110,11 +110,7 @@ impl PeerClients {
 
     /// Ask the leader at `url` a lease question.
     pub async fn lease(&self, url: &str, query: &LeaseQuery, timeout: Duration) -> Result<LeaseAnswer, tonic::Status> {
-        let mut client = self.client(url).map_err(|e| tonic::Status::unavailable(e.to_string()))?;
-        let mut req = tonic::Request::new(RaftPayload { data: encode(query) });
-        req.set_timeout(timeout);
-        let resp = client.lease(req).await?;
-        decode(&resp.into_inner().data).map_err(tonic::Status::internal)
+        reply(self.connect(url)?.lease(request(query, timeout)).await?)
     }
 
     /// Have the leader at `url` run a membership change.
@@ -124,29 +120,38 @@ impl PeerClients {
         change: &MembershipChange,
         timeout: Duration,
     ) -> Result<MembershipAnswer, tonic::Status> {
-        let mut client = self.client(url).map_err(|e| tonic::Status::unavailable(e.to_string()))?;
-        let mut req = tonic::Request::new(RaftPayload { data: encode(change) });
-        req.set_timeout(timeout);
-        let resp = client.membership(req).await?;
-        decode(&resp.into_inner().data).map_err(tonic::Status::internal)
+        reply(self.connect(url)?.membership(request(change, timeout)).await?)
     }
 
     /// Ask the member at `url` for a step of a leader transfer.
     pub async fn admin(&self, url: &str, req: &AdminRequest, timeout: Duration) -> Result<bool, tonic::Status> {
-        let mut client = self.client(url).map_err(|e| tonic::Status::unavailable(e.to_string()))?;
-        let mut request = tonic::Request::new(RaftPayload { data: encode(req) });
-        request.set_timeout(timeout);
-        let resp = client.admin(request).await?;
-        decode(&resp.into_inner().data).map_err(tonic::Status::internal)
+        reply(self.connect(url)?.admin(request(req, timeout)).await?)
+    }
+
+    /// The client for `url`, failing as an RPC would.
+    fn connect(&self, url: &str) -> Result<PeerClient<Channel>, tonic::Status> {
+        self.client(url).map_err(|e| tonic::Status::unavailable(e.to_string()))
     }
 
     /// Ask the leader at `url` for a read index.
     pub async fn read_index(&self, url: &str, timeout: Duration) -> Result<u64, tonic::Status> {
-        let mut client = self.client(url).map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+        let mut client = self.connect(url)?;
         let mut req = tonic::Request::new(ReadIndexRequest {});
         req.set_timeout(timeout);
         Ok(client.read_index(req).await?.into_inner().index)
     }
+}
+
+/// An encoded peer request with a deadline.
+fn request<T: Serialize>(value: &T, timeout: Duration) -> tonic::Request<RaftPayload> {
+    let mut req = tonic::Request::new(RaftPayload { data: encode(value) });
+    req.set_timeout(timeout);
+    req
+}
+
+/// The decoded answer of an encoded peer request.
+fn reply<T: DeserializeOwned>(resp: tonic::Response<RaftPayload>) -> Result<T, tonic::Status> {
+    decode(&resp.into_inner().data).map_err(tonic::Status::internal)
 }
 
 /// True when a failed call certainly did not reach the server (the connection

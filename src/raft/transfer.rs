@@ -139,7 +139,7 @@ async fn caught_up(raft: &Raft, target: u64, deadline: Instant) -> Result<(), Tr
             if m.current_leader != Some(m.id) {
                 return Err(TransferError::NotLeader);
             }
-            let matched = m.replication.as_ref().and_then(|r| r.get(&target).cloned().flatten()).map(|l| l.index);
+            let matched = super::matched_index(&m, target);
             if matched.is_some() && matched == m.last_log_index {
                 return Ok(());
             }
