@@ -1,9 +1,38 @@
 //! The Raft log store: openraft's `RaftLogStorage` over raftlock's WAL.
 //!
 //! Entries are kept in an in-memory map (replication and apply read from it) and
-//! written to the WAL, which syncs before openraft is told they are durable.
-//! The vote is written through the same WAL, so vote and log writes are durable
-//! in the order they were made, as openraft requires.
+//! written to the WAL. The vote is written through the same WAL, so vote and
+//! log writes are durable in the order they were made, as openraft requires.
+//!
+//! ## When an append counts as done
+//! A follower's append, a vote, a truncation and a purge are synced before
+//! openraft is told they are done: a follower's acknowledgement counts
+//! towards a quorum, and nothing may be acknowledged before it is durable.
+//!
+//! The leader's own appends (recognised by the stored vote: committed, and
+//! ours) are reported done once written, and synced by the WAL's flusher
+//! thread meanwhile. openraft 0.9 waits for an append to be done before it
+//! sends the entries to followers, so the leader's disk write would otherwise
+//! come in series with theirs; this way the two overlap (the Raft thesis,
+//! 10.2.1). The price is that openraft counts the leader's copy towards a
+//! quorum before it is synced, so an entry can be *committed* in the leader's
+//! memory with fewer than a quorum of durable copies. No one may act on such
+//! an entry, and no one does, because everything that exposes a committed
+//! entry waits for the leader's sync ([`crate::storage::wal::Durable`]):
+//! - the leader applies an entry (and so answers its client, serves it to
+//!   readers and watchers) only once it is durable here;
+//! - followers learn that an entry is committed only from AppendEntries, and
+//!   the leader sends none whose commit index is not durable here.
+//!
+//! So an entry is applied anywhere only once it is durable on the leader and
+//! on enough followers for a quorum: losing an un-synced tail in an OS crash
+//! of the leader loses only entries that no one has seen, the same as losing
+//! an entry that was never replicated. Two more things keep it so:
+//! - a member that led when it stopped does not resume in the same term
+//!   (openraft 0.9 would): its lost tail may be on followers, and a new
+//!   entry at a lost index would carry the same log id as theirs;
+//! - membership changes wait for the previous configuration to be applied
+//!   (`raft::membership`), since openraft only checks that it is committed.
 //!
 //! The committed index is not persisted (openraft's `save_committed` is
 //! optional): it would cost a write per commit, and a restarted member learns
@@ -24,7 +53,7 @@ use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{OptionalSend, RaftLogReader, StorageError, StorageIOError, Vote};
 
 use super::{decode, encode, Entry, LogId, TypeConfig};
-use crate::storage::wal::{Wal, WalRecord};
+use crate::storage::wal::{Durable, Wal, WalRecord};
 use crate::storage::StateDb;
 
 const META_VOTE: u8 = 1;
@@ -46,6 +75,8 @@ pub struct LogStore {
     cache: Arc<Mutex<LogCache>>,
     wal: Wal,
     state_db: StateDb,
+    /// This member's id: whose vote makes an append the leader's own.
+    id: u64,
 }
 
 fn write_err(e: &io::Error) -> StorageError<u64> {
@@ -54,7 +85,7 @@ fn write_err(e: &io::Error) -> StorageError<u64> {
 
 impl LogStore {
     /// Open the WAL in `dir` and load what it holds.
-    pub fn open(dir: &std::path::Path, segment_bytes: u64, state_db: StateDb) -> anyhow::Result<LogStore> {
+    pub fn open(dir: &std::path::Path, segment_bytes: u64, state_db: StateDb, id: u64) -> anyhow::Result<LogStore> {
         let (wal, recovered) = Wal::open(dir, segment_bytes)?;
         let mut cache = LogCache::default();
         for (index, bytes) in recovered.entries {
@@ -64,18 +95,34 @@ impl LogStore {
         }
         let metas = &recovered.metas;
         if let Some(b) = metas.get(&META_VOTE) {
-            cache.vote = Some(decode(b).map_err(anyhow::Error::msg)?);
+            let mut vote: Vote<u64> = decode(b).map_err(anyhow::Error::msg)?;
+            if vote.committed && vote.leader_id.node_id == id {
+                // We led when we stopped. openraft would lead again in the
+                // same term, but an OS crash may have lost the tail of our
+                // own appends, which followers hold: an entry proposed anew
+                // at a lost index would carry the same log id as theirs and
+                // pass for it. Led no more, we must win a new term, and the
+                // followers' longer log wins it (see the module doc).
+                vote.committed = false;
+                wal.write(vec![WalRecord::Meta { key: META_VOTE, data: encode(&vote) }], true)?;
+            }
+            cache.vote = Some(vote);
         }
         if let Some(b) = metas.get(&META_PURGED) {
             cache.last_purged = decode(b).map_err(anyhow::Error::msg)?;
         }
         let indexes: Vec<u64> = cache.entries.keys().copied().collect();
         assert!(indexes.windows(2).all(|w| w[1] == w[0] + 1), "wal entries are not contiguous");
-        Ok(LogStore { cache: Arc::new(Mutex::new(cache)), wal, state_db })
+        Ok(LogStore { cache: Arc::new(Mutex::new(cache)), wal, state_db, id })
     }
 
     pub fn wal(&self) -> &Wal {
         &self.wal
+    }
+
+    /// How far the log is durable (see the module doc).
+    pub fn durable(&self) -> Durable {
+        self.wal.durable()
     }
 
     fn cache(&self) -> std::sync::MutexGuard<'_, LogCache> {
@@ -122,7 +169,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: OptionalSend,
     {
         let mut records = Vec::new();
-        {
+        let own = {
             let mut cache = self.cache();
             for entry in entries {
                 let index = entry.log_id.index;
@@ -132,11 +179,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 records.push(WalRecord::Entry { index, data: encode(&entry) });
                 cache.entries.insert(index, entry);
             }
+            // Only the leader of the stored vote appends entries under it; a
+            // follower stores its leader's vote before it appends for it.
+            cache.vote.is_some_and(|v| v.committed && v.leader_id.node_id == self.id)
+        };
+        if own {
+            // The leader's own entries: done once written (see the module doc).
+            callback.log_io_completed(self.wal.write_deferred(records));
+        } else {
+            callback.log_io_completed(self.wal.write(records, true));
         }
-        // Written and synced here: openraft waits for this append to be durable
-        // before it goes on, so handing it to another thread would only add
-        // latency (see storage::wal).
-        callback.log_io_completed(self.wal.write(records, true));
         Ok(())
     }
 
@@ -157,5 +209,35 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let records =
             vec![WalRecord::Meta { key: META_PURGED, data: encode(&Some(log_id)) }, WalRecord::PurgeUpto(log_id.index)];
         self.wal.write(records, true).map_err(|e| write_err(&e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use openraft::LeaderId;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_member_that_led_does_not_lead_the_same_term_after_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = StateDb::open(&dir.path().join("state")).unwrap();
+        let wal_dir = dir.path().join("wal");
+        {
+            let mut store = LogStore::open(&wal_dir, 1 << 20, db.clone(), 7).unwrap();
+            store.save_vote(&Vote::new_committed(3, 7)).await.unwrap();
+        }
+        let mut store = LogStore::open(&wal_dir, 1 << 20, db.clone(), 7).unwrap();
+        let vote = store.read_vote().await.unwrap().unwrap();
+        assert_eq!(vote.leader_id, LeaderId::new(3, 7), "the vote itself is kept");
+        assert!(!vote.committed, "no longer the leader of term 3");
+        drop(store);
+
+        // A follower's vote is kept as it was.
+        let mut store = LogStore::open(&wal_dir, 1 << 20, db.clone(), 8).unwrap();
+        store.save_vote(&Vote::new_committed(4, 9)).await.unwrap();
+        drop(store);
+        let mut store = LogStore::open(&wal_dir, 1 << 20, db, 8).unwrap();
+        assert_eq!(store.read_vote().await.unwrap(), Some(Vote::new_committed(4, 9)));
     }
 }

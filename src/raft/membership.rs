@@ -80,8 +80,28 @@ fn valid_url(url: &str) -> bool {
     }
 }
 
+/// Membership changes on this member, one at a time (see [`change`]).
+static ONE_CHANGE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Run `change` on this member, which must lead.
+///
+/// Changes run one at a time, and each waits for the configuration before
+/// it to be applied here. openraft only checks that it is committed, and the
+/// leader counts an entry as committed before its own copy is synced (see
+/// `raft::log_store`); joint consensus needs the previous configuration
+/// durable on a quorum before the next one starts.
 pub async fn change(raft: &Raft, token: &str, change: MembershipChange) -> MembershipAnswer {
+    let _one = ONE_CHANGE_AT_A_TIME.lock().await;
+    let metrics = raft.metrics().borrow().clone();
+    if metrics.current_leader != Some(metrics.id) {
+        return MembershipAnswer::NotLeader;
+    }
+    if let Some(previous) = metrics.membership_config.log_id() {
+        if raft.wait(None).applied_index_at_least(Some(previous.index), "previous configuration applied").await.is_err()
+        {
+            return MembershipAnswer::NotLeader;
+        }
+    }
     let metrics = raft.metrics().borrow().clone();
     if metrics.current_leader != Some(metrics.id) {
         return MembershipAnswer::NotLeader;

@@ -33,6 +33,7 @@ use crate::batcher::Batcher;
 use crate::command::{Command, CommandResult};
 use crate::proto::raftlock::peer::peer_client::PeerClient;
 use crate::proto::raftlock::peer::{RaftPayload, ReadIndexRequest};
+use crate::storage::wal::Durable;
 
 /// Cached channels to peers, by peer URL.
 #[derive(Clone, Default)]
@@ -217,16 +218,30 @@ impl Forwarder {
 }
 
 /// openraft's network factory: one [`PeerConnection`] per target.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct PeerNetwork {
     pub clients: PeerClients,
+    /// How far the local log is durable: AppendEntries waits for its commit
+    /// index to be (see `raft::log_store`).
+    durable_log: Durable,
+}
+
+impl PeerNetwork {
+    pub fn new(durable_log: Durable) -> PeerNetwork {
+        PeerNetwork { clients: PeerClients::default(), durable_log }
+    }
 }
 
 impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
     type Network = PeerConnection;
 
     async fn new_client(&mut self, target: u64, node: &MemberNode) -> PeerConnection {
-        PeerConnection { target, url: node.peer_url.clone(), clients: self.clients.clone() }
+        PeerConnection {
+            target,
+            url: node.peer_url.clone(),
+            clients: self.clients.clone(),
+            durable_log: self.durable_log.clone(),
+        }
     }
 }
 
@@ -234,6 +249,7 @@ pub struct PeerConnection {
     target: u64,
     url: String,
     clients: PeerClients,
+    durable_log: Durable,
 }
 
 #[derive(Clone, Copy)]
@@ -282,6 +298,12 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<u64>, RPCError<u64, MemberNode, RaftError<u64>>> {
+        // A follower may apply what it learns is committed: on the leader,
+        // an entry counts as committed before it is synced here, so its
+        // commit index travels only once it is (see `raft::log_store`).
+        if let Some(committed) = rpc.leader_commit {
+            self.durable_log.wait_for(committed.index).await.map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        }
         self.call(RaftRpc::AppendEntries, &rpc, &option).await
     }
 

@@ -47,6 +47,7 @@ use crate::lease::LeaseTable;
 use crate::mvcc::MvccError;
 use crate::mvcc::{Change, KeyRange, MvccStore, Revision, StoredVersion};
 use crate::state::{AppliedChanges, AppliedState, MemberAttrs};
+use crate::storage::wal::Durable;
 use crate::storage::{StateBatch, StateDb};
 
 const APPLIED: &[u8] = b"m/applied";
@@ -88,6 +89,10 @@ pub struct StateMachine {
     /// The last snapshot built, encoded: what is sent to members that are
     /// too far behind for the log.
     last_snapshot: Arc<std::sync::Mutex<Option<Snapshot<TypeConfig>>>>,
+    /// When set, an entry is applied only once it is durable in the local log
+    /// (the leader syncs its own appends while it replicates them: see
+    /// `raft::log_store`).
+    durable_log: Option<Durable>,
 }
 
 /// The content of a snapshot.
@@ -187,7 +192,14 @@ impl StateMachine {
             since_checkpoint,
             checkpoint_every,
             last_snapshot: Default::default(),
+            durable_log: None,
         })
+    }
+
+    /// Apply entries only once `durable` says they are on stable storage.
+    pub fn applying_only_durable(mut self, durable: Durable) -> StateMachine {
+        self.durable_log = Some(durable);
+        self
     }
 
     /// Record a write's changes: in the journal, in the lease table's
@@ -324,6 +336,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
+        let entries: Vec<Entry> = entries.into_iter().collect();
+        if let (Some(durable), Some(last)) = (&mut self.durable_log, entries.last()) {
+            durable.wait_for(last.log_id.index).await.map_err(|e| StorageIOError::write_logs(&e))?;
+        }
         let mut ops = Vec::new();
         let mut published = Vec::new();
         let mut results = Vec::new();

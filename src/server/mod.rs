@@ -130,11 +130,13 @@ impl Node {
         std::fs::create_dir_all(&data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
 
         let state_db = StateDb::open(&data_dir.join("state")).context("opening the state store")?;
-        let log_store = LogStore::open(&data_dir.join("wal"), DEFAULT_SEGMENT_BYTES, state_db.clone())
+        let log_store = LogStore::open(&data_dir.join("wal"), DEFAULT_SEGMENT_BYTES, state_db.clone(), id)
             .context("opening the WAL")?;
         let state = Arc::new(AppliedState::default());
-        let state_machine = StateMachine::open(state_db.clone(), state.clone()).context("loading the state machine")?;
-        let network = PeerNetwork::default();
+        let state_machine = StateMachine::open(state_db.clone(), state.clone())
+            .context("loading the state machine")?
+            .applying_only_durable(log_store.durable());
+        let network = PeerNetwork::new(log_store.durable());
         let peers = network.clients.clone();
 
         let raft_config = RaftConfig {

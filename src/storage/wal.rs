@@ -22,18 +22,24 @@
 //! every segment in order rebuilds the log.
 //!
 //! ## Batching and syncs
-//! [`Wal::write`] writes its records with one `write` and, when asked, one
-//! `fdatasync`, in the caller's thread: the Raft core waits for each append to
-//! be durable before it does anything else, so a hand-off to another thread
-//! would only add two thread wake-ups to every write. Many client writes still
-//! share one sync, because they reach the log together: the proposer batches
-//! concurrent writes into one entry, and a follower receives many entries in
-//! one append. Writes that need no sync of their own (the committed index) are
-//! made durable by the next sync.
+//! Two ways to write, each one `write` of all its records:
+//! - [`Wal::write`] with `sync` makes the records durable with one `fdatasync`
+//!   in the caller's thread before it returns. A follower's appends, votes,
+//!   truncations and purges go this way: nothing may be acknowledged before.
+//! - [`Wal::write_deferred`] returns once the records are written, and the
+//!   flusher thread makes them durable with the next `fdatasync`, shared by
+//!   every write made while the previous one ran (group commit across
+//!   appends). The leader's own appends go this way, so that it replicates an
+//!   entry while its disk writes it (see `raft::log_store` for why that is safe).
+//!
+//! Either way [`Durable`] tells how far the log is on stable storage: the
+//! index of the last entry of the log as synced.
 //!
 //! ## Invariants
 //! - `write(.., sync = true)` returns only after an `fdatasync` covering its records
 //!   and every record written before them;
+//! - [`Durable`] never reports an index whose entry, or a truncation after it,
+//!   is not yet synced; it moves only when a sync completes;
 //! - a new segment starts with a checkpoint of every meta value, so that older
 //!   segments can be deleted without losing the vote;
 //! - a segment is deleted only when every entry in it is at or below a purge.
@@ -53,7 +59,9 @@ use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+use tokio::sync::watch;
 
 const KIND_ENTRY: u8 = 1;
 const KIND_META: u8 = 2;
@@ -99,12 +107,74 @@ pub struct WalStats {
     pub bytes: AtomicU64,
 }
 
-/// Handle to the WAL. Cheap to clone; clones share one log.
+/// How much of the log is on stable storage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct DurableState {
+    /// The last index of the log as synced (`None`: no entry is).
+    index: Option<u64>,
+    /// A sync failed: nothing written after the last good one can be trusted.
+    failed: bool,
+}
+
+/// A view of how far the log is durable, for those that must not act on an
+/// entry before it is (see the module doc). Cheap to clone.
+#[derive(Clone)]
+pub struct Durable {
+    rx: watch::Receiver<DurableState>,
+}
+
+impl Durable {
+    /// Wait until the entry at `index` is on stable storage. Fails if a sync
+    /// failed: the node must stop.
+    pub async fn wait_for(&mut self, index: u64) -> io::Result<()> {
+        let state = self
+            .rx
+            .wait_for(|d| d.failed || d.index.is_some_and(|i| i >= index))
+            .await
+            .map_err(|_| io::Error::other("wal: closed"))?;
+        if state.failed {
+            return Err(io::Error::other("wal: a sync failed; the node must restart"));
+        }
+        Ok(())
+    }
+
+    /// The last index of the log as synced.
+    pub fn index(&self) -> Option<u64> {
+        self.rx.borrow().index
+    }
+}
+
+/// What the writer and the flusher thread share.
+struct Shared {
+    /// std Mutex: held for one write (and sync), never across an `.await`,
+    /// and never by the flusher while it syncs.
+    writer: Mutex<Writer>,
+    /// Signalled when a deferred write waits for the flusher, and on stop.
+    flush_wanted: Condvar,
+    durable: watch::Sender<DurableState>,
+}
+
+/// Handle to the WAL. Cheap to clone; clones share one log. The flusher
+/// thread stops when the last handle is dropped.
 #[derive(Clone)]
 pub struct Wal {
-    /// std Mutex: held for one write (and sync), never across an `.await`.
-    writer: Arc<Mutex<Writer>>,
+    shared: Arc<Shared>,
     stats: Arc<WalStats>,
+    _flusher: Arc<FlusherStop>,
+}
+
+/// Stops the flusher thread when dropped.
+struct FlusherStop(Arc<Shared>);
+
+impl Drop for FlusherStop {
+    fn drop(&mut self) {
+        lock(&self.0.writer).stopping = true;
+        self.0.flush_wanted.notify_all();
+    }
+}
+
+fn lock(writer: &Mutex<Writer>) -> MutexGuard<'_, Writer> {
+    writer.lock().expect("wal lock poisoned")
 }
 
 impl Wal {
@@ -151,21 +221,35 @@ impl Wal {
         }
 
         let metas = recovered.metas.clone();
-        let writer = match tail {
+        let last_index = recovered.entries.keys().next_back().copied().or(recovered.purged_upto);
+        let mut writer = match tail {
             Some((seq, offset)) => {
                 let file = OpenOptions::new().read(true).write(true).open(segment_path(dir, seq))?;
-                Writer { dir: dir.to_path_buf(), segment_bytes, file, seq, offset, segments, metas, failed: false }
+                Writer::new(dir, segment_bytes, Arc::new(file), seq, offset, segments, metas)
             }
             None => Writer::create(dir, segment_bytes, metas)?,
         };
-        Ok((Wal { writer: Arc::new(Mutex::new(writer)), stats: Arc::new(WalStats::default()) }, recovered))
+        // What was replayed may be a deferred write that the OS still held
+        // when the process died; it must be durable before it is reported so.
+        writer.file.sync_data()?;
+        writer.last_index = last_index;
+        writer.synced_index = last_index;
+        let (durable, _) = watch::channel(DurableState { index: last_index, failed: false });
+        let shared = Arc::new(Shared { writer: Mutex::new(writer), flush_wanted: Condvar::new(), durable });
+        let stats = Arc::new(WalStats::default());
+        {
+            let (shared, stats) = (shared.clone(), stats.clone());
+            std::thread::Builder::new().name("raftlock-wal".into()).spawn(move || flusher(&shared, &stats))?;
+        }
+        let stop = Arc::new(FlusherStop(shared.clone()));
+        Ok((Wal { shared, stats, _flusher: stop }, recovered))
     }
 
     /// Write `records` in order; with `sync`, return only once they (and
     /// everything written before them) are durable. After an I/O error every
     /// later write fails: the node must restart and recover from the files.
     pub fn write(&self, records: Vec<WalRecord>, sync: bool) -> io::Result<()> {
-        let mut writer = self.writer.lock().expect("wal lock poisoned");
+        let mut writer = lock(&self.shared.writer);
         if writer.failed {
             return Err(io::Error::other("wal: an earlier write failed; the node must restart"));
         }
@@ -173,11 +257,69 @@ impl Wal {
         if result.is_err() {
             writer.failed = true;
         }
+        self.publish(&writer);
         result
+    }
+
+    /// Write `records` in order and return; the flusher thread makes them
+    /// durable soon after ([`Durable`] tells when).
+    pub fn write_deferred(&self, records: Vec<WalRecord>) -> io::Result<()> {
+        self.write(records, false)?;
+        self.shared.flush_wanted.notify_one();
+        Ok(())
+    }
+
+    /// How far the log is durable.
+    pub fn durable(&self) -> Durable {
+        Durable { rx: self.shared.durable.subscribe() }
     }
 
     pub fn stats(&self) -> &WalStats {
         &self.stats
+    }
+
+    fn publish(&self, writer: &Writer) {
+        publish(&self.shared, writer);
+    }
+}
+
+/// Tell [`Durable`] watchers what the writer now knows to be synced.
+fn publish(shared: &Shared, writer: &Writer) {
+    let state = DurableState { index: writer.synced_index, failed: writer.failed };
+    shared.durable.send_if_modified(|d| std::mem::replace(d, state) != state);
+}
+
+/// The flusher thread: sync whatever deferred writes are waiting, one
+/// `fdatasync` for all of them, without holding the writer's lock meanwhile.
+/// It syncs what is left before it stops.
+fn flusher(shared: &Shared, stats: &WalStats) {
+    let mut writer = lock(&shared.writer);
+    loop {
+        while writer.written == writer.synced && !writer.stopping && !writer.failed {
+            writer = shared.flush_wanted.wait(writer).expect("wal lock poisoned");
+        }
+        if writer.failed || (writer.stopping && writer.written == writer.synced) {
+            return;
+        }
+        let (seq, index, file) = (writer.written, writer.last_index, writer.file.clone());
+        drop(writer);
+        let result = file.sync_data();
+        writer = lock(&shared.writer);
+        match result {
+            Ok(()) => {
+                stats.syncs.fetch_add(1, Ordering::Relaxed);
+                // A sync made meanwhile by a writer may have covered more.
+                if seq > writer.synced {
+                    writer.synced = seq;
+                    writer.synced_index = index;
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "wal: fdatasync failed");
+                writer.failed = true;
+            }
+        }
+        publish(shared, &writer);
     }
 }
 
@@ -186,11 +328,12 @@ struct Segment {
     max_index: Option<u64>,
 }
 
-/// The writer thread's state (see the module doc).
+/// The writer's state (see the module doc).
 struct Writer {
     dir: PathBuf,
     segment_bytes: u64,
-    file: File,
+    /// Shared with the flusher, which syncs it without holding the lock.
+    file: Arc<File>,
     seq: u64,
     offset: u64,
     /// Every segment on disk, oldest first; the last is `file`.
@@ -198,38 +341,76 @@ struct Writer {
     /// The newest value of every meta key, rewritten at the head of each segment.
     metas: HashMap<u8, Vec<u8>>,
     failed: bool,
+    stopping: bool,
+    /// Writes made, counted.
+    written: u64,
+    /// The writes (counted as `written`) known to be durable.
+    synced: u64,
+    /// The last index of the log as written, and as of the last sync.
+    last_index: Option<u64>,
+    synced_index: Option<u64>,
 }
 
 impl Writer {
-    fn create(dir: &Path, segment_bytes: u64, metas: HashMap<u8, Vec<u8>>) -> io::Result<Writer> {
-        let file = create_segment(dir, 1, segment_bytes)?;
-        let mut w = Writer {
+    fn new(
+        dir: &Path,
+        segment_bytes: u64,
+        file: Arc<File>,
+        seq: u64,
+        offset: u64,
+        segments: Vec<Segment>,
+        metas: HashMap<u8, Vec<u8>>,
+    ) -> Writer {
+        Writer {
             dir: dir.to_path_buf(),
             segment_bytes,
             file,
-            seq: 1,
-            offset: 0,
-            segments: vec![Segment { seq: 1, max_index: None }],
+            seq,
+            offset,
+            segments,
             metas,
             failed: false,
-        };
+            stopping: false,
+            written: 0,
+            synced: 0,
+            last_index: None,
+            synced_index: None,
+        }
+    }
+
+    fn create(dir: &Path, segment_bytes: u64, metas: HashMap<u8, Vec<u8>>) -> io::Result<Writer> {
+        let file = Arc::new(create_segment(dir, 1, segment_bytes)?);
+        let mut w = Writer::new(dir, segment_bytes, file, 1, 0, vec![Segment { seq: 1, max_index: None }], metas);
         w.write_checkpoint()?;
         Ok(w)
+    }
+
+    /// Everything written so far is durable.
+    fn mark_synced(&mut self) {
+        self.synced = self.written;
+        self.synced_index = self.last_index;
     }
 
     fn write(&mut self, records: &[WalRecord], sync: bool, stats: &WalStats) -> io::Result<()> {
         let mut buf = Vec::new();
         let mut purge = None;
         let mut batch_max = None;
+        let mut last_index = self.last_index;
         for record in records {
             encode(record, &mut buf);
             match record {
-                WalRecord::Entry { index, .. } => batch_max = Some(batch_max.map_or(*index, |m: u64| m.max(*index))),
+                WalRecord::Entry { index, .. } => {
+                    batch_max = Some(batch_max.map_or(*index, |m: u64| m.max(*index)));
+                    last_index = Some(*index);
+                }
                 WalRecord::Meta { key, data } => {
                     self.metas.insert(*key, data.clone());
                 }
-                WalRecord::TruncateFrom(_) => {}
-                WalRecord::PurgeUpto(index) => purge = Some(purge.map_or(*index, |p: u64| p.max(*index))),
+                WalRecord::TruncateFrom(index) => last_index = index.checked_sub(1),
+                WalRecord::PurgeUpto(index) => {
+                    purge = Some(purge.map_or(*index, |p: u64| p.max(*index)));
+                    last_index = last_index.max(Some(*index));
+                }
             }
         }
         if self.offset > 0 && self.offset + buf.len() as u64 > self.segment_bytes {
@@ -241,8 +422,11 @@ impl Writer {
         }
         self.file.write_all_at(&buf, self.offset)?;
         self.offset += buf.len() as u64;
+        self.written += 1;
+        self.last_index = last_index;
         if sync {
             self.file.sync_data()?;
+            self.mark_synced();
             stats.syncs.fetch_add(1, Ordering::Relaxed);
         }
         stats.writes.fetch_add(1, Ordering::Relaxed);
@@ -259,8 +443,9 @@ impl Writer {
         // Records written without a sync must be durable before a later
         // segment can be: replay trusts every segment but the last.
         self.file.sync_data()?;
+        self.mark_synced();
         let seq = self.seq + 1;
-        self.file = create_segment(&self.dir, seq, self.segment_bytes)?;
+        self.file = Arc::new(create_segment(&self.dir, seq, self.segment_bytes)?);
         self.seq = seq;
         self.offset = 0;
         self.segments.push(Segment { seq, max_index: None });
@@ -460,6 +645,28 @@ mod tests {
         }
         let (_, rec) = Wal::open(dir.path(), 1 << 20).unwrap();
         assert_eq!(rec.entries.keys().copied().collect::<Vec<_>>(), [1, 2]);
+    }
+
+    #[tokio::test]
+    async fn deferred_writes_are_synced_by_the_flusher() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let (wal, _) = Wal::open(dir.path(), 1 << 20).unwrap();
+            let mut durable = wal.durable();
+            assert_eq!(durable.index(), None);
+            for i in 1..=50 {
+                wal.write_deferred(vec![entry(i)]).unwrap();
+            }
+            durable.wait_for(50).await.unwrap();
+            let syncs = wal.stats().syncs.load(Ordering::Relaxed);
+            assert!((1..=50).contains(&syncs), "{syncs} syncs for 50 deferred writes");
+            // A synced truncation moves the durable index back at once.
+            wal.write(vec![WalRecord::TruncateFrom(41)], true).unwrap();
+            assert_eq!(durable.index(), Some(40));
+        }
+        let (wal, rec) = Wal::open(dir.path(), 1 << 20).unwrap();
+        assert_eq!(rec.entries.keys().copied().collect::<Vec<_>>(), (1..=40).collect::<Vec<_>>());
+        assert_eq!(wal.durable().index(), Some(40), "what was replayed is durable");
     }
 
     #[test]
