@@ -97,8 +97,10 @@ pub struct Recovered {
 /// Counters for metrics and for tests of batching.
 #[derive(Debug, Default)]
 pub struct WalStats {
-    /// fdatasync calls made for writes.
+    /// fdatasync calls made by writes that sync.
     pub syncs: AtomicU64,
+    /// fdatasync calls made by the flusher thread, for deferred writes.
+    pub flusher_syncs: AtomicU64,
     /// Calls to [`Wal::write`] (one per append / vote / truncate / purge / commit index).
     pub writes: AtomicU64,
     /// Records written.
@@ -307,7 +309,7 @@ fn flusher(shared: &Shared, stats: &WalStats) {
         writer = lock(&shared.writer);
         match result {
             Ok(()) => {
-                stats.syncs.fetch_add(1, Ordering::Relaxed);
+                stats.flusher_syncs.fetch_add(1, Ordering::Relaxed);
                 // A sync made meanwhile by a writer may have covered more.
                 if seq > writer.synced {
                     writer.synced = seq;
@@ -658,8 +660,9 @@ mod tests {
                 wal.write_deferred(vec![entry(i)]).unwrap();
             }
             durable.wait_for(50).await.unwrap();
-            let syncs = wal.stats().syncs.load(Ordering::Relaxed);
+            let syncs = wal.stats().flusher_syncs.load(Ordering::Relaxed);
             assert!((1..=50).contains(&syncs), "{syncs} syncs for 50 deferred writes");
+            assert_eq!(wal.stats().syncs.load(Ordering::Relaxed), 0, "no write synced by itself");
             // A synced truncation moves the durable index back at once.
             wal.write(vec![WalRecord::TruncateFrom(41)], true).unwrap();
             assert_eq!(durable.index(), Some(40));
