@@ -18,6 +18,10 @@
 //! apply that caused it; the process aborts, and restarts from the log.
 //!
 //! Keys and values here are opaque bytes; the state machine chooses the layout.
+//! Values computed on the writer thread ([`StateBatch::deferred`], the large
+//! ones: checkpoints) live in a tree of their own. sled rewrites a whole leaf
+//! node when it consolidates one, and a leaf holding a checkpoint next to
+//! keys written on every apply had its checkpoint rewritten over and over.
 
 pub mod wal;
 
@@ -30,6 +34,8 @@ use std::sync::{Arc, Condvar, Mutex};
 pub struct StateDb {
     db: sled::Db,
     tree: sled::Tree,
+    /// The deferred (large) values.
+    large: sled::Tree,
     dir: std::path::PathBuf,
     queue: Arc<StateQueue>,
 }
@@ -59,7 +65,8 @@ pub struct StateBatch {
     pub puts: Vec<(Vec<u8>, Vec<u8>)>,
     pub deletes: Vec<Vec<u8>>,
     /// Puts whose value the writer thread computes (after `puts`): costly
-    /// encodings that must not hold up the caller.
+    /// encodings that must not hold up the caller. They are kept apart from
+    /// the other keys (see the module doc); a key is always written one way.
     pub deferred: Vec<(Vec<u8>, DeferredValue)>,
 }
 
@@ -77,12 +84,13 @@ impl StateDb {
     pub fn open(dir: &Path) -> io::Result<StateDb> {
         let db = sled::Config::new().path(dir).flush_every_ms(Some(500)).open().map_err(io_err)?;
         let tree = db.open_tree("state").map_err(io_err)?;
+        let large = db.open_tree("large").map_err(io_err)?;
         let queue = Arc::new(StateQueue::default());
-        let (writer_tree, writer_queue) = (tree.clone(), queue.clone());
+        let (writer_trees, writer_queue) = ((tree.clone(), large.clone()), queue.clone());
         std::thread::Builder::new()
             .name("raftlock-state".into())
-            .spawn(move || write_loop(writer_tree, writer_queue))?;
-        Ok(StateDb { db, tree, dir: dir.to_path_buf(), queue })
+            .spawn(move || write_loop(writer_trees, writer_queue))?;
+        Ok(StateDb { db, tree, large, dir: dir.to_path_buf(), queue })
     }
 
     /// Queue a batch. Batches reach sled in order, each atomically (possibly
@@ -109,8 +117,14 @@ impl StateDb {
         rx.recv().map_err(|_| io::Error::other("state store writer stopped"))
     }
 
+    /// A key's value, written either way. (A deferred value in the main tree
+    /// was written by a raftlock that kept them there; the next deferred write
+    /// of the key moves it.)
     pub fn get(&self, key: &[u8]) -> io::Result<Option<Vec<u8>>> {
-        Ok(self.tree.get(key).map_err(io_err)?.map(|v| v.to_vec()))
+        match self.tree.get(key).map_err(io_err)? {
+            Some(v) => Ok(Some(v.to_vec())),
+            None => Ok(self.large.get(key).map_err(io_err)?.map(|v| v.to_vec())),
+        }
     }
 
     /// Every `(key, value)` under a prefix, in key order.
@@ -123,6 +137,7 @@ impl StateDb {
     pub fn replace_all(&self, batch: StateBatch) -> io::Result<()> {
         self.drain()?;
         self.tree.clear().map_err(io_err)?;
+        self.large.clear().map_err(io_err)?;
         self.commit(batch);
         self.sync()
     }
@@ -150,7 +165,7 @@ const STATE_WRITE_WINDOW: std::time::Duration = std::time::Duration::from_millis
 /// The writer thread (it lives as long as the process): every window, merge all queued batches into one sled
 /// batch (later writes to a key replace earlier ones, as applying them in turn
 /// would) and apply it; answer barriers at once.
-fn write_loop(tree: sled::Tree, queue: Arc<StateQueue>) {
+fn write_loop((tree, large): (sled::Tree, sled::Tree), queue: Arc<StateQueue>) {
     loop {
         let (batches, barriers) = {
             let mut pending = queue.pending.lock().expect("state queue lock poisoned");
@@ -167,6 +182,7 @@ fn write_loop(tree: sled::Tree, queue: Arc<StateQueue>) {
             (std::mem::take(&mut pending.batches), std::mem::take(&mut pending.barriers))
         };
         let mut merged = sled::Batch::default();
+        let mut large_values = Vec::new();
         for batch in batches {
             for k in batch.deletes {
                 merged.remove(k);
@@ -175,10 +191,26 @@ fn write_loop(tree: sled::Tree, queue: Arc<StateQueue>) {
                 merged.insert(k, v);
             }
             for (k, value) in batch.deferred {
-                merged.insert(k, value());
+                merged.remove(k.as_slice());
+                large_values.push((k, sled::IVec::from(value())));
             }
         }
-        if let Err(e) = tree.apply_batch(merged) {
+        let written = if large_values.is_empty() {
+            tree.apply_batch(merged).map_err(|e| e.to_string())
+        } else {
+            // Both trees at once, so that a crash leaves both at one batch.
+            use sled::Transactional;
+            (&tree, &large)
+                .transaction(|(tree, large)| {
+                    tree.apply_batch(&merged)?;
+                    for (k, v) in &large_values {
+                        large.insert(k.as_slice(), v.clone())?;
+                    }
+                    Ok::<(), sled::transaction::ConflictableTransactionError<()>>(())
+                })
+                .map_err(|e| format!("{e:?}"))
+        };
+        if let Err(e) = written {
             tracing::error!(error = %e, "state store write failed; aborting so that the log is replayed");
             std::process::abort();
         }
