@@ -76,6 +76,37 @@ pub struct StoredVersion {
     pub kv: Option<KeyValue>,
 }
 
+/// One version of one key that shares its key-value with the store, so that
+/// the whole store can be captured without copying it (checkpoints and
+/// snapshots capture it on the apply path). It encodes exactly as the
+/// [`StoredVersion`] it stands for.
+#[derive(Clone, Debug)]
+pub struct SharedVersion {
+    revision: Revision,
+    sub: i64,
+    /// The key of a tombstone (a live version's key is its key-value's).
+    tombstone_key: Option<Vec<u8>>,
+    kv: Option<Arc<KeyValue>>,
+}
+
+impl serde::Serialize for SharedVersion {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let key: &Vec<u8> = match (&self.kv, &self.tombstone_key) {
+            (Some(kv), _) => &kv.key,
+            (None, Some(key)) => key,
+            (None, None) => unreachable!("a shared version has a key-value or a tombstone key"),
+        };
+        // The fields of StoredVersion, in its order.
+        let mut s = serializer.serialize_struct("StoredVersion", 4)?;
+        s.serialize_field("revision", &self.revision)?;
+        s.serialize_field("sub", &self.sub)?;
+        s.serialize_field("key", key)?;
+        s.serialize_field("kv", &self.kv.as_deref())?;
+        s.end()
+    }
+}
+
 impl MvccStore {
     pub fn revision(&self) -> Revision {
         self.revision
@@ -173,6 +204,21 @@ impl MvccStore {
                 sub: v.sub,
                 key: key.clone(),
                 kv: v.kv.as_deref().cloned(),
+            })
+        })
+    }
+
+    /// Every version, as [`MvccStore::versions`], sharing the key-values.
+    pub fn shared_versions(&self) -> impl Iterator<Item = SharedVersion> + '_ {
+        self.index.iter().flat_map(|(key, versions)| {
+            versions.iter().map(move |v| {
+                debug_assert!(v.kv.as_ref().is_none_or(|kv| &kv.key == key), "a version's key-value has its key");
+                SharedVersion {
+                    revision: v.revision,
+                    sub: v.sub,
+                    tombstone_key: if v.kv.is_none() { Some(key.clone()) } else { None },
+                    kv: v.kv.clone(),
+                }
             })
         })
     }

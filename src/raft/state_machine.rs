@@ -45,7 +45,7 @@ use super::{decode, encode, Entry, LogId, MemberNode, TypeConfig};
 use crate::command::{Command, CommandResult};
 use crate::lease::LeaseTable;
 use crate::mvcc::MvccError;
-use crate::mvcc::{Change, KeyRange, MvccStore, Revision, StoredVersion};
+use crate::mvcc::{Change, KeyRange, MvccStore, Revision, SharedVersion, StoredVersion};
 use crate::state::{AppliedChanges, AppliedState, MemberAttrs};
 use crate::storage::wal::Durable;
 use crate::storage::{StateBatch, StateDb};
@@ -95,16 +95,23 @@ pub struct StateMachine {
     durable_log: Option<Durable>,
 }
 
-/// The content of a snapshot.
+/// The content of a snapshot (and of a checkpoint). Decoded with stored
+/// versions; captured from the live state with shared ones
+/// ([`CapturedImage`]), which encode the same.
 #[derive(Serialize, Deserialize)]
-struct SnapshotImage {
+struct SnapshotImage<V = StoredVersion> {
     revision: Revision,
     compact_revision: Revision,
-    versions: Vec<StoredVersion>,
+    versions: Vec<V>,
     members: Vec<(u64, MemberAttrs)>,
     /// (id, granted TTL); attached keys are found again from the versions.
     leases: Vec<(i64, i64)>,
 }
+
+/// The state captured on the apply path: the versions share their
+/// key-values with the store, so capturing copies no keys or values (but
+/// tombstones' keys), and encoding can happen elsewhere, later.
+type CapturedImage = SnapshotImage<SharedVersion>;
 
 fn journal_key(seq: u64) -> Vec<u8> {
     let mut k = vec![JOURNAL_PREFIX];
@@ -311,11 +318,11 @@ impl StateMachine {
         self.since_checkpoint = 0;
     }
 
-    fn image(&self) -> SnapshotImage {
+    fn image(&self) -> CapturedImage {
         image_of(&self.state)
     }
 
-    fn snapshot_meta(&self, image: &SnapshotImage) -> SnapshotMeta<u64, MemberNode> {
+    fn snapshot_meta(&self, image: &CapturedImage) -> SnapshotMeta<u64, MemberNode> {
         let id = match self.last_applied {
             Some(l) => format!("{}-{}-{}", l.leader_id.term, l.index, image.revision),
             None => format!("0-0-{}", image.revision),
@@ -449,14 +456,14 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 
 /// The whole applied state, consistent: every lock is held at once (in the
 /// state's lock order), so no apply falls between the parts.
-fn image_of(state: &AppliedState) -> SnapshotImage {
+fn image_of(state: &AppliedState) -> CapturedImage {
     let mvcc = state.mvcc();
     let leases = state.leases();
     let members = state.members();
     SnapshotImage {
         revision: mvcc.revision(),
         compact_revision: mvcc.compact_revision(),
-        versions: mvcc.versions().collect(),
+        versions: mvcc.shared_versions().collect(),
         members: members.iter().map(|(id, a)| (*id, a.clone())).collect(),
         leases: leases.grants(),
     }
@@ -472,7 +479,7 @@ pub fn encode_state(state: &AppliedState) -> (Vec<u8>, Revision) {
 /// Encodes the state captured when the builder was made, and keeps the result
 /// as the member's current snapshot.
 pub struct SnapshotBuilder {
-    image: Option<(SnapshotMeta<u64, MemberNode>, SnapshotImage)>,
+    image: Option<(SnapshotMeta<u64, MemberNode>, CapturedImage)>,
     last: Arc<std::sync::Mutex<Option<Snapshot<TypeConfig>>>>,
 }
 
@@ -505,6 +512,35 @@ mod tests {
     fn dump(state: &AppliedState) -> (Vec<StoredVersion>, Revision, Revision) {
         let mvcc = state.mvcc();
         (mvcc.versions().collect(), mvcc.revision(), mvcc.compact_revision())
+    }
+
+    #[tokio::test]
+    async fn a_captured_image_encodes_as_a_stored_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = StateDb::open(dir.path()).unwrap();
+        let state = Arc::new(AppliedState::default());
+        let mut sm = StateMachine::open_with(db, state.clone(), 1000).unwrap();
+        let cmds = [
+            put("a", "1"),
+            put("b", "2"),
+            put("a", "3"),
+            Command::DeleteRange(DeleteRangeRequest { key: "b".into(), range_end: vec![], prev_kv: false }),
+            put("b", "4"),
+        ];
+        for (i, cmd) in cmds.into_iter().enumerate() {
+            sm.apply([entry(i as u64 + 1, cmd)]).await.unwrap();
+        }
+        let captured = image_of(&state);
+        let mvcc = state.mvcc();
+        let stored = SnapshotImage {
+            revision: mvcc.revision(),
+            compact_revision: mvcc.compact_revision(),
+            versions: mvcc.versions().collect(),
+            members: captured.members.clone(),
+            leases: captured.leases.clone(),
+        };
+        assert_eq!(stored.versions.len(), 5, "four puts and a tombstone");
+        assert_eq!(encode(&captured), encode(&stored));
     }
 
     #[tokio::test]
