@@ -20,6 +20,7 @@
 //!
 //! Invariants (asserted where they are established):
 //! - a key's versions are strictly increasing in (main, sub);
+//! - a live version's key-value carries its key (captures rely on it);
 //! - no key has an empty version list and none starts with a tombstone;
 //! - `compact_revision <= revision`.
 //!
@@ -80,29 +81,34 @@ pub struct StoredVersion {
 /// the whole store can be captured without copying it (checkpoints and
 /// snapshots capture it on the apply path). It encodes exactly as the
 /// [`StoredVersion`] it stands for.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct SharedVersion {
     revision: Revision,
     sub: i64,
-    /// The key of a tombstone (a live version's key is its key-value's).
-    tombstone_key: Option<Vec<u8>>,
-    kv: Option<Arc<KeyValue>>,
+    value: SharedValue,
+}
+
+#[derive(Debug)]
+enum SharedValue {
+    /// A live version: its key-value (which carries the key).
+    Live(Arc<KeyValue>),
+    /// A tombstone of this key.
+    Tombstone(Vec<u8>),
 }
 
 impl serde::Serialize for SharedVersion {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
-        let key: &Vec<u8> = match (&self.kv, &self.tombstone_key) {
-            (Some(kv), _) => &kv.key,
-            (None, Some(key)) => key,
-            (None, None) => unreachable!("a shared version has a key-value or a tombstone key"),
+        let (key, kv) = match &self.value {
+            SharedValue::Live(kv) => (&kv.key, Some(&**kv)),
+            SharedValue::Tombstone(key) => (key, None),
         };
         // The fields of StoredVersion, in its order.
         let mut s = serializer.serialize_struct("StoredVersion", 4)?;
         s.serialize_field("revision", &self.revision)?;
         s.serialize_field("sub", &self.sub)?;
         s.serialize_field("key", key)?;
-        s.serialize_field("kv", &self.kv.as_deref())?;
+        s.serialize_field("kv", &kv)?;
         s.end()
     }
 }
@@ -129,6 +135,7 @@ impl MvccStore {
     ) -> MvccStore {
         let mut store = MvccStore { index: BTreeMap::new(), revision, compact_revision };
         for v in versions {
+            assert!(v.kv.as_ref().is_none_or(|kv| kv.key == v.key), "a version's key-value carries its key");
             store.index.entry(v.key).or_default().push(Version {
                 revision: v.revision,
                 sub: v.sub,
@@ -211,14 +218,13 @@ impl MvccStore {
     /// Every version, as [`MvccStore::versions`], sharing the key-values.
     pub fn shared_versions(&self) -> impl Iterator<Item = SharedVersion> + '_ {
         self.index.iter().flat_map(|(key, versions)| {
-            versions.iter().map(move |v| {
-                debug_assert!(v.kv.as_ref().is_none_or(|kv| &kv.key == key), "a version's key-value has its key");
-                SharedVersion {
-                    revision: v.revision,
-                    sub: v.sub,
-                    tombstone_key: if v.kv.is_none() { Some(key.clone()) } else { None },
-                    kv: v.kv.clone(),
-                }
+            versions.iter().map(move |v| SharedVersion {
+                revision: v.revision,
+                sub: v.sub,
+                value: match &v.kv {
+                    Some(kv) => SharedValue::Live(kv.clone()),
+                    None => SharedValue::Tombstone(key.clone()),
+                },
             })
         })
     }
@@ -339,6 +345,7 @@ impl MvccStore {
         } else {
             assert!(kv.is_some(), "a key's history cannot start with a tombstone");
         }
+        assert!(kv.as_ref().is_none_or(|kv| kv.key == key), "a version's key-value carries its key");
         versions.push(Version { revision, sub, kv: kv.map(Arc::new) });
     }
 

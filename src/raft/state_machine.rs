@@ -13,7 +13,11 @@
 //! (`CommandResult::Rejected`). A failure to persist is not deterministic: the
 //! process aborts (see `storage`) rather than let its state diverge.
 //!
-//! Persistent layout (sled keys):
+//! An entry is applied only once it is durable in the local log: the leader
+//! syncs its own appends while it replicates them (see `raft::log_store`).
+//!
+//! Persistent layout (sled keys; `c` is written deferred, so it lives in the
+//! state store's tree of large values — in the main one in older stores):
 //! ```text
 //!   j<seq:8 BE>    -> [JournalOp]      what apply call `seq` changed, in order
 //!   c              -> SnapshotImage    a checkpoint: the whole state after call
@@ -30,9 +34,11 @@
 //! one buffer. openraft asks for one every `--snapshot-count` entries: the
 //! state is copied on the apply path and encoded in openraft's snapshot task,
 //! and the result is kept in memory as the snapshot sent to members that the
-//! purged log can no longer catch up. Checkpoints are likewise copied on the
-//! apply path and encoded on the state store's writer thread. Caveat: the copy
-//! still takes time on the apply path proportional to the state.
+//! purged log can no longer catch up. Checkpoints are likewise captured on the
+//! apply path and encoded on the state store's writer thread. The capture
+//! shares the store's key-values (no copy of keys or values), but it still
+//! walks every version on the apply path; and encoding and writing the whole
+//! state at once shows in the latency of that moment.
 
 use std::io::Cursor;
 use std::sync::Arc;

@@ -1,11 +1,14 @@
 //! Durable storage: the only module that names sled, and the owner of the WAL.
 //!
 //! Two stores with two durability contracts:
-//! - [`wal::Wal`] holds the Raft log and vote. A write is reported done only
-//!   after `fdatasync`: this is what makes an acknowledged write survive a crash.
+//! - [`wal::Wal`] holds the Raft log and vote, made durable with `fdatasync`
+//!   (in the writing thread, or for the leader's own appends by a flusher
+//!   thread, with [`wal::Durable`] telling when): this is what makes an
+//!   acknowledged write survive a crash.
 //! - [`StateDb`] (sled) holds the applied state machine. Batches are handed to a
-//!   writer thread that merges every batch waiting into one atomic sled batch,
-//!   in order; sled flushes lazily. After a crash the store may therefore be
+//!   writer thread that merges every batch waiting into one atomic sled write
+//!   (a batch, or a transaction over both trees when it holds a deferred
+//!   value), in order; sled flushes lazily. After a crash the store may therefore be
 //!   behind the log, at a batch boundary, and the log entries after its last
 //!   applied id are applied again on restart. That is safe because apply is
 //!   deterministic and each batch carries the applied id of its own effects.
@@ -132,13 +135,33 @@ impl StateDb {
         self.tree.scan_prefix(prefix).map(|r| r.map(|(k, v)| (k.to_vec(), v.to_vec())).map_err(io_err))
     }
 
-    /// Replace the whole content (snapshot install). Not atomic across a crash;
-    /// callers write a marker last and check it on open.
+    /// Replace the whole content with `batch` (snapshot install), atomically:
+    /// after a crash the store holds the old content or the new, and it is
+    /// durable when this returns.
     pub fn replace_all(&self, batch: StateBatch) -> io::Result<()> {
+        use sled::Transactional;
         self.drain()?;
-        self.tree.clear().map_err(io_err)?;
-        self.large.clear().map_err(io_err)?;
-        self.commit(batch);
+        let keys = |tree: &sled::Tree| tree.iter().keys().collect::<Result<Vec<_>, _>>().map_err(io_err);
+        let (old, old_large) = (keys(&self.tree)?, keys(&self.large)?);
+        let large_values: Vec<(Vec<u8>, sled::IVec)> =
+            batch.deferred.into_iter().map(|(k, value)| (k, sled::IVec::from(value()))).collect();
+        (&self.tree, &self.large)
+            .transaction(|(tree, large)| {
+                for k in &old {
+                    tree.remove(k)?;
+                }
+                for k in &old_large {
+                    large.remove(k)?;
+                }
+                for (k, v) in &batch.puts {
+                    tree.insert(k.as_slice(), v.as_slice())?;
+                }
+                for (k, v) in &large_values {
+                    large.insert(k.as_slice(), v.clone())?;
+                }
+                Ok::<(), sled::transaction::ConflictableTransactionError<()>>(())
+            })
+            .map_err(|e| io::Error::other(format!("replacing the state store: {e:?}")))?;
         self.sync()
     }
 

@@ -259,7 +259,7 @@ impl Wal {
         if result.is_err() {
             writer.failed = true;
         }
-        self.publish(&writer);
+        publish(&self.shared, &writer);
         result
     }
 
@@ -278,10 +278,6 @@ impl Wal {
 
     pub fn stats(&self) -> &WalStats {
         &self.stats
-    }
-
-    fn publish(&self, writer: &Writer) {
-        publish(&self.shared, writer);
     }
 }
 
