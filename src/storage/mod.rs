@@ -139,29 +139,13 @@ impl StateDb {
     /// after a crash the store holds the old content or the new, and it is
     /// durable when this returns.
     pub fn replace_all(&self, batch: StateBatch) -> io::Result<()> {
-        use sled::Transactional;
         self.drain()?;
         let keys = |tree: &sled::Tree| tree.iter().keys().collect::<Result<Vec<_>, _>>().map_err(io_err);
-        let (old, old_large) = (keys(&self.tree)?, keys(&self.large)?);
-        let large_values: Vec<(Vec<u8>, sled::IVec)> =
-            batch.deferred.into_iter().map(|(k, value)| (k, sled::IVec::from(value()))).collect();
-        (&self.tree, &self.large)
-            .transaction(|(tree, large)| {
-                for k in &old {
-                    tree.remove(k)?;
-                }
-                for k in &old_large {
-                    large.remove(k)?;
-                }
-                for (k, v) in &batch.puts {
-                    tree.insert(k.as_slice(), v.as_slice())?;
-                }
-                for (k, v) in &large_values {
-                    large.insert(k.as_slice(), v.clone())?;
-                }
-                Ok::<(), sled::transaction::ConflictableTransactionError<()>>(())
-            })
-            .map_err(|e| io::Error::other(format!("replacing the state store: {e:?}")))?;
+        let old = StateBatch { deletes: keys(&self.tree)?.iter().map(|k| k.to_vec()).collect(), ..Default::default() };
+        let old_large = keys(&self.large)?;
+        let (main, large_values) = split(vec![old, batch]);
+        write_both(&self.tree, &self.large, &main, &old_large, &large_values)
+            .map_err(|e| io::Error::other(format!("replacing the state store: {e}")))?;
         self.sync()
     }
 
@@ -204,34 +188,11 @@ fn write_loop((tree, large): (sled::Tree, sled::Tree), queue: Arc<StateQueue>) {
             }
             (std::mem::take(&mut pending.batches), std::mem::take(&mut pending.barriers))
         };
-        let mut merged = sled::Batch::default();
-        let mut large_values = Vec::new();
-        for batch in batches {
-            for k in batch.deletes {
-                merged.remove(k);
-            }
-            for (k, v) in batch.puts {
-                merged.insert(k, v);
-            }
-            for (k, value) in batch.deferred {
-                merged.remove(k.as_slice());
-                large_values.push((k, sled::IVec::from(value())));
-            }
-        }
+        let (merged, large_values) = split(batches);
         let written = if large_values.is_empty() {
             tree.apply_batch(merged).map_err(|e| e.to_string())
         } else {
-            // Both trees at once, so that a crash leaves both at one batch.
-            use sled::Transactional;
-            (&tree, &large)
-                .transaction(|(tree, large)| {
-                    tree.apply_batch(&merged)?;
-                    for (k, v) in &large_values {
-                        large.insert(k.as_slice(), v.clone())?;
-                    }
-                    Ok::<(), sled::transaction::ConflictableTransactionError<()>>(())
-                })
-                .map_err(|e| format!("{e:?}"))
+            write_both(&tree, &large, &merged, &[], &large_values)
         };
         if let Err(e) = written {
             tracing::error!(error = %e, "state store write failed; aborting so that the log is replayed");
@@ -241,6 +202,52 @@ fn write_loop((tree, large): (sled::Tree, sled::Tree), queue: Arc<StateQueue>) {
             let _ = reply.send(());
         }
     }
+}
+
+/// Merge `batches`, in order, into one batch for the main tree (later writes
+/// to a key replace earlier ones, as applying them in turn would) and the
+/// deferred values, computed here, for the tree of large values.
+fn split(batches: Vec<StateBatch>) -> (sled::Batch, Vec<(Vec<u8>, sled::IVec)>) {
+    let mut merged = sled::Batch::default();
+    let mut large_values = Vec::new();
+    for batch in batches {
+        for k in batch.deletes {
+            merged.remove(k);
+        }
+        for (k, v) in batch.puts {
+            merged.insert(k, v);
+        }
+        for (k, value) in batch.deferred {
+            // A key is written one way; this also moves a value that an
+            // earlier raftlock kept in the main tree.
+            merged.remove(k.as_slice());
+            large_values.push((k, sled::IVec::from(value())));
+        }
+    }
+    (merged, large_values)
+}
+
+/// Write to both trees in one sled transaction: after a crash, all or none.
+fn write_both(
+    tree: &sled::Tree,
+    large: &sled::Tree,
+    main: &sled::Batch,
+    large_removes: &[sled::IVec],
+    large_values: &[(Vec<u8>, sled::IVec)],
+) -> Result<(), String> {
+    use sled::Transactional;
+    (tree, large)
+        .transaction(|(tree, large)| {
+            tree.apply_batch(main)?;
+            for k in large_removes {
+                large.remove(k)?;
+            }
+            for (k, v) in large_values {
+                large.insert(k.as_slice(), v.clone())?;
+            }
+            Ok::<(), sled::transaction::ConflictableTransactionError<()>>(())
+        })
+        .map_err(|e| format!("{e:?}"))
 }
 
 /// fsync every file below `dir`, then `dir` itself.
