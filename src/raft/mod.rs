@@ -103,6 +103,18 @@ pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     out
 }
 
+/// [`encode`] for a value of many megabytes (a whole-state image): the buffer
+/// is sized first, so that it is allocated and faulted in once, at its final
+/// size, instead of doubling its way there.
+pub fn encode_large<T: Serialize>(value: &T) -> Vec<u8> {
+    let size = bincode::serialized_size(value).expect("sizing in memory cannot fail") as usize;
+    let mut out = Vec::with_capacity(1 + size);
+    out.push(FORMAT_V1);
+    bincode::serialize_into(&mut out, value).expect("serializing to memory cannot fail");
+    debug_assert_eq!(out.len(), 1 + size, "bincode sized what it then wrote");
+    out
+}
+
 /// Decode what [`encode`] produced.
 pub fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, String> {
     match bytes.split_first() {

@@ -28,7 +28,9 @@
 //! written, and one record per apply call (which carries a whole proposal
 //! batch) cut a member's write CPU by about a quarter. Restart = load the
 //! checkpoint, replay the journal after it. Every [`CHECKPOINT_EVERY`] journal
-//! operations a new checkpoint replaces the journal, so replay stays short.
+//! operations a new checkpoint replaces the journal, so replay stays short;
+//! each member's checkpoints are shifted by an offset derived from its id, so
+//! that the members of a cluster do not all checkpoint at the same moment.
 //!
 //! Snapshots are the whole state (every version, leases, members) encoded in
 //! one buffer. openraft asks for one every `--snapshot-count` entries: the
@@ -47,7 +49,7 @@ use openraft::storage::{RaftStateMachine, Snapshot, SnapshotMeta};
 use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder, StorageError, StorageIOError, StoredMembership};
 use serde::{Deserialize, Serialize};
 
-use super::{decode, encode, Entry, LogId, MemberNode, TypeConfig};
+use super::{decode, encode, encode_large, Entry, LogId, MemberNode, TypeConfig};
 use crate::command::{Command, CommandResult};
 use crate::lease::LeaseTable;
 use crate::mvcc::MvccError;
@@ -209,6 +211,15 @@ impl StateMachine {
         })
     }
 
+    /// Shift this member's checkpoints by an offset derived from its id, so
+    /// that the members of a cluster, which apply the same entries, do not all
+    /// checkpoint at once: a checkpoint encodes and writes the whole state,
+    /// and while one member does, the others still make a quorum at full speed.
+    pub fn staggering_checkpoints(mut self, member_id: u64) -> StateMachine {
+        self.since_checkpoint += checkpoint_offset(member_id, self.checkpoint_every);
+        self
+    }
+
     /// Apply entries only once `durable` says they are on stable storage.
     pub fn applying_only_durable(mut self, durable: Durable) -> StateMachine {
         self.durable_log = Some(durable);
@@ -317,7 +328,7 @@ impl StateMachine {
     /// and encoded on the state store's writer thread, off the apply path.
     fn checkpoint(&mut self, batch: &mut StateBatch) {
         let image = self.image();
-        batch.deferred.push((CHECKPOINT.to_vec(), Box::new(move || encode(&image))));
+        batch.deferred.push((CHECKPOINT.to_vec(), Box::new(move || encode_large(&image))));
         batch.puts.push((CHECKPOINT_SEQ.to_vec(), encode(&self.seq)));
         batch.deletes.extend((self.checkpoint_seq + 1..=self.seq).map(journal_key));
         self.checkpoint_seq = self.seq;
@@ -475,11 +486,19 @@ fn image_of(state: &AppliedState) -> CapturedImage {
     }
 }
 
+/// Where in the checkpoint interval `member_id` takes its checkpoints: spread
+/// over `[0, every)` by a multiplicative hash, since member ids are random but
+/// need not be uniform in their low bits.
+fn checkpoint_offset(member_id: u64, every: u64) -> u64 {
+    let spread = member_id.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32;
+    spread % every.max(1)
+}
+
 /// The member's applied state, encoded as a snapshot is, and its revision:
 /// what Maintenance.Snapshot streams to a backup file.
 pub fn encode_state(state: &AppliedState) -> (Vec<u8>, Revision) {
     let image = image_of(state);
-    (encode(&image), image.revision)
+    (encode_large(&image), image.revision)
 }
 
 /// Encodes the state captured when the builder was made, and keeps the result
@@ -492,7 +511,7 @@ pub struct SnapshotBuilder {
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<u64>> {
         let (meta, image) = self.image.take().ok_or_else(|| sm_err("snapshot already built"))?;
-        let data = encode(&image);
+        let data = encode_large(&image);
         tracing::info!(snapshot = %meta.snapshot_id, bytes = data.len(), "built a snapshot");
         let snapshot = Snapshot { meta: meta.clone(), snapshot: Box::new(Cursor::new(data.clone())) };
         *self.last.lock().expect("snapshot lock poisoned") =
@@ -596,5 +615,32 @@ mod tests {
         assert_eq!(sm.last_applied, applied);
         let all = RangeRequest { key: vec![0], range_end: vec![0], ..Default::default() };
         assert_eq!(restored.mvcc().range(&all).unwrap().count, 5);
+    }
+
+    #[tokio::test]
+    async fn members_checkpoint_at_different_points() {
+        // Three member ids, as `--name` would derive them; each member applies
+        // the same 100 puts with a checkpoint every 100 journal operations.
+        let first_checkpoint = |member_id: u64| async move {
+            let dir = tempfile::tempdir().unwrap();
+            let db = StateDb::open(dir.path()).unwrap();
+            let state = Arc::new(AppliedState::default());
+            let mut sm = StateMachine::open_with(db, state, 100).unwrap().staggering_checkpoints(member_id);
+            for i in 1..=100 {
+                sm.apply([entry(i, put("k", "v"))]).await.unwrap();
+                if sm.checkpoint_seq > 0 {
+                    return sm.checkpoint_seq;
+                }
+            }
+            panic!("member {member_id:x} took no checkpoint in 100 operations");
+        };
+        let ids = [0x8e9e_0d3b_51f4_c6a1_u64, 0x2c1a_77f0_9b3e_44d2, 0xd04f_3a61_e8c7_1b95];
+        let mut points = Vec::new();
+        for id in ids {
+            points.push(first_checkpoint(id).await);
+        }
+        points.sort_unstable();
+        points.dedup();
+        assert_eq!(points.len(), 3, "each member checkpoints at its own point: {points:?}");
     }
 }

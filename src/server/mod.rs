@@ -135,6 +135,7 @@ impl Node {
         let state = Arc::new(AppliedState::default());
         let state_machine = StateMachine::open(state_db.clone(), state.clone())
             .context("loading the state machine")?
+            .staggering_checkpoints(id)
             .applying_only_durable(log_store.durable());
         let network = PeerNetwork::new(log_store.durable());
         let peers = network.clients.clone();
