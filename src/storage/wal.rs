@@ -62,7 +62,10 @@
 //! begun only after the previous batch was synced). Replay stops at the first
 //! invalid frame of the last segment and zeroes the rest, so that stale bytes
 //! can never be read as frames later. An invalid frame in any other segment is
-//! corruption and fails the open, as it may hide acknowledged entries.
+//! corruption and fails the open, as it may hide acknowledged entries. A last
+//! segment that lacks some meta value (a crash after creating it, before or
+//! while its checkpoint was written) is followed at once by a new segment, so
+//! that every segment that can outlive the ones before it holds every value.
 //! After an I/O error the WAL refuses all further work: the node must stop.
 
 use std::collections::{BTreeMap, HashMap};
@@ -86,7 +89,7 @@ const FRAME_HEADER: usize = 8;
 /// that purged segments give memory and disk back soon.
 pub const DEFAULT_SEGMENT_BYTES: u64 = 64 << 20;
 
-/// How far ahead of its appends the writer zeroes a segment, at least (see
+/// The step in which the writer zeroes a segment ahead of its appends (see
 /// "Zeroing ahead" in the module doc).
 pub const ZERO_AHEAD: u64 = 1 << 20;
 
@@ -218,6 +221,7 @@ impl Wal {
         let mut recovered = Recovered::default();
         let mut segments = Vec::new();
         let mut tail = None;
+        let mut tail_metas = std::collections::HashSet::new();
         for (i, &seq) in seqs.iter().enumerate() {
             let path = segment_path(dir, seq);
             let bytes = fs::read(&path)?;
@@ -239,6 +243,9 @@ impl Wal {
             segments.push(Segment { seq, max_index });
             if is_last {
                 tail = Some((seq, end as u64));
+                let mut own = Recovered::default();
+                replay_segment(&bytes[..end], &mut own);
+                tail_metas = own.metas.into_keys().collect();
             }
         }
 
@@ -251,6 +258,13 @@ impl Wal {
             }
             None => Writer::create(dir, segment_bytes, metas)?,
         };
+        // A crash between creating a segment and writing its checkpoint leaves
+        // a tail without every meta value, and purging the segments before it
+        // would then drop the only copy of the vote: start a new segment,
+        // which opens with all of them.
+        if tail.is_some() && !recovered.metas.keys().all(|k| tail_metas.contains(k)) {
+            writer.rotate()?;
+        }
         // What was replayed may be a deferred write that the OS still held
         // when the process died; it must be durable before it is reported so.
         writer.file.sync_data()?;
@@ -461,15 +475,16 @@ impl Writer {
         Ok(())
     }
 
-    /// Make sure the segment is zeroed up to `end` at least: if it is not,
-    /// zero it from the write position up to the next multiple of
-    /// [`ZERO_AHEAD`] past `end` (or the segment's end). Nothing at or past
-    /// the write position holds a frame, so this never overwrites one.
+    /// Called before an append that ends at `end`: unless the segment is
+    /// zeroed that far, zero it from `end` (the append writes what comes
+    /// before) up to the next multiple of [`ZERO_AHEAD`] at or past `end`, or
+    /// the segment's end. Nothing past the write position holds a frame, so
+    /// this never overwrites one.
     fn zero_ahead(&mut self, end: u64) -> io::Result<()> {
         if end <= self.zeroed_to {
             return Ok(());
         }
-        let mut at = self.zeroed_to.max(self.offset);
+        let mut at = self.zeroed_to.max(end);
         let to = end.next_multiple_of(ZERO_AHEAD).min(self.segment_bytes);
         while at < to {
             let n = (to - at).min(ZEROES.len() as u64);
@@ -723,9 +738,14 @@ mod tests {
         let big =
             |i: u64| WalRecord::Entry { index: i, data: vec![(i % 251) as u8; 1000 + (i as usize * 7919) % 60_000] };
         let mut expected = Vec::new();
+        let vote = |round: u64| format!("vote-{round}").into_bytes();
         for round in 0..3u64 {
             let (wal, rec) = Wal::open(dir.path(), segment).unwrap();
             assert_eq!(rec.entries.keys().copied().collect::<Vec<_>>(), expected);
+            if round > 0 {
+                assert_eq!(rec.metas[&1], vote(round - 1));
+            }
+            wal.write(vec![WalRecord::Meta { key: 1, data: vote(round) }], true).unwrap();
             for i in round * 80 + 1..=round * 80 + 80 {
                 wal.write(vec![big(i)], i % 3 == 0).unwrap();
                 expected.push(i);
@@ -733,11 +753,46 @@ mod tests {
         }
         let (_, rec) = Wal::open(dir.path(), segment).unwrap();
         assert_eq!(rec.entries.keys().copied().collect::<Vec<_>>(), expected);
+        assert_eq!(rec.metas[&1], vote(2));
         for (i, data) in &rec.entries {
             let WalRecord::Entry { data: want, .. } = big(*i) else { unreachable!() };
             assert_eq!(data, &want, "entry {i}");
         }
         assert!(fs::read_dir(dir.path()).unwrap().count() >= 3, "segments rotated");
+    }
+
+    #[test]
+    fn a_new_segment_left_without_its_checkpoint_does_not_lose_the_vote() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let (wal, _) = Wal::open(dir.path(), 4096).unwrap();
+            wal.write(vec![WalRecord::Meta { key: 1, data: b"vote".to_vec() }], true).unwrap();
+            for i in 1..=10 {
+                wal.write(vec![entry(i)], true).unwrap();
+            }
+        }
+        // A crash right after the next segment was created, before its
+        // checkpoint was written: a preallocated segment of zeroes.
+        let mut seqs: Vec<u64> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| {
+                u64::from_str_radix(e.unwrap().file_name().to_str().unwrap().trim_end_matches(".wal"), 16).unwrap()
+            })
+            .collect();
+        seqs.sort_unstable();
+        create_segment(dir.path(), seqs.last().unwrap() + 1, 4096).unwrap();
+        {
+            let (wal, rec) = Wal::open(dir.path(), 4096).unwrap();
+            assert_eq!(rec.metas[&1], b"vote");
+            for i in 11..=40 {
+                wal.write(vec![entry(i)], true).unwrap();
+            }
+            // Everything up to 30 is purged: the segments that held the vote go.
+            wal.write(vec![WalRecord::PurgeUpto(30)], true).unwrap();
+        }
+        let (_, rec) = Wal::open(dir.path(), 4096).unwrap();
+        assert_eq!(rec.metas.get(&1).map(Vec::as_slice), Some(&b"vote"[..]), "the vote outlives the purge");
+        assert_eq!(rec.entries.keys().copied().collect::<Vec<_>>(), (31..=40).collect::<Vec<_>>());
     }
 
     #[test]
