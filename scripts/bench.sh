@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Side-by-side benchmark: a 3-member etcd 3.5.1 cluster and a 3-member raftlock
 # cluster on this machine, one after the other in one run, measured by the same
-# client (`raftlockctl bench`). Prints each result and the raftlock/etcd ratios.
+# client (`raftlockctl bench`). Prints each result and the raftlock/etcd ratios,
+# with the share of CPU time the hypervisor took meanwhile (steal).
 #
 #   scripts/bench.sh            # full run
 #   QUICK=1 scripts/bench.sh    # fewer requests, for a smoke test
@@ -48,8 +49,16 @@ is_leader() { # endpoint: asks with etcdctl whether it leads
 
 suite() { # kind
   local kind=$1
+  # Each result also records the share of CPU time the hypervisor took from
+  # this VM meanwhile (steal): a run with much of it measured a busy host.
   run_on() { local eps=$1 label=$2; shift 2
-    "$ctl" --endpoints "$eps" -w json bench "$@" | sed "s|^|{\"system\":\"$kind\",\"args\":\"$*$label\",\"r\":|; s/\$/}/" | tee -a "$work/results.jsonl" >&2; }
+    local before after result
+    before=$(head -1 /proc/stat)
+    result=$("$ctl" --endpoints "$eps" -w json bench "$@")
+    after=$(head -1 /proc/stat)
+    local steal
+    steal=$(python3 -c 'import sys; a, b = ([int(x) for x in s.split()[1:]] for s in sys.argv[1:]); d = [y - x for x, y in zip(a, b)]; print(round(100 * d[7] / max(sum(d), 1), 1))' "$before" "$after")
+    echo "{\"system\":\"$kind\",\"args\":\"$*$label\",\"steal_pct\":$steal,\"r\":$result}" | tee -a "$work/results.jsonl" >&2; }
   run() { run_on "$endpoints" "" "$@"; }
   # One client, on the leader and on a follower: the follower forwards.
   local leader follower ep
@@ -84,8 +93,8 @@ import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 by = {}
 for r in rows:
-    by.setdefault(r["args"], {})[r["system"]] = r["r"]
-print(f"{'workload':<48} {'etcd ops/s':>10} {'raftlock':>10} {'ratio':>6}   {'etcd p50':>9} {'raftlock':>9}   {'etcd p99':>9} {'raftlock':>9}")
+    by.setdefault(r["args"], {})[r["system"]] = dict(r["r"], steal=r.get("steal_pct", 0.0))
+print(f"{'workload':<48} {'etcd ops/s':>10} {'raftlock':>10} {'ratio':>6}   {'etcd p50':>9} {'raftlock':>9}   {'etcd p99':>9} {'raftlock':>9}   {'steal % (etcd/raftlock)':>23}")
 for args, s in by.items():
     e, r = s.get("etcd"), s.get("raftlock")
     if not r: continue
@@ -94,5 +103,6 @@ for args, s in by.items():
         args += " vs etcd lock"
     if not e: continue
     print(f"{args:<48} {e['ops_per_sec']:>10.0f} {r['ops_per_sec']:>10.0f} {r['ops_per_sec']/e['ops_per_sec']:>5.2f}x"
-          f"   {e['p50_ms']:>7.3f}ms {r['p50_ms']:>7.3f}ms   {e['p99_ms']:>7.3f}ms {r['p99_ms']:>7.3f}ms")
+          f"   {e['p50_ms']:>7.3f}ms {r['p50_ms']:>7.3f}ms   {e['p99_ms']:>7.3f}ms {r['p99_ms']:>7.3f}ms"
+          f"   {e['steal']:>11.1f} / {r['steal']:<9.1f}")
 PY
