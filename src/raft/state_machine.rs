@@ -331,14 +331,14 @@ impl StateMachine {
     /// and encoded on the state store's writer thread, off the apply path.
     fn checkpoint(&mut self, batch: &mut StateBatch) {
         let image = self.image();
-        let (seq, ops) = (self.seq, self.since_checkpoint);
+        let seq = self.seq;
         batch.deferred.push((
             CHECKPOINT.to_vec(),
             Box::new(move || {
                 let started = std::time::Instant::now();
                 let bytes = encode_large(&image);
                 let ms = started.elapsed().as_millis() as u64;
-                tracing::info!(seq, journal_ops = ops, bytes = bytes.len(), encode_ms = ms, "checkpoint encoded");
+                tracing::info!(seq, bytes = bytes.len(), encode_ms = ms, "checkpoint encoded");
                 bytes
             }),
         ));
