@@ -98,9 +98,7 @@ pub const FORMAT_V1: u8 = 1;
 
 /// Encode with the format byte in front.
 pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
-    let mut out = vec![FORMAT_V1];
-    bincode::serialize_into(&mut out, value).expect("serializing to memory cannot fail");
-    out
+    encode_into(Vec::new(), value)
 }
 
 /// [`encode`] for a value of many megabytes (a whole-state image): the buffer
@@ -108,10 +106,14 @@ pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
 /// size, instead of doubling its way there.
 pub fn encode_large<T: Serialize>(value: &T) -> Vec<u8> {
     let size = bincode::serialized_size(value).expect("sizing in memory cannot fail") as usize;
-    let mut out = Vec::with_capacity(1 + size);
+    let out = encode_into(Vec::with_capacity(1 + size), value);
+    debug_assert_eq!(out.len(), 1 + size, "bincode sized what it then wrote");
+    out
+}
+
+fn encode_into<T: Serialize>(mut out: Vec<u8>, value: &T) -> Vec<u8> {
     out.push(FORMAT_V1);
     bincode::serialize_into(&mut out, value).expect("serializing to memory cannot fail");
-    debug_assert_eq!(out.len(), 1 + size, "bincode sized what it then wrote");
     out
 }
 

@@ -221,11 +221,11 @@ impl Wal {
         let mut recovered = Recovered::default();
         let mut segments = Vec::new();
         let mut tail = None;
-        let mut tail_metas = std::collections::HashSet::new();
+        let mut tail_metas = Vec::new();
         for (i, &seq) in seqs.iter().enumerate() {
             let path = segment_path(dir, seq);
             let bytes = fs::read(&path)?;
-            let (end, max_index) = replay_segment(&bytes, &mut recovered);
+            let SegmentReplay { end, max_index, meta_keys } = replay_segment(&bytes, &mut recovered);
             let is_last = i + 1 == seqs.len();
             if end < bytes.len() && !is_zero(&bytes[end..]) {
                 if !is_last {
@@ -243,9 +243,7 @@ impl Wal {
             segments.push(Segment { seq, max_index });
             if is_last {
                 tail = Some((seq, end as u64));
-                let mut own = Recovered::default();
-                replay_segment(&bytes[..end], &mut own);
-                tail_metas = own.metas.into_keys().collect();
+                tail_metas = meta_keys;
             }
         }
 
@@ -591,9 +589,20 @@ fn encode(record: &WalRecord, buf: &mut Vec<u8>) {
 
 /// Apply every valid frame of a segment to `rec`. Returns the offset just past
 /// the last valid frame and the highest entry index seen.
-fn replay_segment(bytes: &[u8], rec: &mut Recovered) -> (usize, Option<u64>) {
+/// What replaying one segment found, besides what it added to [`Recovered`].
+struct SegmentReplay {
+    /// Where its valid frames end.
+    end: usize,
+    /// Its highest entry index.
+    max_index: Option<u64>,
+    /// The meta keys it holds a value for.
+    meta_keys: Vec<u8>,
+}
+
+fn replay_segment(bytes: &[u8], rec: &mut Recovered) -> SegmentReplay {
     let mut pos = 0;
     let mut max_index = None;
+    let mut meta_keys = Vec::new();
     while pos + FRAME_HEADER <= bytes.len() {
         let len = u32::from_le_bytes(bytes[pos..pos + 4].try_into().expect("4 bytes")) as usize;
         let crc = u32::from_le_bytes(bytes[pos + 4..pos + 8].try_into().expect("4 bytes"));
@@ -613,6 +622,9 @@ fn replay_segment(bytes: &[u8], rec: &mut Recovered) -> (usize, Option<u64>) {
                 max_index = Some(max_index.map_or(index, |m: u64| m.max(index)));
             }
             WalRecord::Meta { key, data } => {
+                if !meta_keys.contains(&key) {
+                    meta_keys.push(key);
+                }
                 rec.metas.insert(key, data);
             }
             WalRecord::TruncateFrom(index) => {
@@ -625,7 +637,7 @@ fn replay_segment(bytes: &[u8], rec: &mut Recovered) -> (usize, Option<u64>) {
         }
         pos += FRAME_HEADER + len;
     }
-    (pos, max_index)
+    SegmentReplay { end: pos, max_index, meta_keys }
 }
 
 fn decode(body: &[u8]) -> Option<WalRecord> {
