@@ -27,10 +27,19 @@
 //! Why a journal and not one sled key per MVCC version: sled's cost is per key
 //! written, and one record per apply call (which carries a whole proposal
 //! batch) cut a member's write CPU by about a quarter. Restart = load the
-//! checkpoint, replay the journal after it. Every [`CHECKPOINT_EVERY`] journal
-//! operations a new checkpoint replaces the journal, so replay stays short;
-//! each member's checkpoints are shifted by an offset derived from its id, so
-//! that the members of a cluster do not all checkpoint at the same moment.
+//! checkpoint, replay the journal after it.
+//!
+//! A new checkpoint replaces the journal once the journal since the last one
+//! holds as many bytes as that checkpoint did, and at least
+//! [`CHECKPOINT_MIN_BYTES`]. A checkpoint costs in proportion to the state,
+//! which (without compaction) grows with every write; this rule makes each one
+//! paid for by at least as many journal bytes, so checkpoint work per write
+//! stays bounded however large the state gets (a fixed interval would encode a
+//! state twice as large twice as often as it doubles). A restart reads the
+//! checkpoint and at most about one and a half times as much journal again.
+//! Each member stretches that interval by its own share (up to a half, derived
+//! from its id), so that the members of a cluster, which apply the same
+//! entries, do not all checkpoint at the same moment.
 //!
 //! Snapshots are the whole state (every version, leases, members) encoded in
 //! one buffer. openraft asks for one every `--snapshot-count` entries: the
@@ -43,6 +52,7 @@
 //! state at once shows in the latency of that moment.
 
 use std::io::Cursor;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use openraft::storage::{RaftStateMachine, Snapshot, SnapshotMeta};
@@ -67,8 +77,9 @@ const CHECKPOINT_SEQ: &[u8] = b"m/checkpoint";
 const CHECKPOINT: &[u8] = b"c";
 const JOURNAL_PREFIX: u8 = b'j';
 
-/// Journal operations between checkpoints, by default.
-pub const CHECKPOINT_EVERY: u64 = 200_000;
+/// The fewest journal bytes between two checkpoints, before a member's stretch
+/// (see the module doc).
+pub const CHECKPOINT_MIN_BYTES: u64 = 64 << 20;
 
 type Membership = StoredMembership<u64, MemberNode>;
 
@@ -91,9 +102,15 @@ pub struct StateMachine {
     seq: u64,
     /// The journal record the last checkpoint covers up to.
     checkpoint_seq: u64,
-    /// Journal operations written since the last checkpoint.
-    since_checkpoint: u64,
-    checkpoint_every: u64,
+    /// Journal bytes written since the last checkpoint.
+    journal_bytes: u64,
+    /// The fewest journal bytes between checkpoints.
+    checkpoint_min: u64,
+    /// This member's stretch of the interval, in 1/2048ths (below 1024).
+    checkpoint_stretch: u64,
+    /// The size of the last checkpoint, once encoded (on the state store's
+    /// writer thread, hence shared).
+    checkpoint_bytes: Arc<AtomicU64>,
     /// The last snapshot built, encoded: what is sent to members that are
     /// too far behind for the log.
     last_snapshot: Arc<std::sync::Mutex<Option<Snapshot<TypeConfig>>>>,
@@ -135,10 +152,10 @@ impl StateMachine {
     /// Load the persisted state into `state` (which must be empty): the
     /// checkpoint, then every journal record after it.
     pub fn open(db: StateDb, state: Arc<AppliedState>) -> anyhow::Result<StateMachine> {
-        Self::open_with(db, state, CHECKPOINT_EVERY)
+        Self::open_with(db, state, CHECKPOINT_MIN_BYTES)
     }
 
-    fn open_with(db: StateDb, state: Arc<AppliedState>, checkpoint_every: u64) -> anyhow::Result<StateMachine> {
+    fn open_with(db: StateDb, state: Arc<AppliedState>, checkpoint_min: u64) -> anyhow::Result<StateMachine> {
         fn get<T: for<'de> Deserialize<'de>>(db: &StateDb, key: &[u8]) -> anyhow::Result<Option<T>> {
             match db.get(key)? {
                 Some(b) => Ok(Some(decode(&b).map_err(anyhow::Error::msg)?)),
@@ -152,15 +169,20 @@ impl StateMachine {
         let seq: u64 = get(&db, SEQ)?.unwrap_or(0);
         let checkpoint_seq: u64 = get(&db, CHECKPOINT_SEQ)?.unwrap_or(0);
 
-        let (mut mvcc, mut members, mut leases) = match get::<SnapshotImage>(&db, CHECKPOINT)? {
-            Some(image) => (
-                MvccStore::restore(image.versions, image.revision, image.compact_revision),
-                image.members.into_iter().collect(),
-                image.leases.into_iter().collect(),
-            ),
+        let checkpoint = db.get(CHECKPOINT)?;
+        let checkpoint_bytes = checkpoint.as_ref().map_or(0, |b| b.len() as u64);
+        let (mut mvcc, mut members, mut leases) = match checkpoint {
+            Some(b) => {
+                let image: SnapshotImage = decode(&b).map_err(anyhow::Error::msg)?;
+                (
+                    MvccStore::restore(image.versions, image.revision, image.compact_revision),
+                    image.members.into_iter().collect(),
+                    image.leases.into_iter().collect(),
+                )
+            }
             None => (MvccStore::default(), std::collections::BTreeMap::new(), std::collections::BTreeMap::new()),
         };
-        let mut since_checkpoint = 0;
+        let mut journal_bytes = 0;
         for item in db.scan_prefix(&[JOURNAL_PREFIX]) {
             let (k, v) = item?;
             let record_seq = u64::from_be_bytes(k[1..9].try_into()?);
@@ -168,7 +190,7 @@ impl StateMachine {
                 continue;
             }
             let ops: Vec<JournalOp> = decode(&v).map_err(anyhow::Error::msg)?;
-            since_checkpoint += ops.len() as u64;
+            journal_bytes += v.len() as u64;
             for op in ops {
                 match op {
                     JournalOp::Version(v) => mvcc.replay(v),
@@ -204,22 +226,24 @@ impl StateMachine {
             membership,
             seq,
             checkpoint_seq,
-            since_checkpoint,
-            checkpoint_every,
+            journal_bytes,
+            checkpoint_min,
+            checkpoint_stretch: 0,
+            checkpoint_bytes: Arc::new(AtomicU64::new(checkpoint_bytes)),
             last_snapshot: Default::default(),
             durable_log: None,
         })
     }
 
-    /// Shift this member's checkpoints by an offset derived from its id, so
-    /// that the members of a cluster, which apply the same entries, do not all
-    /// checkpoint at once: a checkpoint encodes and writes the whole state,
-    /// and while one member does, the others still make a quorum at full speed.
-    /// The shift is added again at each open (and a snapshot install starts
-    /// the count afresh), so members' phases move apart or together across
-    /// restarts; it spreads checkpoints, it does not schedule them.
+    /// Stretch this member's checkpoint interval by a share derived from its
+    /// id (0 to 50%), so that the members of a cluster, which apply the same
+    /// entries, do not all checkpoint at once: a checkpoint encodes and writes
+    /// the whole state, and while one member does, the others still make a
+    /// quorum at full speed. A snapshot install starts a member's count
+    /// afresh, so phases can still meet; the stretch spreads checkpoints, it
+    /// does not schedule them.
     pub fn staggering_checkpoints(mut self, member_id: u64) -> StateMachine {
-        self.since_checkpoint += checkpoint_offset(member_id, self.checkpoint_every);
+        self.checkpoint_stretch = checkpoint_stretch(member_id);
         self
     }
 
@@ -332,6 +356,7 @@ impl StateMachine {
     fn checkpoint(&mut self, batch: &mut StateBatch) {
         let image = self.image();
         let seq = self.seq;
+        let size = self.checkpoint_bytes.clone();
         batch.deferred.push((
             CHECKPOINT.to_vec(),
             Box::new(move || {
@@ -339,13 +364,22 @@ impl StateMachine {
                 let bytes = encode_large(&image);
                 let ms = started.elapsed().as_millis() as u64;
                 tracing::info!(seq, bytes = bytes.len(), encode_ms = ms, "checkpoint encoded");
+                size.store(bytes.len() as u64, Ordering::Relaxed);
                 bytes
             }),
         ));
         batch.puts.push((CHECKPOINT_SEQ.to_vec(), encode(&self.seq)));
         batch.deletes.extend((self.checkpoint_seq + 1..=self.seq).map(journal_key));
         self.checkpoint_seq = self.seq;
-        self.since_checkpoint = 0;
+        self.journal_bytes = 0;
+    }
+
+    /// Whether the journal since the last checkpoint is due to be replaced
+    /// by a new one (see the module doc). Until a checkpoint's encoding is
+    /// done, the size of the one before it stands in for it.
+    fn checkpoint_due(&self) -> bool {
+        let interval = self.checkpoint_min.max(self.checkpoint_bytes.load(Ordering::Relaxed));
+        self.journal_bytes >= interval + interval.saturating_mul(self.checkpoint_stretch) / 2048
     }
 
     fn image(&self) -> CapturedImage {
@@ -394,12 +428,13 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         }
         let mut batch = StateBatch::default();
         self.seq += 1;
-        self.since_checkpoint += ops.len() as u64;
-        if self.since_checkpoint >= self.checkpoint_every {
+        let record = encode(&ops);
+        self.journal_bytes += record.len() as u64;
+        if self.checkpoint_due() {
             // The checkpoint covers this call's changes too: no journal record.
             self.checkpoint(&mut batch);
         } else {
-            batch.puts.push((journal_key(self.seq), encode(&ops)));
+            batch.puts.push((journal_key(self.seq), record));
         }
         self.counters(&mut batch);
         self.db.commit(batch);
@@ -499,12 +534,11 @@ fn image_of(state: &AppliedState) -> CapturedImage {
     }
 }
 
-/// Where in the checkpoint interval `member_id` takes its checkpoints: spread
-/// over `[0, every)` by a multiplicative hash, since member ids are random but
-/// need not be uniform in their low bits.
-fn checkpoint_offset(member_id: u64, every: u64) -> u64 {
-    let spread = member_id.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32;
-    spread % every.max(1)
+/// How much `member_id` stretches its checkpoint interval, in 1/2048ths:
+/// spread over `[0, 1024)` by a multiplicative hash, since member ids are
+/// random but need not be uniform in their low bits.
+fn checkpoint_stretch(member_id: u64) -> u64 {
+    (member_id.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % 1024
 }
 
 /// The member's applied state, encoded as a snapshot is, and its revision:
@@ -633,20 +667,20 @@ mod tests {
     #[tokio::test]
     async fn members_checkpoint_at_different_points() {
         // Three member ids (derived from peer URLs and the cluster token in
-        // practice); each member applies the same 100 puts with a checkpoint
-        // every 100 journal operations.
+        // practice); each member applies the same puts with a checkpoint due
+        // after 2,000 to 3,000 journal bytes (a record here is a few dozen).
         let first_checkpoint = |member_id: u64| async move {
             let dir = tempfile::tempdir().unwrap();
             let db = StateDb::open(dir.path()).unwrap();
             let state = Arc::new(AppliedState::default());
-            let mut sm = StateMachine::open_with(db, state, 100).unwrap().staggering_checkpoints(member_id);
-            for i in 1..=100 {
+            let mut sm = StateMachine::open_with(db, state, 2000).unwrap().staggering_checkpoints(member_id);
+            for i in 1..=200 {
                 sm.apply([entry(i, put("k", "v"))]).await.unwrap();
                 if sm.checkpoint_seq > 0 {
                     return sm.checkpoint_seq;
                 }
             }
-            panic!("member {member_id:x} took no checkpoint in 100 operations");
+            panic!("member {member_id:x} took no checkpoint in 200 operations");
         };
         let ids = [0x8e9e_0d3b_51f4_c6a1_u64, 0x2c1a_77f0_9b3e_44d2, 0xd04f_3a61_e8c7_1b95];
         let mut points = Vec::new();
@@ -656,5 +690,47 @@ mod tests {
         points.sort_unstable();
         points.dedup();
         assert_eq!(points.len(), 3, "each member checkpoints at its own point: {points:?}");
+    }
+
+    #[tokio::test]
+    async fn checkpoints_grow_rarer_as_the_state_grows() {
+        // Every put adds a version, so the state only grows. With a checkpoint
+        // due after max(500 bytes, the last checkpoint's size) of journal, each
+        // checkpoint is about twice the one before and they come at roughly
+        // doubling intervals; a fixed 500-byte interval would take hundreds.
+        let dir = tempfile::tempdir().unwrap();
+        let db = StateDb::open(dir.path()).unwrap();
+        let state = Arc::new(AppliedState::default());
+        let mut sm = StateMachine::open_with(db.clone(), state.clone(), 500).unwrap();
+        let mut checkpoints = Vec::new(); // (seq, journal bytes before it, size of the one before it)
+        let mut journal_before = 0;
+        for i in 1..=3000u64 {
+            let before = (sm.checkpoint_seq, sm.checkpoint_bytes.load(Ordering::Relaxed));
+            sm.apply([entry(i, put(&format!("key-{i}"), "a value of some length"))]).await.unwrap();
+            if sm.checkpoint_seq != before.0 {
+                checkpoints.push((sm.checkpoint_seq, journal_before, before.1));
+                // Let the writer thread encode it, so its size is known.
+                db.sync().unwrap();
+            }
+            journal_before = sm.journal_bytes;
+        }
+        for &(seq, journal, previous) in &checkpoints {
+            assert!(
+                journal + 200 >= previous.max(500),
+                "checkpoint at {seq} came after only {journal} journal bytes; the one before was {previous} bytes"
+            );
+        }
+        assert!(
+            (4..=12).contains(&checkpoints.len()),
+            "3,000 growing puts took {} checkpoints: {checkpoints:?}",
+            checkpoints.len()
+        );
+        // And the state survives a restart from the last checkpoint and the journal after it.
+        db.sync().unwrap();
+        drop(sm);
+        let restored = Arc::new(AppliedState::default());
+        StateMachine::open_with(db, restored.clone(), 500).unwrap();
+        let all = RangeRequest { key: vec![0], range_end: vec![0], ..Default::default() };
+        assert_eq!(restored.mvcc().range(&all).unwrap().count, 3000);
     }
 }
