@@ -6,6 +6,16 @@ use raftlock::config::Config;
 use raftlock::server::Node;
 use tokio::signal::unix::{signal, SignalKind};
 
+/// mimalloc rather than glibc's malloc: the server allocates and frees many
+/// small buffers per request (HTTP/2 frames, messages, log entries), and in
+/// glibc's malloc that was about a sixth of the leader's CPU profile under load
+/// (64 clients on distinct locks). Measured side by side on 2 cores with
+/// `raftlockctl bench`, three interleaved runs each: lock+unlock cycles with 64
+/// clients 10.5-10.7k/s against 9.2-10.2k/s, lock handoffs 1,150-1,180/s
+/// against 970-1,090/s; puts and txns with 64 clients within the noise.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     let config = Config::parse();
