@@ -191,17 +191,19 @@ impl Forwarder {
             let clients = clients.clone();
             async move {
                 // Usually one leader URL; group by URL, keeping queue order.
-                let mut groups: Vec<(&String, Vec<usize>)> = Vec::new();
-                for (i, (url, _)) in items.iter().enumerate() {
+                let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
+                let mut cmds: Vec<Option<Command>> = Vec::with_capacity(items.len());
+                for (i, (url, cmd)) in items.into_iter().enumerate() {
                     match groups.iter_mut().find(|(u, _)| *u == url) {
                         Some((_, idx)) => idx.push(i),
                         None => groups.push((url, vec![i])),
                     }
+                    cmds.push(Some(cmd));
                 }
-                let mut results: Vec<Option<Result<CommandResult, ForwardFailure>>> = vec![None; items.len()];
+                let mut results: Vec<Option<Result<CommandResult, ForwardFailure>>> = vec![None; cmds.len()];
                 for (url, idx) in groups {
-                    let cmds: Vec<Command> = idx.iter().map(|&i| items[i].1.clone()).collect();
-                    for (i, r) in idx.into_iter().zip(clients.forward(url, &cmds, timeout).await) {
+                    let group: Vec<Command> = idx.iter().map(|&i| cmds[i].take().expect("each command once")).collect();
+                    for (i, r) in idx.into_iter().zip(clients.forward(&url, &group, timeout).await) {
                         results[i] = Some(r);
                     }
                 }
