@@ -590,12 +590,19 @@ mod tests {
         (mvcc.versions().collect(), mvcc.revision(), mvcc.compact_revision())
     }
 
-    #[tokio::test]
-    async fn a_captured_image_encodes_as_a_stored_one() {
+    /// A state machine over a fresh store; the store's directory lives as
+    /// long as the returned guard.
+    fn fresh(checkpoint_min: u64) -> (tempfile::TempDir, StateDb, Arc<AppliedState>, StateMachine) {
         let dir = tempfile::tempdir().unwrap();
         let db = StateDb::open(dir.path()).unwrap();
         let state = Arc::new(AppliedState::default());
-        let mut sm = StateMachine::open_with(db, state.clone(), 1000).unwrap();
+        let sm = StateMachine::open_with(db.clone(), state.clone(), checkpoint_min).unwrap();
+        (dir, db, state, sm)
+    }
+
+    #[tokio::test]
+    async fn a_captured_image_encodes_as_a_stored_one() {
+        let (_dir, _db, state, mut sm) = fresh(1000);
         let cmds = [
             put("a", "1"),
             put("b", "2"),
@@ -621,10 +628,7 @@ mod tests {
 
     #[tokio::test]
     async fn checkpoint_and_journal_replay_restore_the_same_state() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = StateDb::open(dir.path()).unwrap();
-        let state = Arc::new(AppliedState::default());
-        let mut sm = StateMachine::open_with(db.clone(), state.clone(), 30).unwrap();
+        let (_dir, db, state, mut sm) = fresh(30);
         let mut index = 0;
         let mut next = |cmd| {
             index += 1;
@@ -674,10 +678,8 @@ mod tests {
         // practice); each member applies the same puts with a checkpoint due
         // after 2,000 to 3,000 journal bytes (a record here is under 100).
         let first_checkpoint = |member_id: u64| async move {
-            let dir = tempfile::tempdir().unwrap();
-            let db = StateDb::open(dir.path()).unwrap();
-            let state = Arc::new(AppliedState::default());
-            let mut sm = StateMachine::open_with(db, state, 2000).unwrap().staggering_checkpoints(member_id);
+            let (_dir, _db, _state, sm) = fresh(2000);
+            let mut sm = sm.staggering_checkpoints(member_id);
             for i in 1..=200 {
                 sm.apply([entry(i, put("k", "v"))]).await.unwrap();
                 if sm.checkpoint_seq > 0 {
@@ -702,10 +704,7 @@ mod tests {
         // due after max(500 bytes, the last checkpoint's size) of journal, each
         // checkpoint is about twice the one before and they come at roughly
         // doubling intervals; a fixed 500-byte interval would take hundreds.
-        let dir = tempfile::tempdir().unwrap();
-        let db = StateDb::open(dir.path()).unwrap();
-        let state = Arc::new(AppliedState::default());
-        let mut sm = StateMachine::open_with(db.clone(), state.clone(), 500).unwrap();
+        let (_dir, db, _state, mut sm) = fresh(500);
         let mut checkpoints = Vec::new(); // (seq, journal bytes before it, size of the one before it)
         let mut journal_before = 0;
         for i in 1..=3000u64 {

@@ -587,8 +587,6 @@ fn encode(record: &WalRecord, buf: &mut Vec<u8>) {
     buf[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
 }
 
-/// Apply every valid frame of a segment to `rec`. Returns the offset just past
-/// the last valid frame and the highest entry index seen.
 /// What replaying one segment found, besides what it added to [`Recovered`].
 struct SegmentReplay {
     /// Where its valid frames end.
@@ -599,6 +597,8 @@ struct SegmentReplay {
     meta_keys: Vec<u8>,
 }
 
+/// Apply every valid frame of a segment to `rec`, and say where the valid
+/// frames end, the highest entry index and the meta keys seen.
 fn replay_segment(bytes: &[u8], rec: &mut Recovered) -> SegmentReplay {
     let mut pos = 0;
     let mut max_index = None;
