@@ -148,3 +148,34 @@ fn key_ranges_overlap() {
     assert!(single.overlaps(&KeyRange::new(b"a", &[0])));
     assert!(!KeyRange::new(b"b", b"").overlaps(&KeyRange::new(b"ba", b"")));
 }
+
+#[test]
+fn a_long_history_reads_right_at_every_revision() {
+    let mut s = MvccStore::default();
+    // "k" alternates between a value and a tombstone, as a lock key does;
+    // "other" moves the revision past k's newest version.
+    let mut expected = vec![None; 2]; // revisions 0 and 1: nothing
+    for i in 0..50 {
+        put(&mut s, "k", &i.to_string());
+        expected.push(Some(i.to_string()));
+        s.delete_range(&DeleteRangeRequest { key: "k".into(), ..Default::default() });
+        expected.push(None);
+    }
+    put(&mut s, "k", "last");
+    expected.push(Some("last".into()));
+    put(&mut s, "other", "x");
+    expected.push(Some("last".into()));
+    assert_eq!(s.revision() as usize, expected.len() - 1);
+    for (rev, want) in expected.iter().enumerate().skip(1) {
+        let got = get_at(&s, "k", rev as Revision).unwrap().map(|kv| String::from_utf8(kv.value).unwrap());
+        assert_eq!(&got, want, "k at revision {rev}");
+    }
+    assert_eq!(get_at(&s, "k", 0).unwrap().unwrap().value, b"last", "revision 0 reads the newest");
+    // A sorted, limited range returns whole key-values, the lowest first.
+    let r = range(
+        &s,
+        RangeRequest { key: vec![0], range_end: vec![0], sort_target: SortTarget::Mod, limit: 1, ..Default::default() },
+    );
+    assert_eq!((keys(&r), r.more, r.count), (vec!["k".to_string()], true, 2));
+    assert_eq!(r.kvs[0].value, b"last");
+}
