@@ -1,5 +1,6 @@
-//! Faults: kill -9 of the leader under load, kill -9 of every member, clean
-//! restarts. An acknowledged write must never be lost.
+//! Faults: kill -9 of the leader under load, kill -9 of every member, a
+//! follower paused and another killed under load, clean restarts. An
+//! acknowledged write must never be lost.
 
 mod common;
 
@@ -92,6 +93,76 @@ async fn killing_the_leader_loses_no_acknowledged_write() {
         tries += 1;
         assert!(tries < 200, "restarted member did not catch up");
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// How many writes `acked` gains over `period`; fails with `what` if none.
+async fn progress_over(acked: &Mutex<BTreeSet<String>>, period: Duration, what: &str) -> usize {
+    let before = acked.lock().unwrap().len();
+    tokio::time::sleep(period).await;
+    let gained = acked.lock().unwrap().len() - before;
+    assert!(gained > 0, "{what}");
+    gained
+}
+
+/// Replication to a follower is a stream of pipelined requests: it must
+/// survive the follower stopping (SIGSTOP) mid-stream and resume once it runs
+/// again, and start afresh for a follower that was killed and restarted.
+#[tokio::test]
+async fn a_paused_and_a_killed_follower_under_load_catch_up_with_every_write() {
+    let mut cluster = Cluster::start(3).await;
+    let leader = cluster.leader().await;
+    let followers: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
+    let (paused, killed) = (followers[0], followers[1]);
+    let acked = Arc::new(Mutex::new(BTreeSet::new()));
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let writers: Vec<_> = (0..4)
+        .map(|id| tokio::spawn(writer(cluster.members[leader].endpoint(), id, acked.clone(), stop.clone())))
+        .collect();
+    progress_over(&acked, Duration::from_millis(500), "writes are not acknowledged").await;
+
+    // Paused for two seconds, longer than an election timeout: the leader
+    // and the other follower go on committing meanwhile.
+    let pid = cluster.members[paused].pid().expect("running") as i32;
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    progress_over(&acked, Duration::from_secs(2), "writes stalled with one follower paused").await;
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // The other follower dies: the quorum is now the leader and the follower
+    // that was paused, so writes go on only if replication to it resumed.
+    cluster.kill(killed);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    progress_over(&acked, Duration::from_secs(2), "writes stalled: the resumed follower is not replicated").await;
+
+    // The killed follower comes back and catches up while writes go on.
+    cluster.restart(killed);
+    cluster.wait_ready().await;
+    progress_over(&acked, Duration::from_secs(1), "writes stalled after the restart").await;
+    stop.notify_waiters();
+    for w in writers {
+        w.await.unwrap();
+    }
+    let acked = acked.lock().unwrap().clone();
+    for via in 0..3 {
+        let mut c = cluster.client(via).await;
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let present: BTreeSet<String> = c
+                .get("d/", Some(GetOptions::new().with_prefix().with_keys_only().with_serializable()))
+                .await
+                .unwrap()
+                .kvs()
+                .iter()
+                .map(|kv| kv.key_str().unwrap().to_string())
+                .collect();
+            let missing = acked.difference(&present).count();
+            if missing == 0 {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "member {via} is missing {missing} acknowledged writes");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 }
 

@@ -67,6 +67,7 @@ pub async fn serve_peers(node: Arc<Node>, addrs: Vec<SocketAddr>) -> anyhow::Res
             leases,
             node.read_floor(),
             node.cluster_token.clone(),
+            node.shutdown_signal(),
         );
         Server::builder().add_service(service)
     };

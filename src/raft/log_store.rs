@@ -51,6 +51,7 @@ use std::sync::{Arc, Mutex};
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{OptionalSend, RaftLogReader, StorageError, StorageIOError, Vote};
+use tokio::sync::watch;
 
 use super::{decode, encode, Entry, LogId, TypeConfig};
 use crate::storage::wal::{Durable, Wal, WalRecord};
@@ -73,6 +74,9 @@ struct LogCache {
 pub struct LogStore {
     /// std Mutex, not tokio's: it is never held across an `.await`.
     cache: Arc<Mutex<LogCache>>,
+    /// The index of the last entry in the log, published after every change
+    /// (replication pipelines follow it: `raft::pipeline`).
+    last_index: Arc<watch::Sender<Option<u64>>>,
     wal: Wal,
     state_db: StateDb,
     /// This member's id: whose vote makes an append the leader's own.
@@ -113,7 +117,8 @@ impl LogStore {
         }
         let indexes: Vec<u64> = cache.entries.keys().copied().collect();
         assert!(indexes.windows(2).all(|w| w[1] == w[0] + 1), "wal entries are not contiguous");
-        Ok(LogStore { cache: Arc::new(Mutex::new(cache)), wal, state_db, id })
+        let (last_index, _) = watch::channel(indexes.last().copied());
+        Ok(LogStore { cache: Arc::new(Mutex::new(cache)), last_index: Arc::new(last_index), wal, state_db, id })
     }
 
     pub fn wal(&self) -> &Wal {
@@ -123,6 +128,27 @@ impl LogStore {
     /// How far the log is durable (see the module doc).
     pub fn durable(&self) -> Durable {
         self.wal.durable()
+    }
+
+    /// Up to `max` entries from index `from` on: none if the log does not
+    /// hold the entry at `from` (purged, or not appended yet).
+    pub fn entries_from(&self, from: u64, max: usize) -> Vec<Entry> {
+        let cache = self.cache();
+        if !cache.entries.contains_key(&from) {
+            return Vec::new();
+        }
+        cache.entries.range(from..).take(max).map(|(_, e)| e.clone()).collect()
+    }
+
+    /// Follow the index of the log's last entry (`None`: the log holds no entry).
+    pub fn last_index(&self) -> watch::Receiver<Option<u64>> {
+        self.last_index.subscribe()
+    }
+
+    /// Publish the log's last index after a change.
+    fn publish_last_index(&self, cache: &LogCache) {
+        let last = cache.entries.keys().next_back().copied();
+        self.last_index.send_if_modified(|l| std::mem::replace(l, last) != last);
     }
 
     fn cache(&self) -> std::sync::MutexGuard<'_, LogCache> {
@@ -179,6 +205,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 records.push(WalRecord::Entry { index, data: encode(&entry) });
                 cache.entries.insert(index, entry);
             }
+            self.publish_last_index(&cache);
             // Only the leader of the stored vote appends entries under it; a
             // follower stores its leader's vote before it appends for it.
             cache.vote.is_some_and(|v| v.committed && v.leader_id.node_id == self.id)
@@ -193,7 +220,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError<u64>> {
-        self.cache().entries.split_off(&log_id.index);
+        {
+            let mut cache = self.cache();
+            cache.entries.split_off(&log_id.index);
+            self.publish_last_index(&cache);
+        }
         self.wal.write(vec![WalRecord::TruncateFrom(log_id.index)], true).map_err(|e| write_err(&e))
     }
 
@@ -205,6 +236,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             assert!(cache.last_purged.is_none_or(|p| p.index <= log_id.index), "purge must move forward");
             cache.entries = cache.entries.split_off(&(log_id.index + 1));
             cache.last_purged = Some(log_id);
+            self.publish_last_index(&cache);
         }
         let records =
             vec![WalRecord::Meta { key: META_PURGED, data: encode(&Some(log_id)) }, WalRecord::PurgeUpto(log_id.index)];

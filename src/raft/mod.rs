@@ -14,7 +14,10 @@
 //! - a **network** ([`network::PeerNetwork`]): Raft RPCs over gRPC on the peer
 //!   URL, with one cached channel per peer; [`peer::PeerService`] is its server
 //!   side and also serves follower-to-leader forwarding, ReadIndex, lease
-//!   questions, membership changes and leader-transfer steps.
+//!   questions, membership changes and leader-transfer steps. openraft 0.9
+//!   sends one AppendEntries per follower at a time; raftlock streams the log
+//!   to each follower underneath it and answers openraft's calls from what
+//!   the follower acknowledged ([`pipeline`] says why that is sound).
 //!
 //! ## A write, traced
 //! 1. A client's Put reaches any node's API (`crate::api::kv`), which validates it
@@ -22,8 +25,10 @@
 //! 2. `crate::server::Node::write`: on the leader, `Raft::client_write`; on a
 //!    follower, the command goes over the peer channel (`Peer.Forward`) to the
 //!    leader, which does the same.
-//! 3. openraft appends the entry to the leader's WAL and sends it to followers in
-//!    parallel; each member reports it durable only after `fdatasync`.
+//! 3. openraft appends the entry to the leader's WAL; meanwhile each follower's
+//!    replication pipe ([`pipeline`]) streams it to that follower without
+//!    waiting for earlier requests to be answered; each member reports it
+//!    durable only after `fdatasync`.
 //! 4. Once a quorum has it, it is committed and applied on every member in log
 //!    order. The leader's apply result becomes the client's response.
 //!
@@ -44,6 +49,7 @@ pub mod log_store;
 pub mod membership;
 pub mod network;
 pub mod peer;
+pub mod pipeline;
 pub mod proposer;
 pub mod read_index;
 pub mod state_machine;

@@ -9,6 +9,11 @@
 //! Error mapping for openraft: a peer that cannot be reached is `Unreachable`
 //! (openraft backs off before retrying); any other transport failure is a
 //! `Network` error; a Raft-level refusal by the peer is a `RemoteError`.
+//!
+//! AppendEntries to a follower go through a replication pipe
+//! (`raft::pipeline`) once openraft has asked the connection to send entries;
+//! calls the pipe cannot answer are sent as single requests, as all other
+//! Raft RPCs are.
 
 use std::collections::HashMap;
 use std::io;
@@ -25,8 +30,10 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tonic::transport::{Channel, Endpoint};
 
+use super::log_store::LogStore;
 use super::membership::{MembershipAnswer, MembershipChange};
 use super::peer::{ForwardError, LeaseAnswer, LeaseQuery};
+use super::pipeline::{Pipe, Stopped};
 use super::transfer::AdminRequest;
 use super::{decode, encode, MemberNode, TypeConfig};
 use crate::batcher::Batcher;
@@ -223,14 +230,14 @@ impl Forwarder {
 #[derive(Clone)]
 pub struct PeerNetwork {
     pub clients: PeerClients,
-    /// How far the local log is durable: AppendEntries waits for its commit
-    /// index to be (see `raft::log_store`).
-    durable_log: Durable,
+    /// The local log: replication pipes send from it, and AppendEntries waits
+    /// for its commit index to be durable in it (see `raft::log_store`).
+    log: LogStore,
 }
 
 impl PeerNetwork {
-    pub fn new(durable_log: Durable) -> PeerNetwork {
-        PeerNetwork { clients: PeerClients::default(), durable_log }
+    pub fn new(log: LogStore) -> PeerNetwork {
+        PeerNetwork { clients: PeerClients::default(), log }
     }
 }
 
@@ -242,7 +249,9 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
             target,
             url: node.peer_url.clone(),
             clients: self.clients.clone(),
-            durable_log: self.durable_log.clone(),
+            durable_log: self.log.durable(),
+            log: self.log.clone(),
+            pipe: None,
         }
     }
 }
@@ -252,6 +261,9 @@ pub struct PeerConnection {
     url: String,
     clients: PeerClients,
     durable_log: Durable,
+    log: LogStore,
+    /// The replication pipe to this follower, once openraft has asked to send entries.
+    pipe: Option<Pipe>,
 }
 
 #[derive(Clone, Copy)]
@@ -300,6 +312,33 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<u64>, RPCError<u64, MemberNode, RaftError<u64>>> {
+        let serves = |pipe: &Option<Pipe>| pipe.as_ref().is_some_and(|p| p.serves(&rpc.vote));
+        if !rpc.entries.is_empty() && !serves(&self.pipe) {
+            // Start streaming the log from where openraft knows it matches.
+            self.pipe = self.clients.client(&self.url).ok().map(|client| {
+                Pipe::open(
+                    client,
+                    self.log.clone(),
+                    self.durable_log.clone(),
+                    rpc.vote,
+                    rpc.prev_log_id,
+                    rpc.leader_commit,
+                )
+            });
+        }
+        if let Some(pipe) = self.pipe.as_ref().filter(|p| p.serves(&rpc.vote)) {
+            let answered = match rpc.entries.last() {
+                Some(last) => pipe.replicated(Some(last.log_id), rpc.leader_commit).await,
+                None => pipe.heartbeat(rpc.leader_commit, option.hard_ttl()).await,
+            };
+            match answered {
+                Ok(()) => return Ok(AppendEntriesResponse::Success),
+                Err(Stopped(reason)) => {
+                    tracing::debug!(target = self.target, %reason, "replication pipe stopped; sending alone");
+                    self.pipe = None;
+                }
+            }
+        }
         // A follower may apply what it learns is committed: on the leader,
         // an entry counts as committed before it is synced here, so its
         // commit index travels only once it is (see `raft::log_store`).
@@ -314,6 +353,8 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         rpc: InstallSnapshotRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<InstallSnapshotResponse<u64>, RPCError<u64, MemberNode, RaftError<u64, InstallSnapshotError>>> {
+        // The follower's log is being replaced; a new pipe starts after it.
+        self.pipe = None;
         self.call(RaftRpc::InstallSnapshot, &rpc, &option).await
     }
 

@@ -8,15 +8,23 @@
 //! lease questions and membership changes only the leader can answer; `Admin`
 //! what a leader handing over leadership asks of the others.
 //!
+//! `Replicate` is a leader's replication pipe (`raft::pipeline`): its
+//! AppendEntries requests are handed to openraft in the order they arrive,
+//! those that arrived together as one (one append, one sync), and each is
+//! answered in order. It ends when the leader closes it or this member stops.
+//!
 //! A payload that does not decode is `InvalidArgument`: it is a peer of another
 //! version or not a peer at all, and nothing is applied.
 
+use futures::StreamExt;
 use openraft::error::{CheckIsLeaderError, RaftError};
 use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
 use serde::{Deserialize, Serialize};
-use tonic::{Request, Response, Status};
+use tokio::sync::{mpsc, watch};
+use tonic::{Request, Response, Status, Streaming};
 
 use super::membership::MembershipChange;
+use super::pipeline;
 use super::proposer::{ProposeError, Proposer};
 use super::read_index::{read_index, ReadFloor};
 use super::{decode, encode, Raft, TypeConfig};
@@ -69,6 +77,8 @@ pub struct PeerService {
     read_floor: std::sync::Arc<ReadFloor>,
     /// The cluster token, from which members' IDs are derived.
     token: String,
+    /// Becomes true when the member begins to shut down (ends replication streams).
+    shutdown: watch::Receiver<bool>,
 }
 
 impl PeerService {
@@ -78,8 +88,9 @@ impl PeerService {
         leases: std::sync::Arc<dyn LeaseAuthority>,
         read_floor: std::sync::Arc<ReadFloor>,
         token: String,
+        shutdown: watch::Receiver<bool>,
     ) -> PeerServer<PeerService> {
-        PeerServer::new(PeerService { raft, proposer, leases, read_floor, token })
+        PeerServer::new(PeerService { raft, proposer, leases, read_floor, token, shutdown })
             .max_decoding_message_size(usize::MAX)
             .max_encoding_message_size(usize::MAX)
     }
@@ -98,6 +109,49 @@ impl Peer for PeerService {
     async fn append_entries(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
         let rpc: AppendEntriesRequest<TypeConfig> = payload(req)?;
         reply(&self.raft.append_entries(rpc).await)
+    }
+
+    type ReplicateStream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<RaftPayload, Status>> + Send>>;
+
+    async fn replicate(&self, req: Request<Streaming<RaftPayload>>) -> Result<Response<Self::ReplicateStream>, Status> {
+        let mut incoming = req.into_inner();
+        let raft = self.raft.clone();
+        let mut shutdown = self.shutdown.clone();
+        let (answers, outgoing) = mpsc::channel(pipeline::MAX_IN_FLIGHT);
+        tokio::spawn(async move {
+            loop {
+                let first = tokio::select! {
+                    first = incoming.next() => first,
+                    _ = shutdown.wait_for(|stopping| *stopping) => return,
+                };
+                let Some(first) = first else { return };
+                let mut arrived = vec![first];
+                pipeline::ready_now(&mut incoming, &mut arrived, pipeline::MAX_IN_FLIGHT);
+                let mut requests = Vec::with_capacity(arrived.len());
+                for item in arrived {
+                    let decoded = item.and_then(|payload| {
+                        decode::<AppendEntriesRequest<TypeConfig>>(&payload.data)
+                            .map_err(|e| Status::invalid_argument(format!("peer payload: {e}")))
+                    });
+                    match decoded {
+                        Ok(request) => requests.push(request),
+                        Err(status) => {
+                            let _ = answers.send(Err(status)).await;
+                            return;
+                        }
+                    }
+                }
+                for (request, count) in pipeline::merge(requests) {
+                    let answer = RaftPayload { data: encode(&raft.append_entries(request).await) };
+                    for _ in 0..count {
+                        if answers.send(Ok(answer.clone())).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(outgoing))))
     }
 
     async fn vote(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {

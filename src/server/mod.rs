@@ -137,7 +137,7 @@ impl Node {
             .context("loading the state machine")?
             .staggering_checkpoints(id)
             .applying_only_durable(log_store.durable());
-        let network = PeerNetwork::new(log_store.durable());
+        let network = PeerNetwork::new(log_store.clone());
         let peers = network.clients.clone();
 
         let raft_config = RaftConfig {

@@ -167,6 +167,14 @@ impl Durable {
     pub fn index(&self) -> Option<u64> {
         self.rx.borrow().index
     }
+
+    /// Resolves when the durable index has changed since last looked at (by
+    /// this call or [`Durable::index`] after it), or when the WAL is closed.
+    pub async fn changed(&mut self) {
+        if self.rx.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
 }
 
 /// What the writer and the flusher thread share.
