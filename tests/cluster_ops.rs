@@ -41,7 +41,16 @@ async fn a_member_behind_the_purged_log_catches_up_by_snapshot_and_restarts_are_
     }
     c.delete("snap/000", None).await.unwrap();
 
-    // The entries it missed are purged everywhere: only a snapshot brings it back.
+    // Once the leader has purged the entries it missed (it was killed a few
+    // entries in), only a snapshot brings it back. The leader purges when no
+    // replication to it is under way, e.g. when a call to the down member
+    // fails, which it keeps retrying.
+    let leader = cluster.leader().await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cluster.log_of(leader).contains("purged the log") {
+        assert!(Instant::now() < deadline, "the leader did not purge its log:\n{}", cluster.logs());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     cluster.restart(down);
     wait_for_keys(&cluster, down, "snap/", 299).await;
     // (The log line follows the install by a moment.)

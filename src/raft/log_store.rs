@@ -240,7 +240,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         }
         let records =
             vec![WalRecord::Meta { key: META_PURGED, data: encode(&Some(log_id)) }, WalRecord::PurgeUpto(log_id.index)];
-        self.wal.write(records, true).map_err(|e| write_err(&e))
+        self.wal.write(records, true).map_err(|e| write_err(&e))?;
+        tracing::info!(upto = log_id.index, "purged the log");
+        Ok(())
     }
 }
 

@@ -248,6 +248,11 @@ impl Cluster {
         c.wait().unwrap()
     }
 
+    /// Everything member `i` has logged (all its runs).
+    pub fn log_of(&self, i: usize) -> String {
+        std::fs::read_to_string(&self.members[i].log).unwrap_or_default()
+    }
+
     pub fn logs(&self) -> String {
         self.members
             .iter()
