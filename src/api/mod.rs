@@ -20,6 +20,7 @@ pub mod watch;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tonic::transport::server::{Router, TcpIncoming};
@@ -69,7 +70,12 @@ pub async fn serve_peers(node: Arc<Node>, addrs: Vec<SocketAddr>) -> anyhow::Res
             node.cluster_token.clone(),
             node.shutdown_signal(),
         );
-        Server::builder().add_service(service)
+        // A leader that vanished without closing its connections (a partition,
+        // a power loss) must not hold its replication streams open here.
+        Server::builder()
+            .http2_keepalive_interval(Some(Duration::from_secs(5)))
+            .http2_keepalive_timeout(Some(Duration::from_secs(5)))
+            .add_service(service)
     };
     serve(&node, addrs, make).await
 }

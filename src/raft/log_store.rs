@@ -1,7 +1,8 @@
 //! The Raft log store: openraft's `RaftLogStorage` over raftlock's WAL.
 //!
 //! Entries are kept in an in-memory map (replication and apply read from it) and
-//! written to the WAL. The vote is written through the same WAL, so vote and
+//! written to the WAL; an entry enters the map only once it is written, so
+//! nothing reads (and replicates) an entry that a failed write did not keep. The vote is written through the same WAL, so vote and
 //! log writes are durable in the order they were made, as openraft requires.
 //!
 //! ## When an append counts as done
@@ -61,6 +62,17 @@ const META_VOTE: u8 = 1;
 /// Meta key 2 is retired (it held the committed index, which raftlock no
 /// longer persists: see the module doc).
 const META_PURGED: u8 = 3;
+
+/// Why [`LogStore::entries_after`] cannot continue from where it was asked to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LogMoved {
+    #[error("the vote changed: this member no longer leads in that term")]
+    VoteChanged,
+    #[error("the log no longer holds that entry: it was truncated or replaced")]
+    Diverged,
+    #[error("the log is purged past that entry: the follower needs a snapshot")]
+    Purged,
+}
 
 #[derive(Default)]
 struct LogCache {
@@ -130,14 +142,31 @@ impl LogStore {
         self.wal.durable()
     }
 
-    /// Up to `max` entries from index `from` on: none if the log does not
-    /// hold the entry at `from` (purged, or not appended yet).
-    pub fn entries_from(&self, from: u64, max: usize) -> Vec<Entry> {
+    /// Up to `max` entries after `prev`, for a leader that replicates under
+    /// `vote` — provided the log still is that leader's: the stored vote is
+    /// `vote`, and the log holds `prev` (it was not truncated or replaced
+    /// since, nor purged past it). Checked under the lock that appends,
+    /// truncations and purges take, so the answer is one consistent view.
+    pub fn entries_after(&self, vote: &Vote<u64>, prev: Option<LogId>, max: usize) -> Result<Vec<Entry>, LogMoved> {
         let cache = self.cache();
-        if !cache.entries.contains_key(&from) {
-            return Vec::new();
+        if cache.vote.as_ref() != Some(vote) {
+            return Err(LogMoved::VoteChanged);
         }
-        cache.entries.range(from..).take(max).map(|(_, e)| e.clone()).collect()
+        let from = match prev {
+            None if cache.last_purged.is_some() => return Err(LogMoved::Purged),
+            None => 0,
+            Some(p) => {
+                match cache.entries.get(&p.index) {
+                    Some(e) if e.log_id == p => {}
+                    Some(_) => return Err(LogMoved::Diverged),
+                    None if cache.last_purged == Some(p) => {}
+                    None if cache.last_purged.is_some_and(|l| p.index <= l.index) => return Err(LogMoved::Purged),
+                    None => return Err(LogMoved::Diverged),
+                }
+                p.index + 1
+            }
+        };
+        Ok(cache.entries.range(from..).take(max).map(|(_, e)| e.clone()).collect())
     }
 
     /// Follow the index of the log's last entry (`None`: the log holds no entry).
@@ -194,28 +223,32 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let mut records = Vec::new();
+        let entries: Vec<Entry> = entries.into_iter().collect();
         let own = {
-            let mut cache = self.cache();
-            for entry in entries {
-                let index = entry.log_id.index;
-                if let Some((&last, _)) = cache.entries.iter().next_back() {
-                    assert_eq!(index, last + 1, "log entries must be contiguous");
-                }
-                records.push(WalRecord::Entry { index, data: encode(&entry) });
-                cache.entries.insert(index, entry);
+            let cache = self.cache();
+            let mut next = cache.entries.keys().next_back().map(|last| last + 1);
+            for entry in &entries {
+                assert!(next.is_none_or(|n| n == entry.log_id.index), "log entries must be contiguous");
+                next = Some(entry.log_id.index + 1);
             }
-            self.publish_last_index(&cache);
             // Only the leader of the stored vote appends entries under it; a
             // follower stores its leader's vote before it appends for it.
             cache.vote.is_some_and(|v| v.committed && v.leader_id.node_id == self.id)
         };
-        if own {
+        let records = entries.iter().map(|e| WalRecord::Entry { index: e.log_id.index, data: encode(e) }).collect();
+        let written = if own {
             // The leader's own entries: done once written (see the module doc).
-            callback.log_io_completed(self.wal.write_deferred(records));
+            self.wal.write_deferred(records)
         } else {
-            callback.log_io_completed(self.wal.write(records, true));
+            self.wal.write(records, true)
+        };
+        if written.is_ok() {
+            // Readers (replication included) see an entry only once it is written.
+            let mut cache = self.cache();
+            cache.entries.extend(entries.into_iter().map(|e| (e.log_id.index, e)));
+            self.publish_last_index(&cache);
         }
+        callback.log_io_completed(written);
         Ok(())
     }
 
@@ -273,5 +306,53 @@ mod tests {
         drop(store);
         let mut store = LogStore::open(&wal_dir, 1 << 20, db, 8).unwrap();
         assert_eq!(store.read_vote().await.unwrap(), Some(Vote::new_committed(4, 9)));
+    }
+
+    fn log_id(term: u64, leader: u64, index: u64) -> LogId {
+        LogId::new(openraft::CommittedLeaderId::new(term, leader), index)
+    }
+
+    /// Puts blank entries into the log as an append would once written.
+    fn put_entries(store: &LogStore, ids: impl IntoIterator<Item = LogId>) {
+        let mut cache = store.cache();
+        for log_id in ids {
+            cache.entries.insert(log_id.index, Entry { log_id, payload: openraft::EntryPayload::Blank });
+        }
+        store.publish_last_index(&cache);
+    }
+
+    fn indexes(read: Result<Vec<Entry>, LogMoved>) -> Result<Vec<u64>, LogMoved> {
+        read.map(|entries| entries.iter().map(|e| e.log_id.index).collect())
+    }
+
+    #[tokio::test]
+    async fn a_deposed_leader_reads_nothing_more_to_replicate() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = StateDb::open(&dir.path().join("state")).unwrap();
+        let mut store = LogStore::open(&dir.path().join("wal"), 1 << 20, db, 1).unwrap();
+        let ours = Vote::new_committed(2, 1);
+        store.save_vote(&ours).await.unwrap();
+        put_entries(&store, (1..=5).map(|i| log_id(2, 1, i)));
+        assert_eq!(indexes(store.entries_after(&ours, None, 64)), Ok(vec![1, 2, 3, 4, 5]));
+        assert_eq!(indexes(store.entries_after(&ours, Some(log_id(2, 1, 3)), 1)), Ok(vec![4]));
+        assert_eq!(indexes(store.entries_after(&ours, Some(log_id(2, 1, 5)), 64)), Ok(vec![]));
+
+        // Member 2 wins term 3: the vote is stored before its entries replace ours.
+        let theirs = Vote::new_committed(3, 2);
+        store.save_vote(&theirs).await.unwrap();
+        assert_eq!(indexes(store.entries_after(&ours, Some(log_id(2, 1, 3)), 64)), Err(LogMoved::VoteChanged));
+        store.truncate(log_id(2, 1, 4)).await.unwrap();
+        put_entries(&store, [log_id(3, 2, 4), log_id(3, 2, 5)]);
+        assert_eq!(indexes(store.entries_after(&ours, Some(log_id(2, 1, 3)), 64)), Err(LogMoved::VoteChanged));
+
+        // Under the stored vote, a read continues only from an entry still held.
+        assert_eq!(indexes(store.entries_after(&theirs, Some(log_id(2, 1, 4)), 64)), Err(LogMoved::Diverged));
+        assert_eq!(indexes(store.entries_after(&theirs, Some(log_id(3, 2, 9)), 64)), Err(LogMoved::Diverged));
+        assert_eq!(indexes(store.entries_after(&theirs, Some(log_id(2, 1, 3)), 64)), Ok(vec![4, 5]));
+
+        store.purge(log_id(2, 1, 3)).await.unwrap();
+        assert_eq!(indexes(store.entries_after(&theirs, None, 64)), Err(LogMoved::Purged));
+        assert_eq!(indexes(store.entries_after(&theirs, Some(log_id(2, 1, 2)), 64)), Err(LogMoved::Purged));
+        assert_eq!(indexes(store.entries_after(&theirs, Some(log_id(2, 1, 3)), 64)), Ok(vec![4, 5]));
     }
 }

@@ -11,14 +11,14 @@
 //! `Network` error; a Raft-level refusal by the peer is a `RemoteError`.
 //!
 //! AppendEntries to a follower go through a replication pipe
-//! (`raft::pipeline`) once openraft has asked the connection to send entries;
+//! (`raft::pipeline`) once the follower has confirmed where its log matches;
 //! calls the pipe cannot answer are sent as single requests, as all other
 //! Raft RPCs are.
 
 use std::collections::HashMap;
 use std::io;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
@@ -252,6 +252,8 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
             durable_log: self.log.durable(),
             log: self.log.clone(),
             pipe: None,
+            matched: false,
+            no_pipe_until: None,
         }
     }
 }
@@ -262,9 +264,18 @@ pub struct PeerConnection {
     clients: PeerClients,
     durable_log: Durable,
     log: LogStore,
-    /// The replication pipe to this follower, once openraft has asked to send entries.
+    /// The replication pipe to this follower (see `raft::pipeline`).
     pipe: Option<Pipe>,
+    /// The last AppendEntries answered succeeded: openraft's idea of where the
+    /// follower's log matches is confirmed, not a guess of its search.
+    matched: bool,
+    /// The follower does not serve `Peer.Replicate`: no pipe before then.
+    no_pipe_until: Option<Instant>,
 }
+
+/// How long a connection sends single requests to a follower that does not
+/// serve `Peer.Replicate` before it tries a pipe again.
+const NO_PIPE_RETRY: Duration = Duration::from_secs(30);
 
 #[derive(Clone, Copy)]
 enum RaftRpc {
@@ -313,8 +324,9 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<u64>, RPCError<u64, MemberNode, RaftError<u64>>> {
         let serves = |pipe: &Option<Pipe>| pipe.as_ref().is_some_and(|p| p.serves(&rpc.vote));
-        if !rpc.entries.is_empty() && !serves(&self.pipe) {
-            // Start streaming the log from where openraft knows it matches.
+        let pipe_allowed = self.matched && self.no_pipe_until.is_none_or(|t| Instant::now() >= t);
+        if !rpc.entries.is_empty() && !serves(&self.pipe) && pipe_allowed {
+            // Stream the log from where the follower's log is known to match.
             self.pipe = self.clients.client(&self.url).ok().map(|client| {
                 Pipe::open(
                     client,
@@ -333,9 +345,12 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
             };
             match answered {
                 Ok(()) => return Ok(AppendEntriesResponse::Success),
-                Err(Stopped(reason)) => {
+                Err(Stopped { reason, unsupported }) => {
                     tracing::debug!(target = self.target, %reason, "replication pipe stopped; sending alone");
                     self.pipe = None;
+                    if unsupported {
+                        self.no_pipe_until = Some(Instant::now() + NO_PIPE_RETRY);
+                    }
                 }
             }
         }
@@ -345,7 +360,13 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         if let Some(committed) = rpc.leader_commit {
             self.durable_log.wait_for(committed.index).await.map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         }
-        self.call(RaftRpc::AppendEntries, &rpc, &option).await
+        let has_entries = !rpc.entries.is_empty();
+        let answer = self.call(RaftRpc::AppendEntries, &rpc, &option).await;
+        let succeeded = matches!(answer, Ok(AppendEntriesResponse::Success));
+        // After entries succeed openraft continues from their end; after a
+        // heartbeat, its next entries may still be a guess of its search.
+        self.matched = succeeded && (has_entries || self.matched);
+        answer
     }
 
     async fn install_snapshot(
@@ -353,8 +374,6 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         rpc: InstallSnapshotRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<InstallSnapshotResponse<u64>, RPCError<u64, MemberNode, RaftError<u64, InstallSnapshotError>>> {
-        // The follower's log is being replaced; a new pipe starts after it.
-        self.pipe = None;
         self.call(RaftRpc::InstallSnapshot, &rpc, &option).await
     }
 

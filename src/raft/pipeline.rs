@@ -13,13 +13,14 @@
 //!
 //! ## How
 //! A [`Pipe`] is one `Peer.Replicate` stream to one follower, opened by that
-//! follower's connection (`raft::network`) the first time openraft asks it to
-//! send entries, starting where openraft says the follower's log matches. Its
-//! task sends every entry as soon as the leader's log holds it, in
-//! AppendEntries requests that each continue where the previous one ended, up
-//! to [`MAX_IN_FLIGHT`] unanswered. The follower handles them in order
-//! (`raft::peer`), one sync for all that have arrived, and answers each in
-//! order. openraft's own calls on that connection then wait on the pipe:
+//! follower's connection (`raft::network`) when openraft asks it to send
+//! entries after the follower has confirmed where its log matches (not while
+//! openraft is still searching for that point), starting there. Its task
+//! sends every entry as soon as the leader's log holds it (written, see
+//! `raft::log_store`), in AppendEntries requests that each continue where the
+//! previous one ended, up to [`MAX_IN_FLIGHT`] unanswered. The follower
+//! handles them in order (`raft::peer`), one sync for all that have arrived,
+//! and answers each in order. openraft's own calls on that connection then wait on the pipe:
 //! - a call with entries returns `Success` once the follower has acknowledged
 //!   holding its last entry — often at once, the pipe having sent it before
 //!   openraft asked;
@@ -29,12 +30,23 @@
 //!   call: at once under load, when answers stream back all along; else when
 //!   its own request is answered.
 //!
-//! If the pipe stops (a refusal, a broken stream, entries purged), the
-//! connection sends openraft's request itself, so openraft sees the follower's
-//! real answer (a conflict, a newer vote, an error) and acts on it as always;
-//! its next call with entries opens a new pipe.
+//! If the pipe stops (a refusal, a broken stream, entries purged, this member
+//! no longer leading), the connection sends openraft's request itself, so
+//! openraft sees the follower's real answer (a conflict, a newer vote, an
+//! error) and acts on it as always; once a request succeeds again, the next
+//! call with entries opens a new pipe. A follower that does not serve
+//! `Peer.Replicate` (an older version) is sent single requests for a while
+//! before the next try.
 //!
 //! ## Why it is sound
+//! - A pipe sends only this leader's own log: every read of entries checks,
+//!   under the log's lock, that the stored vote is still the pipe's (openraft
+//!   stores a newer vote before it truncates or appends for another leader),
+//!   and that the log still holds the entry the pipe last sent
+//!   ([`LogStore::entries_after`]). Otherwise the pipe stops. openraft 0.9
+//!   keeps a deposed leader's replication tasks (and so its pipes) alive until
+//!   it leads again; this check is what makes such a pipe stop instead of
+//!   sending another leader's entries under its old vote.
 //! - A follower acknowledges an AppendEntries only once its entries are
 //!   durable, and within one vote (one leader's term) the leader's log only
 //!   grows: "the follower holds the leader's log up to entry e" stays true for
@@ -54,7 +66,9 @@
 //!   leadership checks behind linearizable reads send heartbeats of their own
 //!   on connections made for them, which never open a pipe. A follower that
 //!   has stopped answering is noticed as before: calls wait for answers that
-//!   do not come, and openraft's timeout ends them.
+//!   do not come, and openraft's timeout ends them. A heartbeat answered from
+//!   a recent answer can succeed just after the pipe stopped on a newer vote;
+//!   openraft then learns of that vote from its next call.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -66,7 +80,7 @@ use openraft::Vote;
 use tokio::sync::{mpsc, watch};
 use tonic::transport::Channel;
 
-use super::log_store::LogStore;
+use super::log_store::{LogMoved, LogStore};
 use super::{decode, encode, LogId, TypeConfig};
 use crate::proto::raftlock::peer::peer_client::PeerClient;
 use crate::proto::raftlock::peer::RaftPayload;
@@ -98,7 +112,7 @@ struct Progress {
     /// leader as of then.
     confirmed: Option<Instant>,
     /// Why the pipe stopped; it answers nothing more.
-    stopped: Option<String>,
+    stopped: Option<Stopped>,
 }
 
 /// One pipelined replication stream to one follower, for one vote. Dropping
@@ -117,12 +131,22 @@ impl Drop for Pipe {
 }
 
 /// Why a pipe could not answer a call (the caller then sends the call itself).
-#[derive(Debug)]
-pub struct Stopped(pub String);
+#[derive(Clone, Debug)]
+pub struct Stopped {
+    pub reason: String,
+    /// The follower does not serve `Peer.Replicate` (an older version).
+    pub unsupported: bool,
+}
+
+impl Stopped {
+    fn because(reason: impl Into<String>) -> Stopped {
+        Stopped { reason: reason.into(), unsupported: false }
+    }
+}
 
 impl Pipe {
     /// Open a pipe that sends this leader's log after `matched`, the last entry
-    /// the follower is known to hold (as openraft knows it), under `vote`.
+    /// the follower is known to hold, under `vote`.
     pub fn open(
         client: PeerClient<Channel>,
         log: LogStore,
@@ -132,12 +156,12 @@ impl Pipe {
         commit: Option<LogId>,
     ) -> Pipe {
         let (wants, wants_rx) = watch::channel(Wants { commit, heartbeats: 0 });
-        let (progress_tx, progress) = watch::channel(Progress { acked: matched, ..Progress::default() });
+        let (progress_tx, progress) = watch::channel(Progress::default());
         let sender = Sender { log, durable, vote, sent: matched, sent_commit: None, heartbeats_sent: 0 };
         let task = tokio::spawn(async move {
-            let reason = sender.run(client, wants_rx, &progress_tx).await;
-            tracing::debug!(%reason, "replication pipe stopped");
-            progress_tx.send_modify(|p| p.stopped = Some(reason));
+            let stopped = sender.run(client, wants_rx, &progress_tx).await;
+            tracing::debug!(reason = %stopped.reason, "replication pipe stopped");
+            progress_tx.send_modify(|p| p.stopped = Some(stopped));
         });
         Pipe { vote, wants, progress, task: task.abort_handle() }
     }
@@ -184,11 +208,11 @@ impl Pipe {
     async fn wait(&self, done: impl Fn(&Progress) -> bool) -> Result<(), Stopped> {
         let mut progress = self.progress.clone();
         let seen = progress.wait_for(|p| p.stopped.is_some() || done(p)).await;
-        let p = seen.map_err(|_| Stopped("the pipe's task ended".into()))?;
+        let p = seen.map_err(|_| Stopped::because("the pipe's task ended"))?;
         match &p.stopped {
             // Done before it stopped counts: the answer was real.
             Some(_) if done(&p) => Ok(()),
-            Some(reason) => Err(Stopped(reason.clone())),
+            Some(stopped) => Err(stopped.clone()),
             None => Ok(()),
         }
     }
@@ -218,17 +242,23 @@ struct Sender {
 type AppendResult = Result<AppendEntriesResponse<u64>, RaftError<u64>>;
 
 impl Sender {
-    /// Run until the stream fails or the follower refuses; returns why it stopped.
+    /// Run until the stream fails, the follower refuses, or the log is no
+    /// longer this leader's to send; returns why it stopped.
     async fn run(
         mut self,
         mut client: PeerClient<Channel>,
         mut wants: watch::Receiver<Wants>,
         progress: &watch::Sender<Progress>,
-    ) -> String {
+    ) -> Stopped {
         let (requests, outgoing) = mpsc::channel::<RaftPayload>(MAX_IN_FLIGHT);
         let mut answers = match client.replicate(tokio_stream::wrappers::ReceiverStream::new(outgoing)).await {
             Ok(response) => response.into_inner(),
-            Err(status) => return format!("opening the stream: {status}"),
+            Err(status) => {
+                return Stopped {
+                    unsupported: status.code() == tonic::Code::Unimplemented,
+                    reason: format!("opening the stream: {status}"),
+                }
+            }
         };
         let mut last_index = self.log.last_index();
         let mut in_flight: VecDeque<InFlight> = VecDeque::with_capacity(MAX_IN_FLIGHT);
@@ -238,7 +268,7 @@ impl Sender {
                 let request = match self.next_request(&wanted, in_flight.is_empty()) {
                     Ok(Some(request)) => request,
                     Ok(None) => break,
-                    Err(reason) => return reason,
+                    Err(moved) => return Stopped::because(moved.to_string()),
                 };
                 let entry = InFlight {
                     last: request.entries.last().map(|e| e.log_id).or(request.prev_log_id),
@@ -250,7 +280,7 @@ impl Sender {
                 self.heartbeats_sent = wanted.heartbeats;
                 // Never blocks: the channel holds MAX_IN_FLIGHT requests.
                 if requests.send(RaftPayload { data: encode(&request) }).await.is_err() {
-                    return "the stream closed".into();
+                    return Stopped::because("the stream closed");
                 }
                 in_flight.push_back(entry);
             }
@@ -261,11 +291,11 @@ impl Sender {
                 answer = answers.message() => {
                     let payload = match answer {
                         Ok(Some(payload)) => payload,
-                        Ok(None) => return "the follower ended the stream".into(),
-                        Err(status) => return format!("stream: {status}"),
+                        Ok(None) => return Stopped::because("the follower ended the stream"),
+                        Err(status) => return Stopped::because(format!("stream: {status}")),
                     };
                     let Some(answered) = in_flight.pop_front() else {
-                        return "an answer to no request".into();
+                        return Stopped::because("an answer to no request");
                     };
                     match decode::<AppendResult>(&payload.data) {
                         Ok(Ok(AppendEntriesResponse::Success)) => progress.send_modify(|p| {
@@ -273,9 +303,9 @@ impl Sender {
                             p.heartbeats = p.heartbeats.max(answered.heartbeats);
                             p.confirmed = p.confirmed.max(Some(answered.sent_at));
                         }),
-                        Ok(Ok(other)) => return format!("the follower answered {other}"),
-                        Ok(Err(e)) => return format!("the follower failed: {e}"),
-                        Err(e) => return format!("undecodable answer: {e}"),
+                        Ok(Ok(other)) => return Stopped::because(format!("the follower answered {other}")),
+                        Ok(Err(e)) => return Stopped::because(format!("the follower failed: {e}")),
+                        Err(e) => return Stopped::because(format!("undecodable answer: {e}")),
                     }
                 }
                 _ = last_index.changed() => {}
@@ -288,14 +318,10 @@ impl Sender {
     /// The next request to send, if there is reason to send one: entries the
     /// follower has not been sent, a heartbeat asked for, or (when nothing is
     /// in flight to carry it) a commit index it has not been told.
-    fn next_request(&self, wanted: &Wants, idle: bool) -> Result<Option<AppendEntriesRequest<TypeConfig>>, String> {
-        let next = self.sent.map_or(0, |s| s.index + 1);
-        let entries = self.log.entries_from(next, MAX_REQUEST_ENTRIES);
-        if entries.is_empty() && self.log.last_index().borrow().is_some_and(|last| last >= next) {
-            return Err(format!("entry {next} is purged: the follower needs a snapshot"));
-        }
+    fn next_request(&self, wanted: &Wants, idle: bool) -> Result<Option<AppendEntriesRequest<TypeConfig>>, LogMoved> {
+        let entries = self.log.entries_after(&self.vote, self.sent, MAX_REQUEST_ENTRIES)?;
         if let Some(first) = entries.first() {
-            debug_assert_eq!(first.log_id.index, next, "entries continue the pipe");
+            debug_assert_eq!(Some(first.log_id.index), self.sent.map_or(Some(0), |s| s.index.checked_add(1)));
         }
         let commit = self.sendable_commit(wanted.commit);
         let heartbeat_due = wanted.heartbeats > self.heartbeats_sent;

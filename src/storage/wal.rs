@@ -168,8 +168,9 @@ impl Durable {
         self.rx.borrow().index
     }
 
-    /// Resolves when the durable index has changed since last looked at (by
-    /// this call or [`Durable::index`] after it), or when the WAL is closed.
+    /// Resolves when the durable index (or the failed flag) has changed since
+    /// this handle last saw it: each call marks the current state seen;
+    /// [`Durable::index`] does not. Never resolves once the WAL is closed.
     pub async fn changed(&mut self) {
         if self.rx.changed().await.is_err() {
             std::future::pending::<()>().await;
