@@ -20,13 +20,13 @@ pub mod watch;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tonic::transport::server::{Router, TcpIncoming};
 use tonic::transport::Server;
 
 use crate::proto::etcdserverpb::ResponseHeader;
+use crate::raft::network::PEER_KEEPALIVE;
 use crate::raft::peer::{LeaseAuthority, PeerService};
 use crate::server::Node;
 
@@ -73,8 +73,8 @@ pub async fn serve_peers(node: Arc<Node>, addrs: Vec<SocketAddr>) -> anyhow::Res
         // A leader that vanished without closing its connections (a partition,
         // a power loss) must not hold its replication streams open here.
         Server::builder()
-            .http2_keepalive_interval(Some(Duration::from_secs(5)))
-            .http2_keepalive_timeout(Some(Duration::from_secs(5)))
+            .http2_keepalive_interval(Some(PEER_KEEPALIVE))
+            .http2_keepalive_timeout(Some(PEER_KEEPALIVE))
             .add_service(service)
     };
     serve(&node, addrs, make).await

@@ -2,8 +2,9 @@
 //!
 //! Entries are kept in an in-memory map (replication and apply read from it) and
 //! written to the WAL; an entry enters the map only once it is written, so
-//! nothing reads (and replicates) an entry that a failed write did not keep. The vote is written through the same WAL, so vote and
-//! log writes are durable in the order they were made, as openraft requires.
+//! nothing reads (and replicates) an entry that a failed write did not keep.
+//! The vote is written through the same WAL, so vote and log writes are
+//! durable in the order they were made, as openraft requires.
 //!
 //! ## When an append counts as done
 //! A follower's append, a vote, a truncation and a purge are synced before

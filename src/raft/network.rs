@@ -60,6 +60,11 @@ pub enum ForwardFailure {
     Unknown(String),
 }
 
+/// The HTTP/2 keepalive interval, and how long a ping may go unanswered, on
+/// peer connections (both ends): a peer that vanished without closing its
+/// connections (a partition, a power loss) is noticed within twice this.
+pub const PEER_KEEPALIVE: Duration = Duration::from_secs(5);
+
 impl PeerClients {
     pub fn client(&self, url: &str) -> Result<PeerClient<Channel>, tonic::transport::Error> {
         let mut channels = self.channels.lock().expect("peer channel lock poisoned");
@@ -69,8 +74,8 @@ impl PeerClients {
                 let c = Endpoint::from_shared(url.to_string())?
                     .connect_timeout(Duration::from_millis(500))
                     .tcp_nodelay(true)
-                    .http2_keep_alive_interval(Duration::from_secs(5))
-                    .keep_alive_timeout(Duration::from_secs(5))
+                    .http2_keep_alive_interval(PEER_KEEPALIVE)
+                    .keep_alive_timeout(PEER_KEEPALIVE)
                     .connect_lazy();
                 channels.insert(url.to_string(), c.clone());
                 c

@@ -20,7 +20,8 @@
 //! `raft::log_store`), in AppendEntries requests that each continue where the
 //! previous one ended, up to [`MAX_IN_FLIGHT`] unanswered. The follower
 //! handles them in order (`raft::peer`), one sync for all that have arrived,
-//! and answers each in order. openraft's own calls on that connection then wait on the pipe:
+//! and answers each in order. openraft's own calls on that connection then
+//! wait on the pipe:
 //! - a call with entries returns `Success` once the follower has acknowledged
 //!   holding its last entry — often at once, the pipe having sent it before
 //!   openraft asked;
@@ -321,7 +322,7 @@ impl Sender {
     fn next_request(&self, wanted: &Wants, idle: bool) -> Result<Option<AppendEntriesRequest<TypeConfig>>, LogMoved> {
         let entries = self.log.entries_after(&self.vote, self.sent, MAX_REQUEST_ENTRIES)?;
         if let Some(first) = entries.first() {
-            debug_assert_eq!(Some(first.log_id.index), self.sent.map_or(Some(0), |s| s.index.checked_add(1)));
+            debug_assert_eq!(first.log_id.index, self.sent.map_or(0, |s| s.index + 1), "entries continue the pipe");
         }
         let commit = self.sendable_commit(wanted.commit);
         let heartbeat_due = wanted.heartbeats > self.heartbeats_sent;
