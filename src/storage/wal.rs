@@ -59,10 +59,15 @@
 //!
 //! ## Recovery and its caveats
 //! A torn write can only be at the tail of the last segment (a new segment is
-//! begun only after the previous batch was synced). Replay stops at the first
-//! invalid frame of the last segment and zeroes the rest, so that stale bytes
-//! can never be read as frames later. An invalid frame in any other segment is
-//! corruption and fails the open, as it may hide acknowledged entries. A last
+//! begun only after the previous batch was synced), and it shows as a frame
+//! with a sector that reads as zeroes: the disk writes whole sectors, and
+//! the writer zeroes a segment before it writes frames over it. Replay stops
+//! at the first invalid frame; if that frame is in the last segment and torn,
+//! the rest is zeroed, so that stale bytes can never be read as frames later.
+//! Any other invalid frame — one in an earlier segment, or one whose every
+//! sector was written but whose checksum fails — is corruption: the open
+//! fails, naming the segment and the offset, because synced and acknowledged
+//! entries may follow it, and dropping them silently could lose writes. A last
 //! segment that lacks some meta value (a crash after creating it, before or
 //! while its checkpoint was written) is followed at once by a new segment, so
 //! that every segment that can outlive the ones before it holds every value.
@@ -84,6 +89,8 @@ const KIND_META: u8 = 2;
 const KIND_TRUNCATE: u8 = 3;
 const KIND_PURGE: u8 = 4;
 const FRAME_HEADER: usize = 8;
+/// The unit a disk writes atomically: a crash tears a write at these boundaries.
+const SECTOR: usize = 512;
 
 /// The default segment size. Large enough that rotation is rare, small enough
 /// that purged segments give memory and disk back soon.
@@ -237,10 +244,21 @@ impl Wal {
             let SegmentReplay { end, max_index, meta_keys } = replay_segment(&bytes, &mut recovered);
             let is_last = i + 1 == seqs.len();
             if end < bytes.len() && !is_zero(&bytes[end..]) {
-                if !is_last {
+                let why = if !is_last {
+                    Some("in a segment that was synced whole before the next one began")
+                } else if !torn_at(&bytes, end) {
+                    Some("not a torn write (every sector of it was written)")
+                } else {
+                    None
+                };
+                if let Some(why) = why {
                     return Err(io::Error::new(
                         io::ErrorKind::InvalidData,
-                        format!("wal: corrupt frame at offset {end} of {}", path.display()),
+                        format!(
+                            "wal: corrupt frame at offset {end} of {}: {why}, so synced and acknowledged entries \
+                             may follow it; refusing to start",
+                            path.display()
+                        ),
                     ));
                 }
                 // A torn tail: wipe it so that it can never be read again.
@@ -661,6 +679,33 @@ fn decode(body: &[u8]) -> Option<WalRecord> {
     })
 }
 
+/// Whether the invalid frame at `at` is a torn write: one of the sectors it
+/// lies in reads as zeroes from the frame's start (or the sector's) to the
+/// sector's end, so that sector never reached the disk (segments are zeroed
+/// before frames are written over them); a byte set anywhere after that
+/// point shows the sector was written, even where the frame's own bytes in
+/// it are zero. A frame whose every sector was written but whose checksum
+/// fails is damage, not a tear.
+/// A length that runs past the segment was not written whole either, but the
+/// writer never writes such a frame: then only the header's sectors count.
+fn torn_at(bytes: &[u8], at: usize) -> bool {
+    let header_end = (at + FRAME_HEADER).min(bytes.len());
+    let len = bytes.get(at..at + 4).map_or(0, |b| u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize);
+    let end = match at + FRAME_HEADER + len {
+        end if end <= bytes.len() => end,
+        _ => header_end,
+    };
+    let mut chunk = at;
+    while chunk < end {
+        let sector_end = (chunk / SECTOR + 1) * SECTOR;
+        if is_zero(&bytes[chunk..sector_end.min(bytes.len())]) {
+            return true;
+        }
+        chunk = sector_end;
+    }
+    false
+}
+
 fn is_zero(bytes: &[u8]) -> bool {
     bytes.iter().all(|&b| b == 0)
 }
@@ -697,26 +742,36 @@ mod tests {
         assert!(segments < 10, "purged segments are deleted ({segments} left)");
     }
 
+    /// The offsets of the first `n` frames of segment `seq`.
+    fn frame_offsets(dir: &Path, seq: u64, n: usize) -> Vec<usize> {
+        let bytes = fs::read(segment_path(dir, seq)).unwrap();
+        let mut offsets = Vec::new();
+        let mut pos = 0usize;
+        while offsets.len() < n {
+            let len = u32::from_le_bytes(bytes[pos..pos + 4].try_into().unwrap()) as usize;
+            assert!(len > 0, "segment {seq} holds fewer than {n} frames");
+            offsets.push(pos);
+            pos += FRAME_HEADER + len;
+        }
+        offsets
+    }
+
     #[test]
     fn a_torn_tail_is_discarded_and_wiped() {
         let dir = tempfile::tempdir().unwrap();
         {
             let (wal, _) = Wal::open(dir.path(), 1 << 20).unwrap();
-            wal.write(vec![entry(1), entry(2)], true).unwrap();
+            wal.write(vec![entry(1)], true).unwrap();
+            // A frame that spans a sector boundary, so that a crash can leave
+            // its first sector written and its second not.
+            let big = WalRecord::Entry { index: 2, data: vec![7u8; 2 * SECTOR] };
+            wal.write(vec![big], true).unwrap();
         }
-        // Corrupt the second frame's payload, as a torn write would.
-        let path = segment_path(dir.path(), 1);
-        let bytes = fs::read(&path).unwrap();
-        let mut frame_two = 0;
-        let (mut pos, mut n) = (0usize, 0);
-        while n < 2 {
-            let len = u32::from_le_bytes(bytes[pos..pos + 4].try_into().unwrap()) as usize;
-            frame_two = pos;
-            pos += FRAME_HEADER + len;
-            n += 1;
-        }
-        let file = OpenOptions::new().write(true).open(&path).unwrap();
-        file.write_all_at(b"XX", (frame_two + FRAME_HEADER + 3) as u64).unwrap();
+        // The torn write: the frame's last sector never reached the disk.
+        let frame_two = frame_offsets(dir.path(), 1, 2)[1];
+        let inner_sector = (frame_two + FRAME_HEADER).div_ceil(SECTOR) * SECTOR;
+        let file = OpenOptions::new().write(true).open(segment_path(dir.path(), 1)).unwrap();
+        file.write_all_at(&[0u8; SECTOR], inner_sector as u64).unwrap();
         drop(file);
         {
             let (wal, rec) = Wal::open(dir.path(), 1 << 20).unwrap();
@@ -725,6 +780,33 @@ mod tests {
         }
         let (_, rec) = Wal::open(dir.path(), 1 << 20).unwrap();
         assert_eq!(rec.entries.keys().copied().collect::<Vec<_>>(), [1, 2]);
+    }
+
+    /// A frame whose checksum fails although every sector of it was written
+    /// is not a torn write but damage to synced (and maybe acknowledged)
+    /// entries: the open fails, naming the segment and the offset, and
+    /// nothing is wiped — not even in the last segment.
+    #[test]
+    fn a_corrupt_frame_in_the_last_segment_fails_the_open() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let (wal, _) = Wal::open(dir.path(), 1 << 20).unwrap();
+            wal.write(vec![WalRecord::Meta { key: 1, data: b"vote".to_vec() }], true).unwrap();
+            for i in 1..=5 {
+                wal.write(vec![entry(i)], true).unwrap();
+            }
+        }
+        let frame_three = frame_offsets(dir.path(), 1, 4)[3];
+        let path = segment_path(dir.path(), 1);
+        let file = OpenOptions::new().write(true).open(&path).unwrap();
+        file.write_all_at(b"X", (frame_three + FRAME_HEADER + 3) as u64).unwrap();
+        drop(file);
+        let before = fs::read(&path).unwrap();
+        let err = Wal::open(dir.path(), 1 << 20).err().expect("a corrupt frame must fail the open");
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+        let msg = err.to_string();
+        assert!(msg.contains(&path.display().to_string()) && msg.contains(&format!("offset {frame_three}")), "{msg}");
+        assert_eq!(fs::read(&path).unwrap(), before, "a failed open changes nothing");
     }
 
     #[tokio::test]
