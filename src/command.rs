@@ -48,6 +48,16 @@ pub enum Command {
     LeaseRevoke {
         id: i64,
     },
+    /// Revoke a lease whose deadline passed, as the leader of `term` decided
+    /// (`server::lease_keeper`). Applied only if the entry was appended in
+    /// `term`: lease time is the leader's, so the word of a leader that has
+    /// since been deposed — whose deadlines missed every keepalive the next
+    /// leader took — must never revoke a lease, whichever way its proposal
+    /// reached the log.
+    LeaseExpire {
+        id: i64,
+        term: u64,
+    },
 }
 
 /// The outcome of applying one log entry, identical on every replica. The
@@ -80,6 +90,11 @@ pub enum CommandResult {
         revision: Revision,
     },
     LeaseRevoked {
+        revision: Revision,
+    },
+    /// A `Command::LeaseExpire` whose entry was appended in another term
+    /// than the one it was decided in: nothing changed.
+    ExpiryOfAnotherTerm {
         revision: Revision,
     },
 }

@@ -113,6 +113,15 @@ impl Config {
         split_urls(&self.listen_peer_urls).iter().map(|u| url_addr(u)).collect()
     }
 
+    /// The address peer connections leave from: the one peer address this
+    /// member listens on, unless it listens on several or on all addresses.
+    pub fn peer_source_address(&self) -> anyhow::Result<Option<std::net::IpAddr>> {
+        Ok(match self.peer_listen_addrs()?.as_slice() {
+            [one] if !one.ip().is_unspecified() => Some(one.ip()),
+            _ => None,
+        })
+    }
+
     /// The members named by `--initial-cluster` (or this member alone), by ID.
     pub fn initial_members(&self) -> anyhow::Result<BTreeMap<u64, InitialMember>> {
         let spec = match &self.initial_cluster {

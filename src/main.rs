@@ -42,10 +42,21 @@ async fn main() -> anyhow::Result<()> {
     let failed = tokio::select! {
         _ = term.recv() => None,
         _ = int.recv() => None,
+        _ = node.removed() => {
+            tracing::error!("this member has been removed from the cluster; it stops serving");
+            Some(Ok(Ok(())))
+        }
         r = peers => Some(r),
         r = clients => Some(r),
     };
     tracing::info!("shutting down");
+    if failed.is_none() {
+        match node.hand_over_leadership().await {
+            Ok(Some(to)) => tracing::info!(to = format!("{to:x}"), "handed leadership over before stopping"),
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %e, "could not hand leadership over before stopping"),
+        }
+    }
     node.shutdown().await;
     match failed {
         Some(Ok(Err(e))) => Err(e),

@@ -92,6 +92,22 @@ fn etcdctl(endpoints: &str, args: &[&str]) -> String {
     text
 }
 
+/// `etcdctl member add` (as a learner if `learner`); returns the
+/// `--initial-cluster` it prints for the new member.
+fn member_add(endpoints: &str, name: &str, peer_url: &str, learner: bool) -> String {
+    let peer_urls = format!("--peer-urls={peer_url}");
+    let mut args = vec!["member", "add", name, &peer_urls];
+    if learner {
+        args.push("--learner");
+    }
+    let out = etcdctl(endpoints, &args);
+    out.lines()
+        .find_map(|l| l.strip_prefix("ETCD_INITIAL_CLUSTER=\""))
+        .and_then(|l| l.strip_suffix('"'))
+        .unwrap_or_else(|| panic!("no ETCD_INITIAL_CLUSTER in {out}"))
+        .to_string()
+}
+
 /// Members by name: (hex id, is_learner), from `etcdctl member list -w json`.
 fn members(endpoints: &str) -> Vec<(String, String, bool)> {
     let v: serde_json::Value = serde_json::from_str(&etcdctl(endpoints, &["member", "list", "-w", "json"])).unwrap();
@@ -118,13 +134,7 @@ async fn members_are_added_promoted_and_removed_with_etcdctl_even_the_leader() {
     // A voter, added with etcdctl and started with `existing`: it gets the earlier data.
     let voter = cluster.new_member();
     let url = cluster.peer_url(voter);
-    let out = etcdctl(&endpoints, &["member", "add", "m3", &format!("--peer-urls={url}")]);
-    let initial = out
-        .lines()
-        .find_map(|l| l.strip_prefix("ETCD_INITIAL_CLUSTER=\""))
-        .and_then(|l| l.strip_suffix('"'))
-        .unwrap_or_else(|| panic!("no ETCD_INITIAL_CLUSTER in {out}"))
-        .to_string();
+    let initial = member_add(&endpoints, "m3", &url, false);
     assert!(initial.contains(&format!("m3={url}")), "{initial}");
     cluster.join(voter, &initial);
     wait_for_keys(&cluster, voter, "early/", 20).await;
@@ -146,13 +156,7 @@ async fn members_are_added_promoted_and_removed_with_etcdctl_even_the_leader() {
     // A learner: added, started, promoted once it is in sync.
     let learner = cluster.new_member();
     let lurl = cluster.peer_url(learner);
-    let out = etcdctl(&endpoints, &["member", "add", "m4", &format!("--peer-urls={lurl}"), "--learner"]);
-    let initial = out
-        .lines()
-        .find_map(|l| l.strip_prefix("ETCD_INITIAL_CLUSTER=\""))
-        .and_then(|l| l.strip_suffix('"'))
-        .unwrap()
-        .to_string();
+    let initial = member_add(&endpoints, "m4", &lurl, true);
     cluster.join(learner, &initial);
     wait_for_keys(&cluster, learner, "early/", 20).await;
     let id = members(&endpoints).into_iter().find(|m| m.0 == "m4").expect("m4 listed").1;
@@ -316,4 +320,127 @@ async fn move_leader_hands_leadership_to_the_chosen_member() {
     // A member that does not exist: etcd's error.
     let out = etcdctl_unchecked(&endpoints, &["move-leader", "abcdef"]);
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("bad leader transferee"), "{out:?}");
+}
+
+/// A planned stop (SIGTERM) of the leader hands leadership to a caught-up
+/// voter before the process exits, so that the others need not wait out an
+/// election timeout: the member it names leads, and leads already when the
+/// old leader's process has exited.
+#[tokio::test]
+async fn a_leader_stopped_with_sigterm_hands_leadership_over_first() {
+    let mut cluster = Cluster::start(3).await;
+    let leader = cluster.leader().await;
+    let via = cluster.follower().await;
+    let mut c = cluster.client(via).await;
+    for i in 0..20 {
+        c.put(format!("before/{i}"), "v", None).await.unwrap();
+    }
+    assert!(cluster.terminate(leader).success());
+    let said = cluster.log_of(leader);
+    let line = said
+        .lines()
+        .find(|l| l.contains("handed leadership over before stopping"))
+        .unwrap_or_else(|| panic!("the leader stopped without handing over:\n{}", cluster.logs()));
+    // No election was needed: the member it named already leads.
+    let status = c.status().await.unwrap();
+    let named = format!("{:x}", status.leader());
+    assert!(status.leader() != 0 && line.contains(&named), "leader {named} is not the one handed to: {line}");
+    c.put("after", "v", None).await.unwrap();
+}
+
+/// A member removed from the cluster stops serving (its process exits, as
+/// etcd's does) instead of answering from a state that no longer grows.
+#[tokio::test]
+async fn a_removed_member_stops_serving() {
+    let mut cluster = Cluster::start(3).await;
+    let gone = cluster.follower().await;
+    let id = cluster.client(gone).await.status().await.unwrap().header().unwrap().member_id();
+    let mut c = cluster.client(cluster.leader().await).await;
+    c.member_remove(id).await.unwrap();
+    let status = cluster.wait_exit(gone, Duration::from_secs(15));
+    assert!(status.is_some(), "the removed member still runs:\n{}", cluster.logs());
+    assert!(status.unwrap().success());
+    assert!(cluster.log_of(gone).contains("removed from the cluster"));
+    c.put("after-removal", "v", None).await.unwrap();
+}
+
+/// etcd's strict reconfiguration check: with a member down, adding a voter
+/// (two of four would be up) and removing a member that is up (one of two
+/// would be up) are refused with etcd's errors and change nothing; removing
+/// the member that is down is allowed.
+#[tokio::test]
+async fn membership_changes_that_could_lose_the_quorum_are_refused() {
+    let mut cluster = Cluster::start(3).await;
+    let leader = cluster.leader().await;
+    let followers: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
+    let id_of = |i: usize| {
+        let endpoint = cluster.members[i].endpoint();
+        async move {
+            let mut c = Client::connect([endpoint], None).await.unwrap();
+            c.status().await.unwrap().header().unwrap().member_id()
+        }
+    };
+    let (down, up) = (id_of(followers[0]).await, id_of(followers[1]).await);
+    let mut c = cluster.client(leader).await;
+    cluster.kill(followers[0]);
+    // Long enough for the leader to count it as down (etcd's health interval).
+    tokio::time::sleep(Duration::from_secs(6)).await;
+
+    let expected = (
+        tonic::Code::FailedPrecondition,
+        "etcdserver: re-configuration failed due to not enough started members".to_string(),
+    );
+    let refused = c.member_add(["http://127.0.0.1:1"], None).await.unwrap_err();
+    assert_eq!(common::grpc_error(refused), expected);
+    let refused = c.member_remove(up).await.unwrap_err();
+    assert_eq!(common::grpc_error(refused), expected);
+    assert_eq!(c.member_list().await.unwrap().members().len(), 3, "a refused change changed nothing");
+
+    c.member_remove(down).await.unwrap();
+    assert_eq!(c.member_list().await.unwrap().members().len(), 2);
+    c.put("still-writable", "v", None).await.unwrap();
+}
+
+/// A member that lost its data directory and is started again with the same
+/// flags is refused (etcd: "member ... has already been bootstrapped"): let
+/// in, it would have forgotten its vote and the entries it acknowledged, and
+/// openraft's leader stops when a follower's log goes back. The others go on.
+#[tokio::test]
+async fn a_member_whose_data_was_lost_is_refused_and_the_others_go_on() {
+    let mut cluster = Cluster::start(3).await;
+    let lost = cluster.follower().await;
+    let mut c = cluster.client(cluster.leader().await).await;
+    for i in 0..20 {
+        c.put(format!("before/{i}"), "v", None).await.unwrap();
+    }
+    cluster.kill(lost);
+    std::fs::remove_dir_all(&cluster.members[lost].data_dir).unwrap();
+    cluster.restart(lost);
+    let status = cluster.wait_exit(lost, Duration::from_secs(15));
+    assert!(status.is_some_and(|s| !s.success()), "the member with lost data was let in:\n{}", cluster.logs());
+    assert!(cluster.log_of(lost).contains("has already been bootstrapped"), "{}", cluster.log_of(lost));
+    for i in 0..20 {
+        c.put(format!("after/{i}"), "v", None).await.unwrap();
+    }
+}
+
+/// A member added to a cluster with a long log catches up from the log and
+/// keeps running: while it replays, its log ends for a while with
+/// configurations from before it was added, which must not make it think it
+/// was removed.
+#[tokio::test]
+async fn a_member_added_to_a_long_log_catches_up_and_stays() {
+    let mut cluster = Cluster::start(3).await;
+    let mut c = cluster.client(cluster.leader().await).await;
+    for i in 0..1500 {
+        c.put(format!("long/{i:04}"), "x", None).await.unwrap();
+    }
+    let endpoints = cluster.endpoints()[..3].join(",");
+    let added = cluster.new_member();
+    let url = cluster.peer_url(added);
+    let initial = member_add(&endpoints, "m3", &url, false);
+    cluster.join(added, &initial);
+    wait_for_keys(&cluster, added, "long/", 1500).await;
+    assert!(cluster.wait_exit(added, Duration::from_secs(4)).is_none(), "the new member stopped:\n{}", cluster.logs());
+    assert!(!cluster.log_of(added).contains("removed from the cluster"));
 }

@@ -160,3 +160,49 @@ async fn leases_survive_a_restart_of_every_member() {
     c.lease_revoke(id).await.unwrap();
     assert!(!exists(&mut c, "r/leased").await);
 }
+
+/// The worst bug a lock server can have: a leader frozen (SIGSTOP) for much
+/// longer than the election timeout and the TTL wakes up still believing it
+/// leads, finds the lease's deadline long past, and revokes it — although its
+/// holder kept it alive through a follower, and the new leader renewed it all
+/// along. The revoke must not be applied: the key attached to the lease must
+/// survive, and every keepalive must keep answering a positive TTL.
+#[tokio::test]
+async fn a_paused_leader_does_not_revoke_a_lease_kept_alive_elsewhere() {
+    let cluster = Cluster::start(3).await;
+    let leader = cluster.leader().await;
+    let via = cluster.follower().await;
+    let mut c = cluster.client(via).await;
+    let ttl = 3;
+    let id = c.lease_grant(ttl, None).await.unwrap().id();
+    c.put("held", "by-a-live-session", Some(PutOptions::new().with_lease(id))).await.unwrap();
+
+    let (mut keeper, mut answers) = c.lease_keep_alive(id).await.unwrap();
+    let keepalive = tokio::spawn(async move {
+        let mut ttls = Vec::new();
+        let until = Instant::now() + Duration::from_secs(14);
+        while Instant::now() < until {
+            // A keepalive that cannot be answered in time (no leader yet) is
+            // retried; the TTL leaves room for an election.
+            let _ = keeper.keep_alive().await;
+            if let Ok(Ok(Some(answer))) = tokio::time::timeout(Duration::from_millis(900), answers.message()).await {
+                ttls.push(answer.ttl());
+            }
+            tokio::time::sleep(Duration::from_millis(700)).await;
+        }
+        ttls
+    });
+
+    // Frozen for more than twice the TTL: the others elect a new leader, which
+    // renews the lease; the old one's deadline for it passes while it sleeps.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    cluster.pause(leader);
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    cluster.resume(leader);
+    let ttls = keepalive.await.unwrap();
+
+    assert!(ttls.iter().all(|t| *t > 0), "a keepalive answered that the lease is gone: {ttls:?}");
+    assert!(exists(&mut c, "held").await, "the lease was revoked while its holder kept it alive");
+    let left = c.lease_time_to_live(id, None).await.unwrap().ttl();
+    assert!(left > 0, "the lease is gone (TTL {left})");
+}

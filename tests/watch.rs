@@ -242,3 +242,88 @@ async fn progress_notifications_fragments_and_a_clean_shutdown_with_open_streams
     assert!(!matches!(ended, Ok(Some(ref r)) if !r.events().is_empty()), "{ended:?}");
     drop(tx);
 }
+
+/// A progress notification promises that every event up to its revision has
+/// been sent on the stream. Under a stream of writes, applied batches can be
+/// waiting in the member's feed while a progress request is answered: the
+/// answer must not report a revision whose events are still to come.
+#[tokio::test]
+async fn a_progress_notification_never_overtakes_an_event() {
+    let cluster = Cluster::start(3).await;
+    let via = cluster.leader().await;
+    let mut c = cluster.client(via).await;
+    let mut stream = c.watch("p/", Some(WatchOptions::new().with_prefix())).await.unwrap();
+    assert!(next(&mut stream).await.created());
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut writers = Vec::new();
+    for w in 0..16 {
+        let (mut c, stop) = (cluster.client(via).await, stop.clone());
+        writers.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                c.put(format!("p/{w}"), n.to_string(), None).await.unwrap();
+                n += 1;
+            }
+        }));
+    }
+    let until = std::time::Instant::now() + Duration::from_secs(4);
+    let (mut promised, mut progress_seen, mut events_seen) = (0i64, 0, 0);
+    let mut overtaken = Vec::new();
+    while std::time::Instant::now() < until {
+        stream.request_progress().await.unwrap();
+        // Read a few of the responses that have arrived, then ask again.
+        for _ in 0..8 {
+            let Ok(resp) = tokio::time::timeout(Duration::from_millis(2), stream.message()).await else { break };
+            let resp = resp.unwrap().unwrap();
+            if resp.events().is_empty() {
+                promised = promised.max(resp.header().unwrap().revision());
+                progress_seen += 1;
+            }
+            for e in resp.events() {
+                events_seen += 1;
+                let rev = e.kv().unwrap().mod_revision();
+                if rev <= promised {
+                    overtaken.push((rev, promised));
+                }
+            }
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for w in writers {
+        w.await.unwrap();
+    }
+    assert!(progress_seen > 50 && events_seen > 500, "{progress_seen} progress answers, {events_seen} events");
+    assert!(
+        overtaken.is_empty(),
+        "events at or below a promised progress revision: {:?}",
+        &overtaken[..overtaken.len().min(10)]
+    );
+}
+
+/// A watch opened with etcd's `hasleader` metadata (clientv3's
+/// `WithRequireLeader`) on a member that loses its leader ends with etcd's
+/// "no leader" instead of waiting in silence, and a new one is refused.
+#[tokio::test]
+async fn a_watch_that_requires_a_leader_ends_when_its_member_has_none() {
+    let mut cluster = Cluster::start(3).await;
+    let via = cluster.follower().await;
+    let options = etcd_client::ConnectOptions::new().with_require_leader(true);
+    let mut c = etcd_client::Client::connect([cluster.members[via].endpoint()], Some(options)).await.unwrap();
+    let mut stream = c.watch("r/", Some(WatchOptions::new().with_prefix())).await.unwrap();
+    assert!(next(&mut stream).await.created());
+    for i in (0..3).filter(|i| *i != via) {
+        cluster.kill(i);
+    }
+    let end = tokio::time::timeout(Duration::from_secs(20), stream.message())
+        .await
+        .expect("the watch still waits in silence 20 s after its member lost the leader");
+    let (code, message) = common::grpc_error(end.expect_err("the watch must end with an error"));
+    assert_eq!((code, message.as_str()), (tonic::Code::Unavailable, "etcdserver: no leader"));
+    let refused = async {
+        let mut s = c.watch("r/", None).await?;
+        s.message().await
+    };
+    let (code, message) = common::grpc_error(refused.await.expect_err("a new watch must be refused"));
+    assert_eq!((code, message.as_str()), (tonic::Code::Unavailable, "etcdserver: no leader"));
+}

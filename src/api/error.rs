@@ -42,6 +42,10 @@ pub fn mvcc(e: MvccError) -> Status {
     }
 }
 
+pub fn no_leader() -> Status {
+    server(ServerError::NoLeader)
+}
+
 pub fn server(e: ServerError) -> Status {
     match e {
         ServerError::NoLeader => Status::unavailable("etcdserver: no leader"),

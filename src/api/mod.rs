@@ -37,6 +37,12 @@ pub const MAX_GRPC_MESSAGE_BYTES: usize = MAX_REQUEST_BYTES + 512 * 1024;
 /// The most operations in one branch of a txn.
 pub const MAX_TXN_OPS: usize = 128;
 
+/// Whether a request carries etcd's `hasleader: true` metadata (clientv3's
+/// `WithRequireLeader`): it must not be served by a member without a leader.
+pub fn requires_leader<T>(req: &tonic::Request<T>) -> bool {
+    req.metadata().get("hasleader").is_some_and(|v| v == "true")
+}
+
 /// A response header from this node at `revision`.
 pub fn header(node: &Node, revision: i64) -> Option<ResponseHeader> {
     Some(ResponseHeader { cluster_id: node.cluster_id, member_id: node.id, revision, raft_term: node.raft_term() })
@@ -67,6 +73,8 @@ pub async fn serve_peers(node: Arc<Node>, addrs: Vec<SocketAddr>) -> anyhow::Res
             node.proposer().clone(),
             leases,
             node.read_floor(),
+            node.peer_clients().clone(),
+            node.applied_state(),
             node.cluster_token.clone(),
             node.shutdown_signal(),
         );

@@ -14,6 +14,16 @@
 //! stalled watcher holds at most the outbox and one catch-up chunk in memory,
 //! and never slows apply or other watchers.
 //!
+//! Progress notifications (periodic, or asked for) promise that every event
+//! up to their revision has been sent: each reports how far its watchers'
+//! positions have come, never the store's revision, which can be ahead of
+//! the applied batches this session has yet to read from the feed.
+//!
+//! A stream opened with etcd's `hasleader` metadata (clientv3's
+//! `WithRequireLeader`) is refused on a member without a leader, and ends
+//! with "etcdserver: no leader" once its member has been without one for
+//! three election timeouts, so that the client moves to another member.
+//!
 //! Watch IDs are per stream, as etcd assigns them: the client's, or the lowest
 //! free one counting from 0. A watcher whose start revision is compacted is
 //! created, then cancelled with `compact_revision` set.
@@ -28,7 +38,7 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::{header, MAX_REQUEST_BYTES};
+use super::{error, header, MAX_REQUEST_BYTES};
 use crate::mvcc::{KeyRange, KeyValue, MvccError, Revision};
 use crate::proto::etcdserverpb as pb;
 use crate::proto::etcdserverpb::watch_server::{Watch, WatchServer};
@@ -59,6 +69,10 @@ impl Watch for WatchService {
     type WatchStream = WatchStream;
 
     async fn watch(&self, req: Request<Streaming<pb::WatchRequest>>) -> Result<Response<WatchStream>, Status> {
+        let require_leader = super::requires_leader(&req);
+        if require_leader && !self.node.has_leader() {
+            return Err(error::no_leader());
+        }
         let (tx, rx) = mpsc::channel(OUTBOX);
         let session = Session {
             feed: self.node.state().subscribe(),
@@ -67,7 +81,7 @@ impl Watch for WatchService {
             watchers: BTreeMap::new(),
             next_id: 0,
         };
-        tokio::spawn(session.run(req.into_inner(), self.progress_interval));
+        tokio::spawn(session.run(req.into_inner(), self.progress_interval, require_leader));
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
     }
 }
@@ -84,8 +98,22 @@ struct Session {
 }
 
 impl Session {
-    async fn run(mut self, mut inbound: Streaming<pb::WatchRequest>, progress_interval: Duration) {
+    async fn run(
+        mut self,
+        mut inbound: Streaming<pb::WatchRequest>,
+        progress_interval: Duration,
+        require_leader: bool,
+    ) {
         let shutdown = self.node.shutdown_signal();
+        let node = self.node.clone();
+        let leaderless = async {
+            if require_leader {
+                node.leaderless().await
+            } else {
+                std::future::pending().await
+            }
+        };
+        tokio::pin!(leaderless);
         let mut progress = tokio::time::interval_at(tokio::time::Instant::now() + progress_interval, progress_interval);
         loop {
             let step = tokio::select! {
@@ -99,6 +127,12 @@ impl Session {
                     Err(RecvError::Closed) => return,
                 },
                 _ = progress.tick() => self.progress().await,
+                _ = &mut leaderless => {
+                    // As etcd: a stream that requires a leader ends with
+                    // "no leader" rather than waiting in silence.
+                    let _ = self.outbox.send(Err(error::no_leader())).await;
+                    return;
+                }
                 _ = crate::server::shutdown_started(shutdown.clone()) => return,
             };
             if step.is_err() {
@@ -132,8 +166,8 @@ impl Session {
                 Ok(())
             }
             Some(RequestUnion::ProgressRequest(_)) => {
-                // Every watcher is caught up whenever the session reads a request.
-                self.send(self.response(-1, self.current_revision())).await
+                let revision = self.watchers.values().map(|w| self.delivered_through(w)).min();
+                self.send(self.response(-1, revision.unwrap_or_else(|| self.current_revision()))).await
             }
             None => Ok(()),
         }
@@ -270,11 +304,20 @@ impl Session {
         Ok(())
     }
 
+    /// The revision through which `w` has been sent every event: what a
+    /// progress notification may promise. Not the store's revision, which
+    /// can be ahead of what this session has taken from the feed: applied
+    /// batches may be waiting there, and promising their revisions would let
+    /// a notification overtake their events.
+    fn delivered_through(&self, w: &Watcher) -> Revision {
+        (w.next_revision - 1).min(self.current_revision())
+    }
+
     async fn progress(&mut self) -> Result<(), Gone> {
-        let current = self.current_revision();
-        let ids: Vec<i64> = self.watchers.values().filter(|w| w.progress_notify).map(|w| w.id).collect();
-        for id in ids {
-            self.send(self.response(id, current)).await?;
+        let due: Vec<(i64, Revision)> =
+            self.watchers.values().filter(|w| w.progress_notify).map(|w| (w.id, self.delivered_through(w))).collect();
+        for (id, revision) in due {
+            self.send(self.response(id, revision)).await?;
         }
         Ok(())
     }

@@ -16,7 +16,12 @@
 //!
 //! Every change is refused with etcd's error when it cannot apply (unknown
 //! member, peer URL in use, promoting a voter, a learner not in sync), and
-//! while another change is still in progress.
+//! while another change is still in progress. As etcd's strict
+//! reconfiguration check, a change that could leave the cluster unable to
+//! commit is refused too: a new voter while any voter is down ("unhealthy
+//! cluster"), or one that leaves fewer voters up than a quorum ("not enough
+//! started members"). A voter counts as up if it answered the leader within
+//! [`HEALTH_INTERVAL`].
 //!
 //! Caveats: a removed member is not told to stop; stop its process. A member
 //! has one peer URL: of several given, the first is used.
@@ -27,6 +32,9 @@ use openraft::error::{ChangeMembershipError, ClientWriteError, RaftError};
 use openraft::ChangeMembers;
 use serde::{Deserialize, Serialize};
 
+use std::time::Duration;
+
+use super::network::PeerClients;
 use super::{MemberNode, Raft};
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -90,7 +98,7 @@ static ONE_CHANGE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_
 /// leader counts an entry as committed before its own copy is synced (see
 /// `raft::log_store`); joint consensus needs the previous configuration
 /// durable on a quorum before the next one starts.
-pub async fn change(raft: &Raft, token: &str, change: MembershipChange) -> MembershipAnswer {
+pub async fn change(raft: &Raft, peers: &PeerClients, token: &str, change: MembershipChange) -> MembershipAnswer {
     let _one = ONE_CHANGE_AT_A_TIME.lock().await;
     let metrics = raft.metrics().borrow().clone();
     if metrics.current_leader != Some(metrics.id) {
@@ -112,6 +120,15 @@ pub async fn change(raft: &Raft, token: &str, change: MembershipChange) -> Membe
     let url_taken = |urls: &[String], except: Option<u64>| {
         nodes.iter().any(|(id, n)| Some(*id) != except && urls.contains(&n.peer_url))
     };
+    // A leader that has just been elected has not heard from everyone yet:
+    // give the voters a moment (a few heartbeats) to answer before judging.
+    let settle = tokio::time::Instant::now() + SETTLE;
+    while voters.iter().any(|id| *id != metrics.id && !peers.heard_within(*id, HEALTH_INTERVAL))
+        && tokio::time::Instant::now() < settle
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let started = |id: u64| id == metrics.id || peers.heard_within(id, HEALTH_INTERVAL);
     let (id, result) = match change {
         MembershipChange::Add { peer_urls, is_learner } => {
             if peer_urls.is_empty() || !peer_urls.iter().all(|u| valid_url(u)) {
@@ -119,6 +136,12 @@ pub async fn change(raft: &Raft, token: &str, change: MembershipChange) -> Membe
             }
             if url_taken(&peer_urls, None) {
                 return MembershipAnswer::Refused(MembershipRefusal::PeerUrlExists);
+            }
+            if !is_learner {
+                if let Err(refusal) = ready_to_add_voter(&voters, started) {
+                    tracing::warn!(%refusal, "a new voter is refused: too few voters are up");
+                    return MembershipAnswer::Refused(refusal);
+                }
             }
             let id = crate::config::member_id(&peer_urls, token);
             let node = MemberNode { name: String::new(), peer_url: peer_urls[0].clone() };
@@ -134,8 +157,10 @@ pub async fn change(raft: &Raft, token: &str, change: MembershipChange) -> Membe
                 return MembershipAnswer::Refused(MembershipRefusal::MemberNotFound);
             }
             let change = if voters.contains(&id) {
-                if voters.len() == 1 {
-                    return MembershipAnswer::Refused(MembershipRefusal::NotEnoughMembers);
+                if let Err(refusal) = ready_to_remove_voter(&voters, id, metrics.id, started) {
+                    let up: Vec<String> = voters.iter().filter(|v| started(**v)).map(|v| format!("{v:x}")).collect();
+                    tracing::warn!(%refusal, member = format!("{id:x}"), ?up, "removing a voter is refused: too few voters would be up");
+                    return MembershipAnswer::Refused(refusal);
                 }
                 ChangeMembers::RemoveVoters(BTreeSet::from([id]))
             } else {
@@ -162,6 +187,10 @@ pub async fn change(raft: &Raft, token: &str, change: MembershipChange) -> Membe
             }
             if voters.contains(&id) {
                 return MembershipAnswer::Refused(MembershipRefusal::NotLearner);
+            }
+            if let Err(refusal) = ready_to_add_voter(&voters, started) {
+                tracing::warn!(%refusal, "promoting a learner is refused: too few voters are up");
+                return MembershipAnswer::Refused(refusal);
             }
             let leader_index = metrics.last_log_index.unwrap_or(0);
             let matched = super::matched_index(&metrics, id).unwrap_or(0);
@@ -194,9 +223,99 @@ pub async fn change(raft: &Raft, token: &str, change: MembershipChange) -> Membe
     }
 }
 
+/// How recently a voter must have answered the leader to count as started
+/// (etcd's `HealthInterval`).
+pub const HEALTH_INTERVAL: Duration = Duration::from_secs(5);
+/// How long a change waits for voters not heard from yet (a new leader's
+/// first heartbeats) before it judges who is up.
+const SETTLE: Duration = Duration::from_secs(1);
+
+/// etcd's strict reconfiguration check for a new voter (an added member or a
+/// promoted learner): the voters that are up must still be a quorum of the
+/// larger cluster (a single member may always add a second: that is how a
+/// cluster is rebuilt from a backup), and every voter must be up, or the
+/// change could leave the cluster unable to commit.
+fn ready_to_add_voter(voters: &BTreeSet<u64>, started: impl Fn(u64) -> bool) -> Result<(), MembershipRefusal> {
+    let up = voters.iter().filter(|id| started(**id)).count();
+    let after = voters.len() + 1;
+    if !(up == 1 && after == 2) && up < after / 2 + 1 {
+        return Err(MembershipRefusal::NotEnoughMembers);
+    }
+    if up < voters.len() {
+        return Err(MembershipRefusal::Unhealthy);
+    }
+    Ok(())
+}
+
+/// etcd's strict reconfiguration check for removing voter `id`: the voters
+/// left that are up must be a quorum of the smaller cluster. A member that
+/// is down may always go; one that is up only if the others that are up
+/// still make a quorum without it.
+fn ready_to_remove_voter(
+    voters: &BTreeSet<u64>,
+    id: u64,
+    leader: u64,
+    started: impl Fn(u64) -> bool,
+) -> Result<(), MembershipRefusal> {
+    let left = voters.len() - 1;
+    let up_left = voters.iter().filter(|v| **v != id && started(**v)).count();
+    if left == 0 || up_left < left / 2 + 1 {
+        return Err(MembershipRefusal::NotEnoughMembers);
+    }
+    if id != leader && !started(id) {
+        return Ok(());
+    }
+    let up = voters.iter().filter(|v| started(**v)).count();
+    if up - 1 < 1 + (voters.len() - 1) / 2 {
+        return Err(MembershipRefusal::Unhealthy);
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
-    use super::valid_url;
+    use super::*;
+
+    fn voters(ids: &[u64]) -> BTreeSet<u64> {
+        ids.iter().copied().collect()
+    }
+
+    #[test]
+    fn a_voter_is_added_only_while_every_voter_is_up() {
+        let all_up = |_| true;
+        assert_eq!(ready_to_add_voter(&voters(&[1]), all_up), Ok(()), "one member may add a second");
+        assert_eq!(ready_to_add_voter(&voters(&[1, 2, 3]), all_up), Ok(()));
+        // Three voters, one down: two of four would be up (etcd says "not
+        // enough started members"); five, one down: four of six, but one
+        // voter is down ("unhealthy cluster").
+        let three_down = |id| id != 3;
+        assert_eq!(ready_to_add_voter(&voters(&[1, 2, 3]), three_down), Err(MembershipRefusal::NotEnoughMembers));
+        let five = voters(&[1, 2, 3, 4, 5]);
+        assert_eq!(ready_to_add_voter(&five, |id| id != 5), Err(MembershipRefusal::Unhealthy));
+        let only_one = |id| id == 1;
+        assert_eq!(ready_to_add_voter(&voters(&[1, 2, 3]), only_one), Err(MembershipRefusal::NotEnoughMembers));
+        assert_eq!(ready_to_add_voter(&voters(&[1, 2]), only_one), Err(MembershipRefusal::NotEnoughMembers));
+    }
+
+    #[test]
+    fn a_voter_is_removed_only_if_a_quorum_of_the_rest_is_up() {
+        let three_down = |id| id != 3;
+        // The member that is down may go; one that is up may not.
+        assert_eq!(ready_to_remove_voter(&voters(&[1, 2, 3]), 3, 1, three_down), Ok(()));
+        assert_eq!(
+            ready_to_remove_voter(&voters(&[1, 2, 3]), 2, 1, three_down),
+            Err(MembershipRefusal::NotEnoughMembers)
+        );
+        let all_up = |_| true;
+        assert_eq!(ready_to_remove_voter(&voters(&[1, 2, 3]), 2, 1, all_up), Ok(()));
+        assert_eq!(ready_to_remove_voter(&voters(&[1, 2, 3]), 1, 1, all_up), Ok(()), "even the leader");
+        assert_eq!(ready_to_remove_voter(&voters(&[1]), 1, 1, all_up), Err(MembershipRefusal::NotEnoughMembers));
+        // Five members, two down: removing a live one would leave two of four up.
+        let two_down = |id| id <= 3;
+        let five = voters(&[1, 2, 3, 4, 5]);
+        assert_eq!(ready_to_remove_voter(&five, 2, 1, two_down), Err(MembershipRefusal::NotEnoughMembers));
+        assert_eq!(ready_to_remove_voter(&five, 5, 1, two_down), Ok(()));
+    }
 
     #[test]
     fn peer_urls_are_checked_as_etcd_does() {

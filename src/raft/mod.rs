@@ -96,6 +96,16 @@ pub type RaftMetrics = openraft::RaftMetrics<u64, MemberNode>;
 pub fn matched_index(metrics: &RaftMetrics, id: u64) -> Option<u64> {
     metrics.replication.as_ref()?.get(&id)?.as_ref().map(|log_id| log_id.index)
 }
+/// Whether `metrics`' member has applied a configuration that leaves member
+/// `id` out (so its removal is committed).
+pub fn removal_applied(metrics: &RaftMetrics, id: u64) -> bool {
+    let config = &metrics.membership_config;
+    let applied = match (config.log_id(), metrics.last_applied) {
+        (Some(config), Some(applied)) => config.index <= applied.index,
+        _ => false,
+    };
+    applied && config.membership().get_node(&id).is_none()
+}
 pub use openraft::{Config as RaftConfig, ServerState};
 
 /// The first byte of every encoded log entry and peer payload. Bumped when the

@@ -47,6 +47,15 @@ use crate::storage::wal::Durable;
 pub struct PeerClients {
     /// std Mutex: held only to look up or insert a channel, never across I/O.
     channels: Arc<Mutex<HashMap<String, Channel>>>,
+    /// The address peer connections leave from: the one this member listens
+    /// on for peers, when it listens on one address. Peers then see every
+    /// packet of this member come from its own address, so that a firewall
+    /// (or the fault suite's partitions) can tell members apart.
+    source: Option<std::net::IpAddr>,
+    /// When each member last answered this member's Raft requests (as
+    /// leader): who is up, for membership changes that need a quorum of
+    /// started members. std Mutex: held only to read or set one time.
+    heard: Arc<Mutex<HashMap<u64, Instant>>>,
 }
 
 /// Why a forwarded request did not produce a result.
@@ -76,12 +85,24 @@ impl PeerClients {
                     .tcp_nodelay(true)
                     .http2_keep_alive_interval(PEER_KEEPALIVE)
                     .keep_alive_timeout(PEER_KEEPALIVE)
+                    .local_address(self.source)
                     .connect_lazy();
                 channels.insert(url.to_string(), c.clone());
                 c
             }
         };
         Ok(PeerClient::new(channel).max_decoding_message_size(usize::MAX).max_encoding_message_size(usize::MAX))
+    }
+
+    fn heard_from(&self, member: u64) {
+        self.heard.lock().expect("peer liveness lock poisoned").insert(member, Instant::now());
+    }
+
+    /// Whether `member` has answered a Raft request of this member within
+    /// `within`.
+    pub fn heard_within(&self, member: u64, within: Duration) -> bool {
+        let heard = self.heard.lock().expect("peer liveness lock poisoned");
+        heard.get(&member).is_some_and(|at| at.elapsed() <= within)
     }
 
     /// Hand writes to the leader at `url`; one answer per command, in order.
@@ -241,8 +262,9 @@ pub struct PeerNetwork {
 }
 
 impl PeerNetwork {
-    pub fn new(log: LogStore) -> PeerNetwork {
-        PeerNetwork { clients: PeerClients::default(), log }
+    /// `source`: the address peer connections leave from (see [`PeerClients`]).
+    pub fn new(log: LogStore, source: Option<std::net::IpAddr>) -> PeerNetwork {
+        PeerNetwork { clients: PeerClients { source, ..PeerClients::default() }, log }
     }
 }
 
@@ -349,7 +371,10 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
                 None => pipe.heartbeat(rpc.leader_commit, option.hard_ttl()).await,
             };
             match answered {
-                Ok(()) => return Ok(AppendEntriesResponse::Success),
+                Ok(()) => {
+                    self.clients.heard_from(self.target);
+                    return Ok(AppendEntriesResponse::Success);
+                }
                 Err(Stopped { reason, unsupported }) => {
                     tracing::debug!(target = self.target, %reason, "replication pipe stopped; sending alone");
                     self.pipe = None;
@@ -367,6 +392,9 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         }
         let has_entries = !rpc.entries.is_empty();
         let answer = self.call(RaftRpc::AppendEntries, &rpc, &option).await;
+        if answer.is_ok() {
+            self.clients.heard_from(self.target);
+        }
         let succeeded = matches!(answer, Ok(AppendEntriesResponse::Success));
         // After entries succeed openraft continues from their end; after a
         // heartbeat, its next entries may still be a guess of its search.

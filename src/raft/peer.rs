@@ -24,6 +24,7 @@ use tokio::sync::{mpsc, watch};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::membership::MembershipChange;
+use super::network::PeerClients;
 use super::pipeline;
 use super::proposer::{ProposeError, Proposer};
 use super::read_index::{read_index, ReadFloor};
@@ -75,6 +76,10 @@ pub struct PeerService {
     proposer: Proposer,
     leases: std::sync::Arc<dyn LeaseAuthority>,
     read_floor: std::sync::Arc<ReadFloor>,
+    /// This member's own peer clients: who has answered it lately.
+    peers: PeerClients,
+    /// The applied state: which members have published themselves.
+    state: std::sync::Arc<crate::state::AppliedState>,
     /// The cluster token, from which members' IDs are derived.
     token: String,
     /// Becomes true when the member begins to shut down (ends replication streams).
@@ -87,10 +92,12 @@ impl PeerService {
         proposer: Proposer,
         leases: std::sync::Arc<dyn LeaseAuthority>,
         read_floor: std::sync::Arc<ReadFloor>,
+        peers: PeerClients,
+        state: std::sync::Arc<crate::state::AppliedState>,
         token: String,
         shutdown: watch::Receiver<bool>,
     ) -> PeerServer<PeerService> {
-        PeerServer::new(PeerService { raft, proposer, leases, read_floor, token, shutdown })
+        PeerServer::new(PeerService { raft, proposer, leases, read_floor, peers, state, token, shutdown })
             .max_decoding_message_size(usize::MAX)
             .max_encoding_message_size(usize::MAX)
     }
@@ -190,12 +197,21 @@ impl Peer for PeerService {
 
     async fn membership(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
         let change: MembershipChange = payload(req)?;
-        reply(&super::membership::change(&self.raft, &self.token, change).await)
+        reply(&super::membership::change(&self.raft, &self.peers, &self.token, change).await)
     }
 
     async fn admin(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
-        let admin: super::transfer::AdminRequest = payload(req)?;
-        reply(&super::transfer::admin(&self.raft, admin).await)
+        match payload(req)? {
+            super::transfer::AdminRequest::Published { id } => {
+                let leads = {
+                    let m = self.raft.metrics();
+                    let m = m.borrow();
+                    m.current_leader == Some(m.id)
+                };
+                reply(&(leads && self.state.members().contains_key(&id)))
+            }
+            admin => reply(&super::transfer::admin(&self.raft, admin).await),
+        }
     }
 
     async fn read_index(&self, _req: Request<ReadIndexRequest>) -> Result<Response<ReadIndexResponse>, Status> {

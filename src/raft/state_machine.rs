@@ -93,8 +93,13 @@ enum JournalOp {
     Version(StoredVersion),
     Compact(Revision),
     Member(u64, MemberAttrs),
-    LeaseGrant { id: i64, ttl: i64 },
+    LeaseGrant {
+        id: i64,
+        ttl: i64,
+    },
     LeaseRevoke(i64),
+    /// A member left the configuration: its published attributes go.
+    MemberGone(u64),
 }
 
 pub struct StateMachine {
@@ -210,6 +215,9 @@ impl StateMachine {
                     JournalOp::LeaseRevoke(id) => {
                         leases.remove(&id);
                     }
+                    JournalOp::MemberGone(id) => {
+                        members.remove(&id);
+                    }
                 }
             }
         }
@@ -267,13 +275,20 @@ impl StateMachine {
         published.extend(changes);
     }
 
-    fn apply_command(&self, cmd: Command, ops: &mut Vec<JournalOp>, published: &mut Vec<Change>) -> CommandResult {
+    /// Apply one command of an entry appended in `term`.
+    fn apply_command(
+        &self,
+        cmd: Command,
+        term: u64,
+        ops: &mut Vec<JournalOp>,
+        published: &mut Vec<Change>,
+    ) -> CommandResult {
         if let Command::Batch(cmds) = cmd {
             return CommandResult::Batch(
                 cmds.into_iter()
                     .map(|c| {
                         assert!(!matches!(c, Command::Batch(_)), "batches are never nested");
-                        self.apply_command(c, ops, published)
+                        self.apply_command(c, term, ops, published)
                     })
                     .collect(),
             );
@@ -315,7 +330,10 @@ impl StateMachine {
                     rejected(MvccError::LeaseExists, &mvcc)
                 }
             }
-            Command::LeaseRevoke { id } => {
+            Command::LeaseExpire { term: decided_in, .. } if decided_in != term => {
+                CommandResult::ExpiryOfAnotherTerm { revision: mvcc.revision() }
+            }
+            Command::LeaseRevoke { id } | Command::LeaseExpire { id, .. } => {
                 let keys = self.state.leases_mut().revoke(id);
                 match keys {
                     Some(keys) => {
@@ -335,9 +353,13 @@ impl StateMachine {
                 Err(e) => rejected(e, &mvcc),
             },
             Command::PublishMember { id, name, client_urls } => {
-                let attrs = MemberAttrs { name, client_urls };
-                ops.push(JournalOp::Member(id, attrs.clone()));
-                self.state.members_mut().insert(id, attrs);
+                // A publish that commits after its member was removed is
+                // void: a member added back must start as a new one.
+                if self.membership.membership().get_node(&id).is_some() {
+                    let attrs = MemberAttrs { name, client_urls };
+                    ops.push(JournalOp::Member(id, attrs.clone()));
+                    self.state.members_mut().insert(id, attrs);
+                }
                 CommandResult::MemberPublished { revision: mvcc.revision() }
             }
             Command::Batch(_) => unreachable!("handled above"),
@@ -422,8 +444,19 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             self.last_applied = Some(entry.log_id);
             let result = match entry.payload {
                 EntryPayload::Blank => CommandResult::Empty,
-                EntryPayload::Normal(cmd) => self.apply_command(cmd, &mut ops, &mut published),
+                EntryPayload::Normal(cmd) => {
+                    self.apply_command(cmd, entry.log_id.leader_id.term, &mut ops, &mut published)
+                }
                 EntryPayload::Membership(m) => {
+                    // A member that left forgets what it published: added
+                    // again, it is a new member (see `server::refuse_if_bootstrapped`).
+                    let mut members = self.state.members_mut();
+                    let gone: Vec<u64> = members.keys().copied().filter(|id| m.get_node(id).is_none()).collect();
+                    for id in gone {
+                        members.remove(&id);
+                        ops.push(JournalOp::MemberGone(id));
+                    }
+                    drop(members);
                     self.membership = StoredMembership::new(Some(entry.log_id), m);
                     CommandResult::Empty
                 }
@@ -598,6 +631,27 @@ mod tests {
         let state = Arc::new(AppliedState::default());
         let sm = StateMachine::open_with(db.clone(), state.clone(), checkpoint_min).unwrap();
         (dir, db, state, sm)
+    }
+
+    /// An expiry counts only in the term it was decided in: a deposed
+    /// leader's expiry, appended by the next leader in a later term, is void.
+    #[tokio::test]
+    async fn an_expiry_is_applied_only_in_the_term_that_decided_it() {
+        let (_dir, _db, state, mut sm) = fresh(1000);
+        let in_term = |term: u64, index: u64, cmd: Command| Entry {
+            log_id: LogId::new(CommittedLeaderId::new(term, 1), index),
+            payload: EntryPayload::Normal(cmd),
+        };
+        sm.apply([in_term(1, 1, Command::LeaseGrant { id: 7, ttl: 5 })]).await.unwrap();
+        let attached = PutRequest { key: "held".into(), value: "v".into(), lease: 7, ..Default::default() };
+        sm.apply([in_term(1, 2, Command::Put(attached))]).await.unwrap();
+        let results = sm.apply([in_term(2, 3, Command::LeaseExpire { id: 7, term: 1 })]).await.unwrap();
+        assert_eq!(results, [CommandResult::ExpiryOfAnotherTerm { revision: 2 }]);
+        assert!(state.leases().get(7).is_some(), "the lease outlived a stale expiry");
+        let batch = Command::Batch(vec![Command::LeaseExpire { id: 7, term: 2 }]);
+        let results = sm.apply([in_term(2, 4, batch)]).await.unwrap();
+        assert_eq!(results, [CommandResult::Batch(vec![CommandResult::LeaseRevoked { revision: 3 }])]);
+        assert!(state.leases().get(7).is_none());
     }
 
     #[tokio::test]

@@ -36,6 +36,21 @@ pub enum AdminRequest {
     ResumeElections,
     /// Start an election now.
     Campaign,
+    /// Has member `id` published its attributes through the log since it was
+    /// last added (so it ran in this cluster before)? Asked by a member that
+    /// starts with an empty data directory; only a leader answers yes, from
+    /// its applied state (the peer service does, not `admin`): a follower
+    /// may not have applied a removal yet.
+    Published {
+        id: u64,
+    },
+    /// Has member `id` been removed? Only a leader answers yes: from the
+    /// configuration it has applied (another member may lag behind a later
+    /// addition). Asked by a member that may never see its removal
+    /// committed (see `Node::removed`).
+    Removed {
+        id: u64,
+    },
 }
 
 /// Run an admin request on this member.
@@ -55,6 +70,11 @@ pub async fn admin(raft: &Raft, req: AdminRequest) -> bool {
             true
         }
         AdminRequest::Campaign => raft.trigger().elect().await.is_ok(),
+        AdminRequest::Published { .. } => false,
+        AdminRequest::Removed { id } => {
+            let m = raft.metrics().borrow().clone();
+            m.current_leader == Some(m.id) && super::removal_applied(&m, id)
+        }
     }
 }
 

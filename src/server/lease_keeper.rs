@@ -1,16 +1,40 @@
 //! Lease time: the leader's clock decides when a lease expires.
 //!
-//! Only the leader keeps deadlines. When a member becomes leader it gives every
-//! lease its full TTL again from that moment (as etcd does), so a lease never
-//! expires because of a leadership change; keepalives move a deadline to now +
-//! TTL. Once a deadline passes the keeper proposes a revoke through Raft — the
-//! same command a client's LeaseRevoke proposes — so expiry reaches every
-//! replica in log order and apply never reads a clock.
+//! Only the leader keeps deadlines, and only for the term it leads in. When a
+//! member begins to lead a term it gives every lease its full TTL again from
+//! that moment (as etcd does), so a lease never expires because of a
+//! leadership change; keepalives move a deadline to now + TTL. Once a
+//! deadline passes the keeper asks the node to expire the lease
+//! ([`Node::expire_leases`]), which confirms with a quorum that this member
+//! still leads the same term and proposes `Command::LeaseExpire` carrying
+//! that term, so expiry reaches every replica in log order and apply never
+//! reads a clock.
+//!
+//! Safety (a lease whose holder keeps it alive is never revoked): the
+//! keepalives of a term go to that term's leader, so only its deadlines know
+//! of them. A leader that was paused or cut off may wake believing it still
+//! leads, with deadlines that missed every keepalive its successor took. So
+//! its expiry is proposed only after a quorum confirmed, after the deadline
+//! passed, that it still leads — then no later term had begun, and every
+//! keepalive of this term went through its own deadlines — and only on this
+//! member: never forwarded, never retried under another leader. The command
+//! carries the term its deadlines belong to, and apply ignores it in an
+//! entry of another term, which covers a re-election between the
+//! confirmation and the proposal. (An expiry appended in its term and
+//! committed by the next leader is sound: it was decided before that
+//! leader's term began, and that leader applies it before it renews
+//! anything.)
+//!
+//! Fairness: time the keeper could not see — its tick delayed by much more
+//! than a tick ([`STALL`]), as when the process was stopped — is added to
+//! every deadline, since keepalives may have been waiting for it all along
+//! (a pause shorter than an election leaves it leading). Shorter delays are
+//! ordinary scheduling and count as time passed.
 //!
 //! Caveats: deadlines live in the leader's memory only, so after a leader
 //! change a lease lives up to one extra TTL (never less than its TTL). Expiry
-//! is checked every tick ([`TICK`]); a lease is revoked within a tick plus one
-//! commit after its deadline.
+//! is checked every tick ([`TICK`]); a lease is revoked within a tick, a
+//! quorum round and one commit after its deadline.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Mutex, Weak};
@@ -19,11 +43,13 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::Node;
-use crate::command::Command;
 use crate::lease::LeaseTable;
 
 /// How often the leader looks for expired leases.
 pub const TICK: Duration = Duration::from_millis(100);
+/// A tick this much later than due means the keeper was held up (stopped,
+/// starved): the time it missed moves every deadline.
+pub const STALL: Duration = Duration::from_millis(500);
 
 #[derive(Default)]
 pub struct LeaseKeeper {
@@ -33,18 +59,28 @@ pub struct LeaseKeeper {
 
 #[derive(Default)]
 struct Deadlines {
-    /// Whether the deadlines below belong to a term in which we lead.
-    leading: bool,
+    /// The term whose leader this member was at the last tick, if it led.
+    term: Option<u64>,
+    /// When the last tick ran (to notice time the keeper did not see).
+    last_tick: Option<Instant>,
     at: HashMap<i64, Instant>,
-    /// Leases whose revoke has been proposed and not yet answered.
-    revoking: HashSet<i64>,
+    /// Leases whose expiry has been proposed and not yet answered.
+    expiring: HashSet<i64>,
 }
 
 impl Deadlines {
+    /// Forget the deadlines of any other term (or of not leading): a new
+    /// term of ours gives every lease a full TTL from now (see `sync`).
+    fn begin_term(&mut self, term: Option<u64>, now: Instant) {
+        if self.term != term {
+            *self = Deadlines { term, last_tick: Some(now), ..Deadlines::default() };
+        }
+    }
+
     /// Bring the deadlines in line with the table: new leases get a full TTL.
     fn sync(&mut self, table: &LeaseTable, now: Instant) {
         self.at.retain(|id, _| table.get(*id).is_some());
-        self.revoking.retain(|id| table.get(*id).is_some());
+        self.expiring.retain(|id| table.get(*id).is_some());
         for (id, ttl) in table.grants() {
             self.at.entry(id).or_insert_with(|| now + secs(ttl));
         }
@@ -56,12 +92,13 @@ fn secs(ttl: i64) -> Duration {
 }
 
 impl LeaseKeeper {
-    /// A keepalive on the leader: the lease's TTL, or `None` if it is unknown
-    /// or already expired (etcd answers TTL 0 then).
-    pub fn renew(&self, table: &LeaseTable, id: i64) -> Option<i64> {
+    /// A keepalive on the leader of `term`: the lease's TTL, or `None` if it
+    /// is unknown or already expired (etcd answers TTL 0 then).
+    pub fn renew(&self, term: u64, table: &LeaseTable, id: i64) -> Option<i64> {
         let lease = table.get(id)?;
-        let now = Instant::now();
         let mut d = self.inner.lock().expect("lease keeper lock poisoned");
+        let now = Instant::now();
+        d.begin_term(Some(term), now);
         match d.at.get(&id) {
             Some(deadline) if *deadline <= now => None,
             _ => {
@@ -81,29 +118,36 @@ impl LeaseKeeper {
         })
     }
 
-    /// One tick (see the module doc). Returns the leases to revoke now.
-    fn tick(&self, leading: bool, table: &LeaseTable) -> Vec<i64> {
-        let now = Instant::now();
+    /// One tick at `now`, as leader of `leading` (or not leading). Returns the
+    /// leases to expire now.
+    fn tick(&self, leading: Option<u64>, table: &LeaseTable, now: Instant) -> Vec<i64> {
         let mut d = self.inner.lock().expect("lease keeper lock poisoned");
-        if !leading {
-            *d = Deadlines::default();
-            return Vec::new();
+        let unseen =
+            d.last_tick.map_or(Duration::ZERO, |last| now.saturating_duration_since(last).saturating_sub(TICK));
+        d.last_tick = Some(now);
+        if d.term != leading {
+            d.begin_term(leading, now);
+        } else if unseen >= STALL {
+            tracing::warn!(
+                unseen_ms = unseen.as_millis() as u64,
+                "the lease keeper was held up; every lease deadline moves by the time it could not see"
+            );
+            for deadline in d.at.values_mut() {
+                *deadline += unseen;
+            }
         }
-        if !d.leading {
-            // Just became leader: every lease starts a full TTL from now.
-            d.at.clear();
-            d.revoking.clear();
-            d.leading = true;
+        if leading.is_none() {
+            return Vec::new();
         }
         d.sync(table, now);
         let expired: Vec<i64> =
-            d.at.iter().filter(|(id, t)| **t <= now && !d.revoking.contains(id)).map(|(id, _)| *id).collect();
-        d.revoking.extend(&expired);
+            d.at.iter().filter(|(id, t)| **t <= now && !d.expiring.contains(id)).map(|(id, _)| *id).collect();
+        d.expiring.extend(&expired);
         expired
     }
 
-    fn revoke_answered(&self, id: i64) {
-        self.inner.lock().expect("lease keeper lock poisoned").revoking.remove(&id);
+    fn expiry_answered(&self, id: i64) {
+        self.inner.lock().expect("lease keeper lock poisoned").expiring.remove(&id);
     }
 }
 
@@ -118,15 +162,99 @@ pub async fn run(node: Weak<Node>) {
             _ = shutdown.changed() => return,
         }
         let Some(n) = node.upgrade() else { return };
-        let expired = { n.lease_keeper.tick(n.is_leader(), &n.state().leases()) };
-        for id in expired {
-            let n = n.clone();
+        let term = n.leading_term();
+        let expired = n.lease_keeper.tick(term, &n.state().leases(), Instant::now());
+        if let (Some(term), false) = (term, expired.is_empty()) {
             tokio::spawn(async move {
-                if let Err(e) = n.write(Command::LeaseRevoke { id }).await {
-                    tracing::debug!(lease = id, error = %e, "revoking an expired lease failed; will retry");
+                if let Err(e) = n.expire_leases(term, &expired).await {
+                    tracing::debug!(leases = ?expired, error = %e, "expiring leases failed; will retry while leading");
                 }
-                n.lease_keeper.revoke_answered(id);
+                for id in expired {
+                    n.lease_keeper.expiry_answered(id);
+                }
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table_with(id: i64, ttl: i64) -> LeaseTable {
+        let mut table = LeaseTable::default();
+        assert!(table.grant(id, ttl));
+        table
+    }
+
+    /// Tick every [`TICK`] from `from` (exclusive) until a lease expires or
+    /// `until` passes; returns when, as an offset from `from`.
+    fn ticks_until_expiry(
+        keeper: &LeaseKeeper,
+        table: &LeaseTable,
+        term: u64,
+        from: Instant,
+        until: Duration,
+    ) -> Option<Duration> {
+        let mut now = from;
+        while now < from + until {
+            now += TICK;
+            if !keeper.tick(Some(term), table, now).is_empty() {
+                return Some(now - from);
+            }
+        }
+        None
+    }
+
+    #[test]
+    fn a_lease_expires_after_its_ttl_in_one_term() {
+        let keeper = LeaseKeeper::default();
+        let table = table_with(1, 2);
+        let t0 = Instant::now();
+        assert!(keeper.tick(Some(3), &table, t0).is_empty());
+        let expired = ticks_until_expiry(&keeper, &table, 3, t0, Duration::from_secs(5)).expect("expires");
+        assert_eq!(expired, Duration::from_secs(2));
+        assert!(keeper.tick(Some(3), &table, t0 + expired + TICK).is_empty(), "one expiry in flight at a time");
+    }
+
+    #[test]
+    fn a_new_term_gives_every_lease_a_full_ttl() {
+        let keeper = LeaseKeeper::default();
+        let table = table_with(1, 2);
+        let t0 = Instant::now();
+        keeper.tick(Some(3), &table, t0);
+        assert_eq!(ticks_until_expiry(&keeper, &table, 3, t0, Duration::from_millis(1900)), None);
+        // Led term 3, then (between two ticks) term 5: the deadline of term 3
+        // knows nothing of the keepalives term 4's leader took.
+        let t1 = t0 + Duration::from_millis(2000);
+        assert!(keeper.tick(Some(5), &table, t1).is_empty());
+        assert_eq!(ticks_until_expiry(&keeper, &table, 5, t1, Duration::from_secs(5)), Some(Duration::from_secs(2)));
+    }
+
+    #[test]
+    fn a_keepalive_in_a_new_term_before_its_first_tick_gets_a_full_ttl() {
+        let keeper = LeaseKeeper::default();
+        let table = table_with(1, 2);
+        let t0 = Instant::now();
+        keeper.tick(Some(3), &table, t0);
+        // Term 3's deadline passed long ago; term 5 has not ticked yet.
+        std::thread::sleep(Duration::from_millis(10));
+        keeper.inner.lock().unwrap().at.insert(1, t0);
+        assert_eq!(keeper.renew(5, &table, 1), Some(2), "a live lease was answered as gone");
+    }
+
+    #[test]
+    fn time_the_keeper_did_not_see_moves_every_deadline() {
+        let keeper = LeaseKeeper::default();
+        let table = table_with(1, 2);
+        let t0 = Instant::now();
+        keeper.tick(Some(3), &table, t0);
+        assert_eq!(ticks_until_expiry(&keeper, &table, 3, t0, Duration::from_millis(1000)), None);
+        // Stopped for 10 s with a second of the TTL left: that second is
+        // still there when it wakes.
+        let woke = t0 + Duration::from_millis(1000) + Duration::from_secs(10);
+        assert!(keeper.tick(Some(3), &table, woke).is_empty(), "a lease expired across a pause");
+        let expired = ticks_until_expiry(&keeper, &table, 3, woke, Duration::from_secs(5)).expect("expires");
+        assert!(expired >= Duration::from_millis(900) && expired <= Duration::from_millis(1100), "{expired:?}");
     }
 }

@@ -115,6 +115,8 @@ pub struct Node {
     peers: PeerClients,
     state_db: StateDb,
     request_timeout: Duration,
+    /// `--election-timeout`: bounds a leadership hand-over at stop.
+    election_timeout: Duration,
     shutdown: watch::Sender<bool>,
 }
 
@@ -127,6 +129,10 @@ impl Node {
         let members = config.initial_members()?;
         let cluster_id = crate::config::cluster_id(&config.initial_cluster_token);
         let data_dir = config.data_dir();
+        let fresh = !data_dir.join("wal").exists();
+        if fresh && members.len() > 1 {
+            refuse_if_bootstrapped(id, &config.name, &members, &data_dir).await?;
+        }
         std::fs::create_dir_all(&data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
 
         let state_db = StateDb::open(&data_dir.join("state")).context("opening the state store")?;
@@ -137,7 +143,7 @@ impl Node {
             .context("loading the state machine")?
             .staggering_checkpoints(id)
             .applying_only_durable(log_store.durable());
-        let network = PeerNetwork::new(log_store.clone());
+        let network = PeerNetwork::new(log_store.clone(), config.peer_source_address()?);
         let peers = network.clients.clone();
 
         let raft_config = RaftConfig {
@@ -199,6 +205,7 @@ impl Node {
                 peers,
                 state_db,
                 request_timeout,
+                election_timeout: config.election_timeout(),
                 shutdown,
             }
         });
@@ -216,8 +223,16 @@ impl Node {
         &self.proposer
     }
 
+    pub fn peer_clients(&self) -> &PeerClients {
+        &self.peers
+    }
+
     pub fn read_floor(&self) -> Arc<ReadFloor> {
         self.read_floor.clone()
+    }
+
+    pub fn applied_state(&self) -> Arc<AppliedState> {
+        self.state.clone()
     }
 
     pub fn state(&self) -> &AppliedState {
@@ -247,6 +262,111 @@ impl Node {
         self.raft.metrics().borrow().current_leader == Some(self.id)
     }
 
+    /// The term this member leads, if it leads.
+    pub fn leading_term(&self) -> Option<u64> {
+        let m = self.raft.metrics();
+        let m = m.borrow();
+        (m.current_leader == Some(self.id)).then_some(m.current_term)
+    }
+
+    /// Whether this member knows a leader it can count on: another member
+    /// it follows, or itself while a quorum keeps acknowledging it (a leader
+    /// cut off from the others stops counting after an election timeout).
+    pub fn has_leader(&self) -> bool {
+        let m = self.raft.metrics();
+        let m = m.borrow();
+        match m.current_leader {
+            None => false,
+            Some(leader) if leader == self.id => {
+                m.millis_since_quorum_ack.is_none_or(|ms| ms < self.election_timeout.as_millis() as u64)
+            }
+            Some(_) => true,
+        }
+    }
+
+    /// Resolves once this member has been without a leader (see
+    /// [`Node::has_leader`]) for three election timeouts in a row, as etcd
+    /// decides for streams that require a leader.
+    pub async fn leaderless(&self) {
+        let mut since: Option<Instant> = None;
+        let mut ticks = tokio::time::interval(Duration::from_millis(100));
+        loop {
+            ticks.tick().await;
+            if self.has_leader() {
+                since = None;
+            } else if since.get_or_insert_with(Instant::now).elapsed() >= self.election_timeout * 3 {
+                return;
+            }
+        }
+    }
+
+    /// Resolves once this member has been removed from the cluster: it must
+    /// stop serving. It resolves a grace period later, so that requests in
+    /// flight — the removal itself, when a leader removes itself — are
+    /// answered first.
+    ///
+    /// A member's own log is no judge: while it catches up it can hold (and
+    /// have applied) a configuration from before it was added, and a removed
+    /// follower may never see its removal committed, as the leader stops
+    /// replicating to it once it is. So once the configuration its log ends
+    /// with leaves it out, or a joint one is moving its vote away, it asks
+    /// the members every second; only the leader answers, from the
+    /// configuration it has applied (as etcd's peers tell a removed member).
+    pub async fn removed(&self) {
+        const GRACE: Duration = Duration::from_secs(1);
+        let mut metrics = self.raft.metrics();
+        let ask = crate::raft::transfer::AdminRequest::Removed { id: self.id };
+        loop {
+            let leaving = |m: &RaftMetrics| {
+                let membership = m.membership_config.membership();
+                let joint = membership.get_joint_config();
+                let voter_leaving =
+                    joint.iter().any(|c| c.contains(&self.id)) && joint.last().is_some_and(|c| !c.contains(&self.id));
+                m.membership_config.log_id().is_some() && (membership.get_node(&self.id).is_none() || voter_leaving)
+            };
+            if metrics.wait_for(leaving).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+            let urls: Vec<String> = {
+                let m = metrics.borrow();
+                let membership = m.membership_config.membership();
+                membership.nodes().filter(|(id, _)| **id != self.id).map(|(_, n)| n.peer_url.clone()).collect()
+            };
+            for url in &urls {
+                if let Ok(true) = self.peers.admin(url, &ask, Duration::from_secs(1)).await {
+                    tokio::time::sleep(GRACE).await;
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+
+    /// Expire leases whose deadlines passed while this member led `term`
+    /// (see `lease_keeper`): only if a quorum confirms that it still leads
+    /// `term`, proposed here and nowhere else, and never retried — the next
+    /// tick decides again. Apply ignores the expiry if its entry is not of
+    /// `term`.
+    pub(crate) async fn expire_leases(&self, term: u64, ids: &[i64]) -> Result<(), ServerError> {
+        let confirmed = tokio::time::timeout(self.request_timeout, read_index(&self.raft, &self.read_floor)).await;
+        if !matches!(confirmed, Ok(Ok(_))) || self.leading_term() != Some(term) {
+            return Err(ServerError::LeaderChanged);
+        }
+        let proposals = ids.iter().map(|&id| self.proposer.propose(Command::LeaseExpire { id, term }));
+        let outcomes = tokio::time::timeout(self.request_timeout, futures::future::join_all(proposals))
+            .await
+            .map_err(|_| ServerError::Timeout)?;
+        for (id, outcome) in ids.iter().zip(outcomes) {
+            match outcome {
+                Ok(CommandResult::LeaseRevoked { .. }) => tracing::debug!(lease = id, term, "lease expired"),
+                Ok(other) => tracing::info!(lease = id, term, result = ?other, "lease expiry not applied"),
+                Err(ProposeError::NotLeader { .. }) => return Err(ServerError::LeaderChanged),
+                Err(ProposeError::Stopped) => return Err(ServerError::Stopped),
+            }
+        }
+        Ok(())
+    }
+
     /// Ask the leader a lease question (answered here if we lead).
     pub async fn lease_query(&self, query: LeaseQuery) -> Result<LeaseAnswer, ServerError> {
         let deadline = Instant::now() + self.request_timeout;
@@ -259,11 +379,18 @@ impl Node {
                         return Ok(answer);
                     }
                 }
-                Some((_, url)) => {
+                Some((leader_id, url)) => {
+                    // A lease question is safe to ask again: one that waits
+                    // on a leader that has since been replaced (paused, cut
+                    // off) is asked of the new one at once, so keepalives
+                    // reach the leader whose deadlines count.
                     let remaining = deadline.saturating_duration_since(Instant::now());
-                    match self.peers.lease(url, &query, remaining).await {
-                        Ok(LeaseAnswer::NotLeader) | Err(_) => {}
-                        Ok(answer) => return Ok(answer),
+                    tokio::select! {
+                        answer = self.peers.lease(url, &query, remaining) => match answer {
+                            Ok(LeaseAnswer::NotLeader) | Err(_) => {}
+                            Ok(answer) => return Ok(answer),
+                        },
+                        _ = self.leader_replaced(*leader_id) => continue,
                     }
                 }
                 None => {}
@@ -279,6 +406,15 @@ impl Node {
         let leader = m.current_leader?;
         let url = m.membership_config.membership().get_node(&leader).map(|n| n.peer_url.clone())?;
         Some((leader, url))
+    }
+
+    /// Resolves once this member knows of a leader other than `leader` (or
+    /// of an election under way); never, once Raft has stopped.
+    async fn leader_replaced(&self, leader: u64) {
+        let mut metrics = self.raft.metrics();
+        if metrics.wait_for(|m| m.current_leader != Some(leader)).await.is_err() {
+            std::future::pending::<()>().await;
+        }
     }
 
     /// Between two attempts of a request: give up if the node is stopping or the
@@ -368,9 +504,15 @@ impl Node {
                         Ok(Err(RaftError::Fatal(_))) => return Err(ServerError::Stopped),
                     }
                 }
-                Some((_, url)) => {
-                    if let Ok(index) = self.peers.read_index(url, remaining).await {
-                        break index;
+                Some((leader_id, url)) => {
+                    // Safe to ask again, as lease questions are.
+                    tokio::select! {
+                        index = self.peers.read_index(url, remaining) => {
+                            if let Ok(index) = index {
+                                break index;
+                            }
+                        }
+                        _ = self.leader_replaced(*leader_id) => continue,
                     }
                 }
                 None => {}
@@ -422,7 +564,8 @@ impl Node {
             let leader = self.leader();
             let answer = match &leader {
                 Some((id, _)) if *id == self.id => {
-                    let change = crate::raft::membership::change(&self.raft, &self.cluster_token, change.clone());
+                    let change =
+                        crate::raft::membership::change(&self.raft, &self.peers, &self.cluster_token, change.clone());
                     match tokio::time::timeout_at(deadline, change).await {
                         Ok(answer) => Some(answer),
                         Err(_) => return Err(ServerError::Timeout.into()),
@@ -465,6 +608,34 @@ impl Node {
         let (raft, peers) = (self.raft.clone(), self.peers.clone());
         let task = tokio::spawn(async move { transfer(&raft, &peers, target, deadline).await });
         task.await.unwrap_or(Err(TransferError::TimedOut))
+    }
+
+    /// Before a planned stop: if this member leads, hand leadership to the
+    /// voter furthest along (as etcd does when it stops), so that writes
+    /// wait for a transfer instead of for an election timeout and an
+    /// election. Returns the member that leads now, if it was handed over.
+    pub async fn hand_over_leadership(&self) -> Result<Option<u64>, TransferError> {
+        let target = {
+            let m = self.metrics();
+            if m.current_leader != Some(self.id) {
+                return Ok(None);
+            }
+            // Only a voter that has been answering: one that is down would
+            // hold the stop up for nothing.
+            m.membership_config
+                .membership()
+                .voter_ids()
+                .filter(|id| *id != self.id && self.peers.heard_within(*id, self.election_timeout))
+                .filter_map(|id| Some((crate::raft::matched_index(&m, id)?, id)))
+                .max()
+                .map(|(_, id)| id)
+        };
+        let Some(target) = target else { return Ok(None) };
+        let deadline = Instant::now() + self.election_timeout * 3;
+        let (raft, peers) = (self.raft.clone(), self.peers.clone());
+        let task = tokio::spawn(async move { transfer(&raft, &peers, target, deadline).await });
+        task.await.unwrap_or(Err(TransferError::TimedOut))?;
+        Ok(Some(target))
     }
 
     /// This member's applied state, encoded (a backup), and its revision.
@@ -543,6 +714,37 @@ impl Node {
     }
 }
 
+/// A member starting with an empty data directory must be starting for the
+/// first time since it was (last) added. If a peer knows it ran before (it
+/// published itself through the log, and was not removed since: removal
+/// clears that), its data was lost: letting it in would give the others a
+/// member that has forgotten its vote and the entries it acknowledged (and
+/// openraft's leader stops on a follower whose log went back). Refused, as
+/// etcd refuses it, with `new` and `existing` alike. Peers that cannot be
+/// reached within a second are not asked.
+async fn refuse_if_bootstrapped(
+    id: u64,
+    name: &str,
+    members: &BTreeMap<u64, crate::config::InitialMember>,
+    data_dir: &std::path::Path,
+) -> anyhow::Result<()> {
+    let peers = PeerClients::default();
+    let ask = crate::raft::transfer::AdminRequest::Published { id };
+    for member in members.values().filter(|m| m.id != id) {
+        let Some(url) = member.peer_urls.first() else { continue };
+        if let Ok(true) = peers.admin(url, &ask, Duration::from_secs(1)).await {
+            anyhow::bail!(
+                "member {name} ({id:x}) has already been bootstrapped: {} knows it, but its data directory {} is \
+                 empty. Remove the member (etcdctl member remove {id:x}), add it again (etcdctl member add), and \
+                 start it with --initial-cluster-state existing",
+                member.name,
+                data_dir.display()
+            );
+        }
+    }
+    Ok(())
+}
+
 #[tonic::async_trait]
 impl LeaseAuthority for Node {
     async fn answer(&self, query: LeaseQuery) -> LeaseAnswer {
@@ -556,7 +758,8 @@ impl LeaseAuthority for Node {
         let table = self.state.leases();
         match query {
             LeaseQuery::KeepAlive(id) => {
-                LeaseAnswer::KeptAlive { ttl: self.lease_keeper.renew(&table, id).unwrap_or(0) }
+                let Some(term) = self.leading_term() else { return LeaseAnswer::NotLeader };
+                LeaseAnswer::KeptAlive { ttl: self.lease_keeper.renew(term, &table, id).unwrap_or(0) }
             }
             LeaseQuery::TimeToLive(id) => LeaseAnswer::TimeToLive(table.get(id).map(|l| LeaseStatus {
                 remaining: self.lease_keeper.remaining(&table, id).unwrap_or(l.ttl),

@@ -235,10 +235,39 @@ impl Cluster {
         }
     }
 
+    /// SIGSTOP: the member's process is frozen (its sockets stay open).
+    pub fn pause(&self, i: usize) {
+        let pid = self.members[i].pid().expect("running") as i32;
+        unsafe { libc::kill(pid, libc::SIGSTOP) };
+    }
+
+    /// SIGCONT after [`Cluster::pause`].
+    pub fn resume(&self, i: usize) {
+        let pid = self.members[i].pid().expect("running") as i32;
+        unsafe { libc::kill(pid, libc::SIGCONT) };
+    }
+
     /// Start a stopped member again with the same flags and data.
     pub fn restart(&mut self, i: usize) {
         assert!(self.members[i].child.is_none(), "member {i} is running");
         self.spawn(i);
+    }
+
+    /// Wait (at most `within`) for member `i` to exit by itself; its exit
+    /// status, or `None` if it still runs.
+    pub fn wait_exit(&mut self, i: usize, within: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + within;
+        loop {
+            let child = self.members[i].child.as_mut().expect("running");
+            if let Some(status) = child.try_wait().unwrap() {
+                self.members[i].child = None;
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// SIGTERM, and wait for a clean exit; returns the exit status.
