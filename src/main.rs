@@ -26,7 +26,7 @@ async fn main() -> anyhow::Result<()> {
     disable_transparent_huge_pages();
 
     let node = Node::start(&config).await?;
-    let peers = tokio::spawn(raftlock::api::serve_peers(node.clone(), config.peer_listen_addrs()?));
+    let peers = tokio::spawn(node.clone().serve_peers(config.peer_listen_addrs()?));
     let clients = tokio::spawn(raftlock::api::serve_clients(node.clone(), config.client_listen_addrs()?));
     tracing::info!(
         name = %config.name,

@@ -4,7 +4,7 @@
 use tonic::Status;
 
 use crate::mvcc::MvccError;
-use crate::server::ServerError;
+use crate::server::{ServerError, WriteError};
 
 pub fn empty_key() -> Status {
     Status::invalid_argument("etcdserver: key is not provided")
@@ -39,6 +39,14 @@ pub fn mvcc(e: MvccError) -> Status {
         MvccError::KeyNotFound => Status::invalid_argument("etcdserver: key not found"),
         MvccError::LeaseNotFound => Status::not_found("etcdserver: requested lease not found"),
         MvccError::LeaseExists => Status::failed_precondition("etcdserver: lease already exists"),
+    }
+}
+
+/// A write that did not change the store: not replicated, or refused by apply.
+pub fn write(e: WriteError) -> Status {
+    match e {
+        WriteError::Server(e) => server(e),
+        WriteError::Rejected(e) => mvcc(e),
     }
 }
 

@@ -12,7 +12,6 @@ use prost::Message;
 use tonic::{Request, Response, Status};
 
 use super::{error, header, MAX_GRPC_MESSAGE_BYTES, MAX_REQUEST_BYTES, MAX_TXN_OPS};
-use crate::command::{Command, CommandResult};
 use crate::mvcc::{self, KeyRange};
 use crate::proto::etcdserverpb as pb;
 use crate::proto::etcdserverpb::kv_server::{Kv, KvServer};
@@ -26,13 +25,6 @@ pub struct KvService {
 impl KvService {
     pub fn server(node: Arc<Node>) -> KvServer<KvService> {
         KvServer::new(KvService { node }).max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES)
-    }
-
-    async fn write(&self, cmd: Command) -> Result<CommandResult, Status> {
-        match self.node.write(cmd).await.map_err(error::server)? {
-            CommandResult::Rejected { error: e, .. } => Err(error::mvcc(e)),
-            other => Ok(other),
-        }
     }
 }
 
@@ -59,10 +51,8 @@ impl Kv for KvService {
         let req = req.into_inner();
         check_size(&req)?;
         let put = put_request(req)?;
-        match self.write(Command::Put(put)).await? {
-            CommandResult::Put(r) => Ok(Response::new(put_response(&self.node, r))),
-            other => Err(unexpected(other)),
-        }
+        let result = self.node.put(put).await.map_err(error::write)?;
+        Ok(Response::new(put_response(&self.node, result)))
     }
 
     async fn delete_range(
@@ -72,10 +62,8 @@ impl Kv for KvService {
         let req = req.into_inner();
         check_size(&req)?;
         let del = delete_request(req)?;
-        match self.write(Command::DeleteRange(del)).await? {
-            CommandResult::DeleteRange(r) => Ok(Response::new(delete_response(&self.node, r))),
-            other => Err(unexpected(other)),
-        }
+        let result = self.node.delete_range(del).await.map_err(error::write)?;
+        Ok(Response::new(delete_response(&self.node, result)))
     }
 
     async fn txn(&self, req: Request<pb::TxnRequest>) -> Result<Response<pb::TxnResponse>, Status> {
@@ -91,10 +79,7 @@ impl Kv for KvService {
             self.node.read_barrier().await.map_err(error::server)?;
             self.node.state().mvcc().read_txn(&txn).map_err(error::mvcc)?
         } else {
-            match self.write(Command::Txn(txn)).await? {
-                CommandResult::Txn(r) => r,
-                other => return Err(unexpected(other)),
-            }
+            self.node.txn(txn).await.map_err(error::write)?
         };
         let mut resp = txn_response(result, true);
         resp.header = header(&self.node, resp.header.map_or(0, |h| h.revision));
@@ -103,17 +88,9 @@ impl Kv for KvService {
 
     async fn compact(&self, req: Request<pb::CompactionRequest>) -> Result<Response<pb::CompactionResponse>, Status> {
         let req = req.into_inner();
-        match self.write(Command::Compact { revision: req.revision }).await? {
-            CommandResult::Compacted { revision } => {
-                Ok(Response::new(pb::CompactionResponse { header: header(&self.node, revision) }))
-            }
-            other => Err(unexpected(other)),
-        }
+        let revision = self.node.compact(req.revision).await.map_err(error::write)?;
+        Ok(Response::new(pb::CompactionResponse { header: header(&self.node, revision) }))
     }
-}
-
-fn unexpected(result: CommandResult) -> Status {
-    Status::internal(format!("raftlock: unexpected apply result {result:?}"))
 }
 
 // ---------------------------------------------------------------------------

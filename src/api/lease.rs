@@ -6,7 +6,6 @@
 //! a second) is raised to it, as etcd does; the lease ID is the client's, or a
 //! random one the server picks.
 
-use std::hash::{BuildHasher, Hasher};
 use std::pin::Pin;
 use std::sync::Arc;
 
@@ -14,12 +13,9 @@ use futures::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::{error, header};
-use crate::command::{Command, CommandResult};
 use crate::lease::MAX_LEASE_TTL;
-use crate::mvcc::MvccError;
 use crate::proto::etcdserverpb as pb;
 use crate::proto::etcdserverpb::lease_server::{Lease, LeaseServer};
-use crate::raft::peer::{LeaseAnswer, LeaseQuery};
 use crate::server::Node;
 
 pub struct LeaseService {
@@ -30,13 +26,6 @@ impl LeaseService {
     pub fn server(node: Arc<Node>) -> LeaseServer<LeaseService> {
         LeaseServer::new(LeaseService { node })
     }
-}
-
-/// A random positive lease ID (std's randomly keyed hasher as the source).
-pub fn random_lease_id() -> i64 {
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64));
-    (h.finish() & i64::MAX as u64).max(1) as i64
 }
 
 fn too_large_ttl() -> Status {
@@ -55,21 +44,9 @@ impl Lease for LeaseService {
         if req.ttl > MAX_LEASE_TTL {
             return Err(too_large_ttl());
         }
-        let ttl = req.ttl.max(self.node.min_lease_ttl);
-        // A server-chosen ID that happens to be taken is drawn again.
-        for _ in 0..8 {
-            let id = if req.id != 0 { req.id } else { random_lease_id() };
-            match self.node.write(Command::LeaseGrant { id, ttl }).await.map_err(error::server)? {
-                CommandResult::LeaseGranted { id, ttl, revision } => {
-                    let header = header(&self.node, revision);
-                    return Ok(Response::new(pb::LeaseGrantResponse { header, id, ttl, error: String::new() }));
-                }
-                CommandResult::Rejected { error: MvccError::LeaseExists, .. } if req.id == 0 => continue,
-                CommandResult::Rejected { error: e, .. } => return Err(error::mvcc(e)),
-                other => return Err(Status::internal(format!("raftlock: unexpected apply result {other:?}"))),
-            }
-        }
-        Err(Status::internal("raftlock: could not draw a free lease ID"))
+        let granted = self.node.grant_lease(req.id, req.ttl).await.map_err(error::write)?;
+        let header = header(&self.node, granted.revision);
+        Ok(Response::new(pb::LeaseGrantResponse { header, id: granted.id, ttl: granted.ttl, error: String::new() }))
     }
 
     async fn lease_revoke(
@@ -77,13 +54,8 @@ impl Lease for LeaseService {
         req: Request<pb::LeaseRevokeRequest>,
     ) -> Result<Response<pb::LeaseRevokeResponse>, Status> {
         let id = req.into_inner().id;
-        match self.node.write(Command::LeaseRevoke { id }).await.map_err(error::server)? {
-            CommandResult::LeaseRevoked { revision } => {
-                Ok(Response::new(pb::LeaseRevokeResponse { header: header(&self.node, revision) }))
-            }
-            CommandResult::Rejected { error: e, .. } => Err(error::mvcc(e)),
-            other => Err(Status::internal(format!("raftlock: unexpected apply result {other:?}"))),
-        }
+        let revision = self.node.revoke_lease(id).await.map_err(error::write)?;
+        Ok(Response::new(pb::LeaseRevokeResponse { header: header(&self.node, revision) }))
     }
 
     type LeaseKeepAliveStream = KeepAliveStream;
@@ -103,12 +75,11 @@ impl Lease for LeaseService {
                     _ = crate::server::shutdown_started(shutdown.clone()) => None,
                 };
                 let Some(Ok(msg)) = next else { return };
-                let reply = match node.lease_query(LeaseQuery::KeepAlive(msg.id)).await {
-                    Ok(LeaseAnswer::KeptAlive { ttl }) => {
+                let reply = match node.keep_alive(msg.id).await {
+                    Ok(ttl) => {
                         let revision = node.revision();
                         Ok(pb::LeaseKeepAliveResponse { header: header(&node, revision), id: msg.id, ttl })
                     }
-                    Ok(other) => Err(Status::internal(format!("raftlock: unexpected lease answer {other:?}"))),
                     Err(e) => Err(error::server(e)),
                 };
                 let failed = reply.is_err();
@@ -125,10 +96,10 @@ impl Lease for LeaseService {
         req: Request<pb::LeaseTimeToLiveRequest>,
     ) -> Result<Response<pb::LeaseTimeToLiveResponse>, Status> {
         let req = req.into_inner();
-        let answer = self.node.lease_query(LeaseQuery::TimeToLive(req.id)).await.map_err(error::server)?;
+        let status = self.node.time_to_live(req.id).await.map_err(error::server)?;
         let header = header(&self.node, self.node.revision());
-        let resp = match answer {
-            LeaseAnswer::TimeToLive(Some(s)) => pb::LeaseTimeToLiveResponse {
+        let resp = match status {
+            Some(s) => pb::LeaseTimeToLiveResponse {
                 header,
                 id: req.id,
                 ttl: s.remaining,
@@ -136,10 +107,7 @@ impl Lease for LeaseService {
                 keys: if req.keys { s.keys } else { Vec::new() },
             },
             // etcd answers an unknown lease with TTL -1, not an error.
-            LeaseAnswer::TimeToLive(None) => {
-                pb::LeaseTimeToLiveResponse { header, id: req.id, ttl: -1, granted_ttl: 0, keys: Vec::new() }
-            }
-            other => return Err(Status::internal(format!("raftlock: unexpected lease answer {other:?}"))),
+            None => pb::LeaseTimeToLiveResponse { header, id: req.id, ttl: -1, granted_ttl: 0, keys: Vec::new() },
         };
         Ok(Response::new(resp))
     }

@@ -21,13 +21,9 @@ pub mod watch;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use tokio::net::TcpListener;
-use tonic::transport::server::{Router, TcpIncoming};
 use tonic::transport::Server;
 
 use crate::proto::etcdserverpb::ResponseHeader;
-use crate::raft::network::PEER_KEEPALIVE;
-use crate::raft::peer::{LeaseAuthority, PeerService};
 use crate::server::Node;
 
 /// The largest write request accepted, as etcd's `--max-request-bytes` default.
@@ -61,45 +57,5 @@ pub async fn serve_clients(node: Arc<Node>, addrs: Vec<SocketAddr>) -> anyhow::R
             .add_service(lock::ElectionService::server(node.clone()))
             .add_service(native_lock::LocksService::server(node.clone()))
     };
-    serve(&node, addrs, make).await
-}
-
-/// Serve the peer protocol on `addrs` until the node shuts down.
-pub async fn serve_peers(node: Arc<Node>, addrs: Vec<SocketAddr>) -> anyhow::Result<()> {
-    let make = || {
-        let leases: Arc<dyn LeaseAuthority> = node.clone();
-        let service = PeerService::server(
-            node.raft().clone(),
-            node.proposer().clone(),
-            leases,
-            node.read_floor(),
-            node.peer_clients().clone(),
-            node.applied_state(),
-            node.cluster_token.clone(),
-            node.shutdown_signal(),
-        );
-        // A leader that vanished without closing its connections (a partition,
-        // a power loss) must not hold its replication streams open here.
-        Server::builder()
-            .http2_keepalive_interval(Some(PEER_KEEPALIVE))
-            .http2_keepalive_timeout(Some(PEER_KEEPALIVE))
-            .add_service(service)
-    };
-    serve(&node, addrs, make).await
-}
-
-/// Bind every address, then serve a router made by `make` on each until shutdown.
-async fn serve(node: &Node, addrs: Vec<SocketAddr>, make: impl Fn() -> Router) -> anyhow::Result<()> {
-    let mut servers = Vec::new();
-    for addr in addrs {
-        let listener = TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("binding {addr}: {e}"))?;
-        // Small request/response pairs must not wait for Nagle's algorithm.
-        let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-        let stopped = crate::server::shutdown_started(node.shutdown_signal());
-        servers.push(tokio::spawn(make().serve_with_incoming_shutdown(incoming, stopped)));
-    }
-    for s in servers {
-        s.await??;
-    }
-    Ok(())
+    crate::server::listen::serve(addrs, make, node.shutdown_signal()).await
 }

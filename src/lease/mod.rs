@@ -28,6 +28,18 @@ pub struct Lease {
     pub keys: BTreeSet<Vec<u8>>,
 }
 
+/// A lease as TimeToLive reports it: what only the leader, which keeps
+/// lease time, can say.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseStatus {
+    /// Whole seconds left.
+    pub remaining: i64,
+    /// The TTL granted, in seconds.
+    pub granted: i64,
+    /// The keys attached to it.
+    pub keys: Vec<Vec<u8>>,
+}
+
 #[derive(Debug, Default)]
 pub struct LeaseTable {
     leases: BTreeMap<i64, Lease>,

@@ -6,7 +6,6 @@
 use std::sync::Arc;
 
 use super::{enqueue_guarded, queue_prefix, wait_for_turn, RecipeError};
-use crate::command::{Command, CommandResult};
 use crate::mvcc::{KeyValue, PutRequest, RequestOp, TxnRequest};
 use crate::server::Node;
 
@@ -44,11 +43,8 @@ async fn while_leader(node: &Node, leader: &LeaderKey, op: RequestOp) -> Result<
         success: vec![op],
         failure: vec![],
     };
-    match node.write(Command::Txn(txn)).await? {
-        CommandResult::Txn(r) => Ok((r.revision, r.succeeded)),
-        CommandResult::Rejected { error, .. } => Err(RecipeError::Mvcc(error)),
-        other => unreachable!("a txn answers with a txn result, not {other:?}"),
-    }
+    let r = node.txn(txn).await?;
+    Ok((r.revision, r.succeeded))
 }
 
 /// Change the leader's value, if `leader` still leads.

@@ -18,7 +18,6 @@ use std::time::{Duration, Instant};
 
 use super::{enqueue_guarded, prefix_end, queue_prefix, wait_for_turn, RecipeError};
 use crate::mvcc::{KeyValue, RangeRequest, SortOrder, SortTarget};
-use crate::raft::peer::{LeaseAnswer, LeaseQuery};
 use crate::server::Node;
 
 /// How long an acquire may wait for its turn.
@@ -117,13 +116,13 @@ pub struct Description {
 pub async fn describe(node: &Node, name: &[u8], permits: usize) -> Result<Description, RecipeError> {
     let keys = queue(node, name).await?;
     let revision = node.revision();
-    let asks = keys.iter().map(|kv| node.lease_query(LeaseQuery::TimeToLive(kv.lease)));
+    let asks = keys.iter().map(|kv| node.time_to_live(kv.lease));
     let answers = futures::future::join_all(asks).await;
     let mut owners = Vec::with_capacity(keys.len());
     for (kv, answer) in keys.into_iter().zip(answers) {
         let (ttl, granted_ttl) = match answer? {
-            LeaseAnswer::TimeToLive(Some(status)) => (status.remaining, status.granted),
-            _ => (-1, 0),
+            Some(status) => (status.remaining, status.granted),
+            None => (-1, 0),
         };
         owners.push(Owner { kv, ttl, granted_ttl });
     }

@@ -34,12 +34,11 @@ use std::time::Instant;
 
 use tokio::sync::broadcast;
 
-use crate::command::{Command, CommandResult};
 use crate::mvcc::{
     Compare, CompareResult, CompareTarget, DeleteRangeRequest, KeyValue, MvccError, PutRequest, RangeRequest,
     RequestOp, ResponseOp, SortOrder, SortTarget, TxnRequest,
 };
-use crate::server::{Node, ServerError};
+use crate::server::{Node, ServerError, WriteError};
 
 /// Why a lock or election request failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -59,6 +58,15 @@ pub enum RecipeError {
     /// The wait for a lock reached its deadline.
     #[error("lock: wait timed out")]
     TimedOut,
+}
+
+impl From<WriteError> for RecipeError {
+    fn from(e: WriteError) -> Self {
+        match e {
+            WriteError::Server(e) => RecipeError::Server(e),
+            WriteError::Rejected(e) => RecipeError::Mvcc(e),
+        }
+    }
 }
 
 /// `name/<lease hex>`, etcd's key for a lease in a lock or election.
@@ -141,11 +149,7 @@ pub async fn enqueue(
         success: std::iter::once(put).chain(reads.iter().cloned()).collect(),
         failure: reads,
     };
-    let result = match node.write(Command::Txn(txn)).await? {
-        CommandResult::Txn(r) => r,
-        CommandResult::Rejected { error, .. } => return Err(RecipeError::Mvcc(error)),
-        other => unreachable!("a txn answers with a txn result, not {other:?}"),
-    };
+    let result = node.txn(txn).await?;
     let mut ranges = result.responses.into_iter().filter_map(|r| match r {
         ResponseOp::Range(r) => Some(r.kvs),
         _ => None,
@@ -272,10 +276,7 @@ async fn until(deadline: Option<Instant>) {
 /// Delete `key` (one revision if it existed); returns the store revision.
 pub async fn delete(node: &Node, key: &[u8]) -> Result<i64, RecipeError> {
     let req = DeleteRangeRequest { key: key.to_vec(), range_end: vec![], prev_kv: false };
-    match node.write(Command::DeleteRange(req)).await? {
-        CommandResult::DeleteRange(r) => Ok(r.revision),
-        other => unreachable!("a delete answers with a delete result, not {other:?}"),
-    }
+    Ok(node.delete_range(req).await?.revision)
 }
 
 /// What a fenced release did.
@@ -300,11 +301,7 @@ pub async fn release(node: &Node, key: &[u8], token: i64) -> Result<Release, Rec
         })],
         failure: vec![RequestOp::Range(RangeRequest { key: key.to_vec(), keys_only: true, ..Default::default() })],
     };
-    let result = match node.write(Command::Txn(txn)).await? {
-        CommandResult::Txn(r) => r,
-        CommandResult::Rejected { error, .. } => return Err(RecipeError::Mvcc(error)),
-        other => unreachable!("a txn answers with a txn result, not {other:?}"),
-    };
+    let result = node.txn(txn).await?;
     let current_token = match result.responses.first() {
         Some(ResponseOp::Range(r)) => r.kvs.first().map_or(0, |kv| kv.create_revision),
         _ => 0,

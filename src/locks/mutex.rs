@@ -7,7 +7,6 @@
 use std::sync::Arc;
 
 use super::{enqueue_guarded, queue_prefix, wait_for_turn, RecipeError};
-use crate::command::{Command, CommandResult};
 use crate::mvcc::KeyValue;
 use crate::server::Node;
 
@@ -32,14 +31,5 @@ pub async fn lock(node: Arc<Node>, name: &[u8], lease: i64) -> Result<(KeyValue,
 }
 
 async fn grant_unattended_lease(node: &Node) -> Result<i64, RecipeError> {
-    loop {
-        let id = crate::api::lease::random_lease_id();
-        let ttl = DEFAULT_SESSION_TTL.max(node.min_lease_ttl);
-        match node.write(Command::LeaseGrant { id, ttl }).await? {
-            CommandResult::LeaseGranted { id, .. } => return Ok(id),
-            CommandResult::Rejected { error: crate::mvcc::MvccError::LeaseExists, .. } => continue,
-            CommandResult::Rejected { error, .. } => return Err(RecipeError::Mvcc(error)),
-            other => unreachable!("a grant answers with a grant result, not {other:?}"),
-        }
-    }
+    Ok(node.grant_lease(0, DEFAULT_SESSION_TTL).await?.id)
 }

@@ -30,52 +30,15 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use openraft::error::{ChangeMembershipError, ClientWriteError, RaftError};
 use openraft::ChangeMembers;
-use serde::{Deserialize, Serialize};
 
 use std::time::Duration;
 
-use super::network::PeerClients;
+use super::peer::client::PeerClients;
+pub use super::peer::messages::{MembershipAnswer, MembershipChange, MembershipRefusal};
 use super::{MemberNode, Raft};
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum MembershipChange {
-    Add { peer_urls: Vec<String>, is_learner: bool },
-    Remove { id: u64 },
-    Update { id: u64, peer_urls: Vec<String> },
-    Promote { id: u64 },
-}
 
-/// Why a change was refused; the messages are etcd's.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
-pub enum MembershipRefusal {
-    #[error("etcdserver: Peer URLs already exists")]
-    PeerUrlExists,
-    #[error("etcdserver: member not found")]
-    MemberNotFound,
-    #[error("etcdserver: given member URLs are invalid")]
-    BadUrls,
-    #[error("etcdserver: can only promote a learner member")]
-    NotLearner,
-    #[error("etcdserver: can only promote a learner member which is in sync with leader")]
-    LearnerNotReady,
-    /// Another change is in progress, or the cluster cannot commit one.
-    #[error("etcdserver: unhealthy cluster")]
-    Unhealthy,
-    #[error("etcdserver: re-configuration failed due to not enough started members")]
-    NotEnoughMembers,
-}
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum MembershipAnswer {
-    NotLeader,
-    /// Committed: the member concerned, and the log index of the new
-    /// configuration (a member has it once it has applied that far).
-    Changed {
-        id: u64,
-        log_index: u64,
-    },
-    Refused(MembershipRefusal),
-}
 
 /// A peer URL etcd would accept: `http(s)://host:port`, no path.
 fn valid_url(url: &str) -> bool {

@@ -12,9 +12,10 @@
 //!   persistent copy in sled, written in one atomic batch per apply call together
 //!   with the last applied log id and the membership;
 //! - a **network** ([`network::PeerNetwork`]): Raft RPCs over gRPC on the peer
-//!   URL, with one cached channel per peer; [`peer::PeerService`] is its server
-//!   side and also serves follower-to-leader forwarding, ReadIndex, lease
-//!   questions, membership changes and leader-transfer steps. openraft 0.9
+//!   URL, with one cached channel per peer. They are part of the peer
+//!   protocol ([`peer`]), whose server side also serves follower-to-leader
+//!   forwarding, ReadIndex, lease questions, membership changes and
+//!   leader-transfer steps. openraft 0.9
 //!   sends one AppendEntries per follower at a time; raftlock streams the log
 //!   to each follower underneath it and answers openraft's calls from what
 //!   the follower acknowledged ([`pipeline`] says why that is sound).
@@ -133,12 +134,24 @@ fn encode_into<T: Serialize>(mut out: Vec<u8>, value: &T) -> Vec<u8> {
     out
 }
 
+/// Why bytes did not decode: a peer or a file of another version, or not
+/// raftlock's at all.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    #[error("empty payload")]
+    Empty,
+    #[error("unknown encoding format {0}")]
+    UnknownFormat(u8),
+    #[error("{0}")]
+    Malformed(#[from] bincode::Error),
+}
+
 /// Decode what [`encode`] produced.
-pub fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, String> {
+pub fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, DecodeError> {
     match bytes.split_first() {
-        Some((&FORMAT_V1, rest)) => bincode::deserialize(rest).map_err(|e| e.to_string()),
-        Some((v, _)) => Err(format!("unknown encoding format {v}")),
-        None => Err("empty payload".into()),
+        Some((&FORMAT_V1, rest)) => Ok(bincode::deserialize(rest)?),
+        Some((&v, _)) => Err(DecodeError::UnknownFormat(v)),
+        None => Err(DecodeError::Empty),
     }
 }
 

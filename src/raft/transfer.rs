@@ -19,39 +19,12 @@
 
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use super::network::PeerClients;
+use super::peer::client::PeerClients;
+use super::peer::messages::AdminRequest;
 use super::Raft;
 
-/// What the leader asks of other members during a transfer (peer `Admin`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum AdminRequest {
-    /// Start no election for this long (then start them again by itself, so
-    /// that a transfer that is cut short cannot leave a member mute).
-    PauseElections {
-        ms: u64,
-    },
-    ResumeElections,
-    /// Start an election now.
-    Campaign,
-    /// Has member `id` published its attributes through the log since it was
-    /// last added (so it ran in this cluster before)? Asked by a member that
-    /// starts with an empty data directory; only a leader answers yes, from
-    /// its applied state (the peer service does, not `admin`): a follower
-    /// may not have applied a removal yet.
-    Published {
-        id: u64,
-    },
-    /// Has member `id` been removed? Only a leader answers yes: from the
-    /// configuration it has applied (another member may lag behind a later
-    /// addition). Asked by a member that may never see its removal
-    /// committed (see `Node::removed`).
-    Removed {
-        id: u64,
-    },
-}
 
 /// Run an admin request on this member.
 pub async fn admin(raft: &Raft, req: AdminRequest) -> bool {

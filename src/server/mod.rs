@@ -1,13 +1,20 @@
-//! The node facade: what the API layer calls, in terms of raftlock's own types.
+//! The node facade: what the API layer (and the lock recipes) call, in terms
+//! of raftlock's own types. Nothing above this module names Raft, the peer
+//! protocol or storage.
 //!
-//! - [`Node::write`] replicates a command and returns its apply result. On the
-//!   leader it proposes directly; on a follower it forwards to the leader over
-//!   the peer channel. It retries only what certainly was not applied (the
-//!   target was not the leader, or could not be reached); anything ambiguous
-//!   is reported to the client, as etcd does.
-//! - [`Node::read_barrier`] makes the next local read linearizable (ReadIndex).
-//! - [`Node::start`] opens storage, starts Raft and the peer service, bootstraps
-//!   a new cluster, and publishes this member's client URLs through the log.
+//! - Writes ([`write`]): one typed method per operation (`put`, `txn`,
+//!   `grant_lease`, ...). On the leader they are proposed directly; on a
+//!   follower they are forwarded to the leader over the peer protocol.
+//! - Reads ([`read`]): [`Node::read_barrier`] makes the next local read
+//!   linearizable (ReadIndex); reads then look at [`Node::state`].
+//! - Lease time ([`leases`], [`lease_keeper`]): keepalives and TimeToLive go
+//!   to the leader, which alone keeps deadlines and proposes expiries.
+//! - Membership ([`members`]): changes, leader transfer, the member list.
+//! - Every request that only the leader can answer goes through one routing
+//!   loop ([`route`]).
+//! - [`Node::start`] opens storage, starts Raft, bootstraps a new cluster, and
+//!   publishes this member's client URLs through the log; [`Node::serve_peers`]
+//!   serves the peer protocol.
 //!
 //! Every long-lived task watches [`Node::shutdown_signal`].
 //!
@@ -19,25 +26,33 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use openraft::error::{CheckIsLeaderError, InitializeError, RaftError};
+use openraft::error::{InitializeError, RaftError};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 pub mod lease_keeper;
+mod leases;
+pub mod listen;
+mod members;
+mod read;
+mod route;
+mod write;
+
+pub use crate::lease::LeaseStatus;
+pub use crate::raft::membership::{MembershipChange, MembershipRefusal};
+pub use crate::raft::transfer::TransferError;
+pub use write::{GrantedLease, WriteError};
 
 use crate::batcher::Batcher;
-use crate::command::{Command, CommandResult};
 use crate::config::{ClusterState, Config};
 use crate::raft::log_store::LogStore;
-use crate::raft::membership::MembershipAnswer;
-pub use crate::raft::membership::{MembershipChange, MembershipRefusal};
-use crate::raft::network::{ForwardFailure, Forwarder, PeerClients, PeerNetwork};
-use crate::raft::peer::{LeaseAnswer, LeaseAuthority, LeaseQuery, LeaseStatus};
-use crate::raft::proposer::{ProposeError, Proposer};
-use crate::raft::read_index::{read_index, ReadFloor};
+use crate::raft::network::PeerNetwork;
+use crate::raft::peer::client::PeerClients;
+use crate::raft::peer::forward::Forwarder;
+use crate::raft::peer::server::{LeaseAuthority, PeerService};
+use crate::raft::proposer::Proposer;
+use crate::raft::read_index::ReadFloor;
 use crate::raft::state_machine::StateMachine;
-use crate::raft::transfer::transfer;
-pub use crate::raft::transfer::TransferError;
 use crate::raft::{MemberNode, Raft, RaftConfig, RaftMetrics, ServerState};
 use crate::state::{AppliedState, MemberAttrs};
 use crate::storage::wal::DEFAULT_SEGMENT_BYTES;
@@ -122,7 +137,8 @@ pub struct Node {
 
 impl Node {
     /// Open storage, start Raft, and bootstrap the cluster if this is a new one.
-    /// The caller serves [`Node::raft`]'s peer service and the client API.
+    /// The caller serves the peer protocol ([`Node::serve_peers`]) and the
+    /// client API.
     pub async fn start(config: &Config) -> anyhow::Result<Arc<Node>> {
         config.validate()?;
         let id = config.member_id();
@@ -131,7 +147,7 @@ impl Node {
         let data_dir = config.data_dir();
         let fresh = !data_dir.join("wal").exists();
         if fresh && members.len() > 1 {
-            refuse_if_bootstrapped(id, &config.name, &members, &data_dir).await?;
+            members::refuse_if_bootstrapped(id, &config.name, &members, &data_dir).await?;
         }
         std::fs::create_dir_all(&data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
 
@@ -215,24 +231,22 @@ impl Node {
         Ok(node)
     }
 
-    pub fn raft(&self) -> &Raft {
-        &self.raft
-    }
-
-    pub fn proposer(&self) -> &Proposer {
-        &self.proposer
-    }
-
-    pub fn peer_clients(&self) -> &PeerClients {
-        &self.peers
-    }
-
-    pub fn read_floor(&self) -> Arc<ReadFloor> {
-        self.read_floor.clone()
-    }
-
-    pub fn applied_state(&self) -> Arc<AppliedState> {
-        self.state.clone()
+    /// Serve the peer protocol on `addrs` until the node shuts down.
+    pub async fn serve_peers(self: Arc<Self>, addrs: Vec<std::net::SocketAddr>) -> anyhow::Result<()> {
+        let make = || {
+            let leases: Arc<dyn LeaseAuthority> = self.clone();
+            PeerService::router(
+                self.raft.clone(),
+                self.proposer.clone(),
+                leases,
+                self.read_floor.clone(),
+                self.peers.clone(),
+                self.state.clone(),
+                self.cluster_token.clone(),
+                self.shutdown_signal(),
+            )
+        };
+        listen::serve(addrs, make, self.shutdown_signal()).await
     }
 
     pub fn state(&self) -> &AppliedState {
@@ -300,344 +314,6 @@ impl Node {
         }
     }
 
-    /// Resolves once this member has been removed from the cluster: it must
-    /// stop serving. It resolves a grace period later, so that requests in
-    /// flight — the removal itself, when a leader removes itself — are
-    /// answered first.
-    ///
-    /// A member's own log is no judge: while it catches up it can hold (and
-    /// have applied) a configuration from before it was added, and a removed
-    /// follower may never see its removal committed, as the leader stops
-    /// replicating to it once it is. So once the configuration its log ends
-    /// with leaves it out, or a joint one is moving its vote away, it asks
-    /// the members every second; only the leader answers, from the
-    /// configuration it has applied (as etcd's peers tell a removed member).
-    pub async fn removed(&self) {
-        const GRACE: Duration = Duration::from_secs(1);
-        let mut metrics = self.raft.metrics();
-        let ask = crate::raft::transfer::AdminRequest::Removed { id: self.id };
-        loop {
-            let leaving = |m: &RaftMetrics| {
-                let membership = m.membership_config.membership();
-                let joint = membership.get_joint_config();
-                let voter_leaving =
-                    joint.iter().any(|c| c.contains(&self.id)) && joint.last().is_some_and(|c| !c.contains(&self.id));
-                m.membership_config.log_id().is_some() && (membership.get_node(&self.id).is_none() || voter_leaving)
-            };
-            if metrics.wait_for(leaving).await.is_err() {
-                std::future::pending::<()>().await;
-            }
-            let urls: Vec<String> = {
-                let m = metrics.borrow();
-                let membership = m.membership_config.membership();
-                membership.nodes().filter(|(id, _)| **id != self.id).map(|(_, n)| n.peer_url.clone()).collect()
-            };
-            for url in &urls {
-                if let Ok(true) = self.peers.admin(url, &ask, Duration::from_secs(1)).await {
-                    tokio::time::sleep(GRACE).await;
-                    return;
-                }
-            }
-            tokio::time::sleep(Duration::from_secs(1)).await;
-        }
-    }
-
-    /// Expire leases whose deadlines passed while this member led `term`
-    /// (see `lease_keeper`): only if a quorum confirms that it still leads
-    /// `term`, proposed here and nowhere else, and never retried — the next
-    /// tick decides again. Apply ignores the expiry if its entry is not of
-    /// `term`.
-    pub(crate) async fn expire_leases(&self, term: u64, ids: &[i64]) -> Result<(), ServerError> {
-        let confirmed = tokio::time::timeout(self.request_timeout, read_index(&self.raft, &self.read_floor)).await;
-        if !matches!(confirmed, Ok(Ok(_))) || self.leading_term() != Some(term) {
-            return Err(ServerError::LeaderChanged);
-        }
-        let proposals = ids.iter().map(|&id| self.proposer.propose(Command::LeaseExpire { id, term }));
-        let outcomes = tokio::time::timeout(self.request_timeout, futures::future::join_all(proposals))
-            .await
-            .map_err(|_| ServerError::Timeout)?;
-        for (id, outcome) in ids.iter().zip(outcomes) {
-            match outcome {
-                Ok(CommandResult::LeaseRevoked { .. }) => tracing::debug!(lease = id, term, "lease expired"),
-                Ok(other) => tracing::info!(lease = id, term, result = ?other, "lease expiry not applied"),
-                Err(ProposeError::NotLeader { .. }) => return Err(ServerError::LeaderChanged),
-                Err(ProposeError::Stopped) => return Err(ServerError::Stopped),
-            }
-        }
-        Ok(())
-    }
-
-    /// Ask the leader a lease question (answered here if we lead).
-    pub async fn lease_query(&self, query: LeaseQuery) -> Result<LeaseAnswer, ServerError> {
-        let deadline = Instant::now() + self.request_timeout;
-        loop {
-            let leader = self.leader();
-            match &leader {
-                Some((id, _)) if *id == self.id => {
-                    let answer = self.answer(query.clone()).await;
-                    if answer != LeaseAnswer::NotLeader {
-                        return Ok(answer);
-                    }
-                }
-                Some((leader_id, url)) => {
-                    // A lease question is safe to ask again: one that waits
-                    // on a leader that has since been replaced (paused, cut
-                    // off) is asked of the new one at once, so keepalives
-                    // reach the leader whose deadlines count.
-                    let remaining = deadline.saturating_duration_since(Instant::now());
-                    tokio::select! {
-                        answer = self.peers.lease(url, &query, remaining) => match answer {
-                            Ok(LeaseAnswer::NotLeader) | Err(_) => {}
-                            Ok(answer) => return Ok(answer),
-                        },
-                        _ = self.leader_replaced(*leader_id) => continue,
-                    }
-                }
-                None => {}
-            }
-            self.before_retry(leader.is_some(), deadline).await?;
-        }
-    }
-
-    /// The leader's ID and peer URL, if there is a leader.
-    fn leader(&self) -> Option<(u64, String)> {
-        let m = self.raft.metrics();
-        let m = m.borrow();
-        let leader = m.current_leader?;
-        let url = m.membership_config.membership().get_node(&leader).map(|n| n.peer_url.clone())?;
-        Some((leader, url))
-    }
-
-    /// Resolves once this member knows of a leader other than `leader` (or
-    /// of an election under way); never, once Raft has stopped.
-    async fn leader_replaced(&self, leader: u64) {
-        let mut metrics = self.raft.metrics();
-        if metrics.wait_for(|m| m.current_leader != Some(leader)).await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    }
-
-    /// Between two attempts of a request: give up if the node is stopping or the
-    /// deadline has passed (with "no leader" if none was known), else wait a
-    /// moment for news of a leader.
-    async fn before_retry(&self, had_leader: bool, deadline: Instant) -> Result<(), ServerError> {
-        if *self.shutdown.borrow() {
-            return Err(ServerError::Stopped);
-        }
-        if Instant::now() >= deadline {
-            return Err(if had_leader { ServerError::Timeout } else { ServerError::NoLeader });
-        }
-        self.await_change(deadline).await;
-        Ok(())
-    }
-
-    /// Wait (at most until `deadline`, and at most a moment) for news of a leader.
-    async fn await_change(&self, deadline: Instant) {
-        let mut metrics = self.raft.metrics();
-        let until = deadline.min(Instant::now() + Duration::from_millis(100));
-        let _ = tokio::time::timeout_at(until, metrics.changed()).await;
-        // Do not spin when the metrics change for other reasons.
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-
-    /// Replicate `cmd` and return its apply result (see the module doc).
-    pub async fn write(&self, cmd: Command) -> Result<CommandResult, ServerError> {
-        let deadline = Instant::now() + self.request_timeout;
-        loop {
-            let leader = self.leader();
-            match &leader {
-                Some((leader_id, _)) if *leader_id == self.id => {
-                    match tokio::time::timeout_at(deadline, self.proposer.propose(cmd.clone())).await {
-                        Err(_) => return Err(ServerError::Timeout),
-                        Ok(Ok(result)) => return Ok(result),
-                        // Not appended (or truncated before commit): safe to retry.
-                        Ok(Err(ProposeError::NotLeader { .. })) => {}
-                        Ok(Err(ProposeError::Stopped)) => return Err(ServerError::Stopped),
-                    }
-                }
-                Some((_, url)) => {
-                    let forwarded = self.forwarder.forward(url.clone(), cmd.clone());
-                    let Ok(outcome) = tokio::time::timeout_at(deadline, forwarded).await else {
-                        return Err(ServerError::Timeout);
-                    };
-                    match outcome {
-                        Ok(result) => return Ok(result),
-                        Err(ForwardFailure::NotLeader { .. }) | Err(ForwardFailure::Unreachable(_)) => {}
-                        Err(ForwardFailure::Unknown(e)) => {
-                            tracing::debug!(error = %e, "forwarded write failed");
-                            return Err(if Instant::now() >= deadline {
-                                ServerError::Timeout
-                            } else {
-                                ServerError::LeaderChanged
-                            });
-                        }
-                    }
-                }
-                None => {}
-            }
-            self.before_retry(leader.is_some(), deadline).await?;
-        }
-    }
-
-    /// Make the local state fresh enough for a linearizable read: at least as
-    /// new as everything committed when this call began. Concurrent callers
-    /// share rounds: a round that starts after a caller arrived serves it.
-    pub async fn read_barrier(&self) -> Result<(), ServerError> {
-        self.read_barriers.call(()).await.unwrap_or(Err(ServerError::Stopped))
-    }
-
-    /// One ReadIndex round (see [`Node::read_barrier`]): get a read index from
-    /// the leader (ourselves or over the peer channel), then wait until this
-    /// member has applied that far.
-    async fn read_index_round(&self) -> Result<(), ServerError> {
-        let deadline = Instant::now() + self.request_timeout;
-        let index = loop {
-            let leader = self.leader();
-            let remaining = deadline.saturating_duration_since(Instant::now());
-            match &leader {
-                Some((leader_id, _)) if *leader_id == self.id => {
-                    match tokio::time::timeout_at(deadline, read_index(&self.raft, &self.read_floor)).await {
-                        Err(_) => return Err(ServerError::Timeout),
-                        Ok(Ok(index)) => break index,
-                        Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(_)))) => {}
-                        Ok(Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_)))) => {}
-                        Ok(Err(RaftError::Fatal(_))) => return Err(ServerError::Stopped),
-                    }
-                }
-                Some((leader_id, url)) => {
-                    // Safe to ask again, as lease questions are.
-                    tokio::select! {
-                        index = self.peers.read_index(url, remaining) => {
-                            if let Ok(index) = index {
-                                break index;
-                            }
-                        }
-                        _ = self.leader_replaced(*leader_id) => continue,
-                    }
-                }
-                None => {}
-            }
-            self.before_retry(leader.is_some(), deadline).await?;
-        };
-        self.wait_applied(index, deadline).await
-    }
-
-    /// Wait until this member has applied log index `index`, until `deadline`.
-    async fn wait_applied(&self, index: u64, deadline: Instant) -> Result<(), ServerError> {
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        match self.raft.wait(Some(remaining)).applied_index_at_least(Some(index), "applied").await {
-            Ok(_) => Ok(()),
-            Err(openraft::metrics::WaitError::Timeout(..)) => Err(ServerError::Timeout),
-            Err(openraft::metrics::WaitError::ShuttingDown) => Err(ServerError::Stopped),
-        }
-    }
-
-    /// Wait until this member's store has reached `revision` (for state that
-    /// was written through another member), at most the request timeout.
-    pub async fn wait_revision(&self, revision: i64) -> Result<(), ServerError> {
-        let deadline = tokio::time::Instant::now() + self.request_timeout;
-        let mut feed = self.state.subscribe();
-        let shutdown = self.shutdown_signal();
-        while self.revision() < revision {
-            tokio::select! {
-                batch = feed.recv() => {
-                    if let Err(tokio::sync::broadcast::error::RecvError::Closed) = batch {
-                        return Err(ServerError::Stopped);
-                    }
-                }
-                _ = tokio::time::sleep_until(deadline) => return Err(ServerError::Timeout),
-                _ = shutdown_started(shutdown.clone()) => return Err(ServerError::Stopped),
-            }
-        }
-        Ok(())
-    }
-
-    /// Run a membership change on the leader (forwarded if we follow), and
-    /// wait until this member has the new configuration; returns the ID of the
-    /// member concerned.
-    pub async fn change_membership(&self, change: MembershipChange) -> Result<u64, MembershipFailure> {
-        let deadline = Instant::now() + self.request_timeout;
-        // Set once an attempt may have reached the leader without an answer:
-        // a refusal of the retry may then only mean the change was made.
-        let mut uncertain = false;
-        loop {
-            let leader = self.leader();
-            let answer = match &leader {
-                Some((id, _)) if *id == self.id => {
-                    let change =
-                        crate::raft::membership::change(&self.raft, &self.peers, &self.cluster_token, change.clone());
-                    match tokio::time::timeout_at(deadline, change).await {
-                        Ok(answer) => Some(answer),
-                        Err(_) => return Err(ServerError::Timeout.into()),
-                    }
-                }
-                Some((_, url)) => {
-                    let remaining = deadline.saturating_duration_since(Instant::now());
-                    let answer = self.peers.membership(url, &change, remaining).await.ok();
-                    uncertain |= answer.is_none();
-                    answer
-                }
-                None => None,
-            };
-            match answer {
-                Some(MembershipAnswer::Changed { id, log_index }) => {
-                    self.wait_applied(log_index, deadline).await?;
-                    return Ok(id);
-                }
-                Some(MembershipAnswer::Refused(refusal)) => {
-                    return match (&change, refusal) {
-                        // An earlier attempt did add (or remove) it.
-                        (MembershipChange::Add { peer_urls, .. }, MembershipRefusal::PeerUrlExists) if uncertain => {
-                            Ok(crate::config::member_id(peer_urls, &self.cluster_token))
-                        }
-                        (MembershipChange::Remove { id }, MembershipRefusal::MemberNotFound) if uncertain => Ok(*id),
-                        (_, refusal) => Err(MembershipFailure::Refused(refusal)),
-                    };
-                }
-                Some(MembershipAnswer::NotLeader) | None => {}
-            }
-            self.before_retry(leader.is_some(), deadline).await?;
-        }
-    }
-
-    /// Hand leadership to member `target` (Maintenance.MoveLeader); this
-    /// member must lead. The transfer runs in a task of its own: it must not
-    /// be stopped halfway if the caller goes away.
-    pub async fn move_leader(&self, target: u64) -> Result<(), TransferError> {
-        let deadline = Instant::now() + self.request_timeout;
-        let (raft, peers) = (self.raft.clone(), self.peers.clone());
-        let task = tokio::spawn(async move { transfer(&raft, &peers, target, deadline).await });
-        task.await.unwrap_or(Err(TransferError::TimedOut))
-    }
-
-    /// Before a planned stop: if this member leads, hand leadership to the
-    /// voter furthest along (as etcd does when it stops), so that writes
-    /// wait for a transfer instead of for an election timeout and an
-    /// election. Returns the member that leads now, if it was handed over.
-    pub async fn hand_over_leadership(&self) -> Result<Option<u64>, TransferError> {
-        let target = {
-            let m = self.metrics();
-            if m.current_leader != Some(self.id) {
-                return Ok(None);
-            }
-            // Only a voter that has been answering: one that is down would
-            // hold the stop up for nothing.
-            m.membership_config
-                .membership()
-                .voter_ids()
-                .filter(|id| *id != self.id && self.peers.heard_within(*id, self.election_timeout))
-                .filter_map(|id| Some((crate::raft::matched_index(&m, id)?, id)))
-                .max()
-                .map(|(_, id)| id)
-        };
-        let Some(target) = target else { return Ok(None) };
-        let deadline = Instant::now() + self.election_timeout * 3;
-        let (raft, peers) = (self.raft.clone(), self.peers.clone());
-        let task = tokio::spawn(async move { transfer(&raft, &peers, target, deadline).await });
-        task.await.unwrap_or(Err(TransferError::TimedOut))?;
-        Ok(Some(target))
-    }
-
     /// This member's applied state, encoded (a backup), and its revision.
     pub fn snapshot(&self) -> (Vec<u8>, i64) {
         crate::raft::state_machine::encode_state(&self.state)
@@ -646,25 +322,6 @@ impl Node {
     /// Push the state store to disk (Maintenance.Defragment).
     pub fn sync_state(&self) -> std::io::Result<()> {
         self.state_db.sync()
-    }
-
-    /// Every member, with the client URLs it published.
-    pub fn members(&self) -> Vec<MemberInfo> {
-        let m = self.metrics();
-        let membership = m.membership_config.membership();
-        let voters: std::collections::BTreeSet<u64> = membership.voter_ids().collect();
-        let attrs = self.state.members();
-        membership
-            .nodes()
-            .map(|(id, node)| MemberInfo {
-                id: *id,
-                // A member added at run time is named by what it publishes.
-                name: attrs.get(id).map_or_else(|| node.name.clone(), |a| a.name.clone()),
-                peer_urls: vec![node.peer_url.clone()],
-                client_urls: attrs.get(id).map(|a| a.client_urls.clone()).unwrap_or_default(),
-                is_learner: !voters.contains(id),
-            })
-            .collect()
     }
 
     pub fn status(&self) -> NodeStatus {
@@ -679,29 +336,6 @@ impl Node {
         }
     }
 
-    /// Publish this member's attributes through the log until they are there.
-    async fn publish(self: Arc<Self>, attrs: MemberAttrs) {
-        let mut shutdown = self.shutdown_signal();
-        loop {
-            if self.state.members().get(&self.id) == Some(&attrs) {
-                return;
-            }
-            let cmd = Command::PublishMember {
-                id: self.id,
-                name: attrs.name.clone(),
-                client_urls: attrs.client_urls.clone(),
-            };
-            match self.write(cmd).await {
-                Ok(_) => return,
-                Err(e) => tracing::debug!(error = %e, "publishing member attributes; will retry"),
-            }
-            tokio::select! {
-                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
-                _ = shutdown.changed() => return,
-            }
-        }
-    }
-
     /// Stop: signal every stream and task, stop Raft, and push the state store to disk.
     pub async fn shutdown(&self) {
         let _ = self.shutdown.send(true);
@@ -710,62 +344,6 @@ impl Node {
         }
         if let Err(e) = self.state_db.sync() {
             tracing::warn!(error = %e, "syncing the state store at shutdown");
-        }
-    }
-}
-
-/// A member starting with an empty data directory must be starting for the
-/// first time since it was (last) added. If a peer knows it ran before (it
-/// published itself through the log, and was not removed since: removal
-/// clears that), its data was lost: letting it in would give the others a
-/// member that has forgotten its vote and the entries it acknowledged (and
-/// openraft's leader stops on a follower whose log went back). Refused, as
-/// etcd refuses it, with `new` and `existing` alike. Peers that cannot be
-/// reached within a second are not asked.
-async fn refuse_if_bootstrapped(
-    id: u64,
-    name: &str,
-    members: &BTreeMap<u64, crate::config::InitialMember>,
-    data_dir: &std::path::Path,
-) -> anyhow::Result<()> {
-    let peers = PeerClients::default();
-    let ask = crate::raft::transfer::AdminRequest::Published { id };
-    for member in members.values().filter(|m| m.id != id) {
-        let Some(url) = member.peer_urls.first() else { continue };
-        if let Ok(true) = peers.admin(url, &ask, Duration::from_secs(1)).await {
-            anyhow::bail!(
-                "member {name} ({id:x}) has already been bootstrapped: {} knows it, but its data directory {} is \
-                 empty. Remove the member (etcdctl member remove {id:x}), add it again (etcdctl member add), and \
-                 start it with --initial-cluster-state existing",
-                member.name,
-                data_dir.display()
-            );
-        }
-    }
-    Ok(())
-}
-
-#[tonic::async_trait]
-impl LeaseAuthority for Node {
-    async fn answer(&self, query: LeaseQuery) -> LeaseAnswer {
-        if !self.is_leader() {
-            return LeaseAnswer::NotLeader;
-        }
-        // The leader must have applied every grant it acknowledged.
-        if self.read_barrier().await.is_err() || !self.is_leader() {
-            return LeaseAnswer::NotLeader;
-        }
-        let table = self.state.leases();
-        match query {
-            LeaseQuery::KeepAlive(id) => {
-                let Some(term) = self.leading_term() else { return LeaseAnswer::NotLeader };
-                LeaseAnswer::KeptAlive { ttl: self.lease_keeper.renew(term, &table, id).unwrap_or(0) }
-            }
-            LeaseQuery::TimeToLive(id) => LeaseAnswer::TimeToLive(table.get(id).map(|l| LeaseStatus {
-                remaining: self.lease_keeper.remaining(&table, id).unwrap_or(l.ttl),
-                granted: l.ttl,
-                keys: l.keys.iter().cloned().collect(),
-            })),
         }
     }
 }

@@ -21,49 +21,19 @@ use openraft::error::{CheckIsLeaderError, RaftError};
 use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
+use tonic::transport::server::Router;
+use tonic::transport::Server;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::membership::MembershipChange;
-use super::network::PeerClients;
-use super::pipeline;
-use super::proposer::{ProposeError, Proposer};
-use super::read_index::{read_index, ReadFloor};
-use super::{decode, encode, Raft, TypeConfig};
+use super::client::{PeerClients, PEER_KEEPALIVE};
+use super::messages::{AdminRequest, ForwardError, LeaseAnswer, LeaseQuery, MembershipChange};
 use crate::command::{Command, CommandResult};
 use crate::proto::raftlock::peer::peer_server::{Peer, PeerServer};
 use crate::proto::raftlock::peer::{RaftPayload, ReadIndexRequest, ReadIndexResponse};
-
-/// Why the leader could not run a forwarded write.
-#[derive(Debug, Serialize, Deserialize)]
-pub enum ForwardError {
-    NotLeader { leader: Option<u64> },
-    Failed(String),
-}
-
-/// A lease question only the leader can answer: lease time is the leader's.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub enum LeaseQuery {
-    KeepAlive(i64),
-    TimeToLive(i64),
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LeaseStatus {
-    /// Whole seconds left.
-    pub remaining: i64,
-    pub granted: i64,
-    pub keys: Vec<Vec<u8>>,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum LeaseAnswer {
-    NotLeader,
-    /// The lease's TTL after the keepalive; 0 when it is unknown or expired.
-    KeptAlive {
-        ttl: i64,
-    },
-    TimeToLive(Option<LeaseStatus>),
-}
+use crate::raft::pipeline;
+use crate::raft::proposer::{ProposeError, Proposer};
+use crate::raft::read_index::{read_index, ReadFloor};
+use crate::raft::{decode, encode, membership, transfer, Raft, TypeConfig};
 
 /// The leader's side of [`LeaseQuery`], implemented by the node.
 #[tonic::async_trait]
@@ -87,7 +57,28 @@ pub struct PeerService {
 }
 
 impl PeerService {
-    pub fn server(
+    /// The peer service, ready to serve: HTTP/2 keepalive on, so that a
+    /// leader that vanished without closing its connections (a partition, a
+    /// power loss) does not hold its replication streams open here.
+    #[allow(clippy::too_many_arguments)]
+    pub fn router(
+        raft: Raft,
+        proposer: Proposer,
+        leases: std::sync::Arc<dyn LeaseAuthority>,
+        read_floor: std::sync::Arc<ReadFloor>,
+        peers: PeerClients,
+        state: std::sync::Arc<crate::state::AppliedState>,
+        token: String,
+        shutdown: watch::Receiver<bool>,
+    ) -> Router {
+        Server::builder()
+            .http2_keepalive_interval(Some(PEER_KEEPALIVE))
+            .http2_keepalive_timeout(Some(PEER_KEEPALIVE))
+            .add_service(Self::server(raft, proposer, leases, read_floor, peers, state, token, shutdown))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn server(
         raft: Raft,
         proposer: Proposer,
         leases: std::sync::Arc<dyn LeaseAuthority>,
@@ -197,12 +188,12 @@ impl Peer for PeerService {
 
     async fn membership(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
         let change: MembershipChange = payload(req)?;
-        reply(&super::membership::change(&self.raft, &self.peers, &self.token, change).await)
+        reply(&membership::change(&self.raft, &self.peers, &self.token, change).await)
     }
 
     async fn admin(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
         match payload(req)? {
-            super::transfer::AdminRequest::Published { id } => {
+            AdminRequest::Published { id } => {
                 let leads = {
                     let m = self.raft.metrics();
                     let m = m.borrow();
@@ -210,7 +201,7 @@ impl Peer for PeerService {
                 };
                 reply(&(leads && self.state.members().contains_key(&id)))
             }
-            admin => reply(&super::transfer::admin(&self.raft, admin).await),
+            admin => reply(&transfer::admin(&self.raft, admin).await),
         }
     }
 

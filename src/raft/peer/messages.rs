@@ -1,0 +1,102 @@
+//! The peer protocol's messages: what travels, bincode-encoded
+//! (`raft::encode`), inside the `RaftPayload` of each `Peer` RPC.
+//!
+//! Compatibility: like the log's `Command`, these are numbered by position
+//! on the wire, so variants are only appended; a member of another version
+//! that sends what does not decode is answered `InvalidArgument`.
+
+use serde::{Deserialize, Serialize};
+
+pub use crate::lease::LeaseStatus;
+
+/// Why the leader could not run a forwarded write.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum ForwardError {
+    NotLeader { leader: Option<u64> },
+    Failed(String),
+}
+
+/// A lease question only the leader can answer: lease time is the leader's.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum LeaseQuery {
+    KeepAlive(i64),
+    TimeToLive(i64),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LeaseAnswer {
+    NotLeader,
+    /// The lease's TTL after the keepalive; 0 when it is unknown or expired.
+    KeptAlive {
+        ttl: i64,
+    },
+    TimeToLive(Option<LeaseStatus>),
+}
+
+/// What the leader asks of other members during a transfer (peer `Admin`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AdminRequest {
+    /// Start no election for this long (then start them again by itself, so
+    /// that a transfer that is cut short cannot leave a member mute).
+    PauseElections {
+        ms: u64,
+    },
+    ResumeElections,
+    /// Start an election now.
+    Campaign,
+    /// Has member `id` published its attributes through the log since it was
+    /// last added (so it ran in this cluster before)? Asked by a member that
+    /// starts with an empty data directory; only a leader answers yes, from
+    /// its applied state (the peer service does, not `admin`): a follower
+    /// may not have applied a removal yet.
+    Published {
+        id: u64,
+    },
+    /// Has member `id` been removed? Only a leader answers yes: from the
+    /// configuration it has applied (another member may lag behind a later
+    /// addition). Asked by a member that may never see its removal
+    /// committed (see `Node::removed`).
+    Removed {
+        id: u64,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MembershipChange {
+    Add { peer_urls: Vec<String>, is_learner: bool },
+    Remove { id: u64 },
+    Update { id: u64, peer_urls: Vec<String> },
+    Promote { id: u64 },
+}
+
+/// Why a change was refused; the messages are etcd's.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum MembershipRefusal {
+    #[error("etcdserver: Peer URLs already exists")]
+    PeerUrlExists,
+    #[error("etcdserver: member not found")]
+    MemberNotFound,
+    #[error("etcdserver: given member URLs are invalid")]
+    BadUrls,
+    #[error("etcdserver: can only promote a learner member")]
+    NotLearner,
+    #[error("etcdserver: can only promote a learner member which is in sync with leader")]
+    LearnerNotReady,
+    /// Another change is in progress, or the cluster cannot commit one.
+    #[error("etcdserver: unhealthy cluster")]
+    Unhealthy,
+    #[error("etcdserver: re-configuration failed due to not enough started members")]
+    NotEnoughMembers,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MembershipAnswer {
+    NotLeader,
+    /// Committed: the member concerned, and the log index of the new
+    /// configuration (a member has it once it has applied that far).
+    Changed {
+        id: u64,
+        log_index: u64,
+    },
+    Refused(MembershipRefusal),
+}

@@ -1,0 +1,22 @@
+//! The peer protocol: everything members say to each other on the peer URL,
+//! both sides side by side. Clients never reach it; nothing outside `raft/`
+//! but the node's start-up (`crate::server`) uses it.
+//!
+//! - [`messages`]: what travels (encoded in each RPC's `RaftPayload`);
+//! - [`client`]: the asking side, one cached channel per peer;
+//! - [`forward`]: a follower's writes batched on their way to the leader;
+//! - [`server`]: the answering side, which hands Raft RPCs to openraft and
+//!   the rest to the leader's proposer, read index, lease authority,
+//!   membership changes and leader transfer.
+//!
+//! openraft's own RPCs go through `raft::network` (the `RaftNetwork`
+//! adapter) over the same channels; a leader's log streams to each follower
+//! on `Peer.Replicate` (`raft::pipeline`).
+//!
+//! Module order, no cycle: `messages` <- `client` <- `forward`; `server`
+//! uses `messages` and `client` and the Raft modules beside it.
+
+pub mod client;
+pub mod forward;
+pub mod messages;
+pub mod server;

@@ -1,0 +1,112 @@
+//! Lease time: keepalives and TimeToLive, which only the leader answers
+//! (lease deadlines are the leader's, `lease_keeper`), and expiry, which
+//! only the leader of the term that set a deadline proposes.
+//!
+//! A follower asks the leader over the peer protocol; a question waiting on a
+//! leader that has since been replaced (paused, cut off) is asked of the new
+//! one at once, so that keepalives reach the leader whose deadlines count.
+
+use tokio::time::Instant;
+
+use super::route::{Attempt, Route};
+use super::{Node, ServerError};
+use crate::command::{Command, CommandResult};
+use crate::lease::LeaseStatus;
+use crate::raft::peer::messages::{LeaseAnswer, LeaseQuery};
+use crate::raft::peer::server::LeaseAuthority;
+use crate::raft::proposer::ProposeError;
+use crate::raft::read_index::read_index;
+
+impl Node {
+    /// Renew lease `id`; returns its TTL in seconds, 0 if it is unknown or
+    /// has expired.
+    pub async fn keep_alive(&self, id: i64) -> Result<i64, ServerError> {
+        match self.lease_query(LeaseQuery::KeepAlive(id)).await? {
+            LeaseAnswer::KeptAlive { ttl } => Ok(ttl),
+            other => unreachable!("a keepalive is answered with a TTL, not {other:?}"),
+        }
+    }
+
+    /// Lease `id` as the leader sees it (None if there is no such lease).
+    pub async fn time_to_live(&self, id: i64) -> Result<Option<LeaseStatus>, ServerError> {
+        match self.lease_query(LeaseQuery::TimeToLive(id)).await? {
+            LeaseAnswer::TimeToLive(status) => Ok(status),
+            other => unreachable!("a TimeToLive is answered with a status, not {other:?}"),
+        }
+    }
+
+    /// Ask the leader a lease question (answered here if we lead).
+    async fn lease_query(&self, query: LeaseQuery) -> Result<LeaseAnswer, ServerError> {
+        self.routed(|route, deadline| self.lease_attempt(route, deadline, query.clone())).await
+    }
+
+    /// One attempt of [`Node::lease_query`].
+    async fn lease_attempt(&self, route: Route, deadline: Instant, query: LeaseQuery) -> Attempt<LeaseAnswer, ServerError> {
+        match route {
+            Route::Here => match self.answer(query).await {
+                LeaseAnswer::NotLeader => Attempt::Retry,
+                answer => Attempt::Done(Ok(answer)),
+            },
+            Route::Leader { id, url } => {
+                let remaining = deadline.saturating_duration_since(Instant::now());
+                tokio::select! {
+                    answer = self.peers.lease(&url, &query, remaining) => match answer {
+                        Ok(LeaseAnswer::NotLeader) | Err(_) => Attempt::Retry,
+                        Ok(answer) => Attempt::Done(Ok(answer)),
+                    },
+                    _ = self.leader_replaced(id) => Attempt::Again,
+                }
+            }
+        }
+    }
+
+    /// Expire leases whose deadlines passed while this member led `term`
+    /// (see `lease_keeper`): only if a quorum confirms that it still leads
+    /// `term`, proposed here and nowhere else, and never retried — the next
+    /// tick decides again. Apply ignores the expiry if its entry is not of
+    /// `term`.
+    pub(crate) async fn expire_leases(&self, term: u64, ids: &[i64]) -> Result<(), ServerError> {
+        let confirmed = tokio::time::timeout(self.request_timeout, read_index(&self.raft, &self.read_floor)).await;
+        if !matches!(confirmed, Ok(Ok(_))) || self.leading_term() != Some(term) {
+            return Err(ServerError::LeaderChanged);
+        }
+        let proposals = ids.iter().map(|&id| self.proposer.propose(Command::LeaseExpire { id, term }));
+        let outcomes = tokio::time::timeout(self.request_timeout, futures::future::join_all(proposals))
+            .await
+            .map_err(|_| ServerError::Timeout)?;
+        for (id, outcome) in ids.iter().zip(outcomes) {
+            match outcome {
+                Ok(CommandResult::LeaseRevoked { .. }) => tracing::debug!(lease = id, term, "lease expired"),
+                Ok(other) => tracing::info!(lease = id, term, result = ?other, "lease expiry not applied"),
+                Err(ProposeError::NotLeader { .. }) => return Err(ServerError::LeaderChanged),
+                Err(ProposeError::Stopped) => return Err(ServerError::Stopped),
+            }
+        }
+        Ok(())
+    }
+}
+
+#[tonic::async_trait]
+impl LeaseAuthority for Node {
+    async fn answer(&self, query: LeaseQuery) -> LeaseAnswer {
+        if !self.is_leader() {
+            return LeaseAnswer::NotLeader;
+        }
+        // The leader must have applied every grant it acknowledged.
+        if self.read_barrier().await.is_err() || !self.is_leader() {
+            return LeaseAnswer::NotLeader;
+        }
+        let table = self.state.leases();
+        match query {
+            LeaseQuery::KeepAlive(id) => {
+                let Some(term) = self.leading_term() else { return LeaseAnswer::NotLeader };
+                LeaseAnswer::KeptAlive { ttl: self.lease_keeper.renew(term, &table, id).unwrap_or(0) }
+            }
+            LeaseQuery::TimeToLive(id) => LeaseAnswer::TimeToLive(table.get(id).map(|l| LeaseStatus {
+                remaining: self.lease_keeper.remaining(&table, id).unwrap_or(l.ttl),
+                granted: l.ttl,
+                keys: l.keys.iter().cloned().collect(),
+            })),
+        }
+    }
+}

@@ -1,0 +1,238 @@
+//! Membership as the node sees it: changes (run on the leader, forwarded by
+//! a follower), leader transfer, the member list, publishing this member's
+//! client URLs, and the two ways a member learns it must not serve — it was
+//! removed ([`Node::removed`]), or it starts empty although the cluster
+//! knows it ([`refuse_if_bootstrapped`]).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::route::{Attempt, Route};
+use super::{MemberInfo, MembershipFailure, Node, ServerError};
+use crate::raft::membership::{MembershipAnswer, MembershipChange, MembershipRefusal};
+use crate::raft::peer::client::PeerClients;
+use crate::raft::peer::messages::AdminRequest;
+use crate::raft::transfer::{transfer, TransferError};
+use crate::raft::RaftMetrics;
+use crate::state::MemberAttrs;
+
+impl Node {
+    /// Resolves once this member has been removed from the cluster: it must
+    /// stop serving. It resolves a grace period later, so that requests in
+    /// flight — the removal itself, when a leader removes itself — are
+    /// answered first.
+    ///
+    /// A member's own log is no judge: while it catches up it can hold (and
+    /// have applied) a configuration from before it was added, and a removed
+    /// follower may never see its removal committed, as the leader stops
+    /// replicating to it once it is. So once the configuration its log ends
+    /// with leaves it out, or a joint one is moving its vote away, it asks
+    /// the members every second; only the leader answers, from the
+    /// configuration it has applied (as etcd's peers tell a removed member).
+    pub async fn removed(&self) {
+        const GRACE: Duration = Duration::from_secs(1);
+        let mut metrics = self.raft.metrics();
+        let ask = AdminRequest::Removed { id: self.id };
+        loop {
+            let leaving = |m: &RaftMetrics| {
+                let membership = m.membership_config.membership();
+                let joint = membership.get_joint_config();
+                let voter_leaving =
+                    joint.iter().any(|c| c.contains(&self.id)) && joint.last().is_some_and(|c| !c.contains(&self.id));
+                m.membership_config.log_id().is_some() && (membership.get_node(&self.id).is_none() || voter_leaving)
+            };
+            if metrics.wait_for(leaving).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+            let urls: Vec<String> = {
+                let m = metrics.borrow();
+                let membership = m.membership_config.membership();
+                membership.nodes().filter(|(id, _)| **id != self.id).map(|(_, n)| n.peer_url.clone()).collect()
+            };
+            for url in &urls {
+                if let Ok(true) = self.peers.admin(url, &ask, Duration::from_secs(1)).await {
+                    tokio::time::sleep(GRACE).await;
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+
+    /// Run a membership change on the leader (forwarded if we follow), and
+    /// wait until this member has the new configuration; returns the ID of the
+    /// member concerned.
+    pub async fn change_membership(&self, change: MembershipChange) -> Result<u64, MembershipFailure> {
+        // Set once an attempt may have reached the leader without an answer:
+        // a refusal of the retry may then only mean the change was made.
+        let uncertain = AtomicBool::new(false);
+        let (answer, deadline) =
+            self.routed(|route, deadline| self.membership_attempt(route, deadline, &change, &uncertain)).await?;
+        match answer {
+            MembershipAnswer::Changed { id, log_index } => {
+                self.wait_applied(log_index, deadline).await?;
+                Ok(id)
+            }
+            MembershipAnswer::Refused(refusal) => match (&change, refusal) {
+                // An earlier attempt did add (or remove) it.
+                (MembershipChange::Add { peer_urls, .. }, MembershipRefusal::PeerUrlExists)
+                    if uncertain.load(Ordering::Relaxed) =>
+                {
+                    Ok(crate::config::member_id(peer_urls, &self.cluster_token))
+                }
+                (MembershipChange::Remove { id }, MembershipRefusal::MemberNotFound)
+                    if uncertain.load(Ordering::Relaxed) =>
+                {
+                    Ok(*id)
+                }
+                (_, refusal) => Err(MembershipFailure::Refused(refusal)),
+            },
+            MembershipAnswer::NotLeader => unreachable!("an attempt that met no leader is retried"),
+        }
+    }
+
+    /// One attempt of [`Node::change_membership`]: the leader's answer (never
+    /// `NotLeader`), and the request's deadline.
+    async fn membership_attempt(
+        &self,
+        route: Route,
+        deadline: Instant,
+        change: &MembershipChange,
+        uncertain: &AtomicBool,
+    ) -> Attempt<(MembershipAnswer, Instant), ServerError> {
+        let answer = match route {
+            Route::Here => {
+                let change =
+                    crate::raft::membership::change(&self.raft, &self.peers, &self.cluster_token, change.clone());
+                match tokio::time::timeout_at(deadline, change).await {
+                    Ok(answer) => answer,
+                    Err(_) => return Attempt::Done(Err(ServerError::Timeout)),
+                }
+            }
+            Route::Leader { url, .. } => {
+                let remaining = deadline.saturating_duration_since(Instant::now());
+                match self.peers.membership(&url, change, remaining).await {
+                    Ok(answer) => answer,
+                    Err(_) => {
+                        uncertain.store(true, Ordering::Relaxed);
+                        return Attempt::Retry;
+                    }
+                }
+            }
+        };
+        match answer {
+            MembershipAnswer::NotLeader => Attempt::Retry,
+            answer => Attempt::Done(Ok((answer, deadline))),
+        }
+    }
+
+    /// Hand leadership to member `target` (Maintenance.MoveLeader); this
+    /// member must lead. The transfer runs in a task of its own: it must not
+    /// be stopped halfway if the caller goes away.
+    pub async fn move_leader(&self, target: u64) -> Result<(), TransferError> {
+        let deadline = Instant::now() + self.request_timeout;
+        let (raft, peers) = (self.raft.clone(), self.peers.clone());
+        let task = tokio::spawn(async move { transfer(&raft, &peers, target, deadline).await });
+        task.await.unwrap_or(Err(TransferError::TimedOut))
+    }
+
+    /// Before a planned stop: if this member leads, hand leadership to the
+    /// voter furthest along (as etcd does when it stops), so that writes
+    /// wait for a transfer instead of for an election timeout and an
+    /// election. Returns the member that leads now, if it was handed over.
+    pub async fn hand_over_leadership(&self) -> Result<Option<u64>, TransferError> {
+        let target = {
+            let m = self.metrics();
+            if m.current_leader != Some(self.id) {
+                return Ok(None);
+            }
+            // Only a voter that has been answering: one that is down would
+            // hold the stop up for nothing.
+            m.membership_config
+                .membership()
+                .voter_ids()
+                .filter(|id| *id != self.id && self.peers.heard_within(*id, self.election_timeout))
+                .filter_map(|id| Some((crate::raft::matched_index(&m, id)?, id)))
+                .max()
+                .map(|(_, id)| id)
+        };
+        let Some(target) = target else { return Ok(None) };
+        let deadline = Instant::now() + self.election_timeout * 3;
+        let (raft, peers) = (self.raft.clone(), self.peers.clone());
+        let task = tokio::spawn(async move { transfer(&raft, &peers, target, deadline).await });
+        task.await.unwrap_or(Err(TransferError::TimedOut))?;
+        Ok(Some(target))
+    }
+
+    /// Every member, with the client URLs it published.
+    pub fn members(&self) -> Vec<MemberInfo> {
+        let m = self.metrics();
+        let membership = m.membership_config.membership();
+        let voters: std::collections::BTreeSet<u64> = membership.voter_ids().collect();
+        let attrs = self.state.members();
+        membership
+            .nodes()
+            .map(|(id, node)| MemberInfo {
+                id: *id,
+                // A member added at run time is named by what it publishes.
+                name: attrs.get(id).map_or_else(|| node.name.clone(), |a| a.name.clone()),
+                peer_urls: vec![node.peer_url.clone()],
+                client_urls: attrs.get(id).map(|a| a.client_urls.clone()).unwrap_or_default(),
+                is_learner: !voters.contains(id),
+            })
+            .collect()
+    }
+
+    /// Publish this member's attributes through the log until they are there.
+    pub(super) async fn publish(self: Arc<Self>, attrs: MemberAttrs) {
+        let mut shutdown = self.shutdown_signal();
+        loop {
+            if self.state.members().get(&self.id) == Some(&attrs) {
+                return;
+            }
+            match self.publish_member(attrs.name.clone(), attrs.client_urls.clone()).await {
+                Ok(()) => return,
+                Err(e) => tracing::debug!(error = %e, "publishing member attributes; will retry"),
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
+}
+
+/// A member starting with an empty data directory must be starting for the
+/// first time since it was (last) added. If a peer knows it ran before (it
+/// published itself through the log, and was not removed since: removal
+/// clears that), its data was lost: letting it in would give the others a
+/// member that has forgotten its vote and the entries it acknowledged (and
+/// openraft's leader stops on a follower whose log went back). Refused, as
+/// etcd refuses it, with `new` and `existing` alike. Peers that cannot be
+/// reached within a second are not asked.
+pub(super) async fn refuse_if_bootstrapped(
+    id: u64,
+    name: &str,
+    members: &BTreeMap<u64, crate::config::InitialMember>,
+    data_dir: &std::path::Path,
+) -> anyhow::Result<()> {
+    let peers = PeerClients::default();
+    let ask = AdminRequest::Published { id };
+    for member in members.values().filter(|m| m.id != id) {
+        let Some(url) = member.peer_urls.first() else { continue };
+        if let Ok(true) = peers.admin(url, &ask, Duration::from_secs(1)).await {
+            anyhow::bail!(
+                "member {name} ({id:x}) has already been bootstrapped: {} knows it, but its data directory {} is \
+                 empty. Remove the member (etcdctl member remove {id:x}), add it again (etcdctl member add), and \
+                 start it with --initial-cluster-state existing",
+                member.name,
+                data_dir.display()
+            );
+        }
+    }
+    Ok(())
+}

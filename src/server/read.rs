@@ -1,0 +1,87 @@
+//! The read path's facade: linearizable reads by ReadIndex.
+//!
+//! A linearizable read waits for [`Node::read_barrier`], then reads this
+//! member's applied state (`crate::state`). The barrier gets a read index
+//! from the leader — itself (`raft::read_index`: a heartbeat round confirms
+//! it still leads) or over the peer protocol — and waits until this member
+//! has applied that far. Reads that arrive together share one round.
+//! Serializable reads skip the barrier and may be stale.
+
+use openraft::error::{CheckIsLeaderError, RaftError};
+use tokio::time::Instant;
+
+use super::route::{Attempt, Route};
+use super::{shutdown_started, Node, ServerError};
+use crate::raft::read_index::read_index;
+
+impl Node {
+    /// Make the local state fresh enough for a linearizable read: at least as
+    /// new as everything committed when this call began. Concurrent callers
+    /// share rounds: a round that starts after a caller arrived serves it.
+    pub async fn read_barrier(&self) -> Result<(), ServerError> {
+        self.read_barriers.call(()).await.unwrap_or(Err(ServerError::Stopped))
+    }
+
+    /// One ReadIndex round (see [`Node::read_barrier`]): get a read index from
+    /// the leader (ourselves or over the peer channel), then wait until this
+    /// member has applied that far.
+    pub(super) async fn read_index_round(&self) -> Result<(), ServerError> {
+        let (index, deadline) = self.routed(|route, deadline| self.read_index_attempt(route, deadline)).await?;
+        self.wait_applied(index, deadline).await
+    }
+
+    /// One attempt of [`Node::read_index_round`]: the read index, and the
+    /// request's deadline (for the wait that follows).
+    async fn read_index_attempt(&self, route: Route, deadline: Instant) -> Attempt<(u64, Instant), ServerError> {
+        match route {
+            Route::Here => match tokio::time::timeout_at(deadline, read_index(&self.raft, &self.read_floor)).await {
+                Err(_) => Attempt::Done(Err(ServerError::Timeout)),
+                Ok(Ok(index)) => Attempt::Done(Ok((index, deadline))),
+                Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(_)))) => Attempt::Retry,
+                Ok(Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_)))) => Attempt::Retry,
+                Ok(Err(RaftError::Fatal(_))) => Attempt::Done(Err(ServerError::Stopped)),
+            },
+            // Safe to ask again, as lease questions are.
+            Route::Leader { id, url } => {
+                let remaining = deadline.saturating_duration_since(Instant::now());
+                tokio::select! {
+                    index = self.peers.read_index(&url, remaining) => match index {
+                        Ok(index) => Attempt::Done(Ok((index, deadline))),
+                        Err(_) => Attempt::Retry,
+                    },
+                    _ = self.leader_replaced(id) => Attempt::Again,
+                }
+            }
+        }
+    }
+
+    /// Wait until this member has applied log index `index`, until `deadline`.
+    pub(super) async fn wait_applied(&self, index: u64, deadline: Instant) -> Result<(), ServerError> {
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        match self.raft.wait(Some(remaining)).applied_index_at_least(Some(index), "applied").await {
+            Ok(_) => Ok(()),
+            Err(openraft::metrics::WaitError::Timeout(..)) => Err(ServerError::Timeout),
+            Err(openraft::metrics::WaitError::ShuttingDown) => Err(ServerError::Stopped),
+        }
+    }
+
+    /// Wait until this member's store has reached `revision` (for state that
+    /// was written through another member), at most the request timeout.
+    pub async fn wait_revision(&self, revision: i64) -> Result<(), ServerError> {
+        let deadline = tokio::time::Instant::now() + self.request_timeout;
+        let mut feed = self.state.subscribe();
+        let shutdown = self.shutdown_signal();
+        while self.revision() < revision {
+            tokio::select! {
+                batch = feed.recv() => {
+                    if let Err(tokio::sync::broadcast::error::RecvError::Closed) = batch {
+                        return Err(ServerError::Stopped);
+                    }
+                }
+                _ = tokio::time::sleep_until(deadline) => return Err(ServerError::Timeout),
+                _ = shutdown_started(shutdown.clone()) => return Err(ServerError::Stopped),
+            }
+        }
+        Ok(())
+    }
+}

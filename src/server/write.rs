@@ -1,0 +1,173 @@
+//! The write path's facade: one typed method per replicated operation, each
+//! answering with that operation's own result or why it has none.
+//!
+//! Every write goes through [`Node::write`]: on the leader, its proposer
+//! (`raft::proposer`, which batches concurrent commands into one entry); on a
+//! follower, the peer protocol's forwarder (`raft::peer::forward`), which
+//! hands it to the leader's proposer. It is retried only when it certainly
+//! was not applied (the target was not the leader, or could not be reached);
+//! anything ambiguous is reported to the client, as etcd does.
+//!
+//! Invariant (apply's contract, `raft::apply`): a command is answered with
+//! its own result variant, or `Rejected` with the store unchanged. Any other
+//! answer is a bug, reported once, in [`mismatch`].
+
+use tokio::time::Instant;
+
+use super::route::{Attempt, Route};
+use super::{Node, ServerError};
+use crate::command::{Command, CommandResult};
+use crate::mvcc::{
+    DeleteRangeRequest, DeleteRangeResult, MvccError, PutRequest, PutResult, Revision, TxnRequest, TxnResult,
+};
+use crate::raft::peer::client::ForwardFailure;
+use crate::raft::proposer::ProposeError;
+
+/// Why a write did not change the store.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WriteError {
+    /// It could not be replicated (or its fate is unknown).
+    #[error(transparent)]
+    Server(#[from] ServerError),
+    /// Apply refused it, deterministically, on every member.
+    #[error(transparent)]
+    Rejected(#[from] MvccError),
+}
+
+/// A lease as granted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GrantedLease {
+    pub id: i64,
+    /// The TTL granted, in seconds (raised to the floor).
+    pub ttl: i64,
+    pub revision: Revision,
+}
+
+/// How many server-chosen lease IDs are drawn before a grant gives up.
+const LEASE_ID_DRAWS: usize = 8;
+
+impl Node {
+    pub async fn put(&self, req: PutRequest) -> Result<PutResult, WriteError> {
+        match self.write(Command::Put(req)).await? {
+            CommandResult::Put(r) => Ok(r),
+            other => Err(rejected("put", other)),
+        }
+    }
+
+    pub async fn delete_range(&self, req: DeleteRangeRequest) -> Result<DeleteRangeResult, WriteError> {
+        match self.write(Command::DeleteRange(req)).await? {
+            CommandResult::DeleteRange(r) => Ok(r),
+            other => Err(rejected("delete range", other)),
+        }
+    }
+
+    pub async fn txn(&self, req: TxnRequest) -> Result<TxnResult, WriteError> {
+        match self.write(Command::Txn(req)).await? {
+            CommandResult::Txn(r) => Ok(r),
+            other => Err(rejected("txn", other)),
+        }
+    }
+
+    /// Compact history up to `revision`; returns the store's revision.
+    pub async fn compact(&self, revision: Revision) -> Result<Revision, WriteError> {
+        match self.write(Command::Compact { revision }).await? {
+            CommandResult::Compacted { revision } => Ok(revision),
+            other => Err(rejected("compaction", other)),
+        }
+    }
+
+    /// Grant a lease of `ttl` seconds (raised to the floor, `min_lease_ttl`)
+    /// with ID `id`, or with an ID this member draws when `id` is 0 (drawn
+    /// again if it happens to be taken).
+    pub async fn grant_lease(&self, id: i64, ttl: i64) -> Result<GrantedLease, WriteError> {
+        let ttl = ttl.max(self.min_lease_ttl);
+        for _ in 0..LEASE_ID_DRAWS {
+            let chosen = if id != 0 { id } else { random_lease_id() };
+            match self.write(Command::LeaseGrant { id: chosen, ttl }).await? {
+                CommandResult::LeaseGranted { id, ttl, revision } => return Ok(GrantedLease { id, ttl, revision }),
+                CommandResult::Rejected { error: MvccError::LeaseExists, .. } if id == 0 => continue,
+                other => return Err(rejected("lease grant", other)),
+            }
+        }
+        // Eight random 63-bit IDs all taken: the generator is broken.
+        Err(MvccError::LeaseExists.into())
+    }
+
+    /// Revoke lease `id` and delete its keys; returns the revision.
+    pub async fn revoke_lease(&self, id: i64) -> Result<Revision, WriteError> {
+        match self.write(Command::LeaseRevoke { id }).await? {
+            CommandResult::LeaseRevoked { revision } => Ok(revision),
+            other => Err(rejected("lease revoke", other)),
+        }
+    }
+
+    /// Announce this member's client URLs through the log (etcd's publish).
+    pub(super) async fn publish_member(&self, name: String, client_urls: Vec<String>) -> Result<(), WriteError> {
+        match self.write(Command::PublishMember { id: self.id, name, client_urls }).await? {
+            CommandResult::MemberPublished { .. } => Ok(()),
+            other => Err(rejected("member publish", other)),
+        }
+    }
+
+    /// Replicate `cmd` and return its apply result (see the module doc).
+    async fn write(&self, cmd: Command) -> Result<CommandResult, ServerError> {
+        self.routed(|route, deadline| {
+            let cmd = cmd.clone();
+            async move { self.write_attempt(route, deadline, cmd).await }
+        })
+        .await
+    }
+
+    /// One attempt of [`Node::write`].
+    async fn write_attempt(&self, route: Route, deadline: Instant, cmd: Command) -> Attempt<CommandResult, ServerError> {
+        match route {
+            Route::Here => match tokio::time::timeout_at(deadline, self.proposer.propose(cmd)).await {
+                Err(_) => Attempt::Done(Err(ServerError::Timeout)),
+                Ok(Ok(result)) => Attempt::Done(Ok(result)),
+                // Not appended (or truncated before commit): safe to retry.
+                Ok(Err(ProposeError::NotLeader { .. })) => Attempt::Retry,
+                Ok(Err(ProposeError::Stopped)) => Attempt::Done(Err(ServerError::Stopped)),
+            },
+            Route::Leader { url, .. } => {
+                let forwarded = self.forwarder.forward(url, cmd);
+                match tokio::time::timeout_at(deadline, forwarded).await {
+                    Err(_) => Attempt::Done(Err(ServerError::Timeout)),
+                    Ok(Ok(result)) => Attempt::Done(Ok(result)),
+                    Ok(Err(ForwardFailure::NotLeader { .. } | ForwardFailure::Unreachable(_))) => Attempt::Retry,
+                    Ok(Err(ForwardFailure::Unknown(e))) => {
+                        tracing::debug!(error = %e, "forwarded write failed");
+                        Attempt::Done(Err(if Instant::now() >= deadline {
+                            ServerError::Timeout
+                        } else {
+                            ServerError::LeaderChanged
+                        }))
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The error of a write that apply answered with `result` instead of the
+/// operation's own result: a rejection, or (see [`mismatch`]) a bug.
+fn rejected(operation: &str, result: CommandResult) -> WriteError {
+    match result {
+        CommandResult::Rejected { error, .. } => WriteError::Rejected(error),
+        other => mismatch(operation, other),
+    }
+}
+
+/// Apply answered a command with another command's result: apply's contract
+/// (see the module doc) is broken, and nothing this member answers can be
+/// trusted to be what was asked. Not an input error: a bug.
+fn mismatch(operation: &str, result: CommandResult) -> ! {
+    panic!("raftlock bug: apply answered a {operation} with {result:?}")
+}
+
+/// A random positive lease ID (std's randomly keyed hasher as the source).
+fn random_lease_id() -> i64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64));
+    (h.finish() & i64::MAX as u64).max(1) as i64
+}
