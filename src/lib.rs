@@ -2,29 +2,52 @@
 //!
 //! Layers, top to bottom (a module only uses the ones below it):
 //! ```text
-//!   api/        tonic adapters: validate -> call -> map error -> fill header
-//!   server/     the node facade: write (forward to the leader), read (ReadIndex)
-//!   raft/       the only module that names openraft: log store, state machine, network
-//!   mvcc/       the deterministic data model (no tokio, no openraft, no tonic)
+//!   api/        tonic adapters: validate -> call the node -> map error -> fill header
+//!   locks/      lock, semaphore and election queues: recipes over the node's KV
+//!   server/     the node facade: typed writes (forwarded to the leader),
+//!               linearizable reads (ReadIndex), lease time, membership
+//!   raft/       the only module that names openraft: log store, state machine,
+//!               the peer protocol (raft/peer/), replication pipes
+//!   command     the replicated log format (Command, CommandResult)
+//!   state       the applied state readers share with the state machine
+//!   watch/ lease/ mvcc/   the deterministic data model (no tokio, no openraft)
 //!   storage/    the only module that names sled; the WAL
 //! ```
-//! `locks` holds the lock, semaphore and election queues the API serves;
-//! `command` is the replicated log format; `state` the applied state shared
-//! between the state machine and readers; `config` the command line. `client`
-//! is the Rust client (used by `raftlockctl`) and `bench` the load generator.
+//! Beside them: `config` (the command line), `batcher` (group calls into
+//! batches), `proto` (generated gRPC types), `client` (the Rust client that
+//! `raftlockctl` uses).
+//!
+//! A write: `api::kv` -> `server::write` (`Node::put`) -> on the leader
+//! `raft::proposer`, on a follower `raft::peer::forward` -> the leader's
+//! proposer -> openraft -> `raft::log_store` (WAL) and `raft::pipeline`
+//! (to followers) -> committed -> `raft::state_machine` applies it to `mvcc`
+//! on every member -> the leader's result is the answer.
+//!
+//! A read: `api::kv` -> `server::read` (`Node::read_barrier`: a read index
+//! from the leader, `raft::read_index`, then wait until applied) -> `state`.
+//!
+//! A lock: `api::lock` / `api::native_lock` -> `locks` (a txn that queues the
+//! caller's key, then a watch on the key before it) -> the write and read
+//! paths above.
+//!
+//! The crate's public surface is what the binaries, the tests and the fault
+//! suite use; everything else is crate-private.
 
-pub mod api;
-pub mod batcher;
-pub mod bench;
+mod api;
+mod batcher;
 pub mod client;
-pub mod command;
+mod command;
 pub mod config;
-pub mod lease;
-pub mod locks;
-pub mod mvcc;
+mod lease;
+mod locks;
+mod mvcc;
 pub mod proto;
-pub mod raft;
-pub mod server;
-pub mod state;
-pub mod storage;
-pub mod watch;
+mod raft;
+mod server;
+mod state;
+mod storage;
+mod watch;
+
+pub use api::serve_clients;
+pub use locks::prefix_end;
+pub use server::Node;

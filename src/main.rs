@@ -3,7 +3,7 @@
 
 use clap::Parser;
 use raftlock::config::Config;
-use raftlock::server::Node;
+use raftlock::Node;
 use tokio::signal::unix::{signal, SignalKind};
 
 /// mimalloc rather than glibc's malloc: the server allocates and frees many
@@ -27,7 +27,7 @@ async fn main() -> anyhow::Result<()> {
 
     let node = Node::start(&config).await?;
     let peers = tokio::spawn(node.clone().serve_peers(config.peer_listen_addrs()?));
-    let clients = tokio::spawn(raftlock::api::serve_clients(node.clone(), config.client_listen_addrs()?));
+    let clients = tokio::spawn(raftlock::serve_clients(node.clone(), config.client_listen_addrs()?));
     tracing::info!(
         name = %config.name,
         member_id = format!("{:x}", node.id),

@@ -134,10 +134,6 @@ impl LogStore {
         Ok(LogStore { cache: Arc::new(Mutex::new(cache)), last_index: Arc::new(last_index), wal, state_db, id })
     }
 
-    pub fn wal(&self) -> &Wal {
-        &self.wal
-    }
-
     /// How far the log is durable (see the module doc).
     pub fn durable(&self) -> Durable {
         self.wal.durable()

@@ -38,10 +38,9 @@ mod read;
 mod route;
 mod write;
 
-pub use crate::lease::LeaseStatus;
 pub use crate::raft::membership::{MembershipChange, MembershipRefusal};
 pub use crate::raft::transfer::TransferError;
-pub use write::{GrantedLease, WriteError};
+pub use write::WriteError;
 
 use crate::batcher::Batcher;
 use crate::config::{ClusterState, Config};

@@ -133,7 +133,14 @@ impl Node {
                 match tokio::time::timeout_at(deadline, forwarded).await {
                     Err(_) => Attempt::Done(Err(ServerError::Timeout)),
                     Ok(Ok(result)) => Attempt::Done(Ok(result)),
-                    Ok(Err(ForwardFailure::NotLeader { .. } | ForwardFailure::Unreachable(_))) => Attempt::Retry,
+                    Ok(Err(ForwardFailure::NotLeader { leader })) => {
+                        tracing::debug!(?leader, "forwarded write reached a member that does not lead");
+                        Attempt::Retry
+                    }
+                    Ok(Err(ForwardFailure::Unreachable(why))) => {
+                        tracing::debug!(%why, "forwarded write never reached the leader");
+                        Attempt::Retry
+                    }
                     Ok(Err(ForwardFailure::Unknown(e))) => {
                         tracing::debug!(error = %e, "forwarded write failed");
                         Attempt::Done(Err(if Instant::now() >= deadline {

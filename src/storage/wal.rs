@@ -335,6 +335,7 @@ impl Wal {
         Durable { rx: self.shared.durable.subscribe() }
     }
 
+    #[cfg(test)]
     pub fn stats(&self) -> &WalStats {
         &self.stats
     }

@@ -14,13 +14,13 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::proto::etcdserverpb as pb;
-use crate::proto::etcdserverpb::kv_client::KvClient;
-use crate::proto::etcdserverpb::lease_client::LeaseClient;
-use crate::proto::raftlock::v1 as native;
-use crate::proto::raftlock::v1::locks_client::LocksClient;
-use crate::proto::v3lockpb as v3lock;
-use crate::proto::v3lockpb::lock_client::LockClient;
+use raftlock::proto::etcdserverpb as pb;
+use raftlock::proto::etcdserverpb::kv_client::KvClient;
+use raftlock::proto::etcdserverpb::lease_client::LeaseClient;
+use raftlock::proto::raftlock::v1 as native;
+use raftlock::proto::raftlock::v1::locks_client::LocksClient;
+use raftlock::proto::v3lockpb as v3lock;
+use raftlock::proto::v3lockpb::lock_client::LockClient;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Workload {

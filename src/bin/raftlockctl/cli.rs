@@ -1,0 +1,237 @@
+//! `raftlockctl`'s command line: every command, flag and environment
+//! variable (clap), and the parsers of durations and lease IDs.
+
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "raftlockctl", version, about = "Command-line client for raftlock")]
+pub(crate) struct Cli {
+    /// Comma-separated client URLs (or host:port).
+    #[arg(
+        long,
+        env = "RAFTLOCK_ENDPOINTS",
+        default_value = "http://127.0.0.1:2379",
+        value_delimiter = ',',
+        global = true
+    )]
+    pub(crate) endpoints: Vec<String>,
+    /// Output format.
+    #[arg(short = 'w', long = "write-out", value_enum, default_value = "simple", global = true)]
+    pub(crate) write_out: Format,
+    /// Time limit of each request (not of waiting for a lock or watching).
+    #[arg(long, default_value = "5s", value_parser = parse_duration, global = true)]
+    pub(crate) command_timeout: Duration,
+    #[command(subcommand)]
+    pub(crate) command: Cmd,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Format {
+    Simple,
+    Json,
+}
+
+#[derive(Subcommand)]
+pub(crate) enum Cmd {
+    /// Acquire a lock; run CMD while holding it, or hold it until interrupted.
+    Lock(LockArgs),
+    /// Release a grant by key, fenced by its token.
+    Release {
+        key: String,
+        #[arg(long)]
+        token: i64,
+    },
+    /// Show who holds a lock and who waits for it.
+    Describe {
+        name: String,
+        #[arg(long, default_value_t = 1)]
+        permits: u32,
+    },
+    /// List the locks under a name prefix.
+    List {
+        #[arg(default_value = "")]
+        prefix: String,
+        #[arg(long, default_value_t = 1)]
+        permits: u32,
+    },
+    /// Campaign in an election with PROPOSAL and lead until interrupted; or
+    /// with --listen, print each leader as it changes.
+    Elect {
+        name: String,
+        proposal: Option<String>,
+        #[arg(short, long)]
+        listen: bool,
+        /// TTL of the campaign's session lease, in seconds.
+        #[arg(long, default_value_t = 10)]
+        ttl: i64,
+    },
+    /// Read a key, a range [KEY, RANGE_END) or a prefix.
+    Get {
+        key: String,
+        range_end: Option<String>,
+        #[arg(long)]
+        prefix: bool,
+        #[arg(long, default_value_t = 0)]
+        rev: i64,
+        #[arg(long, default_value_t = 0)]
+        limit: i64,
+        #[arg(long)]
+        keys_only: bool,
+        #[arg(long)]
+        count_only: bool,
+    },
+    /// Write a key.
+    Put {
+        key: String,
+        value: String,
+        /// Attach to this lease (hex ID).
+        #[arg(long, value_parser = parse_lease_id)]
+        lease: Option<i64>,
+    },
+    /// Delete a key, a range or a prefix.
+    Del {
+        key: String,
+        range_end: Option<String>,
+        #[arg(long)]
+        prefix: bool,
+    },
+    /// Print the changes to a key, a range or a prefix until interrupted.
+    Watch {
+        key: String,
+        range_end: Option<String>,
+        #[arg(long)]
+        prefix: bool,
+        /// Start at this revision (history included).
+        #[arg(long, default_value_t = 0)]
+        rev: i64,
+        #[arg(long)]
+        prev_kv: bool,
+    },
+    #[command(subcommand)]
+    Lease(LeaseCmd),
+    #[command(subcommand)]
+    Member(MemberCmd),
+    #[command(subcommand)]
+    Endpoint(EndpointCmd),
+    #[command(subcommand)]
+    Snapshot(SnapshotCmd),
+    /// Drive the endpoints with concurrent clients and report ops/s and latency.
+    Bench(crate::bench::BenchArgs),
+}
+
+#[derive(Args)]
+pub(crate) struct LockArgs {
+    pub(crate) name: String,
+    /// TTL of the lock's session lease, in seconds: how long a crashed holder keeps it.
+    #[arg(long, default_value_t = 10)]
+    pub(crate) ttl: i64,
+    /// Give up if the lock is not granted within this time (e.g. 500ms, 10s, 2m).
+    #[arg(long, value_parser = parse_duration, conflicts_with = "try_once")]
+    pub(crate) wait: Option<Duration>,
+    /// Try once and give up at once if the lock is held.
+    #[arg(long = "try")]
+    pub(crate) try_once: bool,
+    /// Semaphore: how many owners may hold the lock at once.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) permits: u32,
+    /// Shown to others by `describe` (default: user@host pid N).
+    #[arg(long)]
+    pub(crate) metadata: Option<String>,
+    /// The command to run while holding the lock.
+    #[arg(last = true)]
+    pub(crate) command: Vec<String>,
+}
+
+#[derive(Subcommand)]
+pub(crate) enum LeaseCmd {
+    /// Grant a lease with a TTL in seconds.
+    Grant { ttl: i64 },
+    /// Revoke a lease (and delete its keys).
+    Revoke {
+        #[arg(value_parser = parse_lease_id)]
+        id: i64,
+    },
+    /// Keep a lease alive until interrupted (or once).
+    Keepalive {
+        #[arg(value_parser = parse_lease_id)]
+        id: i64,
+        #[arg(long)]
+        once: bool,
+    },
+    /// Show a lease's remaining TTL.
+    Ttl {
+        #[arg(value_parser = parse_lease_id)]
+        id: i64,
+        /// Also list the keys attached to it.
+        #[arg(long)]
+        keys: bool,
+    },
+    /// List every lease.
+    List,
+}
+
+#[derive(Subcommand)]
+pub(crate) enum MemberCmd {
+    /// List the members of the cluster.
+    List,
+}
+
+#[derive(Subcommand)]
+pub(crate) enum SnapshotCmd {
+    /// Stream one member's state (the first endpoint's) to a file.
+    Save { file: std::path::PathBuf },
+}
+
+#[derive(Subcommand)]
+pub(crate) enum EndpointCmd {
+    /// Status of each endpoint.
+    Status,
+    /// Whether each endpoint serves a linearizable read (fails without a leader).
+    Health,
+}
+
+/// `1500ms`, `10s`, `2m`, `1h`; a bare number is seconds.
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
+    let split = s.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len());
+    let (n, unit) = s.split_at(split);
+    let n: f64 = n.parse().map_err(|_| format!("invalid duration {s:?}"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "" | "s" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return Err(format!("invalid duration {s:?}: use ms, s, m or h")),
+    };
+    Duration::try_from_secs_f64(secs).map_err(|e| format!("invalid duration {s:?}: {e}"))
+}
+
+/// Lease IDs are hex, as etcdctl prints and reads them.
+pub(crate) fn parse_lease_id(s: &str) -> Result<i64, String> {
+    i64::from_str_radix(s.trim_start_matches("0x"), 16).map_err(|_| format!("invalid lease ID {s:?} (hex expected)"))
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("1500ms"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_duration("5 parsecs").is_err());
+        assert!(parse_duration("").is_err());
+    }
+
+    #[test]
+    fn lease_ids_are_hex() {
+        assert_eq!(parse_lease_id("694d77aa9e38260f"), Ok(0x694d77aa9e38260f));
+        assert_eq!(parse_lease_id("0x1f"), Ok(0x1f));
+        assert!(parse_lease_id("xyz").is_err());
+    }
+}
+

@@ -1,0 +1,261 @@
+//! The commands that speak etcd's v3 API and hold a stream or ask every
+//! endpoint: `elect`, `watch`, `lease`, `endpoint status|health`,
+//! `snapshot save`.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde_json::json;
+
+use raftlock::client::Client;
+use raftlock::proto::etcdserverpb as etcd;
+use raftlock::proto::mvccpb;
+use raftlock::proto::v3electionpb as election;
+
+use super::cli::{Format, LeaseCmd};
+use super::hold::Signals;
+use super::output::{kv_json, text};
+use super::Ctl;
+
+pub(crate) async fn elect(ctl: &Ctl, name: String, proposal: Option<String>, listen: bool, ttl: i64) -> Result<ExitCode> {
+    let mut signals = Signals::new()?;
+    let show = |kv: &mvccpb::KeyValue| {
+        ctl.print(format!("{}\n{}", text(&kv.key), text(&kv.value)), json!({"name": name, "leader": kv_json(kv)}));
+    };
+    if listen {
+        let mut stream = ctl
+            .client
+            .election()
+            .observe(election::LeaderRequest { name: name.clone().into_bytes() })
+            .await?
+            .into_inner();
+        loop {
+            tokio::select! {
+                msg = stream.message() => match msg? {
+                    Some(r) => if let Some(kv) = &r.kv { show(kv) },
+                    None => return Ok(ExitCode::SUCCESS),
+                },
+                _ = signals.recv() => return Ok(ExitCode::SUCCESS),
+            }
+        }
+    }
+    let proposal = proposal.ok_or_else(|| anyhow!("elect needs a PROPOSAL (or --listen)"))?;
+    let session = ctl.client.session(ttl).await?;
+    let leadership = tokio::select! {
+        l = session.campaign(&name, proposal.as_bytes()) => l?,
+        _ = signals.recv() => {
+            session.close().await?;
+            return Ok(ExitCode::FAILURE);
+        }
+    };
+    let r = ctl.client.leader(name.as_bytes()).await?;
+    if let Some(kv) = &r.kv {
+        show(kv);
+    }
+    let code = tokio::select! {
+        _ = signals.recv() => ExitCode::SUCCESS,
+        _ = session.lost() => {
+            eprintln!("Error: leadership of {name} lost: its lease ended");
+            ExitCode::FAILURE
+        }
+    };
+    if !session.is_lost() {
+        leadership.resign().await?;
+    }
+    session.close().await?;
+    Ok(code)
+}
+
+pub(crate) async fn watch(ctl: &Ctl, create: etcd::WatchCreateRequest) -> Result<ExitCode> {
+    use etcd::watch_request::RequestUnion;
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tx.send(etcd::WatchRequest { request_union: Some(RequestUnion::CreateRequest(create)) }).await?;
+    let mut stream = ctl.client.watch().watch(tokio_stream::wrappers::ReceiverStream::new(rx)).await?.into_inner();
+    let mut signals = Signals::new()?;
+    loop {
+        let r = tokio::select! {
+            r = stream.message() => match r? {
+                Some(r) => r,
+                None => return Ok(ExitCode::SUCCESS),
+            },
+            _ = signals.recv() => return Ok(ExitCode::SUCCESS),
+        };
+        if r.canceled {
+            bail!("watch canceled: {}", if r.cancel_reason.is_empty() { "by the server" } else { &r.cancel_reason });
+        }
+        for e in &r.events {
+            let kind = if e.r#type == mvccpb::event::EventType::Delete as i32 { "DELETE" } else { "PUT" };
+            let kv = e.kv.clone().unwrap_or_default();
+            let mut human = format!("{kind}\n{}", text(&kv.key));
+            if kind == "PUT" {
+                human += &format!("\n{}", text(&kv.value));
+            }
+            let prev = e.prev_kv.as_ref().map(kv_json);
+            ctl.print(human, json!({"type": kind, "kv": kv_json(&kv), "prev_kv": prev}));
+        }
+    }
+}
+
+pub(crate) async fn lease(ctl: &Ctl, cmd: LeaseCmd) -> Result<ExitCode> {
+    let mut leases = ctl.client.lease();
+    match cmd {
+        LeaseCmd::Grant { ttl } => {
+            let r = ctl.call(leases.lease_grant(etcd::LeaseGrantRequest { ttl, id: 0 })).await?;
+            ctl.print(
+                format!("lease {:x} granted with TTL({}s)", r.id, r.ttl),
+                json!({"id": format!("{:x}", r.id), "ttl": r.ttl}),
+            );
+        }
+        LeaseCmd::Revoke { id } => {
+            ctl.call(leases.lease_revoke(etcd::LeaseRevokeRequest { id })).await?;
+            ctl.print(format!("lease {id:x} revoked"), json!({"id": format!("{id:x}"), "revoked": true}));
+        }
+        LeaseCmd::Keepalive { id, once } => {
+            let (tx, rx) = tokio::sync::mpsc::channel(1);
+            let mut stream =
+                leases.lease_keep_alive(tokio_stream::wrappers::ReceiverStream::new(rx)).await?.into_inner();
+            let mut signals = Signals::new()?;
+            loop {
+                tx.send(etcd::LeaseKeepAliveRequest { id }).await?;
+                let r = stream.message().await?.ok_or_else(|| anyhow!("keepalive stream closed"))?;
+                if r.ttl <= 0 {
+                    bail!("lease {id:x} expired or revoked");
+                }
+                ctl.print(
+                    format!("lease {id:x} keepalived with TTL({})", r.ttl),
+                    json!({"id": format!("{id:x}"), "ttl": r.ttl}),
+                );
+                if once {
+                    break;
+                }
+                let period = Duration::from_secs((r.ttl as u64 / 3).max(1));
+                tokio::select! {
+                    _ = tokio::time::sleep(period) => {}
+                    _ = signals.recv() => break,
+                }
+            }
+        }
+        LeaseCmd::Ttl { id, keys } => {
+            let r = ctl.call(leases.lease_time_to_live(etcd::LeaseTimeToLiveRequest { id, keys })).await?;
+            let key_list: Vec<String> = r.keys.iter().map(|k| text(k)).collect();
+            let human = if r.ttl < 0 {
+                format!("lease {id:x} already expired")
+            } else if keys {
+                format!(
+                    "lease {id:x} granted with TTL({}s), remaining({}s), attached keys({:?})",
+                    r.granted_ttl, r.ttl, key_list
+                )
+            } else {
+                format!("lease {id:x} granted with TTL({}s), remaining({}s)", r.granted_ttl, r.ttl)
+            };
+            ctl.print(
+                human,
+                json!({"id": format!("{id:x}"), "ttl": r.ttl, "granted_ttl": r.granted_ttl, "keys": key_list}),
+            );
+        }
+        LeaseCmd::List => {
+            let r = ctl.call(leases.lease_leases(etcd::LeaseLeasesRequest {})).await?;
+            let ids: Vec<String> = r.leases.iter().map(|l| format!("{:x}", l.id)).collect();
+            ctl.print(format!("found {} leases\n{}", ids.len(), ids.join("\n")).trim_end(), json!({"leases": ids}));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Status of every endpoint, each asked directly.
+pub(crate) async fn endpoint_status(ctl: &Ctl) -> Result<ExitCode> {
+    let mut failed = false;
+    for endpoint in &ctl.endpoints {
+        let status = async {
+            let client = Client::connect([endpoint]).await?;
+            let s = ctl.call(client.maintenance().status(etcd::StatusRequest {})).await?;
+            anyhow::Ok(s)
+        };
+        match tokio::time::timeout(ctl.timeout, status).await.unwrap_or_else(|_| Err(anyhow!("timed out"))) {
+            Ok(s) => {
+                let h = s.header.unwrap_or_default();
+                ctl.print(
+                    format!(
+                        "{endpoint}, {:x}, {}, {} B, leader={}, learner={}, term={}, index={}, applied={}{}",
+                        h.member_id,
+                        s.version,
+                        s.db_size,
+                        s.leader == h.member_id,
+                        s.is_learner,
+                        s.raft_term,
+                        s.raft_index,
+                        s.raft_applied_index,
+                        if s.errors.is_empty() { String::new() } else { format!(", errors={:?}", s.errors) },
+                    ),
+                    json!({"endpoint": endpoint, "member_id": format!("{:x}", h.member_id), "version": s.version,
+                           "db_size": s.db_size, "leader": format!("{:x}", s.leader), "is_leader": s.leader == h.member_id,
+                           "is_learner": s.is_learner, "raft_term": s.raft_term, "raft_index": s.raft_index,
+                           "raft_applied_index": s.raft_applied_index, "errors": s.errors}),
+                );
+            }
+            Err(e) => {
+                failed = true;
+                eprintln!("{endpoint}: {e:#}");
+            }
+        }
+    }
+    Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+}
+
+/// Save the first endpoint's snapshot to `file` (written aside, then renamed).
+pub(crate) async fn snapshot_save(ctl: &Ctl, file: &std::path::Path) -> Result<ExitCode> {
+    use tokio::io::AsyncWriteExt;
+    let client = Client::connect([&ctl.endpoints[0]]).await?;
+    let mut stream = client.maintenance().snapshot(etcd::SnapshotRequest {}).await?.into_inner();
+    let partial = file.with_extension("part");
+    let mut out = tokio::fs::File::create(&partial).await.with_context(|| format!("creating {}", partial.display()))?;
+    let (mut bytes, mut revision) = (0u64, 0);
+    while let Some(chunk) = stream.message().await? {
+        if let Some(h) = &chunk.header {
+            revision = h.revision;
+        }
+        out.write_all(&chunk.blob).await?;
+        bytes += chunk.blob.len() as u64;
+    }
+    out.sync_all().await?;
+    tokio::fs::rename(&partial, file).await?;
+    ctl.print(
+        format!("Snapshot saved at {} ({bytes} bytes, revision {revision})", file.display()),
+        json!({"file": file.display().to_string(), "bytes": bytes, "revision": revision}),
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Health of every endpoint, each asked directly: healthy when it has a
+/// leader and answers a linearizable read in time (etcd's check).
+pub(crate) async fn endpoint_health(ctl: &Ctl) -> Result<ExitCode> {
+    let mut failed = false;
+    for endpoint in &ctl.endpoints {
+        let started = std::time::Instant::now();
+        let check = async {
+            let client = Client::connect([endpoint]).await?;
+            let read = etcd::RangeRequest { key: b"health".to_vec(), ..Default::default() };
+            ctl.call(client.kv().range(read)).await?;
+            anyhow::Ok(())
+        };
+        let outcome = tokio::time::timeout(ctl.timeout, check).await.unwrap_or_else(|_| Err(anyhow!("timed out")));
+        let took = started.elapsed();
+        match &outcome {
+            Ok(()) => ctl.print(
+                format!("{endpoint} is healthy: took = {took:?}"),
+                json!({"endpoint": endpoint, "health": true, "took_ms": took.as_secs_f64() * 1e3}),
+            ),
+            Err(e) => {
+                failed = true;
+                match ctl.format {
+                    Format::Simple => eprintln!("{endpoint} is unhealthy: {e:#}"),
+                    Format::Json => {
+                        println!("{}", json!({"endpoint": endpoint, "health": false, "error": format!("{e:#}")}))
+                    }
+                }
+            }
+        }
+    }
+    Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+}

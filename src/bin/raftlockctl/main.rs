@@ -1,0 +1,250 @@
+//! `raftlockctl`: the command-line client for raftlock, for people and scripts.
+//!
+//! Locks (`lock`, `release`, `describe`, `list`) use raftlock's native API;
+//! everything else (`elect`, `get`/`put`/`del`/`watch`, `lease`, `member`,
+//! `endpoint`) is the etcd v3 API and works against etcd too. Output is human
+//! text by default and one JSON document per result with `-w json` (keys and
+//! values as UTF-8 text, lossily). Exit codes: 0 success, 1 error, 75 lock not
+//! acquired within the wait; `lock NAME -- CMD` exits with CMD's code.
+
+mod bench;
+mod cli;
+mod commands;
+mod hold;
+mod output;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::Parser;
+use serde_json::{json, Value};
+
+use raftlock::client::{endpoint_url, Client};
+use raftlock::proto::etcdserverpb as etcd;
+use raftlock::proto::raftlock::v1 as locks;
+
+use cli::{Cli, Cmd, EndpointCmd, Format, MemberCmd, SnapshotCmd};
+use output::{kv_json, owner_json, owner_line, text};
+
+/// Exit code when the lock was not acquired within the wait (EX_TEMPFAIL).
+pub(crate) const NOT_ACQUIRED: u8 = 75;
+
+/// The range `[key, range_end)` from the KEY/RANGE_END/--prefix arguments;
+/// an empty prefix is every key (`"\0"` to `"\0"`, as etcdctl sends it).
+fn key_range(key: String, range_end: Option<String>, prefix: bool) -> (Vec<u8>, Vec<u8>) {
+    match (range_end, prefix) {
+        (Some(end), _) => (key.into_bytes(), end.into_bytes()),
+        (None, true) if key.is_empty() => (vec![0], vec![0]),
+        (None, true) => {
+            let end = raftlock::prefix_end(key.as_bytes());
+            (key.into_bytes(), end)
+        }
+        (None, false) => (key.into_bytes(), Vec::new()),
+    }
+}
+
+/// What every command works with: the client, the output format, the
+/// per-request timeout and the endpoints as given.
+pub(crate) struct Ctl {
+    pub(crate) client: Client,
+    pub(crate) format: Format,
+    pub(crate) timeout: Duration,
+    pub(crate) endpoints: Vec<String>,
+}
+
+impl Ctl {
+    pub(crate) fn print(&self, human: impl std::fmt::Display, json: Value) {
+        match self.format {
+            Format::Simple => println!("{human}"),
+            Format::Json => println!("{json}"),
+        }
+    }
+
+    /// Run one request under the command timeout.
+    pub(crate) async fn call<T>(
+        &self,
+        f: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    ) -> Result<T> {
+        match tokio::time::timeout(self.timeout, f).await {
+            Ok(r) => Ok(r.map_err(|s| anyhow!("{}", s.message()))?.into_inner()),
+            Err(_) => bail!("request timed out after {:?}", self.timeout),
+        }
+    }
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli).await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("Error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<ExitCode> {
+    let endpoints: Vec<String> = cli.endpoints.iter().map(|e| endpoint_url(e)).collect();
+    if let Cmd::Bench(args) = &cli.command {
+        let report = bench::run(&endpoints, args).await?;
+        match cli.write_out {
+            Format::Json => println!("{}", serde_json::to_string(&report)?),
+            Format::Simple => println!("{report}"),
+        }
+        anyhow::ensure!(report.errors == 0, "{} requests failed", report.errors);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let client = tokio::time::timeout(cli.command_timeout, Client::connect(&endpoints))
+        .await
+        .map_err(|_| anyhow!("connecting to {}: timed out", endpoints.join(",")))?
+        .with_context(|| format!("connecting to {}", endpoints.join(",")))?;
+    let ctl = Ctl { client, format: cli.write_out, timeout: cli.command_timeout, endpoints };
+    match cli.command {
+        Cmd::Lock(args) => hold::lock(&ctl, args).await,
+        Cmd::Release { key, token } => {
+            let req = locks::ReleaseRequest { key: key.into_bytes(), token };
+            let r = ctl.call(ctl.client.locks().release(req)).await?;
+            let human = if r.released {
+                "released".to_string()
+            } else if r.current_token == 0 {
+                "not released: the key no longer exists".to_string()
+            } else {
+                format!("not released: the key belongs to a later grant (token {})", r.current_token)
+            };
+            ctl.print(human, json!({"released": r.released, "current_token": r.current_token}));
+            Ok(if r.released { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+        }
+        Cmd::Describe { name, permits } => {
+            let req = locks::DescribeRequest { name: name.clone().into_bytes(), permits };
+            let d = ctl.call(ctl.client.locks().describe(req)).await?;
+            let mut human = String::new();
+            if d.holders.is_empty() {
+                human += &format!("{name}: free");
+            }
+            for o in &d.holders {
+                human += &format!("holder  {}\n", owner_line(o));
+            }
+            for o in &d.waiters {
+                human += &format!("waiter  {}\n", owner_line(o));
+            }
+            let json = json!({
+                "name": name,
+                "holders": d.holders.iter().map(owner_json).collect::<Vec<_>>(),
+                "waiters": d.waiters.iter().map(owner_json).collect::<Vec<_>>(),
+            });
+            ctl.print(human.trim_end(), json);
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::List { prefix, permits } => {
+            let req = locks::ListRequest { prefix: prefix.into_bytes(), permits };
+            let r = ctl.call(ctl.client.locks().list(req)).await?;
+            let human: Vec<String> = r
+                .locks
+                .iter()
+                .map(|l| {
+                    let holders: Vec<String> =
+                        l.holders.iter().map(|o| format!("{}@{}", text(&o.key), o.token)).collect();
+                    format!("{}  holders={}  waiters={}", text(&l.name), holders.join(","), l.waiters)
+                })
+                .collect();
+            let json: Vec<Value> = r
+                .locks
+                .iter()
+                .map(|l| {
+                    json!({"name": text(&l.name), "holders": l.holders.iter().map(owner_json).collect::<Vec<_>>(),
+                           "waiters": l.waiters})
+                })
+                .collect();
+            ctl.print(human.join("\n"), json!({ "locks": json }));
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Elect { name, proposal, listen, ttl } => commands::elect(&ctl, name, proposal, listen, ttl).await,
+        Cmd::Get { key, range_end: end, prefix, rev, limit, keys_only, count_only } => {
+            let (key, range_end) = key_range(key, end, prefix);
+            let req = etcd::RangeRequest {
+                key,
+                range_end,
+                revision: rev,
+                limit,
+                keys_only,
+                count_only,
+                ..Default::default()
+            };
+            let r = ctl.call(ctl.client.kv().range(req)).await?;
+            let mut human = Vec::new();
+            for kv in &r.kvs {
+                human.push(text(&kv.key));
+                if !keys_only {
+                    human.push(text(&kv.value));
+                }
+            }
+            if count_only {
+                human.push(r.count.to_string());
+            }
+            let revision = r.header.map_or(0, |h| h.revision);
+            let json = json!({"revision": revision, "count": r.count, "more": r.more,
+                              "kvs": r.kvs.iter().map(kv_json).collect::<Vec<_>>()});
+            ctl.print(human.join("\n"), json);
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Put { key, value, lease } => {
+            let req = etcd::PutRequest {
+                key: key.into_bytes(),
+                value: value.into_bytes(),
+                lease: lease.unwrap_or(0),
+                ..Default::default()
+            };
+            let r = ctl.call(ctl.client.kv().put(req)).await?;
+            ctl.print("OK", json!({"revision": r.header.map_or(0, |h| h.revision)}));
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Del { key, range_end: end, prefix } => {
+            let (key, range_end) = key_range(key, end, prefix);
+            let req = etcd::DeleteRangeRequest { key, range_end, prev_kv: false };
+            let r = ctl.call(ctl.client.kv().delete_range(req)).await?;
+            ctl.print(r.deleted, json!({"deleted": r.deleted, "revision": r.header.map_or(0, |h| h.revision)}));
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Watch { key, range_end: end, prefix, rev, prev_kv } => {
+            let (key, range_end) = key_range(key, end, prefix);
+            let create =
+                etcd::WatchCreateRequest { key, range_end, start_revision: rev, prev_kv, ..Default::default() };
+            commands::watch(&ctl, create).await
+        }
+        Cmd::Lease(cmd) => commands::lease(&ctl, cmd).await,
+        Cmd::Member(MemberCmd::List) => {
+            let r = ctl.call(ctl.client.cluster().member_list(etcd::MemberListRequest { linearizable: false })).await?;
+            let human: Vec<String> = r
+                .members
+                .iter()
+                .map(|m| {
+                    let started = if m.client_ur_ls.is_empty() { "unstarted" } else { "started" };
+                    format!(
+                        "{:x}, {started}, {}, {}, {}, {}",
+                        m.id,
+                        m.name,
+                        m.peer_ur_ls.join(","),
+                        m.client_ur_ls.join(","),
+                        m.is_learner
+                    )
+                })
+                .collect();
+            let json: Vec<Value> = r
+                .members
+                .iter()
+                .map(|m| {
+                    json!({"id": format!("{:x}", m.id), "name": m.name, "peer_urls": m.peer_ur_ls,
+                           "client_urls": m.client_ur_ls, "is_learner": m.is_learner})
+                })
+                .collect();
+            ctl.print(human.join("\n"), json!({ "members": json }));
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Endpoint(EndpointCmd::Status) => commands::endpoint_status(&ctl).await,
+        Cmd::Endpoint(EndpointCmd::Health) => commands::endpoint_health(&ctl).await,
+        Cmd::Snapshot(SnapshotCmd::Save { file }) => commands::snapshot_save(&ctl, &file).await,
+        Cmd::Bench(_) => unreachable!("handled above"),
+    }
+}
