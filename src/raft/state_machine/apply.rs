@@ -1,0 +1,186 @@
+//! The deterministic apply: what one committed command does to the applied
+//! state, and what that call must persist and publish. No openraft, no
+//! storage, no clock, no randomness — every member computes the same result
+//! from the same entry, which is what lets a member replay its log after a
+//! crash and arrive where the others are.
+//!
+//! A deterministic failure (a compacted revision, an unknown lease) is a
+//! result (`CommandResult::Rejected`) with the store unchanged. Each command
+//! is answered with its own result variant or `Rejected` (the node's typed
+//! writes rely on it).
+//!
+//! Lock order is the state's (`crate::state`): a lease-table guard taken
+//! while the MVCC store is locked is dropped before [`Apply::record`] locks
+//! the table again.
+
+use super::layout::JournalOp;
+use crate::command::{Command, CommandResult};
+use crate::mvcc::{Change, MvccError, MvccStore, StoredVersion};
+use crate::state::{AppliedState, MemberAttrs};
+
+/// One apply call's work on `state`: what it changed, to be persisted
+/// (`journal`) and published to watchers (`published`) once the call ends.
+pub(super) struct Apply<'a> {
+    state: &'a AppliedState,
+    pub journal: Vec<JournalOp>,
+    pub published: Vec<Change>,
+}
+
+impl<'a> Apply<'a> {
+    pub fn new(state: &'a AppliedState) -> Apply<'a> {
+        Apply { state, journal: Vec::new(), published: Vec::new() }
+    }
+
+    /// Apply one command of an entry appended in `term`; `is_member` tells
+    /// whether a member ID is in the configuration applied so far.
+    pub fn command(&mut self, cmd: Command, term: u64, is_member: &dyn Fn(u64) -> bool) -> CommandResult {
+        if let Command::Batch(cmds) = cmd {
+            return CommandResult::Batch(
+                cmds.into_iter()
+                    .map(|c| {
+                        assert!(!matches!(c, Command::Batch(_)), "batches are never nested");
+                        self.command(c, term, is_member)
+                    })
+                    .collect(),
+            );
+        }
+        let state = self.state;
+        let mut mvcc = state.mvcc_mut();
+        let rejected = |error, mvcc: &MvccStore| CommandResult::Rejected { error, revision: mvcc.revision() };
+        match cmd {
+            Command::Put(req) => {
+                // The lease guard must be gone before `record` locks the table.
+                let outcome = mvcc.put(&req, &*state.leases());
+                match outcome {
+                    Ok((result, changes)) => {
+                        self.record(changes);
+                        CommandResult::Put(result)
+                    }
+                    Err(e) => rejected(e, &mvcc),
+                }
+            }
+            Command::DeleteRange(req) => {
+                let (result, changes) = mvcc.delete_range(&req);
+                self.record(changes);
+                CommandResult::DeleteRange(result)
+            }
+            Command::Txn(req) => {
+                let outcome = mvcc.txn(&req, &*state.leases());
+                match outcome {
+                    Ok((result, changes)) => {
+                        self.record(changes);
+                        CommandResult::Txn(result)
+                    }
+                    Err(e) => rejected(e, &mvcc),
+                }
+            }
+            Command::LeaseGrant { id, ttl } => {
+                if state.leases_mut().grant(id, ttl) {
+                    self.journal.push(JournalOp::LeaseGrant { id, ttl });
+                    CommandResult::LeaseGranted { id, ttl, revision: mvcc.revision() }
+                } else {
+                    rejected(MvccError::LeaseExists, &mvcc)
+                }
+            }
+            Command::LeaseExpire { term: decided_in, .. } if decided_in != term => {
+                CommandResult::ExpiryOfAnotherTerm { revision: mvcc.revision() }
+            }
+            Command::LeaseRevoke { id } | Command::LeaseExpire { id, .. } => {
+                let keys = state.leases_mut().revoke(id);
+                match keys {
+                    Some(keys) => {
+                        self.journal.push(JournalOp::LeaseRevoke(id));
+                        let (revision, changes) = mvcc.delete_keys(&keys);
+                        self.record(changes);
+                        CommandResult::LeaseRevoked { revision }
+                    }
+                    None => rejected(MvccError::LeaseNotFound, &mvcc),
+                }
+            }
+            Command::Compact { revision } => match mvcc.compact(revision) {
+                Ok(_) => {
+                    self.journal.push(JournalOp::Compact(revision));
+                    CommandResult::Compacted { revision: mvcc.revision() }
+                }
+                Err(e) => rejected(e, &mvcc),
+            },
+            Command::PublishMember { id, name, client_urls } => {
+                // A publish that commits after its member was removed is
+                // void: a member added back must start as a new one.
+                if is_member(id) {
+                    let attrs = MemberAttrs { name, client_urls };
+                    self.journal.push(JournalOp::Member(id, attrs.clone()));
+                    state.members_mut().insert(id, attrs);
+                }
+                CommandResult::MemberPublished { revision: mvcc.revision() }
+            }
+            Command::Batch(_) => unreachable!("handled above"),
+        }
+    }
+
+    /// A new configuration was applied: a member that left forgets what it
+    /// published, so that, added again, it is a new member (see
+    /// `server::members::refuse_if_bootstrapped`).
+    pub fn configuration(&mut self, is_member: &dyn Fn(u64) -> bool) {
+        let mut members = self.state.members_mut();
+        let gone: Vec<u64> = members.keys().copied().filter(|id| !is_member(*id)).collect();
+        for id in gone {
+            members.remove(&id);
+            self.journal.push(JournalOp::MemberGone(id));
+        }
+    }
+
+    /// Record a write's changes: in the journal, in the lease table's
+    /// attachments, and for the watchers.
+    fn record(&mut self, changes: Vec<Change>) {
+        self.state.leases_mut().track(&changes);
+        self.journal.extend(changes.iter().map(|c| {
+            JournalOp::Version(StoredVersion { revision: c.revision, sub: c.sub, key: c.key.clone(), kv: c.kv.clone() })
+        }));
+        self.published.extend(changes);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mvcc::PutRequest;
+
+    fn everyone(_: u64) -> bool {
+        true
+    }
+
+    /// An expiry counts only in the term it was decided in: a deposed
+    /// leader's expiry, appended by the next leader in a later term, is void.
+    #[test]
+    fn an_expiry_is_applied_only_in_the_term_that_decided_it() {
+        let state = AppliedState::default();
+        let mut apply = Apply::new(&state);
+        apply.command(Command::LeaseGrant { id: 7, ttl: 5 }, 1, &everyone);
+        let attached = PutRequest { key: "held".into(), value: "v".into(), lease: 7, ..Default::default() };
+        apply.command(Command::Put(attached), 1, &everyone);
+        let stale = apply.command(Command::LeaseExpire { id: 7, term: 1 }, 2, &everyone);
+        assert_eq!(stale, CommandResult::ExpiryOfAnotherTerm { revision: 2 });
+        assert!(state.leases().get(7).is_some(), "the lease outlived a stale expiry");
+        let batch = Command::Batch(vec![Command::LeaseExpire { id: 7, term: 2 }]);
+        let current = apply.command(batch, 2, &everyone);
+        assert_eq!(current, CommandResult::Batch(vec![CommandResult::LeaseRevoked { revision: 3 }]));
+        assert!(state.leases().get(7).is_none());
+        assert_eq!(apply.published.len(), 2, "the put and the deletion of its key");
+    }
+
+    /// A member's publish that commits after its removal changes nothing; a
+    /// configuration without a member drops what it published.
+    #[test]
+    fn only_members_keep_published_attributes() {
+        let state = AppliedState::default();
+        let mut apply = Apply::new(&state);
+        let publish = |id| Command::PublishMember { id, name: format!("m{id}"), client_urls: vec![] };
+        apply.command(publish(1), 1, &|id| id == 1);
+        apply.command(publish(2), 1, &|id| id == 1);
+        assert_eq!(state.members().keys().copied().collect::<Vec<_>>(), [1]);
+        apply.configuration(&|id| id == 2);
+        assert!(state.members().is_empty());
+        assert_eq!(apply.journal.len(), 2, "one publish and one departure");
+    }
+}

@@ -1,0 +1,342 @@
+//! The state machine's persisted layout in the state store: the journal of
+//! apply calls, checkpoints that replace it, the counters, and restore.
+//!
+//! Each apply call becomes one atomic batch: a *journal record* holding every
+//! change the call made, together with the last applied log id, the
+//! membership and the counters. The entries are already durable in the WAL,
+//! so the state store may lag: after a crash it is behind, at a batch
+//! boundary, and openraft applies the later log entries again — the same
+//! results, since apply is deterministic.
+//!
+//! Keys (sled; `c` is written deferred, so it lives in the state store's tree
+//! of large values — in the main one in older stores):
+//! ```text
+//!   j<seq:8 BE>    -> [JournalOp]      what apply call `seq` changed, in order
+//!   c              -> SnapshotImage    a checkpoint: the whole state after call
+//!   m/checkpoint   -> seq              ... number `seq`; older journal records are gone
+//!   m/applied, m/membership, m/revision, m/compact, m/seq     counters
+//! ```
+//! Why a journal and not one sled key per MVCC version: sled's cost is per key
+//! written, and one record per apply call (which carries a whole proposal
+//! batch) cut a member's write CPU by about a quarter. Restart = load the
+//! checkpoint, replay the journal after it.
+//!
+//! A new checkpoint replaces the journal once the journal since the last one
+//! holds as many bytes as that checkpoint did, and at least
+//! [`CHECKPOINT_MIN_BYTES`]. A checkpoint costs in proportion to the state,
+//! which (without compaction) grows with every write; with a fixed interval,
+//! checkpoint work per write would grow with the state too. Under this rule
+//! each checkpoint is paid for by at least as many journal bytes, so it costs
+//! at most about two bytes of encoding per journal byte written, however large
+//! the state gets. Each member stretches the interval by its own share (up to a
+//! half, derived from its id), so that the members of a cluster, which apply
+//! the same entries, do not all checkpoint at the same moment.
+//!
+//! The image a checkpoint holds is also the snapshot format (sent to a member
+//! the purged log cannot catch up) and the backup format (Maintenance.Snapshot,
+//! [`encode_state`]).
+//!
+//! Caveat: a restart replays up to about 1.5 × max(64 MiB, the checkpoint's
+//! size) of journal after loading the checkpoint. For a small state that is far
+//! more journal than state (the price of never checkpointing a small store
+//! often).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use openraft::StoredMembership;
+use serde::{Deserialize, Serialize};
+
+use crate::lease::LeaseTable;
+use crate::mvcc::{MvccStore, Revision, SharedVersion, StoredVersion};
+use crate::raft::{decode, encode, encode_large, DecodeError, LogId, MemberNode};
+use crate::state::{AppliedState, MemberAttrs};
+use crate::storage::{StateBatch, StateDb};
+
+const APPLIED: &[u8] = b"m/applied";
+const MEMBERSHIP: &[u8] = b"m/membership";
+const REVISION: &[u8] = b"m/revision";
+const COMPACT: &[u8] = b"m/compact";
+const SEQ: &[u8] = b"m/seq";
+const CHECKPOINT_SEQ: &[u8] = b"m/checkpoint";
+const CHECKPOINT: &[u8] = b"c";
+const JOURNAL_PREFIX: u8 = b'j';
+
+/// The fewest journal bytes between two checkpoints (see the module doc).
+pub const CHECKPOINT_MIN_BYTES: u64 = 64 << 20;
+
+pub(super) type Membership = StoredMembership<u64, MemberNode>;
+
+/// One change in the journal, replayed in order on restart. Appended to
+/// only, as the log's `Command` is: records written by an older raftlock
+/// must replay the same.
+#[derive(Serialize, Deserialize)]
+pub(super) enum JournalOp {
+    Version(StoredVersion),
+    Compact(Revision),
+    Member(u64, MemberAttrs),
+    LeaseGrant {
+        id: i64,
+        ttl: i64,
+    },
+    LeaseRevoke(i64),
+    /// A member left the configuration: its published attributes go.
+    MemberGone(u64),
+}
+
+/// The content of a snapshot, a checkpoint and a backup. Decoded with stored
+/// versions; captured from the live state with shared ones
+/// ([`CapturedImage`]), which encode the same.
+#[derive(Serialize, Deserialize)]
+pub(super) struct SnapshotImage<V = StoredVersion> {
+    pub revision: Revision,
+    pub compact_revision: Revision,
+    pub versions: Vec<V>,
+    pub members: Vec<(u64, MemberAttrs)>,
+    /// (id, granted TTL); attached keys are found again from the versions.
+    pub leases: Vec<(i64, i64)>,
+}
+
+/// The state captured on the apply path: the versions share their
+/// key-values with the store, so capturing copies no keys or values (but
+/// tombstones' keys), and encoding can happen elsewhere, later.
+pub(super) type CapturedImage = SnapshotImage<SharedVersion>;
+
+impl SnapshotImage {
+    pub fn decode(bytes: &[u8]) -> Result<SnapshotImage, DecodeError> {
+        decode(bytes)
+    }
+
+    /// Make `state` this image, all at once (in the state's lock order): no
+    /// reader sees the new store with the old leases or members.
+    pub fn install(self, state: &AppliedState) {
+        let mut mvcc = state.mvcc_mut();
+        let mut leases = state.leases_mut();
+        let mut members = state.members_mut();
+        *mvcc = MvccStore::restore(self.versions, self.revision, self.compact_revision);
+        *leases = LeaseTable::restore(self.leases, mvcc.leased_keys());
+        *members = self.members.into_iter().collect();
+    }
+}
+
+/// Where the applied state stands in the state store: the journal's
+/// numbering and the checkpoint policy's counts.
+pub(super) struct Persisted {
+    db: StateDb,
+    /// The number of the last journal record written.
+    pub seq: u64,
+    /// The journal record the last checkpoint covers up to.
+    pub checkpoint_seq: u64,
+    /// Journal bytes written since the last checkpoint.
+    pub journal_bytes: u64,
+    /// The fewest journal bytes between checkpoints.
+    checkpoint_min: u64,
+    /// This member's stretch of the interval, in 1/2048ths (below 1024).
+    checkpoint_stretch: u64,
+    /// The size of the last checkpoint, once encoded (on the state store's
+    /// writer thread, hence shared).
+    pub checkpoint_bytes: Arc<AtomicU64>,
+}
+
+/// Where apply stands: the last entry applied and the configuration.
+pub(super) struct Position {
+    pub last_applied: Option<LogId>,
+    pub membership: Membership,
+}
+
+fn journal_key(seq: u64) -> Vec<u8> {
+    let mut k = vec![JOURNAL_PREFIX];
+    k.extend_from_slice(&seq.to_be_bytes());
+    k
+}
+
+impl Persisted {
+    /// Load the persisted state into `state` (which must be empty): the
+    /// checkpoint, then every journal record after it.
+    pub fn restore(
+        db: StateDb,
+        state: &AppliedState,
+        checkpoint_min: u64,
+    ) -> anyhow::Result<(Persisted, Position)> {
+        fn get<T: for<'de> Deserialize<'de>>(db: &StateDb, key: &[u8]) -> anyhow::Result<Option<T>> {
+            match db.get(key)? {
+                Some(b) => Ok(Some(decode(&b)?)),
+                None => Ok(None),
+            }
+        }
+        let last_applied: Option<LogId> = get(&db, APPLIED)?.flatten();
+        let membership: Membership = get(&db, MEMBERSHIP)?.unwrap_or_default();
+        let revision: Revision = get(&db, REVISION)?.unwrap_or(1);
+        let compact: Revision = get(&db, COMPACT)?.unwrap_or(-1);
+        let seq: u64 = get(&db, SEQ)?.unwrap_or(0);
+        let checkpoint_seq: u64 = get(&db, CHECKPOINT_SEQ)?.unwrap_or(0);
+
+        let checkpoint = db.get(CHECKPOINT)?;
+        let checkpoint_bytes = checkpoint.as_ref().map_or(0, |b| b.len() as u64);
+        let (mut mvcc, mut members, mut leases) = match checkpoint {
+            Some(b) => {
+                let image = SnapshotImage::decode(&b)?;
+                (
+                    MvccStore::restore(image.versions, image.revision, image.compact_revision),
+                    image.members.into_iter().collect(),
+                    image.leases.into_iter().collect(),
+                )
+            }
+            None => (MvccStore::default(), BTreeMap::new(), BTreeMap::new()),
+        };
+        let mut journal_bytes = 0;
+        for item in db.scan_prefix(&[JOURNAL_PREFIX]) {
+            let (k, v) = item?;
+            let record_seq = u64::from_be_bytes(k[1..9].try_into()?);
+            if record_seq <= checkpoint_seq {
+                continue;
+            }
+            let ops: Vec<JournalOp> = decode(&v)?;
+            journal_bytes += v.len() as u64;
+            for op in ops {
+                match op {
+                    JournalOp::Version(v) => mvcc.replay(v),
+                    JournalOp::Compact(rev) => {
+                        mvcc.compact(rev).map_err(|e| anyhow::anyhow!("journal: compaction at {rev}: {e}"))?;
+                    }
+                    JournalOp::Member(id, attrs) => {
+                        members.insert(id, attrs);
+                    }
+                    JournalOp::LeaseGrant { id, ttl } => {
+                        leases.insert(id, ttl);
+                    }
+                    JournalOp::LeaseRevoke(id) => {
+                        leases.remove(&id);
+                    }
+                    JournalOp::MemberGone(id) => {
+                        members.remove(&id);
+                    }
+                }
+            }
+        }
+        anyhow::ensure!(
+            mvcc.revision() <= revision && mvcc.compact_revision() == compact,
+            "state store is inconsistent: journal ends at revision {} (compacted at {}), counters say {revision} ({compact})",
+            mvcc.revision(),
+            mvcc.compact_revision()
+        );
+        mvcc.set_revision(revision);
+        *state.leases_mut() = LeaseTable::restore(leases, mvcc.leased_keys());
+        *state.mvcc_mut() = mvcc;
+        *state.members_mut() = members;
+        let persisted = Persisted {
+            db,
+            seq,
+            checkpoint_seq,
+            journal_bytes,
+            checkpoint_min,
+            checkpoint_stretch: 0,
+            checkpoint_bytes: Arc::new(AtomicU64::new(checkpoint_bytes)),
+        };
+        Ok((persisted, Position { last_applied, membership }))
+    }
+
+    /// Stretch the checkpoint interval by `member_id`'s share (see
+    /// `StateMachine::staggering_checkpoints`).
+    pub fn stagger(&mut self, member_id: u64) {
+        self.checkpoint_stretch = checkpoint_stretch(member_id);
+    }
+
+    /// Persist one apply call: its journal record (or, when one is due, a
+    /// checkpoint that covers it too) and the counters, in one batch.
+    pub fn commit_apply(&mut self, state: &AppliedState, journal: &[JournalOp], position: &Position) {
+        let mut batch = StateBatch::default();
+        self.seq += 1;
+        let record = encode(&journal);
+        self.journal_bytes += record.len() as u64;
+        if self.checkpoint_due() {
+            self.checkpoint(state, &mut batch);
+        } else {
+            batch.puts.push((journal_key(self.seq), record));
+        }
+        self.counters(state, position, &mut batch);
+        self.db.commit(batch);
+    }
+
+    /// Replace the whole store with one checkpoint of `state` (just installed
+    /// from a snapshot).
+    pub fn replace_all(&mut self, state: &AppliedState, position: &Position) -> std::io::Result<()> {
+        let mut batch = StateBatch::default();
+        self.seq += 1;
+        self.checkpoint(state, &mut batch);
+        self.counters(state, position, &mut batch);
+        self.db.replace_all(batch)
+    }
+
+    /// The counters every state-store batch carries.
+    fn counters(&self, state: &AppliedState, position: &Position, batch: &mut StateBatch) {
+        let mvcc = state.mvcc();
+        batch.puts.push((REVISION.to_vec(), encode(&mvcc.revision())));
+        batch.puts.push((COMPACT.to_vec(), encode(&mvcc.compact_revision())));
+        batch.puts.push((APPLIED.to_vec(), encode(&position.last_applied)));
+        batch.puts.push((MEMBERSHIP.to_vec(), encode(&position.membership)));
+        batch.puts.push((SEQ.to_vec(), encode(&self.seq)));
+    }
+
+    /// Add to `batch` a checkpoint of the current state that replaces every
+    /// journal record since the previous checkpoint. The state is copied here
+    /// and encoded on the state store's writer thread, off the apply path.
+    fn checkpoint(&mut self, state: &AppliedState, batch: &mut StateBatch) {
+        let image = image_of(state);
+        let seq = self.seq;
+        let size = self.checkpoint_bytes.clone();
+        batch.deferred.push((
+            CHECKPOINT.to_vec(),
+            Box::new(move || {
+                let started = std::time::Instant::now();
+                let bytes = encode_large(&image);
+                let ms = started.elapsed().as_millis() as u64;
+                tracing::info!(seq, bytes = bytes.len(), encode_ms = ms, "checkpoint encoded");
+                size.store(bytes.len() as u64, Ordering::Relaxed);
+                bytes
+            }),
+        ));
+        batch.puts.push((CHECKPOINT_SEQ.to_vec(), encode(&self.seq)));
+        batch.deletes.extend((self.checkpoint_seq + 1..=self.seq).map(journal_key));
+        self.checkpoint_seq = self.seq;
+        self.journal_bytes = 0;
+    }
+
+    /// Whether the journal since the last checkpoint is due to be replaced
+    /// by a new one (see the module doc). Until a checkpoint's encoding is
+    /// done, the size of the one before it stands in for it.
+    fn checkpoint_due(&self) -> bool {
+        let interval = self.checkpoint_min.max(self.checkpoint_bytes.load(Ordering::Relaxed));
+        self.journal_bytes >= interval + interval.saturating_mul(self.checkpoint_stretch) / 2048
+    }
+}
+
+/// The whole applied state, consistent: every lock is held at once (in the
+/// state's lock order), so no apply falls between the parts.
+pub(super) fn image_of(state: &AppliedState) -> CapturedImage {
+    let mvcc = state.mvcc();
+    let leases = state.leases();
+    let members = state.members();
+    SnapshotImage {
+        revision: mvcc.revision(),
+        compact_revision: mvcc.compact_revision(),
+        versions: mvcc.shared_versions().collect(),
+        members: members.iter().map(|(id, a)| (*id, a.clone())).collect(),
+        leases: leases.grants(),
+    }
+}
+
+/// How much `member_id` stretches its checkpoint interval, in 1/2048ths:
+/// spread over `[0, 1024)` by a multiplicative hash, since member ids are
+/// random but need not be uniform in their low bits.
+fn checkpoint_stretch(member_id: u64) -> u64 {
+    (member_id.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % 1024
+}
+
+/// The member's applied state, encoded as a snapshot is, and its revision:
+/// what Maintenance.Snapshot streams to a backup file.
+pub fn encode_state(state: &AppliedState) -> (Vec<u8>, Revision) {
+    let image = image_of(state);
+    (encode_large(&image), image.revision)
+}

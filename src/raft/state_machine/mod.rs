@@ -1,0 +1,407 @@
+//! The Raft state machine: openraft's `RaftStateMachine` over raftlock's
+//! applied state. Three parts:
+//! - [`apply`]: the deterministic apply of a command (no openraft, no I/O);
+//! - [`layout`]: what is persisted in the state store and how it is restored
+//!   (journal, checkpoints, counters; the snapshot and backup image);
+//! - this module: the adapter openraft drives — apply calls, snapshots.
+//!
+//! Each `apply` call applies its entries to the in-memory state, then hands
+//! one atomic batch to the state store (the journal record and counters, see
+//! `layout`), then publishes the changes to watchers. A failure to persist is
+//! not deterministic: the process aborts (see `storage`) rather than let its
+//! state diverge.
+//!
+//! An entry is applied only once it is durable in the local log: the leader
+//! syncs its own appends while it replicates them (see `raft::log_store`).
+//!
+//! Snapshots are the whole state (every version, leases, members) encoded in
+//! one buffer. openraft asks for one every `--snapshot-count` entries: the
+//! state is copied on the apply path and encoded in openraft's snapshot task,
+//! and the result is kept in memory as the snapshot sent to members that the
+//! purged log can no longer catch up. Checkpoints are likewise captured on the
+//! apply path and encoded on the state store's writer thread. The capture
+//! shares the store's key-values (no copy of keys or values), but it still
+//! walks every version on the apply path; and encoding and writing the whole
+//! state at once shows in the latency of that moment.
+
+mod apply;
+mod layout;
+
+use std::io::Cursor;
+use std::sync::Arc;
+
+use openraft::storage::{RaftStateMachine, Snapshot, SnapshotMeta};
+use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder, StorageError, StorageIOError, StoredMembership};
+
+use super::{Entry, LogId, MemberNode, TypeConfig};
+use crate::command::CommandResult;
+use crate::mvcc::KeyRange;
+use crate::state::{AppliedChanges, AppliedState};
+use crate::storage::wal::Durable;
+use crate::storage::StateDb;
+use apply::Apply;
+use layout::{image_of, CapturedImage, Membership, Persisted, Position, SnapshotImage};
+pub use layout::{encode_state, CHECKPOINT_MIN_BYTES};
+
+pub struct StateMachine {
+    state: Arc<AppliedState>,
+    /// The state store's journal and checkpoints.
+    persisted: Persisted,
+    /// The last entry applied and the configuration.
+    position: Position,
+    /// The last snapshot built, encoded: what is sent to members that are
+    /// too far behind for the log.
+    last_snapshot: Arc<std::sync::Mutex<Option<Snapshot<TypeConfig>>>>,
+    /// When set, an entry is applied only once it is durable in the local log
+    /// (the leader syncs its own appends while it replicates them: see
+    /// `raft::log_store`).
+    durable_log: Option<Durable>,
+}
+
+fn sm_err(e: impl std::fmt::Display) -> StorageError<u64> {
+    StorageIOError::read_state_machine(&std::io::Error::other(e.to_string())).into()
+}
+
+impl StateMachine {
+    /// Load the persisted state into `state` (which must be empty): the
+    /// checkpoint, then every journal record after it.
+    pub fn open(db: StateDb, state: Arc<AppliedState>) -> anyhow::Result<StateMachine> {
+        Self::open_with(db, state, CHECKPOINT_MIN_BYTES)
+    }
+
+    fn open_with(db: StateDb, state: Arc<AppliedState>, checkpoint_min: u64) -> anyhow::Result<StateMachine> {
+        let (persisted, position) = Persisted::restore(db, &state, checkpoint_min)?;
+        Ok(StateMachine { state, persisted, position, last_snapshot: Default::default(), durable_log: None })
+    }
+
+    /// Stretch this member's checkpoint interval by a share derived from its
+    /// id (0 to 50%), so that the members of a cluster, which apply the same
+    /// entries, do not all checkpoint at once: a checkpoint encodes and writes
+    /// the whole state, and while one member does, the others still make a
+    /// quorum at full speed. A snapshot install starts a member's count
+    /// afresh, so phases can still meet; the stretch spreads checkpoints, it
+    /// does not schedule them.
+    pub fn staggering_checkpoints(mut self, member_id: u64) -> StateMachine {
+        self.persisted.stagger(member_id);
+        self
+    }
+
+    /// Apply entries only once `durable` says they are on stable storage.
+    pub fn applying_only_durable(mut self, durable: Durable) -> StateMachine {
+        self.durable_log = Some(durable);
+        self
+    }
+
+    fn snapshot_meta(&self, image: &CapturedImage) -> SnapshotMeta<u64, MemberNode> {
+        let id = match self.position.last_applied {
+            Some(l) => format!("{}-{}-{}", l.leader_id.term, l.index, image.revision),
+            None => format!("0-0-{}", image.revision),
+        };
+        SnapshotMeta {
+            last_log_id: self.position.last_applied,
+            last_membership: self.position.membership.clone(),
+            snapshot_id: id,
+        }
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachine {
+    type SnapshotBuilder = SnapshotBuilder;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, Membership), StorageError<u64>> {
+        Ok((self.position.last_applied, self.position.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<CommandResult>, StorageError<u64>>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let entries: Vec<Entry> = entries.into_iter().collect();
+        if let (Some(durable), Some(last)) = (&mut self.durable_log, entries.last()) {
+            durable.wait_for(last.log_id.index).await.map_err(|e| StorageIOError::write_logs(&e))?;
+        }
+        let mut apply = Apply::new(&self.state);
+        let mut results = Vec::with_capacity(entries.len());
+        for entry in entries {
+            self.position.last_applied = Some(entry.log_id);
+            let result = match entry.payload {
+                EntryPayload::Blank => CommandResult::Empty,
+                EntryPayload::Normal(cmd) => {
+                    let membership = self.position.membership.membership();
+                    apply.command(cmd, entry.log_id.leader_id.term, &|id| membership.get_node(&id).is_some())
+                }
+                EntryPayload::Membership(m) => {
+                    apply.configuration(&|id| m.get_node(&id).is_some());
+                    self.position.membership = StoredMembership::new(Some(entry.log_id), m);
+                    CommandResult::Empty
+                }
+            };
+            results.push(result);
+        }
+        let Apply { journal, published, .. } = apply;
+        self.persisted.commit_apply(&self.state, &journal, &self.position);
+        if !published.is_empty() {
+            let revision = self.state.mvcc().revision();
+            self.state.publish(AppliedChanges { revision, changes: published, resync: false });
+        }
+        Ok(results)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> SnapshotBuilder {
+        // Copy the state here, on the apply path; encode it in the builder,
+        // which openraft runs in a task of its own, while apply goes on.
+        let image = image_of(&self.state);
+        let meta = self.snapshot_meta(&image);
+        SnapshotBuilder { image: Some((meta, image)), last: self.last_snapshot.clone() }
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError<u64>> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta<u64, MemberNode>,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError<u64>> {
+        let image = SnapshotImage::decode(snapshot.get_ref()).map_err(sm_err)?;
+        let revision = image.revision;
+        let before = self.state.mvcc().revision();
+        image.install(&self.state);
+        self.position = Position { last_applied: meta.last_log_id, membership: meta.last_membership.clone() };
+        // The whole store becomes one checkpoint of the installed state.
+        self.persisted
+            .replace_all(&self.state, &self.position)
+            .map_err(|e| StorageError::from(StorageIOError::write_snapshot(None, &e)))?;
+        // Watchers and lock waiters here follow the feed: hand them what the
+        // snapshot skipped over, as history still has it.
+        let changes = {
+            let mvcc = self.state.mvcc();
+            mvcc.changes_between(&KeyRange::new(&[0], &[0]), before + 1, mvcc.revision()).map(|c| (c, mvcc.revision()))
+        };
+        match changes {
+            Ok((changes, revision)) => self.state.publish(AppliedChanges { revision, changes, resync: false }),
+            // Compacted past what followers of the feed here have seen: they
+            // must look at the store again (watchers get cancelled with the
+            // compact revision, lock waiters count again).
+            Err(e) => {
+                tracing::info!(error = %e, "an installed snapshot skipped compacted changes; feed followers resync");
+                let revision = self.state.mvcc().revision();
+                self.state.publish(AppliedChanges { revision, changes: Vec::new(), resync: true });
+            }
+        }
+        tracing::info!(snapshot = %meta.snapshot_id, revision, "installed a snapshot from the leader");
+        // It is this member's snapshot now, should it have to send one.
+        let data = snapshot.into_inner();
+        *self.last_snapshot.lock().expect("snapshot lock poisoned") =
+            Some(Snapshot { meta: meta.clone(), snapshot: Box::new(Cursor::new(data)) });
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError<u64>> {
+        if let Some(s) = self.last_snapshot.lock().expect("snapshot lock poisoned").as_ref() {
+            let data = s.snapshot.get_ref().clone();
+            return Ok(Some(Snapshot { meta: s.meta.clone(), snapshot: Box::new(Cursor::new(data)) }));
+        }
+        // None built since this member started (its log may be purged all the
+        // same): build one now, on the apply path. Rare: once per restart.
+        let mut builder = self.get_snapshot_builder().await;
+        builder.build_snapshot().await.map(Some)
+    }
+}
+
+/// Encodes the state captured when the builder was made, and keeps the result
+/// as the member's current snapshot.
+pub struct SnapshotBuilder {
+    image: Option<(SnapshotMeta<u64, MemberNode>, CapturedImage)>,
+    last: Arc<std::sync::Mutex<Option<Snapshot<TypeConfig>>>>,
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<u64>> {
+        let (meta, image) = self.image.take().ok_or_else(|| sm_err("snapshot already built"))?;
+        let data = super::encode_large(&image);
+        tracing::info!(snapshot = %meta.snapshot_id, bytes = data.len(), "built a snapshot");
+        let snapshot = Snapshot { meta: meta.clone(), snapshot: Box::new(Cursor::new(data.clone())) };
+        *self.last.lock().expect("snapshot lock poisoned") =
+            Some(Snapshot { meta, snapshot: Box::new(Cursor::new(data)) });
+        Ok(snapshot)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    use super::*;
+    use crate::command::Command;
+    use crate::mvcc::{DeleteRangeRequest, PutRequest, RangeRequest, Revision, StoredVersion};
+    use crate::raft::encode;
+    use openraft::{CommittedLeaderId, LogId};
+
+    fn entry(index: u64, cmd: Command) -> Entry {
+        Entry { log_id: LogId::new(CommittedLeaderId::new(1, 1), index), payload: EntryPayload::Normal(cmd) }
+    }
+
+    fn put(k: &str, v: &str) -> Command {
+        Command::Put(PutRequest { key: k.into(), value: v.into(), ..Default::default() })
+    }
+
+    fn dump(state: &AppliedState) -> (Vec<StoredVersion>, Revision, Revision) {
+        let mvcc = state.mvcc();
+        (mvcc.versions().collect(), mvcc.revision(), mvcc.compact_revision())
+    }
+
+    /// A state machine over a fresh store; the store's directory lives as
+    /// long as the returned guard.
+    fn fresh(checkpoint_min: u64) -> (tempfile::TempDir, StateDb, Arc<AppliedState>, StateMachine) {
+        let dir = tempfile::tempdir().unwrap();
+        let db = StateDb::open(dir.path()).unwrap();
+        let state = Arc::new(AppliedState::default());
+        let sm = StateMachine::open_with(db.clone(), state.clone(), checkpoint_min).unwrap();
+        (dir, db, state, sm)
+    }
+
+    #[tokio::test]
+    async fn a_captured_image_encodes_as_a_stored_one() {
+        let (_dir, _db, state, mut sm) = fresh(1000);
+        let cmds = [
+            put("a", "1"),
+            put("b", "2"),
+            put("a", "3"),
+            Command::DeleteRange(DeleteRangeRequest { key: "b".into(), range_end: vec![], prev_kv: false }),
+            put("b", "4"),
+        ];
+        for (i, cmd) in cmds.into_iter().enumerate() {
+            sm.apply([entry(i as u64 + 1, cmd)]).await.unwrap();
+        }
+        let captured = image_of(&state);
+        let mvcc = state.mvcc();
+        let stored = SnapshotImage {
+            revision: mvcc.revision(),
+            compact_revision: mvcc.compact_revision(),
+            versions: mvcc.versions().collect(),
+            members: captured.members.clone(),
+            leases: captured.leases.clone(),
+        };
+        assert_eq!(stored.versions.len(), 5, "four puts and a tombstone");
+        assert_eq!(encode(&captured), encode(&stored));
+    }
+
+    #[tokio::test]
+    async fn checkpoint_and_journal_replay_restore_the_same_state() {
+        let (_dir, db, state, mut sm) = fresh(30);
+        let mut index = 0;
+        let mut next = |cmd| {
+            index += 1;
+            entry(index, cmd)
+        };
+        for i in 0..50 {
+            sm.apply([next(put(&format!("k{}", i % 7), &format!("v{i}")))]).await.unwrap();
+        }
+        sm.apply([next(Command::Compact { revision: 40 })]).await.unwrap();
+        // A batch entry, a delete and a compaction that removes the newest versions.
+        let batch = Command::Batch(vec![put("b1", "x"), put("b2", "y")]);
+        sm.apply([
+            next(batch),
+            next(Command::DeleteRange(DeleteRangeRequest { key: "k".into(), range_end: "l".into(), prev_kv: false })),
+        ])
+        .await
+        .unwrap();
+        let rev = state.mvcc().revision();
+        sm.apply([next(Command::DeleteRange(DeleteRangeRequest {
+            key: "b".into(),
+            range_end: "c".into(),
+            prev_kv: false,
+        }))])
+        .await
+        .unwrap();
+        sm.apply([next(Command::Compact { revision: rev + 1 })]).await.unwrap();
+        for i in 0..5 {
+            sm.apply([next(put(&format!("z{i}"), "after"))]).await.unwrap();
+        }
+        let before = dump(&state);
+        let applied = sm.position.last_applied;
+        assert!(sm.persisted.checkpoint_seq > 0, "a checkpoint was written");
+        db.sync().unwrap();
+        drop(sm);
+
+        let restored = Arc::new(AppliedState::default());
+        let sm = StateMachine::open_with(db.clone(), restored.clone(), 30).unwrap();
+        assert_eq!(dump(&restored), before);
+        assert_eq!(sm.position.last_applied, applied);
+        let all = RangeRequest { key: vec![0], range_end: vec![0], ..Default::default() };
+        assert_eq!(restored.mvcc().range(&all).unwrap().count, 5);
+    }
+
+    #[tokio::test]
+    async fn members_checkpoint_at_different_points() {
+        // Three member ids (derived from peer URLs and the cluster token in
+        // practice); each member applies the same puts with a checkpoint due
+        // after 2,000 to 3,000 journal bytes (a record here is under 100).
+        let first_checkpoint = |member_id: u64| async move {
+            let (_dir, _db, _state, sm) = fresh(2000);
+            let mut sm = sm.staggering_checkpoints(member_id);
+            for i in 1..=200 {
+                sm.apply([entry(i, put("k", "v"))]).await.unwrap();
+                if sm.persisted.checkpoint_seq > 0 {
+                    return sm.persisted.checkpoint_seq;
+                }
+            }
+            panic!("member {member_id:x} took no checkpoint in 200 operations");
+        };
+        let ids = [0x8e9e_0d3b_51f4_c6a1_u64, 0x2c1a_77f0_9b3e_44d2, 0xd04f_3a61_e8c7_1b95];
+        let mut points = Vec::new();
+        for id in ids {
+            points.push(first_checkpoint(id).await);
+        }
+        points.sort_unstable();
+        points.dedup();
+        assert_eq!(points.len(), 3, "each member checkpoints at its own point: {points:?}");
+    }
+
+    #[tokio::test]
+    async fn checkpoints_grow_rarer_as_the_state_grows() {
+        // Every put adds a version, so the state only grows. With a checkpoint
+        // due after max(500 bytes, the last checkpoint's size) of journal, each
+        // checkpoint is about twice the one before and they come at roughly
+        // doubling intervals; a fixed 500-byte interval would take hundreds.
+        let (_dir, db, _state, mut sm) = fresh(500);
+        let mut checkpoints = Vec::new(); // (seq, journal bytes before it, size of the one before it)
+        let mut journal_before = 0;
+        for i in 1..=3000u64 {
+            let before = (sm.persisted.checkpoint_seq, sm.persisted.checkpoint_bytes.load(Ordering::Relaxed));
+            sm.apply([entry(i, put(&format!("key-{i}"), "a value of some length"))]).await.unwrap();
+            if sm.persisted.checkpoint_seq != before.0 {
+                checkpoints.push((sm.persisted.checkpoint_seq, journal_before, before.1));
+                // Let the writer thread encode it, so its size is known.
+                db.sync().unwrap();
+            }
+            journal_before = sm.persisted.journal_bytes;
+        }
+        for &(seq, journal, previous) in &checkpoints {
+            assert!(
+                journal + 200 >= previous.max(500),
+                "checkpoint at {seq} came after only {journal} journal bytes; the one before was {previous} bytes"
+            );
+        }
+        assert!(
+            (4..=12).contains(&checkpoints.len()),
+            "3,000 growing puts took {} checkpoints: {checkpoints:?}",
+            checkpoints.len()
+        );
+        // And the state survives a restart from the last checkpoint and the
+        // journal after it, which counts the journal and the checkpoint's size
+        // as apply did.
+        db.sync().unwrap();
+        let (journal, size) = (sm.persisted.journal_bytes, sm.persisted.checkpoint_bytes.load(Ordering::Relaxed));
+        assert!(journal > 0, "the journal holds records after the last checkpoint");
+        drop(sm);
+        let restored = Arc::new(AppliedState::default());
+        let reopened = StateMachine::open_with(db, restored.clone(), 500).unwrap();
+        assert_eq!((reopened.persisted.journal_bytes, reopened.persisted.checkpoint_bytes.load(Ordering::Relaxed)), (journal, size));
+        let all = RangeRequest { key: vec![0], range_end: vec![0], ..Default::default() };
+        assert_eq!(restored.mvcc().range(&all).unwrap().count, 3000);
+    }
+}
