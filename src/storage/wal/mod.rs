@@ -72,25 +72,28 @@
 //! while its checkpoint was written) is followed at once by a new segment, so
 //! that every segment that can outlive the ones before it holds every value.
 //! After an I/O error the WAL refuses all further work: the node must stop.
+//!
+//! ## Where things are
+//! This module: opening and recovery, [`Wal`]'s write calls, the flusher and
+//! [`Durable`]. `frame`: a record's bytes, segment replay, torn-write
+//! detection. `writer`: the segment being appended to, rotation, zeroing
+//! ahead, purging.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
-use std::os::unix::io::AsRawFd;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use tokio::sync::watch;
 
-const KIND_ENTRY: u8 = 1;
-const KIND_META: u8 = 2;
-const KIND_TRUNCATE: u8 = 3;
-const KIND_PURGE: u8 = 4;
-const FRAME_HEADER: usize = 8;
-/// The unit a disk writes atomically: a crash tears a write at these boundaries.
-const SECTOR: usize = 512;
+mod frame;
+mod writer;
+
+use frame::{is_zero, replay_segment, torn_at, SegmentReplay};
+use writer::{segment_path, Segment, Writer};
 
 /// The default segment size. Large enough that rotation is rare, small enough
 /// that purged segments give memory and disk back soon.
@@ -381,338 +384,10 @@ fn flusher(shared: &Shared, stats: &WalStats) {
     }
 }
 
-struct Segment {
-    seq: u64,
-    max_index: Option<u64>,
-}
-
-/// The writer's state (see the module doc).
-struct Writer {
-    dir: PathBuf,
-    segment_bytes: u64,
-    /// Shared with the flusher, which syncs it without holding the lock.
-    file: Arc<File>,
-    seq: u64,
-    offset: u64,
-    /// The segment is zeroed (its blocks written) below this offset, which is
-    /// never below `offset`.
-    zeroed_to: u64,
-    /// Every segment on disk, oldest first; the last is `file`.
-    segments: Vec<Segment>,
-    /// The newest value of every meta key, rewritten at the head of each segment.
-    metas: HashMap<u8, Vec<u8>>,
-    failed: bool,
-    stopping: bool,
-    /// Writes made, counted.
-    written: u64,
-    /// The writes (counted as `written`) known to be durable.
-    synced: u64,
-    /// The last index of the log as written, and as of the last sync.
-    last_index: Option<u64>,
-    synced_index: Option<u64>,
-}
-
-impl Writer {
-    fn new(
-        dir: &Path,
-        segment_bytes: u64,
-        file: Arc<File>,
-        seq: u64,
-        offset: u64,
-        segments: Vec<Segment>,
-        metas: HashMap<u8, Vec<u8>>,
-    ) -> Writer {
-        Writer {
-            dir: dir.to_path_buf(),
-            segment_bytes,
-            file,
-            seq,
-            offset,
-            zeroed_to: offset,
-            segments,
-            metas,
-            failed: false,
-            stopping: false,
-            written: 0,
-            synced: 0,
-            last_index: None,
-            synced_index: None,
-        }
-    }
-
-    fn create(dir: &Path, segment_bytes: u64, metas: HashMap<u8, Vec<u8>>) -> io::Result<Writer> {
-        let file = Arc::new(create_segment(dir, 1, segment_bytes)?);
-        let mut w = Writer::new(dir, segment_bytes, file, 1, 0, vec![Segment { seq: 1, max_index: None }], metas);
-        w.write_checkpoint()?;
-        Ok(w)
-    }
-
-    /// Everything written so far is durable.
-    fn mark_synced(&mut self) {
-        self.synced = self.written;
-        self.synced_index = self.last_index;
-    }
-
-    fn write(&mut self, records: &[WalRecord], sync: bool, stats: &WalStats) -> io::Result<()> {
-        let mut buf = Vec::new();
-        let mut purge = None;
-        let mut batch_max = None;
-        let mut last_index = self.last_index;
-        for record in records {
-            encode(record, &mut buf);
-            match record {
-                WalRecord::Entry { index, .. } => {
-                    batch_max = Some(batch_max.map_or(*index, |m: u64| m.max(*index)));
-                    last_index = Some(*index);
-                }
-                WalRecord::Meta { key, data } => {
-                    self.metas.insert(*key, data.clone());
-                }
-                WalRecord::TruncateFrom(index) => last_index = index.checked_sub(1),
-                WalRecord::PurgeUpto(index) => {
-                    purge = Some(purge.map_or(*index, |p: u64| p.max(*index)));
-                    last_index = last_index.max(Some(*index));
-                }
-            }
-        }
-        if self.offset > 0 && self.offset + buf.len() as u64 > self.segment_bytes {
-            self.rotate()?;
-        }
-        if let Some(max) = batch_max {
-            let seg = self.segments.last_mut().expect("a current segment");
-            seg.max_index = Some(seg.max_index.map_or(max, |m| m.max(max)));
-        }
-        self.zero_ahead(self.offset + buf.len() as u64)?;
-        self.file.write_all_at(&buf, self.offset)?;
-        self.offset += buf.len() as u64;
-        self.written += 1;
-        self.last_index = last_index;
-        if sync {
-            self.file.sync_data()?;
-            self.mark_synced();
-            stats.syncs.fetch_add(1, Ordering::Relaxed);
-        }
-        stats.writes.fetch_add(1, Ordering::Relaxed);
-        stats.records.fetch_add(records.len() as u64, Ordering::Relaxed);
-        stats.bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
-        if let Some(upto) = purge {
-            self.remove_purged(upto)?;
-        }
-        Ok(())
-    }
-
-    /// Called before an append that ends at `end`: unless the segment is
-    /// zeroed that far, zero it from `end` (the append writes what comes
-    /// before) up to the next multiple of [`ZERO_AHEAD`] at or past `end`, or
-    /// the segment's end. Nothing past the write position holds a frame, so
-    /// this never overwrites one.
-    fn zero_ahead(&mut self, end: u64) -> io::Result<()> {
-        if end <= self.zeroed_to {
-            return Ok(());
-        }
-        let mut at = self.zeroed_to.max(end);
-        let to = end.next_multiple_of(ZERO_AHEAD).min(self.segment_bytes);
-        while at < to {
-            let n = (to - at).min(ZEROES.len() as u64);
-            self.file.write_all_at(&ZEROES[..n as usize], at)?;
-            at += n;
-        }
-        self.zeroed_to = to.max(end);
-        Ok(())
-    }
-
-    /// Start a new segment; it opens with a checkpoint of every meta value.
-    fn rotate(&mut self) -> io::Result<()> {
-        // Records written without a sync must be durable before a later
-        // segment can be: replay trusts every segment but the last.
-        self.file.sync_data()?;
-        self.mark_synced();
-        let seq = self.seq + 1;
-        self.file = Arc::new(create_segment(&self.dir, seq, self.segment_bytes)?);
-        self.seq = seq;
-        self.offset = 0;
-        self.zeroed_to = 0;
-        self.segments.push(Segment { seq, max_index: None });
-        self.write_checkpoint()
-    }
-
-    fn write_checkpoint(&mut self) -> io::Result<()> {
-        let mut buf = Vec::new();
-        let mut keys: Vec<_> = self.metas.keys().copied().collect();
-        keys.sort_unstable();
-        for key in keys {
-            encode(&WalRecord::Meta { key, data: self.metas[&key].clone() }, &mut buf);
-        }
-        if !buf.is_empty() {
-            self.file.write_all_at(&buf, 0)?;
-        }
-        self.file.sync_data()?;
-        self.offset = buf.len() as u64;
-        self.zeroed_to = self.zeroed_to.max(self.offset);
-        Ok(())
-    }
-
-    /// Delete whole segments whose entries are all at or below `upto`.
-    fn remove_purged(&mut self, upto: u64) -> io::Result<()> {
-        while self.segments.len() > 1 {
-            let oldest = &self.segments[0];
-            if oldest.max_index.is_some_and(|m| m > upto) {
-                break;
-            }
-            fs::remove_file(segment_path(&self.dir, oldest.seq))?;
-            self.segments.remove(0);
-        }
-        Ok(())
-    }
-}
-
-fn segment_path(dir: &Path, seq: u64) -> PathBuf {
-    dir.join(format!("{seq:016x}.wal"))
-}
-
-/// Create a preallocated segment and make its existence durable.
-fn create_segment(dir: &Path, seq: u64, bytes: u64) -> io::Result<File> {
-    let path = segment_path(dir, seq);
-    let file = OpenOptions::new().read(true).write(true).create_new(true).open(&path)?;
-    // SAFETY: `file` is an open descriptor for the duration of the call.
-    let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, bytes as libc::off_t) };
-    if rc != 0 {
-        // Filesystems without fallocate still work; syncs are just slower.
-        file.set_len(bytes)?;
-    }
-    file.sync_all()?;
-    File::open(dir)?.sync_all()?;
-    Ok(file)
-}
-
-fn encode(record: &WalRecord, buf: &mut Vec<u8>) {
-    let start = buf.len();
-    buf.extend_from_slice(&[0u8; FRAME_HEADER]);
-    match record {
-        WalRecord::Entry { index, data } => {
-            buf.push(KIND_ENTRY);
-            buf.extend_from_slice(&index.to_le_bytes());
-            buf.extend_from_slice(data);
-        }
-        WalRecord::Meta { key, data } => {
-            buf.push(KIND_META);
-            buf.push(*key);
-            buf.extend_from_slice(data);
-        }
-        WalRecord::TruncateFrom(index) => {
-            buf.push(KIND_TRUNCATE);
-            buf.extend_from_slice(&index.to_le_bytes());
-        }
-        WalRecord::PurgeUpto(index) => {
-            buf.push(KIND_PURGE);
-            buf.extend_from_slice(&index.to_le_bytes());
-        }
-    }
-    let body = &buf[start + FRAME_HEADER..];
-    let len = body.len() as u32;
-    let crc = crc32fast::hash(body);
-    buf[start..start + 4].copy_from_slice(&len.to_le_bytes());
-    buf[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
-}
-
-/// What replaying one segment found, besides what it added to [`Recovered`].
-struct SegmentReplay {
-    /// Where its valid frames end.
-    end: usize,
-    /// Its highest entry index.
-    max_index: Option<u64>,
-    /// The meta keys it holds a value for.
-    meta_keys: Vec<u8>,
-}
-
-/// Apply every valid frame of a segment to `rec`, and say where the valid
-/// frames end, the highest entry index and the meta keys seen.
-fn replay_segment(bytes: &[u8], rec: &mut Recovered) -> SegmentReplay {
-    let mut pos = 0;
-    let mut max_index = None;
-    let mut meta_keys = Vec::new();
-    while pos + FRAME_HEADER <= bytes.len() {
-        let len = u32::from_le_bytes(bytes[pos..pos + 4].try_into().expect("4 bytes")) as usize;
-        let crc = u32::from_le_bytes(bytes[pos + 4..pos + 8].try_into().expect("4 bytes"));
-        if len == 0 || pos + FRAME_HEADER + len > bytes.len() {
-            break;
-        }
-        let body = &bytes[pos + FRAME_HEADER..pos + FRAME_HEADER + len];
-        if crc32fast::hash(body) != crc {
-            break;
-        }
-        let Some(record) = decode(body) else { break };
-        match record {
-            WalRecord::Entry { index, data } => {
-                if rec.purged_upto.is_none_or(|p| index > p) {
-                    rec.entries.insert(index, data);
-                }
-                max_index = Some(max_index.map_or(index, |m: u64| m.max(index)));
-            }
-            WalRecord::Meta { key, data } => {
-                if !meta_keys.contains(&key) {
-                    meta_keys.push(key);
-                }
-                rec.metas.insert(key, data);
-            }
-            WalRecord::TruncateFrom(index) => {
-                rec.entries.split_off(&index);
-            }
-            WalRecord::PurgeUpto(index) => {
-                rec.purged_upto = Some(rec.purged_upto.map_or(index, |p| p.max(index)));
-                rec.entries = rec.entries.split_off(&(index + 1));
-            }
-        }
-        pos += FRAME_HEADER + len;
-    }
-    SegmentReplay { end: pos, max_index, meta_keys }
-}
-
-fn decode(body: &[u8]) -> Option<WalRecord> {
-    let (&kind, rest) = body.split_first()?;
-    let u64_at = |b: &[u8]| b.get(..8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")));
-    Some(match kind {
-        KIND_ENTRY => WalRecord::Entry { index: u64_at(rest)?, data: rest[8..].to_vec() },
-        KIND_META => WalRecord::Meta { key: *rest.first()?, data: rest[1..].to_vec() },
-        KIND_TRUNCATE => WalRecord::TruncateFrom(u64_at(rest)?),
-        KIND_PURGE => WalRecord::PurgeUpto(u64_at(rest)?),
-        _ => return None,
-    })
-}
-
-/// Whether the invalid frame at `at` is a torn write: one of the sectors it
-/// lies in reads as zeroes from the frame's start (or the sector's) to the
-/// sector's end, so that sector never reached the disk (segments are zeroed
-/// before frames are written over them); a byte set anywhere after that
-/// point shows the sector was written, even where the frame's own bytes in
-/// it are zero. A frame whose every sector was written but whose checksum
-/// fails is damage, not a tear.
-/// A length that runs past the segment was not written whole either, but the
-/// writer never writes such a frame: then only the header's sectors count.
-fn torn_at(bytes: &[u8], at: usize) -> bool {
-    let header_end = (at + FRAME_HEADER).min(bytes.len());
-    let len = bytes.get(at..at + 4).map_or(0, |b| u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize);
-    let end = match at + FRAME_HEADER + len {
-        end if end <= bytes.len() => end,
-        _ => header_end,
-    };
-    let mut chunk = at;
-    while chunk < end {
-        let sector_end = (chunk / SECTOR + 1) * SECTOR;
-        if is_zero(&bytes[chunk..sector_end.min(bytes.len())]) {
-            return true;
-        }
-        chunk = sector_end;
-    }
-    false
-}
-
-fn is_zero(bytes: &[u8]) -> bool {
-    bytes.iter().all(|&b| b == 0)
-}
-
 #[cfg(test)]
 mod tests {
+    use super::frame::{FRAME_HEADER, SECTOR};
+    use super::writer::create_segment;
     use super::*;
 
     fn entry(i: u64) -> WalRecord {
