@@ -9,8 +9,8 @@
 //!   raft/       the only module that names openraft: log store, state machine,
 //!               the peer protocol (raft/peer/), replication pipes
 //!   command     the replicated log format (Command, CommandResult)
-//!   state       the applied state readers share with the state machine
-//!   watch/ lease/ mvcc/   the deterministic data model (no tokio, no openraft)
+//!   applied     the applied state readers share with the state machine
+//!   watch lease mvcc/     the deterministic data model (no tokio, no openraft)
 //!   storage/    the only module that names sled; the WAL
 //! ```
 //! Beside them: `config` (the command line), `batcher` (group calls into
@@ -24,7 +24,7 @@
 //! on every member -> the leader's result is the answer.
 //!
 //! A read: `api::kv` -> `server::read` (`Node::read_barrier`: a read index
-//! from the leader, `raft::read_index`, then wait until applied) -> `state`.
+//! from the leader, `raft::read_index`, then wait until applied) -> `applied`.
 //!
 //! A lock: `api::lock` / `api::native_lock` -> `locks` (a txn that queues the
 //! caller's key, then a watch on the key before it) -> the write and read
@@ -34,6 +34,7 @@
 //! suite use; everything else is crate-private.
 
 mod api;
+mod applied;
 mod batcher;
 pub mod client;
 mod command;
@@ -44,7 +45,6 @@ mod mvcc;
 pub mod proto;
 mod raft;
 mod server;
-mod state;
 mod storage;
 mod watch;
 

@@ -91,7 +91,7 @@ struct Gone;
 
 struct Session {
     node: Arc<Node>,
-    feed: crate::state::Feed,
+    feed: crate::applied::Feed,
     outbox: mpsc::Sender<Result<pb::WatchResponse, Status>>,
     watchers: BTreeMap<i64, Watcher>,
     next_id: i64,

@@ -42,7 +42,7 @@
 //!
 //! Invariants:
 //! - the in-memory entries are contiguous and all above `last_purged`;
-//! - a purge first makes the state store durable (`StateDb::sync`), since the
+//! - a purge first makes the state store durable (`StateStore::sync`), since the
 //!   state store may otherwise be behind the entries being dropped.
 
 use std::collections::BTreeMap;
@@ -57,7 +57,7 @@ use tokio::sync::watch;
 
 use super::{decode, encode, Entry, LogId, TypeConfig};
 use crate::storage::wal::{Durable, Wal, WalRecord};
-use crate::storage::StateDb;
+use crate::storage::StateStore;
 
 const META_VOTE: u8 = 1;
 /// Meta key 2 is retired (it held the committed index, which raftlock no
@@ -91,7 +91,7 @@ pub struct LogStore {
     /// (replication pipelines follow it: `raft::pipeline`).
     last_index: Arc<watch::Sender<Option<u64>>>,
     wal: Wal,
-    state_db: StateDb,
+    state_store: StateStore,
     /// This member's id: whose vote makes an append the leader's own.
     id: u64,
 }
@@ -102,7 +102,7 @@ fn write_err(e: &io::Error) -> StorageError<u64> {
 
 impl LogStore {
     /// Open the WAL in `dir` and load what it holds.
-    pub fn open(dir: &std::path::Path, segment_bytes: u64, state_db: StateDb, id: u64) -> anyhow::Result<LogStore> {
+    pub fn open(dir: &std::path::Path, segment_bytes: u64, state_store: StateStore, id: u64) -> anyhow::Result<LogStore> {
         let (wal, recovered) = Wal::open(dir, segment_bytes)?;
         let mut cache = LogCache::default();
         for (index, bytes) in recovered.entries {
@@ -131,7 +131,7 @@ impl LogStore {
         let indexes: Vec<u64> = cache.entries.keys().copied().collect();
         assert!(indexes.windows(2).all(|w| w[1] == w[0] + 1), "wal entries are not contiguous");
         let (last_index, _) = watch::channel(indexes.last().copied());
-        Ok(LogStore { cache: Arc::new(Mutex::new(cache)), last_index: Arc::new(last_index), wal, state_db, id })
+        Ok(LogStore { cache: Arc::new(Mutex::new(cache)), last_index: Arc::new(last_index), wal, state_store, id })
     }
 
     /// How far the log is durable (see the module doc).
@@ -260,7 +260,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError<u64>> {
         // The state store must hold everything being dropped from the log.
-        self.state_db.sync().map_err(|e| write_err(&e))?;
+        self.state_store.sync().map_err(|e| write_err(&e))?;
         {
             let mut cache = self.cache();
             assert!(cache.last_purged.is_none_or(|p| p.index <= log_id.index), "purge must move forward");
@@ -285,7 +285,7 @@ mod tests {
     #[tokio::test]
     async fn a_member_that_led_does_not_lead_the_same_term_after_a_restart() {
         let dir = tempfile::tempdir().unwrap();
-        let db = StateDb::open(&dir.path().join("state")).unwrap();
+        let db = StateStore::open(&dir.path().join("state")).unwrap();
         let wal_dir = dir.path().join("wal");
         {
             let mut store = LogStore::open(&wal_dir, 1 << 20, db.clone(), 7).unwrap();
@@ -325,7 +325,7 @@ mod tests {
     #[tokio::test]
     async fn a_deposed_leader_reads_nothing_more_to_replicate() {
         let dir = tempfile::tempdir().unwrap();
-        let db = StateDb::open(&dir.path().join("state")).unwrap();
+        let db = StateStore::open(&dir.path().join("state")).unwrap();
         let mut store = LogStore::open(&dir.path().join("wal"), 1 << 20, db, 1).unwrap();
         let ours = Vote::new_committed(2, 1);
         store.save_vote(&ours).await.unwrap();

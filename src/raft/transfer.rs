@@ -22,14 +22,14 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::peer::client::PeerClients;
-use super::peer::messages::AdminRequest;
+use super::peer::messages::ControlRequest;
 use super::Raft;
 
 
 /// Run an admin request on this member.
-pub async fn admin(raft: &Raft, req: AdminRequest) -> bool {
+pub async fn admin(raft: &Raft, req: ControlRequest) -> bool {
     match req {
-        AdminRequest::PauseElections { ms } => {
+        ControlRequest::PauseElections { ms } => {
             raft.runtime_config().elect(false);
             let raft = raft.clone();
             tokio::spawn(async move {
@@ -38,13 +38,13 @@ pub async fn admin(raft: &Raft, req: AdminRequest) -> bool {
             });
             true
         }
-        AdminRequest::ResumeElections => {
+        ControlRequest::ResumeElections => {
             raft.runtime_config().elect(true);
             true
         }
-        AdminRequest::Campaign => raft.trigger().elect().await.is_ok(),
-        AdminRequest::Published { .. } => false,
-        AdminRequest::Removed { id } => {
+        ControlRequest::Campaign => raft.trigger().elect().await.is_ok(),
+        ControlRequest::Published { .. } => false,
+        ControlRequest::Removed { id } => {
             let m = raft.metrics().borrow().clone();
             m.current_leader == Some(m.id) && super::removal_applied(&m, id)
         }
@@ -92,7 +92,7 @@ pub async fn transfer(raft: &Raft, peers: &PeerClients, target: u64, deadline: I
     raft.runtime_config().elect(false);
     raft.runtime_config().heartbeat(false);
     let pause =
-        AdminRequest::PauseElections { ms: deadline.saturating_duration_since(Instant::now()).as_millis() as u64 };
+        ControlRequest::PauseElections { ms: deadline.saturating_duration_since(Instant::now()).as_millis() as u64 };
     for (_, url) in &others {
         let _ = peers.admin(url, &pause, Duration::from_millis(500)).await;
     }
@@ -100,7 +100,7 @@ pub async fn transfer(raft: &Raft, peers: &PeerClients, target: u64, deadline: I
     let outcome = async {
         let mut metrics = raft.metrics();
         loop {
-            let _ = peers.admin(&target_url, &AdminRequest::Campaign, Duration::from_millis(500)).await;
+            let _ = peers.admin(&target_url, &ControlRequest::Campaign, Duration::from_millis(500)).await;
             let until = Instant::now() + Duration::from_millis(300);
             while Instant::now() < until {
                 if metrics.borrow().current_leader == Some(target) {
@@ -118,7 +118,7 @@ pub async fn transfer(raft: &Raft, peers: &PeerClients, target: u64, deadline: I
     raft.runtime_config().heartbeat(true);
     raft.runtime_config().elect(true);
     for (_, url) in &others {
-        let _ = peers.admin(url, &AdminRequest::ResumeElections, Duration::from_secs(1)).await;
+        let _ = peers.admin(url, &ControlRequest::ResumeElections, Duration::from_secs(1)).await;
     }
     outcome
 }

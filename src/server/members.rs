@@ -15,10 +15,10 @@ use super::route::{Attempt, Route};
 use super::{MemberInfo, MembershipFailure, Node, ServerError};
 use crate::raft::membership::{MembershipAnswer, MembershipChange, MembershipRefusal};
 use crate::raft::peer::client::PeerClients;
-use crate::raft::peer::messages::AdminRequest;
+use crate::raft::peer::messages::ControlRequest;
 use crate::raft::transfer::{transfer, TransferError};
 use crate::raft::RaftMetrics;
-use crate::state::MemberAttrs;
+use crate::applied::MemberAttrs;
 
 impl Node {
     /// Resolves once this member has been removed from the cluster: it must
@@ -36,7 +36,7 @@ impl Node {
     pub async fn removed(&self) {
         const GRACE: Duration = Duration::from_secs(1);
         let mut metrics = self.raft.metrics();
-        let ask = AdminRequest::Removed { id: self.id };
+        let ask = ControlRequest::Removed { id: self.id };
         loop {
             let leaving = |m: &RaftMetrics| {
                 let membership = m.membership_config.membership();
@@ -221,7 +221,7 @@ pub(super) async fn refuse_if_bootstrapped(
     data_dir: &std::path::Path,
 ) -> anyhow::Result<()> {
     let peers = PeerClients::default();
-    let ask = AdminRequest::Published { id };
+    let ask = ControlRequest::Published { id };
     for member in members.values().filter(|m| m.id != id) {
         let Some(url) = member.peer_urls.first() else { continue };
         if let Ok(true) = peers.admin(url, &ask, Duration::from_secs(1)).await {

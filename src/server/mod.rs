@@ -53,9 +53,9 @@ use crate::raft::proposer::Proposer;
 use crate::raft::read_index::ReadFloor;
 use crate::raft::state_machine::StateMachine;
 use crate::raft::{MemberNode, Raft, RaftConfig, RaftMetrics, ServerState};
-use crate::state::{AppliedState, MemberAttrs};
+use crate::applied::{AppliedState, MemberAttrs};
 use crate::storage::wal::DEFAULT_SEGMENT_BYTES;
-use crate::storage::StateDb;
+use crate::storage::StateStore;
 use lease_keeper::LeaseKeeper;
 
 /// Resolves once the node has begun to shut down (for `select!` in streams).
@@ -127,7 +127,7 @@ pub struct Node {
     read_barriers: Batcher<(), Result<(), ServerError>>,
     state: Arc<AppliedState>,
     peers: PeerClients,
-    state_db: StateDb,
+    state_store: StateStore,
     request_timeout: Duration,
     /// `--election-timeout`: bounds a leadership hand-over at stop.
     election_timeout: Duration,
@@ -150,11 +150,11 @@ impl Node {
         }
         std::fs::create_dir_all(&data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
 
-        let state_db = StateDb::open(&data_dir.join("state")).context("opening the state store")?;
-        let log_store = LogStore::open(&data_dir.join("wal"), DEFAULT_SEGMENT_BYTES, state_db.clone(), id)
+        let state_store = StateStore::open(&data_dir.join("state")).context("opening the state store")?;
+        let log_store = LogStore::open(&data_dir.join("wal"), DEFAULT_SEGMENT_BYTES, state_store.clone(), id)
             .context("opening the WAL")?;
         let state = Arc::new(AppliedState::default());
-        let state_machine = StateMachine::open(state_db.clone(), state.clone())
+        let state_machine = StateMachine::open(state_store.clone(), state.clone())
             .context("loading the state machine")?
             .staggering_checkpoints(id)
             .applying_only_durable(log_store.durable());
@@ -218,7 +218,7 @@ impl Node {
                 watch_progress_interval: Duration::from_millis(config.watch_progress_notify_interval),
                 state,
                 peers,
-                state_db,
+                state_store,
                 request_timeout,
                 election_timeout: config.election_timeout(),
                 shutdown,
@@ -320,7 +320,7 @@ impl Node {
 
     /// Push the state store to disk (Maintenance.Defragment).
     pub fn sync_state(&self) -> std::io::Result<()> {
-        self.state_db.sync()
+        self.state_store.sync()
     }
 
     pub fn status(&self) -> NodeStatus {
@@ -331,7 +331,7 @@ impl Node {
             raft_index: m.last_log_index.unwrap_or(0),
             applied_index: m.last_applied.map_or(0, |l| l.index),
             is_learner: m.state == ServerState::Learner,
-            db_size: self.state_db.size_on_disk(),
+            db_size: self.state_store.size_on_disk(),
         }
     }
 
@@ -341,7 +341,7 @@ impl Node {
         if let Err(e) = self.raft.shutdown().await {
             tracing::warn!(error = %e, "raft shutdown");
         }
-        if let Err(e) = self.state_db.sync() {
+        if let Err(e) = self.state_store.sync() {
             tracing::warn!(error = %e, "syncing the state store at shutdown");
         }
     }

@@ -1,7 +1,7 @@
 //! The read path's facade: linearizable reads by ReadIndex.
 //!
 //! A linearizable read waits for [`Node::read_barrier`], then reads this
-//! member's applied state (`crate::state`). The barrier gets a read index
+//! member's applied state (`crate::applied`). The barrier gets a read index
 //! from the leader — itself (`raft::read_index`: a heartbeat round confirms
 //! it still leads) or over the peer protocol — and waits until this member
 //! has applied that far. Reads that arrive together share one round.

@@ -5,7 +5,7 @@
 //!   (in the writing thread, or for the leader's own appends by a flusher
 //!   thread, with [`wal::Durable`] telling when): this is what makes an
 //!   acknowledged write survive a crash.
-//! - [`StateDb`] (sled) holds the applied state machine. Batches are handed to a
+//! - [`StateStore`] (sled) holds the applied state machine. Batches are handed to a
 //!   writer thread that merges every batch waiting into one atomic sled write
 //!   (a batch, or a transaction over both trees when it holds a deferred
 //!   value), in order; sled flushes lazily. After a crash the store may therefore be
@@ -14,7 +14,7 @@
 //!   deterministic and each batch carries the applied id of its own effects.
 //!
 //! Invariant that follows: the WAL must never drop (purge) an entry that the
-//! state store may not hold durably. [`StateDb::sync`] waits for the writer and
+//! state store may not hold durably. [`StateStore::sync`] waits for the writer and
 //! forces the state store to disk; purges call it first.
 //!
 //! Caveat: a sled write error on the writer thread cannot be handed back to the
@@ -34,7 +34,7 @@ use std::sync::{Arc, Condvar, Mutex};
 
 /// The persistent copy of the state machine. Clones share one store.
 #[derive(Clone)]
-pub struct StateDb {
+pub struct StateStore {
     db: sled::Db,
     tree: sled::Tree,
     /// The deferred (large) values.
@@ -83,8 +83,8 @@ fn io_err(e: sled::Error) -> io::Error {
     }
 }
 
-impl StateDb {
-    pub fn open(dir: &Path) -> io::Result<StateDb> {
+impl StateStore {
+    pub fn open(dir: &Path) -> io::Result<StateStore> {
         let db = sled::Config::new().path(dir).flush_every_ms(Some(500)).open().map_err(io_err)?;
         let tree = db.open_tree("state").map_err(io_err)?;
         let large = db.open_tree("large").map_err(io_err)?;
@@ -93,7 +93,7 @@ impl StateDb {
         std::thread::Builder::new()
             .name("raftlock-state".into())
             .spawn(move || write_loop(writer_trees, writer_queue))?;
-        Ok(StateDb { db, tree, large, dir: dir.to_path_buf(), queue })
+        Ok(StateStore { db, tree, large, dir: dir.to_path_buf(), queue })
     }
 
     /// Queue a batch. Batches reach sled in order, each atomically (possibly

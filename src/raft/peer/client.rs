@@ -20,7 +20,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tonic::transport::{Channel, Endpoint};
 
-use super::messages::{AdminRequest, ForwardError, LeaseAnswer, LeaseQuery, MembershipAnswer, MembershipChange};
+use super::messages::{ControlRequest, ForwardError, LeaseAnswer, LeaseQuery, MembershipAnswer, MembershipChange};
 use crate::command::{Command, CommandResult};
 use crate::proto::raftlock::peer::peer_client::PeerClient;
 use crate::proto::raftlock::peer::{RaftPayload, ReadIndexRequest};
@@ -148,7 +148,7 @@ impl PeerClients {
     }
 
     /// Ask the member at `url` for a step of a leader transfer.
-    pub async fn admin(&self, url: &str, req: &AdminRequest, timeout: Duration) -> Result<bool, tonic::Status> {
+    pub async fn admin(&self, url: &str, req: &ControlRequest, timeout: Duration) -> Result<bool, tonic::Status> {
         reply(self.connect(url)?.admin(request(req, timeout)).await?)
     }
 

@@ -33,9 +33,12 @@ pub enum LeaseAnswer {
     TimeToLive(Option<LeaseStatus>),
 }
 
-/// What the leader asks of other members during a transfer (peer `Admin`).
+/// The control requests members send each other outside Raft's own RPCs
+/// (the peer `Admin` RPC, named so on the wire for compatibility): the steps
+/// of a leader transfer (pause or resume elections, campaign), and questions
+/// about a member's standing (has it published itself, been removed).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum AdminRequest {
+pub enum ControlRequest {
     /// Start no election for this long (then start them again by itself, so
     /// that a transfer that is cut short cannot leave a member mute).
     PauseElections {

@@ -26,7 +26,7 @@ use tonic::transport::Server;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::client::{PeerClients, PEER_KEEPALIVE};
-use super::messages::{AdminRequest, ForwardError, LeaseAnswer, LeaseQuery, MembershipChange};
+use super::messages::{ControlRequest, ForwardError, LeaseAnswer, LeaseQuery, MembershipChange};
 use crate::command::{Command, CommandResult};
 use crate::proto::raftlock::peer::peer_server::{Peer, PeerServer};
 use crate::proto::raftlock::peer::{RaftPayload, ReadIndexRequest, ReadIndexResponse};
@@ -49,7 +49,7 @@ pub struct PeerService {
     /// This member's own peer clients: who has answered it lately.
     peers: PeerClients,
     /// The applied state: which members have published themselves.
-    state: std::sync::Arc<crate::state::AppliedState>,
+    state: std::sync::Arc<crate::applied::AppliedState>,
     /// The cluster token, from which members' IDs are derived.
     token: String,
     /// Becomes true when the member begins to shut down (ends replication streams).
@@ -67,7 +67,7 @@ impl PeerService {
         leases: std::sync::Arc<dyn LeaseAuthority>,
         read_floor: std::sync::Arc<ReadFloor>,
         peers: PeerClients,
-        state: std::sync::Arc<crate::state::AppliedState>,
+        state: std::sync::Arc<crate::applied::AppliedState>,
         token: String,
         shutdown: watch::Receiver<bool>,
     ) -> Router {
@@ -84,7 +84,7 @@ impl PeerService {
         leases: std::sync::Arc<dyn LeaseAuthority>,
         read_floor: std::sync::Arc<ReadFloor>,
         peers: PeerClients,
-        state: std::sync::Arc<crate::state::AppliedState>,
+        state: std::sync::Arc<crate::applied::AppliedState>,
         token: String,
         shutdown: watch::Receiver<bool>,
     ) -> PeerServer<PeerService> {
@@ -193,7 +193,7 @@ impl Peer for PeerService {
 
     async fn admin(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
         match payload(req)? {
-            AdminRequest::Published { id } => {
+            ControlRequest::Published { id } => {
                 let leads = {
                     let m = self.raft.metrics();
                     let m = m.borrow();

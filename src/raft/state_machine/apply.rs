@@ -9,14 +9,14 @@
 //! is answered with its own result variant or `Rejected` (the node's typed
 //! writes rely on it).
 //!
-//! Lock order is the state's (`crate::state`): a lease-table guard taken
+//! Lock order is the state's (`crate::applied`): a lease-table guard taken
 //! while the MVCC store is locked is dropped before [`Apply::record`] locks
 //! the table again.
 
 use super::layout::JournalOp;
 use crate::command::{Command, CommandResult};
 use crate::mvcc::{Change, MvccError, MvccStore, StoredVersion};
-use crate::state::{AppliedState, MemberAttrs};
+use crate::applied::{AppliedState, MemberAttrs};
 
 /// One apply call's work on `state`: what it changed, to be persisted
 /// (`journal`) and published to watchers (`published`) once the call ends.

@@ -51,8 +51,8 @@ use serde::{Deserialize, Serialize};
 use crate::lease::LeaseTable;
 use crate::mvcc::{MvccStore, Revision, SharedVersion, StoredVersion};
 use crate::raft::{decode, encode, encode_large, DecodeError, LogId, MemberNode};
-use crate::state::{AppliedState, MemberAttrs};
-use crate::storage::{StateBatch, StateDb};
+use crate::applied::{AppliedState, MemberAttrs};
+use crate::storage::{StateBatch, StateStore};
 
 const APPLIED: &[u8] = b"m/applied";
 const MEMBERSHIP: &[u8] = b"m/membership";
@@ -123,7 +123,7 @@ impl SnapshotImage {
 /// Where the applied state stands in the state store: the journal's
 /// numbering and the checkpoint policy's counts.
 pub(super) struct Persisted {
-    db: StateDb,
+    db: StateStore,
     /// The number of the last journal record written.
     pub seq: u64,
     /// The journal record the last checkpoint covers up to.
@@ -155,11 +155,11 @@ impl Persisted {
     /// Load the persisted state into `state` (which must be empty): the
     /// checkpoint, then every journal record after it.
     pub fn restore(
-        db: StateDb,
+        db: StateStore,
         state: &AppliedState,
         checkpoint_min: u64,
     ) -> anyhow::Result<(Persisted, Position)> {
-        fn get<T: for<'de> Deserialize<'de>>(db: &StateDb, key: &[u8]) -> anyhow::Result<Option<T>> {
+        fn get<T: for<'de> Deserialize<'de>>(db: &StateStore, key: &[u8]) -> anyhow::Result<Option<T>> {
             match db.get(key)? {
                 Some(b) => Ok(Some(decode(&b)?)),
                 None => Ok(None),

@@ -36,9 +36,9 @@ use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder, StorageError, St
 use super::{Entry, LogId, MemberNode, TypeConfig};
 use crate::command::CommandResult;
 use crate::mvcc::KeyRange;
-use crate::state::{AppliedChanges, AppliedState};
+use crate::applied::{AppliedChanges, AppliedState};
 use crate::storage::wal::Durable;
-use crate::storage::StateDb;
+use crate::storage::StateStore;
 use apply::Apply;
 use layout::{image_of, CapturedImage, Membership, Persisted, Position, SnapshotImage};
 pub use layout::{encode_state, CHECKPOINT_MIN_BYTES};
@@ -65,11 +65,11 @@ fn sm_err(e: impl std::fmt::Display) -> StorageError<u64> {
 impl StateMachine {
     /// Load the persisted state into `state` (which must be empty): the
     /// checkpoint, then every journal record after it.
-    pub fn open(db: StateDb, state: Arc<AppliedState>) -> anyhow::Result<StateMachine> {
+    pub fn open(db: StateStore, state: Arc<AppliedState>) -> anyhow::Result<StateMachine> {
         Self::open_with(db, state, CHECKPOINT_MIN_BYTES)
     }
 
-    fn open_with(db: StateDb, state: Arc<AppliedState>, checkpoint_min: u64) -> anyhow::Result<StateMachine> {
+    fn open_with(db: StateStore, state: Arc<AppliedState>, checkpoint_min: u64) -> anyhow::Result<StateMachine> {
         let (persisted, position) = Persisted::restore(db, &state, checkpoint_min)?;
         Ok(StateMachine { state, persisted, position, last_snapshot: Default::default(), durable_log: None })
     }
@@ -255,9 +255,9 @@ mod tests {
 
     /// A state machine over a fresh store; the store's directory lives as
     /// long as the returned guard.
-    fn fresh(checkpoint_min: u64) -> (tempfile::TempDir, StateDb, Arc<AppliedState>, StateMachine) {
+    fn fresh(checkpoint_min: u64) -> (tempfile::TempDir, StateStore, Arc<AppliedState>, StateMachine) {
         let dir = tempfile::tempdir().unwrap();
-        let db = StateDb::open(dir.path()).unwrap();
+        let db = StateStore::open(dir.path()).unwrap();
         let state = Arc::new(AppliedState::default());
         let sm = StateMachine::open_with(db.clone(), state.clone(), checkpoint_min).unwrap();
         (dir, db, state, sm)
