@@ -7,12 +7,8 @@ use raftlock::Node;
 use tokio::signal::unix::{signal, SignalKind};
 
 /// mimalloc rather than glibc's malloc: the server allocates and frees many
-/// small buffers per request (HTTP/2 frames, messages, log entries), and in
-/// glibc's malloc that was about a sixth of the leader's CPU profile under load
-/// (64 clients on distinct locks). Measured side by side on 2 cores with
-/// `raftlockctl bench`, three interleaved runs each: lock+unlock cycles with 64
-/// clients 10.5-10.7k/s against 9.2-10.2k/s, lock handoffs 1,150-1,180/s
-/// against 970-1,090/s; puts and txns with 64 clients within the noise.
+/// small buffers per request (HTTP/2 frames, messages, log entries), where
+/// glibc's malloc showed in the profile (docs/performance-notes.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -66,12 +62,9 @@ async fn main() -> anyhow::Result<()> {
 }
 
 /// Turn transparent huge pages off for this process (Linux; a failure only
-/// costs speed). mimalloc asks for huge pages for its memory, and the kernel
-/// then zeroes 2 MiB at every first touch: as the state grew under 64 clients
-/// writing through every member, that zeroing was 14-16% of a follower's CPU
-/// profile. Without it, the same run went from 18,800-19,300 to 21,000 puts/s
-/// and its p99 from 8.7-9.0 to 5.3 ms. Databases commonly run without them
-/// for the same reason (latency spikes on faults).
+/// costs speed): mimalloc asks for huge pages, and the kernel then zeroes
+/// 2 MiB at every first touch, which showed in followers' profiles as the
+/// state grew (docs/performance-notes.md).
 fn disable_transparent_huge_pages() {
     // SAFETY: prctl with an integer option and integer arguments.
     if unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) } != 0 {

@@ -25,13 +25,8 @@ use crate::command::{Command, CommandResult};
 /// The most commands in one log entry.
 pub const MAX_BATCH_COMMANDS: usize = 512;
 /// Batches proposed and not yet answered, at most. More than one lets the next
-/// batches be appended while earlier ones are replicated and applied. Measured
-/// on 2 cores (`raftlockctl bench`, one 3-member cluster): with 4, 64 clients on
-/// distinct locks ran ~8,200 lock+unlock cycles/s against ~6,500 with 2, and
-/// 64-client puts 13.6k/s against 12.4k with 3; lock handoffs stayed at ~720/s.
-/// With 1, everything was slower. Measured again once the leader synced its
-/// own appends off the Raft core (`raft::log_store`): 2, 4 and 8 were within
-/// the run-to-run noise (10-15%) of each other.
+/// batches be appended while earlier ones are replicated and applied (the
+/// measurements: docs/performance-notes.md).
 pub const MAX_IN_FLIGHT: usize = 4;
 
 /// Why a proposal was not applied.

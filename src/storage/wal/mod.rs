@@ -28,9 +28,8 @@
 //! synchronous disk write for nearly every sync when appends are a few KiB.
 //! So the writer zeroes the segment ahead of itself, [`ZERO_AHEAD`] bytes at a
 //! time: each step converts a whole MiB with one sync, and the appends after
-//! it overwrite written blocks, which `fdatasync` flushes as data alone. On the
-//! machine raftlock was measured on, that cut a 4 KiB append + `fdatasync` from
-//! about 200 µs to 140 µs, and the CPU it costs from about 90 µs to 60 µs.
+//! it overwrite written blocks, which `fdatasync` flushes as data alone (the
+//! measurements: docs/performance-notes.md).
 //! Zeroes are what an unused segment tail holds anyway, so writing them never
 //! changes what replay sees.
 //!
