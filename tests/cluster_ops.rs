@@ -85,11 +85,11 @@ async fn a_member_behind_the_purged_log_catches_up_by_snapshot_and_restarts_are_
     }
 }
 
+/// etcdctl 3.5 at `endpoints`, which must succeed; its stdout and stderr.
 fn etcdctl(endpoints: &str, args: &[&str]) -> String {
     let out = etcdctl_unchecked(endpoints, args);
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "etcdctl {args:?}: {text}");
-    text
+    assert!(out.status.success(), "etcdctl {args:?}: {}", common::text(&out));
+    common::text(&out)
 }
 
 /// `etcdctl member add` (as a learner if `learner`); returns the
@@ -235,7 +235,7 @@ async fn snapshot_save_and_defrag_with_etcdctl_and_raftlockctl() {
     let len = std::fs::metadata(&file).unwrap().len();
     assert!(len > 100 * 100 && (len - 32).is_multiple_of(512), "{len} bytes");
     let ours = dir.path().join("raftlockctl.snap");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_raftlockctl"))
+    let out = common::raftlockctl()
         .args(["--endpoints", &cluster.members[2].endpoint(), "snapshot", "save", ours.to_str().unwrap()])
         .output()
         .unwrap();
@@ -252,7 +252,7 @@ async fn a_member_without_a_leader_is_unhealthy() {
     let survivor = cluster.follower().await;
     let endpoint = cluster.members[survivor].endpoint();
     let health = |endpoint: &str| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_raftlockctl"))
+        common::raftlockctl()
             .args(["--endpoints", endpoint, "--command-timeout", "2s", "endpoint", "health"])
             .output()
             .unwrap()
@@ -281,15 +281,7 @@ async fn a_member_without_a_leader_is_unhealthy() {
 }
 
 fn etcdctl_unchecked(endpoints: &str, args: &[&str]) -> std::process::Output {
-    let dir = std::env::var("RAFTLOCK_ETCD_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|_| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".tools/etcd-3.5.1"));
-    std::process::Command::new(dir.join("etcdctl"))
-        .env("ETCDCTL_API", "3")
-        .arg(format!("--endpoints={endpoints}"))
-        .args(args)
-        .output()
-        .unwrap()
+    common::Etcdctl::v35(endpoints).run(args, None)
 }
 
 #[tokio::test]

@@ -133,9 +133,7 @@ async fn compose_cluster_survives_a_stopped_and_a_partitioned_leader() {
         let mut c = client(port).await.unwrap();
         assert_eq!(c.get("compose/greeting", None).await.unwrap().kvs()[0].value(), b"hello");
     }
-    let etcd_dir = std::env::var("RAFTLOCK_ETCD_DIR")
-        .unwrap_or_else(|_| format!("{}/.tools/etcd-3.5.1", env!("CARGO_MANIFEST_DIR")));
-    let mut etcdctl = Command::new(format!("{etcd_dir}/etcdctl"));
+    let mut etcdctl = Command::new(common::etcd_dir().join("etcdctl"));
     etcdctl.args(["--endpoints=127.0.0.1:12379,127.0.0.1:22379,127.0.0.1:32379", "member", "list"]);
     let list = run(etcdctl);
     assert_eq!(list.lines().count(), 3, "{list}");

@@ -482,7 +482,7 @@ async fn raftlock_matches_etcd_goldens() {
 #[tokio::test]
 #[ignore]
 async fn record_goldens() {
-    let dir = std::env::var("RAFTLOCK_ETCD_DIR").expect("RAFTLOCK_ETCD_DIR: the directory of etcd 3.5.1");
+    let dir = common::etcd_dir();
     let data = tempfile::tempdir().unwrap();
     let (client_port, peer_port) = (common::free_port(), common::free_port());
     let client_url = format!("http://127.0.0.1:{client_port}");

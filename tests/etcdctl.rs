@@ -4,56 +4,21 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
 use common::Cluster;
 
-fn etcdctls() -> Vec<PathBuf> {
-    let v34 = PathBuf::from("/usr/bin/etcdctl");
-    let dir = std::env::var("RAFTLOCK_ETCD_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".tools/etcd-3.5.1"));
-    let v35 = dir.join("etcdctl");
-    for p in [&v34, &v35] {
-        assert!(p.exists(), "{} is missing: run the tests with scripts/test.sh, which installs it", p.display());
-    }
-    vec![v34, v35]
-}
+use common::{etcdctls, Etcdctl as Ctl};
 
-struct Ctl<'a> {
-    bin: &'a PathBuf,
-    endpoints: String,
-}
-
-impl Ctl<'_> {
-    fn run(&self, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
-        use std::io::Write;
-        let mut cmd = Command::new(self.bin);
-        cmd.env("ETCDCTL_API", "3").arg(format!("--endpoints={}", self.endpoints)).args(args);
-        cmd.stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped());
-        let mut child = cmd.spawn().unwrap();
-        if let Some(input) = stdin {
-            child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
-        } else {
-            drop(child.stdin.take());
-        }
-        let out = child.wait_with_output().unwrap();
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    }
-
-    fn ok(&self, args: &[&str]) -> String {
-        let (ok, out, err) = self.run(args, None);
-        assert!(ok, "{} {args:?} failed: {out}{err}", self.bin.display());
-        out
-    }
+/// etcdctl's outcome, stdout and stderr.
+fn run(ctl: &Ctl, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
+    let out = ctl.run(args, stdin);
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 #[tokio::test]
@@ -61,7 +26,7 @@ async fn etcdctl_34_and_35_work_against_raftlock() {
     let cluster = Cluster::start(3).await;
     let with_scheme = cluster.endpoints().join(",");
     let bare = with_scheme.replace("http://", "");
-    for (n, bin) in etcdctls().iter().enumerate() {
+    for (n, bin) in etcdctls().into_iter().enumerate() {
         // etcdctl 3.4 dials each endpoint of `endpoint status` with the whole
         // URL as HTTP/2 :authority, which raftlock's HTTP/2 stack refuses as
         // malformed (see README); 3.4 is used with host:port, 3.5 with URLs.
@@ -80,14 +45,14 @@ async fn etcdctl_34_and_35_work_against_raftlock() {
 
         // txn, interactive syntax on stdin.
         let txn = format!("value(\"{p}a\") = \"1\"\n\nput {p}c 3\nput {p}d 4\n\nput {p}failed 0\n\n");
-        let (ok, out, err) = ctl.run(&["txn"], Some(&txn));
+        let (ok, out, err) = run(&ctl, &["txn"], Some(&txn));
         assert!(ok, "txn: {out}{err}");
         assert!(out.starts_with("SUCCESS"), "txn output: {out}");
         assert_eq!(ctl.ok(&["get", &format!("{p}d"), "--print-value-only"]).trim(), "4");
 
         assert_eq!(ctl.ok(&["del", &p, "--prefix"]).trim(), "4");
         assert!(ctl.ok(&["compact", &rev.to_string()]).contains(&format!("compacted revision {rev}")));
-        let (ok, _, err) = ctl.run(&["get", &format!("{p}a"), &format!("--rev={}", rev - 1)], None);
+        let (ok, _, err) = run(&ctl, &["get", &format!("{p}a"), &format!("--rev={}", rev - 1)], None);
         assert!(!ok && err.contains("required revision has been compacted"), "{err}");
 
         let members = ctl.ok(&["member", "list"]);
@@ -100,7 +65,7 @@ async fn etcdctl_34_and_35_work_against_raftlock() {
         let leaders: Vec<u64> = v.as_array().unwrap().iter().map(|s| s["Status"]["leader"].as_u64().unwrap()).collect();
         assert_eq!(leaders.len(), 3);
         assert!(leaders.iter().all(|l| *l == leaders[0] && *l != 0), "{status}");
-        let health = ctl.run(&["endpoint", "health"], None);
+        let health = run(&ctl, &["endpoint", "health"], None);
         assert!(health.0, "{health:?}");
         assert_eq!(format!("{}{}", health.1, health.2).matches("is healthy").count(), 3, "{health:?}");
     }

@@ -244,7 +244,7 @@ async fn a_holder_process_killed_passes_the_lock_on_within_ttl_and_an_election_t
     let cluster = Cluster::start(3).await;
     let endpoint = cluster.members[0].endpoint();
     // In a process group of its own, so that its `sleep` can be cleaned up.
-    let mut holder = std::process::Command::new(env!("CARGO_BIN_EXE_raftlockctl"))
+    let mut holder = common::raftlockctl()
         .args(["--endpoints", &endpoint, "lock", "cron", "--ttl", &TTL.to_string(), "--", "sleep", "600"])
         .stdout(std::process::Stdio::null())
         .process_group(0)

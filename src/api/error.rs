@@ -1,10 +1,19 @@
-//! Every error a client can see, with etcd's gRPC code and message, in one place
-//! — clients (etcdctl, clientv3, jetcd, …) decide what to do from exactly these.
+//! Every error a client can see, with etcd's gRPC code and message, in one
+//! place (as etcd's `toGRPCErrorMap`): clients (etcdctl, clientv3, jetcd, …)
+//! decide what to do from exactly these. The layers below speak in typed
+//! errors (`ServerError`, `WriteError`, `MvccError`, `MembershipFailure`,
+//! `TransferError`, `RecipeError`) and never in etcd's wire strings; what a
+//! handler refuses before it calls the node is here too.
 
 use tonic::Status;
 
+use crate::locks::RecipeError;
 use crate::mvcc::MvccError;
-use crate::server::{ServerError, WriteError};
+use crate::server::{MembershipFailure, MembershipRefusal, ServerError, TransferError, WriteError};
+
+// ---------------------------------------------------------------------------
+// Requests refused before they reach the node (etcd's checks and messages)
+// ---------------------------------------------------------------------------
 
 pub fn empty_key() -> Status {
     Status::invalid_argument("etcdserver: key is not provided")
@@ -31,6 +40,61 @@ pub fn request_too_large() -> Status {
 pub fn invalid_compare() -> Status {
     Status::invalid_argument("etcdserver: invalid compare target or result")
 }
+pub fn too_large_ttl() -> Status {
+    Status::out_of_range("etcdserver: too large lease TTL")
+}
+pub fn unknown_alarm_action() -> Status {
+    Status::invalid_argument("etcdserver: unknown alarm action")
+}
+/// An election request without the leader key Campaign returned.
+pub fn no_leader_key() -> Status {
+    Status::invalid_argument("election: no leader key given")
+}
+/// A Maintenance call etcd has and raftlock does not (yet).
+pub fn not_supported(what: &str) -> Status {
+    Status::unimplemented(format!("raftlock: {what} is not supported by this version"))
+}
+
+// The native lock API's own checks (raftlock's messages).
+
+pub fn no_lock_name() -> Status {
+    Status::invalid_argument("raftlock: lock name is not provided")
+}
+pub fn lease_required() -> Status {
+    Status::invalid_argument("raftlock: a lease is required (grant one and keep it alive while holding the lock)")
+}
+pub fn too_many_permits(max: u32) -> Status {
+    Status::invalid_argument(format!("raftlock: permits must be at most {max}"))
+}
+pub fn release_needs_token() -> Status {
+    Status::invalid_argument("raftlock: release needs the grant's fencing token")
+}
+
+// ---------------------------------------------------------------------------
+// Failures of the node and the layers below
+// ---------------------------------------------------------------------------
+
+/// A failure of this member, not of the request (an I/O error, a task that
+/// panicked): the member says what it was doing.
+pub fn internal(doing: &str, e: impl std::fmt::Display) -> Status {
+    Status::internal(format!("raftlock: {doing}: {e}"))
+}
+
+/// etcd's message for a member without a leader (also listed by Status).
+pub const NO_LEADER: &str = "etcdserver: no leader";
+
+pub fn no_leader() -> Status {
+    server(ServerError::NoLeader)
+}
+
+pub fn server(e: ServerError) -> Status {
+    match e {
+        ServerError::NoLeader => Status::unavailable(NO_LEADER),
+        ServerError::LeaderChanged => Status::unavailable("etcdserver: leader changed"),
+        ServerError::Timeout => Status::unavailable("etcdserver: request timed out"),
+        ServerError::Stopped => Status::unavailable("etcdserver: server stopped"),
+    }
+}
 
 pub fn mvcc(e: MvccError) -> Status {
     match e {
@@ -50,33 +114,57 @@ pub fn write(e: WriteError) -> Status {
     }
 }
 
-pub fn no_leader() -> Status {
-    server(ServerError::NoLeader)
-}
-
-pub fn server(e: ServerError) -> Status {
-    match e {
-        ServerError::NoLeader => Status::unavailable("etcdserver: no leader"),
-        ServerError::LeaderChanged => Status::unavailable("etcdserver: leader changed"),
-        ServerError::Timeout => Status::unavailable("etcdserver: request timed out"),
-        ServerError::Stopped => Status::unavailable("etcdserver: server stopped"),
-    }
-}
-
-pub fn membership(e: crate::server::MembershipFailure) -> Status {
-    use crate::server::{MembershipFailure, MembershipRefusal};
+pub fn membership(e: MembershipFailure) -> Status {
     let refusal = match e {
         MembershipFailure::Server(e) => return server(e),
         MembershipFailure::Refused(r) => r,
     };
-    let message = refusal.to_string();
     match refusal {
-        MembershipRefusal::MemberNotFound => Status::not_found(message),
-        MembershipRefusal::BadUrls => Status::invalid_argument(message),
-        MembershipRefusal::Unhealthy => Status::unavailable(message),
-        MembershipRefusal::PeerUrlExists
-        | MembershipRefusal::NotLearner
-        | MembershipRefusal::LearnerNotReady
-        | MembershipRefusal::NotEnoughMembers => Status::failed_precondition(message),
+        MembershipRefusal::MemberNotFound => Status::not_found("etcdserver: member not found"),
+        MembershipRefusal::BadUrls => Status::invalid_argument("etcdserver: given member URLs are invalid"),
+        MembershipRefusal::Unhealthy => Status::unavailable("etcdserver: unhealthy cluster"),
+        MembershipRefusal::PeerUrlExists => Status::failed_precondition("etcdserver: Peer URLs already exists"),
+        MembershipRefusal::NotLearner => Status::failed_precondition("etcdserver: can only promote a learner member"),
+        MembershipRefusal::LearnerNotReady => Status::failed_precondition(
+            "etcdserver: can only promote a learner member which is in sync with leader",
+        ),
+        MembershipRefusal::NotEnoughMembers => {
+            Status::failed_precondition("etcdserver: re-configuration failed due to not enough started members")
+        }
+    }
+}
+
+/// Maintenance.MoveLeader's failures.
+pub fn transfer(e: TransferError) -> Status {
+    match e {
+        TransferError::NotLeader => Status::failed_precondition("etcdserver: not leader"),
+        TransferError::BadTransferee => Status::failed_precondition("etcdserver: bad leader transferee"),
+        TransferError::TimedOut => Status::unavailable("etcdserver: request timed out"),
+    }
+}
+
+/// etcd's v3lock and v3election services pass their internal client's
+/// failures through as gRPC code Unknown, with the same message;
+/// availability errors stay Unavailable here, so that clients retry them.
+pub fn v3_recipe(e: RecipeError) -> Status {
+    match e {
+        RecipeError::Server(e) => server(e),
+        RecipeError::Mvcc(e) => Status::unknown(mvcc(e).message()),
+        RecipeError::SessionExpired => Status::unknown("session: session is expired"),
+        RecipeError::NotLeader => Status::unknown("election: not leader"),
+        RecipeError::NoLeader => Status::unknown("election: no leader"),
+        RecipeError::TimedOut => Status::unknown("lock: wait timed out"),
+    }
+}
+
+/// The native lock API's failures.
+pub fn native_recipe(e: RecipeError) -> Status {
+    match e {
+        RecipeError::Server(e) => server(e),
+        RecipeError::Mvcc(e) => mvcc(e),
+        RecipeError::SessionExpired => {
+            Status::failed_precondition("raftlock: the lease ended while waiting for the lock")
+        }
+        other => v3_recipe(other),
     }
 }

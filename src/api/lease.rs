@@ -28,10 +28,6 @@ impl LeaseService {
     }
 }
 
-fn too_large_ttl() -> Status {
-    Status::out_of_range("etcdserver: too large lease TTL")
-}
-
 type KeepAliveStream = Pin<Box<dyn futures::Stream<Item = Result<pb::LeaseKeepAliveResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -42,7 +38,7 @@ impl Lease for LeaseService {
     ) -> Result<Response<pb::LeaseGrantResponse>, Status> {
         let req = req.into_inner();
         if req.ttl > MAX_LEASE_TTL {
-            return Err(too_large_ttl());
+            return Err(error::too_large_ttl());
         }
         let granted = self.node.grant_lease(req.id, req.ttl).await.map_err(error::write)?;
         let header = header(&self.node, granted.revision);

@@ -9,23 +9,12 @@ use tonic::{Request, Response, Status};
 
 use super::{error, header};
 use crate::locks::election::{self, LeaderKey};
-use crate::locks::{self, mutex, RecipeError};
+use crate::locks::{self, mutex};
 use crate::proto::v3electionpb as epb;
 use crate::proto::v3electionpb::election_server::{Election, ElectionServer};
 use crate::proto::v3lockpb as lpb;
 use crate::proto::v3lockpb::lock_server::{Lock, LockServer};
 use crate::server::Node;
-
-/// etcd's lock and election services pass their internal client's failures
-/// through as gRPC code Unknown (with the same message); availability errors
-/// stay Unavailable here, so that clients retry them.
-fn recipe(e: RecipeError) -> Status {
-    match e {
-        RecipeError::Server(e) => error::server(e),
-        RecipeError::Mvcc(e) => Status::unknown(error::mvcc(e).message()),
-        other => Status::unknown(other.to_string()),
-    }
-}
 
 pub struct LockService {
     node: Arc<Node>,
@@ -41,12 +30,12 @@ impl LockService {
 impl Lock for LockService {
     async fn lock(&self, req: Request<lpb::LockRequest>) -> Result<Response<lpb::LockResponse>, Status> {
         let req = req.into_inner();
-        let (held, revision) = mutex::lock(self.node.clone(), &req.name, req.lease).await.map_err(recipe)?;
+        let (held, revision) = mutex::lock(self.node.clone(), &req.name, req.lease).await.map_err(error::v3_recipe)?;
         Ok(Response::new(lpb::LockResponse { header: header(&self.node, revision), key: held.key }))
     }
 
     async fn unlock(&self, req: Request<lpb::UnlockRequest>) -> Result<Response<lpb::UnlockResponse>, Status> {
-        let revision = locks::delete(&self.node, &req.into_inner().key).await.map_err(recipe)?;
+        let revision = locks::delete(&self.node, &req.into_inner().key).await.map_err(error::v3_recipe)?;
         Ok(Response::new(lpb::UnlockResponse { header: header(&self.node, revision) }))
     }
 }
@@ -62,7 +51,7 @@ impl ElectionService {
 }
 
 fn leader_key(k: Option<epb::LeaderKey>) -> Result<LeaderKey, Status> {
-    let k = k.ok_or_else(|| Status::invalid_argument("election: no leader key given"))?;
+    let k = k.ok_or_else(|| error::no_leader_key())?;
     Ok(LeaderKey { name: k.name, key: k.key, rev: k.rev, lease: k.lease })
 }
 
@@ -73,7 +62,7 @@ impl Election for ElectionService {
     async fn campaign(&self, req: Request<epb::CampaignRequest>) -> Result<Response<epb::CampaignResponse>, Status> {
         let req = req.into_inner();
         let (l, revision) =
-            election::campaign(self.node.clone(), &req.name, req.lease, &req.value).await.map_err(recipe)?;
+            election::campaign(self.node.clone(), &req.name, req.lease, &req.value).await.map_err(error::v3_recipe)?;
         let leader = epb::LeaderKey { name: l.name, key: l.key, rev: l.rev, lease: l.lease };
         Ok(Response::new(epb::CampaignResponse { header: header(&self.node, revision), leader: Some(leader) }))
     }
@@ -81,12 +70,12 @@ impl Election for ElectionService {
     async fn proclaim(&self, req: Request<epb::ProclaimRequest>) -> Result<Response<epb::ProclaimResponse>, Status> {
         let req = req.into_inner();
         let leader = leader_key(req.leader)?;
-        let revision = election::proclaim(&self.node, &leader, &req.value).await.map_err(recipe)?;
+        let revision = election::proclaim(&self.node, &leader, &req.value).await.map_err(error::v3_recipe)?;
         Ok(Response::new(epb::ProclaimResponse { header: header(&self.node, revision) }))
     }
 
     async fn leader(&self, req: Request<epb::LeaderRequest>) -> Result<Response<epb::LeaderResponse>, Status> {
-        let kv = election::leader(&self.node, &req.into_inner().name).await.map_err(recipe)?;
+        let kv = election::leader(&self.node, &req.into_inner().name).await.map_err(error::v3_recipe)?;
         let kv = Some(super::kv::key_value(kv));
         Ok(Response::new(epb::LeaderResponse { header: header(&self.node, self.node.revision()), kv }))
     }
@@ -104,7 +93,7 @@ impl Election for ElectionService {
             })
             .await;
             if let Err(e) = outcome {
-                let _ = tx.send(Err(recipe(e))).await;
+                let _ = tx.send(Err(error::v3_recipe(e))).await;
             }
         });
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
@@ -112,7 +101,7 @@ impl Election for ElectionService {
 
     async fn resign(&self, req: Request<epb::ResignRequest>) -> Result<Response<epb::ResignResponse>, Status> {
         let leader = leader_key(req.into_inner().leader)?;
-        let revision = election::resign(&self.node, &leader).await.map_err(recipe)?;
+        let revision = election::resign(&self.node, &leader).await.map_err(error::v3_recipe)?;
         Ok(Response::new(epb::ResignResponse { header: header(&self.node, revision) }))
     }
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use super::header;
+use super::{error, header};
 use crate::proto::etcdserverpb as pb;
 use crate::proto::etcdserverpb::maintenance_server::{Maintenance, MaintenanceServer};
 use crate::server::Node;
@@ -29,9 +29,6 @@ impl MaintenanceService {
     }
 }
 
-fn not_yet(what: &str) -> Status {
-    Status::unimplemented(format!("raftlock: {what} is not supported by this version"))
-}
 
 type SnapshotStream = Pin<Box<dyn futures::Stream<Item = Result<pb::SnapshotResponse, Status>> + Send>>;
 
@@ -50,8 +47,8 @@ impl Maintenance for MaintenanceService {
                 header: header(&self.node, self.node.revision()),
                 alarms: vec![],
             })),
-            Ok(AlarmAction::Activate) => Err(not_yet("raising alarms")),
-            Err(_) => Err(Status::invalid_argument("etcdserver: unknown alarm action")),
+            Ok(AlarmAction::Activate) => Err(error::not_supported("raising alarms")),
+            Err(_) => Err(error::unknown_alarm_action()),
         }
     }
 
@@ -59,7 +56,7 @@ impl Maintenance for MaintenanceService {
         let s = self.node.status();
         let mut errors = Vec::new();
         if s.leader == 0 {
-            errors.push("etcdserver: no leader".to_string());
+            errors.push(error::NO_LEADER.to_string());
         }
         Ok(Response::new(pb::StatusResponse {
             header: header(&self.node, self.node.revision()),
@@ -81,17 +78,17 @@ impl Maintenance for MaintenanceService {
         let node = self.node.clone();
         tokio::task::spawn_blocking(move || node.sync_state())
             .await
-            .map_err(|e| Status::internal(e.to_string()))?
-            .map_err(|e| Status::internal(format!("raftlock: syncing the state store: {e}")))?;
+            .map_err(|e| error::internal("syncing the state store", e))?
+            .map_err(|e| error::internal("syncing the state store", e))?;
         Ok(Response::new(pb::DefragmentResponse { header: header(&self.node, self.node.revision()) }))
     }
 
     async fn hash(&self, _: Request<pb::HashRequest>) -> Result<Response<pb::HashResponse>, Status> {
-        Err(not_yet("hash"))
+        Err(error::not_supported("hash"))
     }
 
     async fn hash_kv(&self, _: Request<pb::HashKvRequest>) -> Result<Response<pb::HashKvResponse>, Status> {
-        Err(not_yet("hash kv"))
+        Err(error::not_supported("hash kv"))
     }
 
     type SnapshotStream = SnapshotStream;
@@ -105,7 +102,7 @@ impl Maintenance for MaintenanceService {
         // Copying and encoding the whole state is long work: not on the runtime's thread.
         let node = self.node.clone();
         let (mut data, revision) =
-            tokio::task::spawn_blocking(move || node.snapshot()).await.map_err(|e| Status::internal(e.to_string()))?;
+            tokio::task::spawn_blocking(move || node.snapshot()).await.map_err(|e| error::internal("taking a snapshot", e))?;
         data.resize(data.len().div_ceil(512) * 512, 0);
         let digest = sha2::Sha256::digest(&data);
         data.extend_from_slice(&digest);
@@ -131,17 +128,11 @@ impl Maintenance for MaintenanceService {
         &self,
         req: Request<pb::MoveLeaderRequest>,
     ) -> Result<Response<pb::MoveLeaderResponse>, Status> {
-        use crate::server::TransferError;
-        match self.node.move_leader(req.into_inner().target_id).await {
-            Ok(()) => Ok(Response::new(pb::MoveLeaderResponse { header: header(&self.node, self.node.revision()) })),
-            Err(e @ TransferError::NotLeader) | Err(e @ TransferError::BadTransferee) => {
-                Err(Status::failed_precondition(e.to_string()))
-            }
-            Err(e @ TransferError::TimedOut) => Err(Status::unavailable(e.to_string())),
-        }
+        self.node.move_leader(req.into_inner().target_id).await.map_err(error::transfer)?;
+        Ok(Response::new(pb::MoveLeaderResponse { header: header(&self.node, self.node.revision()) }))
     }
 
     async fn downgrade(&self, _: Request<pb::DowngradeRequest>) -> Result<Response<pb::DowngradeResponse>, Status> {
-        Err(not_yet("downgrade"))
+        Err(error::not_supported("downgrade"))
     }
 }

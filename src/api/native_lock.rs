@@ -13,7 +13,7 @@ use tonic::{Request, Response, Status};
 
 use super::{error, header};
 use crate::locks::fenced::{self, Acquired, Owner, Wait};
-use crate::locks::{self, RecipeError};
+use crate::locks;
 use crate::proto::raftlock::v1 as pb;
 use crate::proto::raftlock::v1::locks_server::{Locks, LocksServer};
 use crate::server::Node;
@@ -21,28 +21,17 @@ use crate::server::Node;
 /// The most permits a lock may have.
 pub const MAX_PERMITS: u32 = 1024;
 
-fn recipe(e: RecipeError) -> Status {
-    match e {
-        RecipeError::Server(e) => error::server(e),
-        RecipeError::Mvcc(e) => error::mvcc(e),
-        RecipeError::SessionExpired => {
-            Status::failed_precondition("raftlock: the lease ended while waiting for the lock")
-        }
-        other => Status::unknown(other.to_string()),
-    }
-}
-
 fn permits(n: u32) -> Result<usize, Status> {
     match n {
         0 => Ok(1),
         n if n <= MAX_PERMITS => Ok(n as usize),
-        _ => Err(Status::invalid_argument(format!("raftlock: permits must be at most {MAX_PERMITS}"))),
+        _ => Err(error::too_many_permits(MAX_PERMITS)),
     }
 }
 
 fn name(name: &[u8]) -> Result<(), Status> {
     if name.is_empty() {
-        return Err(Status::invalid_argument("raftlock: lock name is not provided"));
+        return Err(error::no_lock_name());
     }
     Ok(())
 }
@@ -74,9 +63,7 @@ impl Locks for LocksService {
         let req = req.into_inner();
         name(&req.name)?;
         if req.lease == 0 {
-            return Err(Status::invalid_argument(
-                "raftlock: a lease is required (grant one and keep it alive while holding the lock)",
-            ));
+            return Err(error::lease_required());
         }
         let permits = permits(req.permits)?;
         let wait = match req.wait_ms {
@@ -86,7 +73,7 @@ impl Locks for LocksService {
         };
         let outcome = fenced::acquire(self.node.clone(), &req.name, req.lease, &req.metadata, permits, wait)
             .await
-            .map_err(recipe)?;
+            .map_err(error::native_recipe)?;
         let response = match outcome {
             Acquired::Granted { kv, revision } => pb::AcquireResponse {
                 header: header(&self.node, revision),
@@ -112,9 +99,9 @@ impl Locks for LocksService {
             return Err(error::empty_key());
         }
         if req.token <= 0 {
-            return Err(Status::invalid_argument("raftlock: release needs the grant's fencing token"));
+            return Err(error::release_needs_token());
         }
-        let r = locks::release(&self.node, &req.key, req.token).await.map_err(recipe)?;
+        let r = locks::release(&self.node, &req.key, req.token).await.map_err(error::native_recipe)?;
         Ok(Response::new(pb::ReleaseResponse {
             header: header(&self.node, r.revision),
             released: r.released,
@@ -125,7 +112,7 @@ impl Locks for LocksService {
     async fn describe(&self, req: Request<pb::DescribeRequest>) -> Result<Response<pb::DescribeResponse>, Status> {
         let req = req.into_inner();
         name(&req.name)?;
-        let d = fenced::describe(&self.node, &req.name, permits(req.permits)?).await.map_err(recipe)?;
+        let d = fenced::describe(&self.node, &req.name, permits(req.permits)?).await.map_err(error::native_recipe)?;
         Ok(Response::new(pb::DescribeResponse {
             header: header(&self.node, d.revision),
             holders: d.holders.into_iter().map(owner).collect(),
@@ -135,7 +122,7 @@ impl Locks for LocksService {
 
     async fn list(&self, req: Request<pb::ListRequest>) -> Result<Response<pb::ListResponse>, Status> {
         let req = req.into_inner();
-        let (locks, revision) = fenced::list(&self.node, &req.prefix, permits(req.permits)?).await.map_err(recipe)?;
+        let (locks, revision) = fenced::list(&self.node, &req.prefix, permits(req.permits)?).await.map_err(error::native_recipe)?;
         let locks = locks
             .into_iter()
             .map(|s| pb::LockSummary {

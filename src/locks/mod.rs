@@ -47,16 +47,15 @@ pub enum RecipeError {
     Server(#[from] ServerError),
     #[error("{0}")]
     Mvcc(MvccError),
-    /// The waiter's own key vanished (its lease expired or was revoked); the
-    /// message is etcd's.
-    #[error("session: session is expired")]
+    /// The waiter's own key vanished (its lease expired or was revoked).
+    #[error("the session's lease ended")]
     SessionExpired,
-    #[error("election: not leader")]
+    #[error("not the election's leader")]
     NotLeader,
-    #[error("election: no leader")]
+    #[error("the election has no leader")]
     NoLeader,
     /// The wait for a lock reached its deadline.
-    #[error("lock: wait timed out")]
+    #[error("the wait for the lock timed out")]
     TimedOut,
 }
 

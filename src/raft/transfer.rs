@@ -53,11 +53,11 @@ pub async fn admin(raft: &Raft, req: ControlRequest) -> bool {
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum TransferError {
-    #[error("etcdserver: not leader")]
+    #[error("this member does not lead")]
     NotLeader,
-    #[error("etcdserver: bad leader transferee")]
+    #[error("the target is not a voter")]
     BadTransferee,
-    #[error("etcdserver: request timed out")]
+    #[error("the transfer timed out")]
     TimedOut,
 }
 

@@ -137,7 +137,7 @@ impl Node {
         let deadline = Instant::now() + self.request_timeout;
         let (raft, peers) = (self.raft.clone(), self.peers.clone());
         let task = tokio::spawn(async move { transfer(&raft, &peers, target, deadline).await });
-        task.await.unwrap_or(Err(TransferError::TimedOut))
+        transfer_outcome(task.await)
     }
 
     /// Before a planned stop: if this member leads, hand leadership to the
@@ -164,7 +164,7 @@ impl Node {
         let deadline = Instant::now() + self.election_timeout * 3;
         let (raft, peers) = (self.raft.clone(), self.peers.clone());
         let task = tokio::spawn(async move { transfer(&raft, &peers, target, deadline).await });
-        task.await.unwrap_or(Err(TransferError::TimedOut))?;
+        transfer_outcome(task.await)?;
         Ok(Some(target))
     }
 
@@ -203,6 +203,19 @@ impl Node {
                 _ = shutdown.changed() => return,
             }
         }
+    }
+}
+
+/// The outcome of a transfer run in a task of its own: a panic in it is a
+/// bug and goes on as one; a task cancelled (the runtime is stopping) did not
+/// finish in time.
+fn transfer_outcome(
+    joined: Result<Result<(), TransferError>, tokio::task::JoinError>,
+) -> Result<(), TransferError> {
+    match joined {
+        Ok(outcome) => outcome,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(_) => Err(TransferError::TimedOut),
     }
 }
 

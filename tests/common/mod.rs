@@ -16,6 +16,10 @@ use std::time::{Duration, Instant};
 
 use etcd_client::Client;
 
+mod tools;
+#[allow(unused_imports)] // each test binary uses some of them
+pub use tools::{etcd_dir, etcdctls, raftlockctl, text, Etcdctl};
+
 /// Raft timing used by the tests: fast failover, still well above loopback RTT.
 pub const HEARTBEAT_MS: u64 = 50;
 pub const ELECTION_MS: u64 = 500;

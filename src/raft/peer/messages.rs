@@ -72,23 +72,23 @@ pub enum MembershipChange {
     Promote { id: u64 },
 }
 
-/// Why a change was refused; the messages are etcd's.
+/// Why a change was refused (etcd's messages for them: `api::error`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 pub enum MembershipRefusal {
-    #[error("etcdserver: Peer URLs already exists")]
+    #[error("peer URL already in use")]
     PeerUrlExists,
-    #[error("etcdserver: member not found")]
+    #[error("member not found")]
     MemberNotFound,
-    #[error("etcdserver: given member URLs are invalid")]
+    #[error("invalid member URLs")]
     BadUrls,
-    #[error("etcdserver: can only promote a learner member")]
+    #[error("only a learner can be promoted")]
     NotLearner,
-    #[error("etcdserver: can only promote a learner member which is in sync with leader")]
+    #[error("the learner has not caught up with the leader")]
     LearnerNotReady,
     /// Another change is in progress, or the cluster cannot commit one.
-    #[error("etcdserver: unhealthy cluster")]
+    #[error("the cluster cannot take a change now")]
     Unhealthy,
-    #[error("etcdserver: re-configuration failed due to not enough started members")]
+    #[error("too few started members for the change")]
     NotEnoughMembers,
 }
 
