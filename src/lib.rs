@@ -14,7 +14,8 @@
 //!   storage/    the only module that names sled; the WAL
 //! ```
 //! Beside them: `config` (the command line), `batcher` (group calls into
-//! batches), `proto` (generated gRPC types), `client` (the Rust client that
+//! batches), `shutdown` (how every task learns the node stops, and how the
+//! node waits for them), `proto` (generated gRPC types), `client` (the Rust client that
 //! `raftlockctl` uses).
 //!
 //! A write: `api::kv` -> `server::write` (`Node::put`) -> on the leader
@@ -45,6 +46,7 @@ mod mvcc;
 pub mod proto;
 mod raft;
 mod server;
+mod shutdown;
 mod storage;
 mod watch;
 

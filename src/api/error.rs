@@ -125,9 +125,9 @@ pub fn membership(e: MembershipFailure) -> Status {
         MembershipRefusal::Unhealthy => Status::unavailable("etcdserver: unhealthy cluster"),
         MembershipRefusal::PeerUrlExists => Status::failed_precondition("etcdserver: Peer URLs already exists"),
         MembershipRefusal::NotLearner => Status::failed_precondition("etcdserver: can only promote a learner member"),
-        MembershipRefusal::LearnerNotReady => Status::failed_precondition(
-            "etcdserver: can only promote a learner member which is in sync with leader",
-        ),
+        MembershipRefusal::LearnerNotReady => {
+            Status::failed_precondition("etcdserver: can only promote a learner member which is in sync with leader")
+        }
         MembershipRefusal::NotEnoughMembers => {
             Status::failed_precondition("etcdserver: re-configuration failed due to not enough started members")
         }

@@ -63,12 +63,12 @@ impl Lease for LeaseService {
         let mut inbound = req.into_inner();
         let node = self.node.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(16);
-        let shutdown = node.shutdown_signal();
+        let mut stopping = node.stopping();
         tokio::spawn(async move {
             loop {
                 let next = tokio::select! {
                     m = inbound.next() => m,
-                    _ = crate::server::shutdown_started(shutdown.clone()) => None,
+                    _ = stopping.stopped() => None,
                 };
                 let Some(Ok(msg)) = next else { return };
                 let reply = match node.keep_alive(msg.id).await {

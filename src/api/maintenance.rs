@@ -29,7 +29,6 @@ impl MaintenanceService {
     }
 }
 
-
 type SnapshotStream = Pin<Box<dyn futures::Stream<Item = Result<pb::SnapshotResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -101,8 +100,9 @@ impl Maintenance for MaintenanceService {
         use sha2::Digest;
         // Copying and encoding the whole state is long work: not on the runtime's thread.
         let node = self.node.clone();
-        let (mut data, revision) =
-            tokio::task::spawn_blocking(move || node.snapshot()).await.map_err(|e| error::internal("taking a snapshot", e))?;
+        let (mut data, revision) = tokio::task::spawn_blocking(move || node.snapshot())
+            .await
+            .map_err(|e| error::internal("taking a snapshot", e))?;
         data.resize(data.len().div_ceil(512) * 512, 0);
         let digest = sha2::Sha256::digest(&data);
         data.extend_from_slice(&digest);

@@ -57,5 +57,5 @@ pub async fn serve_clients(node: Arc<Node>, addrs: Vec<SocketAddr>) -> anyhow::R
             .add_service(lock::ElectionService::server(node.clone()))
             .add_service(native_lock::LocksService::server(node.clone()))
     };
-    crate::server::listen::serve(addrs, make, node.shutdown_signal()).await
+    crate::server::listen::serve(addrs, make, node.stopping()).await
 }

@@ -12,8 +12,8 @@ use std::time::Duration;
 use tonic::{Request, Response, Status};
 
 use super::{error, header};
-use crate::locks::fenced::{self, Acquired, Owner, Wait};
 use crate::locks;
+use crate::locks::fenced::{self, Acquired, Owner, Wait};
 use crate::proto::raftlock::v1 as pb;
 use crate::proto::raftlock::v1::locks_server::{Locks, LocksServer};
 use crate::server::Node;
@@ -122,7 +122,8 @@ impl Locks for LocksService {
 
     async fn list(&self, req: Request<pb::ListRequest>) -> Result<Response<pb::ListResponse>, Status> {
         let req = req.into_inner();
-        let (locks, revision) = fenced::list(&self.node, &req.prefix, permits(req.permits)?).await.map_err(error::native_recipe)?;
+        let (locks, revision) =
+            fenced::list(&self.node, &req.prefix, permits(req.permits)?).await.map_err(error::native_recipe)?;
         let locks = locks
             .into_iter()
             .map(|s| pb::LockSummary {

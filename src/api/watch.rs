@@ -104,7 +104,7 @@ impl Session {
         progress_interval: Duration,
         require_leader: bool,
     ) {
-        let shutdown = self.node.shutdown_signal();
+        let mut stopping = self.node.stopping();
         let node = self.node.clone();
         let leaderless = async {
             if require_leader {
@@ -133,7 +133,7 @@ impl Session {
                     let _ = self.outbox.send(Err(error::no_leader())).await;
                     return;
                 }
-                _ = crate::server::shutdown_started(shutdown.clone()) => return,
+                _ = stopping.stopped() => return,
             };
             if step.is_err() {
                 return;

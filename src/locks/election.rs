@@ -86,7 +86,7 @@ pub async fn observe<T: Send>(
     let mut feed = node.state().subscribe();
     node.read_barrier().await?;
     let mut last: Option<KeyValue> = None;
-    let shutdown = node.shutdown_signal();
+    let mut stopping = node.stopping();
     loop {
         let current = first_created(node, name)?;
         if let Some(kv) = &current {
@@ -106,7 +106,7 @@ pub async fn observe<T: Send>(
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => break,
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => return Ok(()),
                 },
-                _ = crate::server::shutdown_started(shutdown.clone()) => return Ok(()),
+                _ = stopping.stopped() => return Ok(()),
             }
         }
     }

@@ -215,7 +215,7 @@ pub async fn wait_for_turn(
 ) -> Result<KeyValue, RecipeError> {
     // The key may have been queued through another member; see it here first.
     node.wait_revision(mine.mod_revision).await?;
-    let shutdown = node.shutdown_signal();
+    let mut stopping = node.stopping();
     loop {
         // Follow the feed before reading, so that no deletion slips between.
         let mut feed = node.state().subscribe();
@@ -241,7 +241,7 @@ pub async fn wait_for_turn(
         while ahead >= permits {
             let batch = tokio::select! {
                 batch = feed.recv() => batch,
-                _ = crate::server::shutdown_started(shutdown.clone()) => return Err(ServerError::Stopped.into()),
+                _ = stopping.stopped() => return Err(ServerError::Stopped.into()),
                 _ = until(deadline) => return Err(RecipeError::TimedOut),
             };
             let batch = match batch {

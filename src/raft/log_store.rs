@@ -102,7 +102,12 @@ fn write_err(e: &io::Error) -> StorageError<u64> {
 
 impl LogStore {
     /// Open the WAL in `dir` and load what it holds.
-    pub fn open(dir: &std::path::Path, segment_bytes: u64, state_store: StateStore, id: u64) -> anyhow::Result<LogStore> {
+    pub fn open(
+        dir: &std::path::Path,
+        segment_bytes: u64,
+        state_store: StateStore,
+        id: u64,
+    ) -> anyhow::Result<LogStore> {
         let (wal, recovered) = Wal::open(dir, segment_bytes)?;
         let mut cache = LogCache::default();
         for (index, bytes) in recovered.entries {

@@ -37,9 +37,6 @@ use super::peer::client::PeerClients;
 pub use super::peer::messages::{MembershipAnswer, MembershipChange, MembershipRefusal};
 use super::{MemberNode, Raft};
 
-
-
-
 /// A peer URL etcd would accept: `http(s)://host:port`, no path.
 fn valid_url(url: &str) -> bool {
     let Some(authority) = url.strip_prefix("http://").or_else(|| url.strip_prefix("https://")) else {

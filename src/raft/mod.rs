@@ -22,10 +22,12 @@
 //!
 //! ## A write, traced
 //! 1. A client's Put reaches any node's API (`crate::api::kv`), which validates it
-//!    and turns it into a [`crate::command::Command`].
-//! 2. `crate::server::Node::write`: on the leader, `Raft::client_write`; on a
-//!    follower, the command goes over the peer channel (`Peer.Forward`) to the
-//!    leader, which does the same.
+//!    and calls the node (`Node::put`, `crate::server::write`), which makes it a
+//!    [`crate::command::Command`].
+//! 2. On the leader, the command goes to its proposer ([`proposer`], batched
+//!    with other commands into one `Raft::client_write`); on a follower, it
+//!    goes over the peer protocol ([`peer::forward`], `Peer.Forward`) to the
+//!    leader's proposer.
 //! 3. openraft appends the entry to the leader's WAL; meanwhile each follower's
 //!    replication pipe ([`pipeline`]) streams it to that follower without
 //!    waiting for earlier requests to be answered; each member reports it

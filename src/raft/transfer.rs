@@ -25,7 +25,6 @@ use super::peer::client::PeerClients;
 use super::peer::messages::ControlRequest;
 use super::Raft;
 
-
 /// Run an admin request on this member.
 pub async fn admin(raft: &Raft, req: ControlRequest) -> bool {
     match req {

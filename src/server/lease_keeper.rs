@@ -37,13 +37,14 @@
 //! quorum round and one commit after its deadline.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::Node;
 use crate::lease::LeaseTable;
+use crate::shutdown::Stopping;
 
 /// How often the leader looks for expired leases.
 pub const TICK: Duration = Duration::from_millis(100);
@@ -151,17 +152,16 @@ impl LeaseKeeper {
     }
 }
 
-/// The keeper's loop; ends when the node shuts down or is dropped.
-pub async fn run(node: Weak<Node>) {
-    let Some(mut shutdown) = node.upgrade().map(|n| n.shutdown_signal()) else { return };
+/// The keeper's loop; ends when the node stops.
+pub async fn run(node: Arc<Node>, mut stopping: Stopping) {
     let mut ticks = tokio::time::interval(TICK);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = ticks.tick() => {}
-            _ = shutdown.changed() => return,
+            _ = stopping.stopped() => return,
         }
-        let Some(n) = node.upgrade() else { return };
+        let n = node.clone();
         let term = n.leading_term();
         let expired = n.lease_keeper.tick(term, &n.state().leases(), Instant::now());
         if let (Some(term), false) = (term, expired.is_empty()) {

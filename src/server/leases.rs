@@ -41,7 +41,12 @@ impl Node {
     }
 
     /// One attempt of [`Node::lease_query`].
-    async fn lease_attempt(&self, route: Route, deadline: Instant, query: LeaseQuery) -> Attempt<LeaseAnswer, ServerError> {
+    async fn lease_attempt(
+        &self,
+        route: Route,
+        deadline: Instant,
+        query: LeaseQuery,
+    ) -> Attempt<LeaseAnswer, ServerError> {
         match route {
             Route::Here => match self.answer(query).await {
                 LeaseAnswer::NotLeader => Attempt::Retry,

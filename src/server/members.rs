@@ -13,12 +13,13 @@ use tokio::time::Instant;
 
 use super::route::{Attempt, Route};
 use super::{MemberInfo, MembershipFailure, Node, ServerError};
+use crate::applied::MemberAttrs;
 use crate::raft::membership::{MembershipAnswer, MembershipChange, MembershipRefusal};
 use crate::raft::peer::client::PeerClients;
 use crate::raft::peer::messages::ControlRequest;
 use crate::raft::transfer::{transfer, TransferError};
 use crate::raft::RaftMetrics;
-use crate::applied::MemberAttrs;
+use crate::shutdown::Stopping;
 
 impl Node {
     /// Resolves once this member has been removed from the cluster: it must
@@ -188,8 +189,7 @@ impl Node {
     }
 
     /// Publish this member's attributes through the log until they are there.
-    pub(super) async fn publish(self: Arc<Self>, attrs: MemberAttrs) {
-        let mut shutdown = self.shutdown_signal();
+    pub(super) async fn publish(self: Arc<Self>, attrs: MemberAttrs, mut stopping: Stopping) {
         loop {
             if self.state.members().get(&self.id) == Some(&attrs) {
                 return;
@@ -200,7 +200,7 @@ impl Node {
             }
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_millis(200)) => {}
-                _ = shutdown.changed() => return,
+                _ = stopping.stopped() => return,
             }
         }
     }
@@ -209,9 +209,7 @@ impl Node {
 /// The outcome of a transfer run in a task of its own: a panic in it is a
 /// bug and goes on as one; a task cancelled (the runtime is stopping) did not
 /// finish in time.
-fn transfer_outcome(
-    joined: Result<Result<(), TransferError>, tokio::task::JoinError>,
-) -> Result<(), TransferError> {
+fn transfer_outcome(joined: Result<Result<(), TransferError>, tokio::task::JoinError>) -> Result<(), TransferError> {
     match joined {
         Ok(outcome) => outcome,
         Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),

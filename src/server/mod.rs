@@ -16,7 +16,8 @@
 //!   publishes this member's client URLs through the log; [`Node::serve_peers`]
 //!   serves the peer protocol.
 //!
-//! Every long-lived task watches [`Node::shutdown_signal`].
+//! Every long-lived task and stream holds a [`Node::stopping`] handle and
+//! ends when it fires; [`Node::shutdown`] waits for them (see `crate::shutdown`).
 //!
 //! Caveat: a request is given `request_timeout` in all; a write still in
 //! flight at that point may yet be applied (the client sees a timeout).
@@ -27,7 +28,6 @@ use std::time::Duration;
 
 use anyhow::Context;
 use openraft::error::{InitializeError, RaftError};
-use tokio::sync::watch;
 use tokio::time::Instant;
 
 pub mod lease_keeper;
@@ -42,6 +42,7 @@ pub use crate::raft::membership::{MembershipChange, MembershipRefusal};
 pub use crate::raft::transfer::TransferError;
 pub use write::WriteError;
 
+use crate::applied::{AppliedState, MemberAttrs};
 use crate::batcher::Batcher;
 use crate::config::{ClusterState, Config};
 use crate::raft::log_store::LogStore;
@@ -53,15 +54,10 @@ use crate::raft::proposer::Proposer;
 use crate::raft::read_index::ReadFloor;
 use crate::raft::state_machine::StateMachine;
 use crate::raft::{MemberNode, Raft, RaftConfig, RaftMetrics, ServerState};
-use crate::applied::{AppliedState, MemberAttrs};
+use crate::shutdown::{Shutdown, Stopping};
 use crate::storage::wal::DEFAULT_SEGMENT_BYTES;
 use crate::storage::StateStore;
 use lease_keeper::LeaseKeeper;
-
-/// Resolves once the node has begun to shut down (for `select!` in streams).
-pub async fn shutdown_started(mut signal: watch::Receiver<bool>) {
-    let _ = signal.wait_for(|stopping| *stopping).await;
-}
 
 /// Why a request could not be served; each maps to one of etcd's errors.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -106,6 +102,9 @@ pub struct NodeStatus {
     pub db_size: u64,
 }
 
+/// How long a stop waits for tasks and streams to end (see `crate::shutdown`).
+const STOP_WAIT: Duration = Duration::from_secs(5);
+
 pub struct Node {
     pub id: u64,
     pub cluster_id: u64,
@@ -131,7 +130,7 @@ pub struct Node {
     request_timeout: Duration,
     /// `--election-timeout`: bounds a leadership hand-over at stop.
     election_timeout: Duration,
-    shutdown: watch::Sender<bool>,
+    shutdown: Shutdown,
 }
 
 impl Node {
@@ -186,7 +185,7 @@ impl Node {
             }
         }
 
-        let (shutdown, _) = watch::channel(false);
+        let shutdown = Shutdown::new();
         let proposer = Proposer::start(raft.clone());
         let request_timeout = Duration::from_secs(5) + config.election_timeout() * 2;
         let forwarder = Forwarder::start(peers.clone(), request_timeout);
@@ -225,8 +224,8 @@ impl Node {
             }
         });
         let attrs = MemberAttrs { name: config.name.clone(), client_urls: config.advertise_client_urls() };
-        tokio::spawn(node.clone().publish(attrs));
-        tokio::spawn(lease_keeper::run(Arc::downgrade(&node)));
+        tokio::spawn(node.clone().publish(attrs, node.stopping()));
+        tokio::spawn(lease_keeper::run(node.clone(), node.stopping()));
         Ok(node)
     }
 
@@ -242,10 +241,10 @@ impl Node {
                 self.peers.clone(),
                 self.state.clone(),
                 self.cluster_token.clone(),
-                self.shutdown_signal(),
+                self.stopping(),
             )
         };
-        listen::serve(addrs, make, self.shutdown_signal()).await
+        listen::serve(addrs, make, self.stopping()).await
     }
 
     pub fn state(&self) -> &AppliedState {
@@ -257,8 +256,9 @@ impl Node {
         self.state.mvcc().revision()
     }
 
-    /// Resolves when the node begins to shut down.
-    pub fn shutdown_signal(&self) -> watch::Receiver<bool> {
+    /// A handle for a long-lived task or stream: it resolves when the node
+    /// begins to stop, and the stop waits until it is dropped.
+    pub fn stopping(&self) -> Stopping {
         self.shutdown.subscribe()
     }
 
@@ -335,9 +335,14 @@ impl Node {
         }
     }
 
-    /// Stop: signal every stream and task, stop Raft, and push the state store to disk.
+    /// Stop: signal every task and stream and wait until they have ended
+    /// (requests in flight are answered meanwhile), then stop Raft and push
+    /// the state store to disk.
     pub async fn shutdown(&self) {
-        let _ = self.shutdown.send(true);
+        let running = self.shutdown.stop(STOP_WAIT).await;
+        if running > 0 {
+            tracing::warn!(running, "tasks or streams still running after {STOP_WAIT:?}; stopping anyway");
+        }
         if let Err(e) = self.raft.shutdown().await {
             tracing::warn!(error = %e, "raft shutdown");
         }

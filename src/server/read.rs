@@ -11,7 +11,7 @@ use openraft::error::{CheckIsLeaderError, RaftError};
 use tokio::time::Instant;
 
 use super::route::{Attempt, Route};
-use super::{shutdown_started, Node, ServerError};
+use super::{Node, ServerError};
 use crate::raft::read_index::read_index;
 
 impl Node {
@@ -70,7 +70,7 @@ impl Node {
     pub async fn wait_revision(&self, revision: i64) -> Result<(), ServerError> {
         let deadline = tokio::time::Instant::now() + self.request_timeout;
         let mut feed = self.state.subscribe();
-        let shutdown = self.shutdown_signal();
+        let mut stopping = self.stopping();
         while self.revision() < revision {
             tokio::select! {
                 batch = feed.recv() => {
@@ -79,7 +79,7 @@ impl Node {
                     }
                 }
                 _ = tokio::time::sleep_until(deadline) => return Err(ServerError::Timeout),
-                _ = shutdown_started(shutdown.clone()) => return Err(ServerError::Stopped),
+                _ = stopping.stopped() => return Err(ServerError::Stopped),
             }
         }
         Ok(())

@@ -89,7 +89,7 @@ impl Node {
     /// deadline has passed (with "no leader" if none was known), else wait a
     /// moment for news of a leader.
     async fn before_retry(&self, had_leader: bool, deadline: Instant) -> Result<(), ServerError> {
-        if *self.shutdown.borrow() {
+        if self.shutdown.is_stopping() {
             return Err(ServerError::Stopped);
         }
         if Instant::now() >= deadline {

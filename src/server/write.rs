@@ -1,7 +1,7 @@
 //! The write path's facade: one typed method per replicated operation, each
 //! answering with that operation's own result or why it has none.
 //!
-//! Every write goes through [`Node::write`]: on the leader, its proposer
+//! Every write goes through `Node::write`: on the leader, its proposer
 //! (`raft::proposer`, which batches concurrent commands into one entry); on a
 //! follower, the peer protocol's forwarder (`raft::peer::forward`), which
 //! hands it to the leader's proposer. It is retried only when it certainly
@@ -118,8 +118,13 @@ impl Node {
         .await
     }
 
-    /// One attempt of [`Node::write`].
-    async fn write_attempt(&self, route: Route, deadline: Instant, cmd: Command) -> Attempt<CommandResult, ServerError> {
+    /// One attempt of `Node::write`.
+    async fn write_attempt(
+        &self,
+        route: Route,
+        deadline: Instant,
+        cmd: Command,
+    ) -> Attempt<CommandResult, ServerError> {
         match route {
             Route::Here => match tokio::time::timeout_at(deadline, self.proposer.propose(cmd)).await {
                 Err(_) => Attempt::Done(Err(ServerError::Timeout)),

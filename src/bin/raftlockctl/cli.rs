@@ -212,7 +212,6 @@ pub(crate) fn parse_lease_id(s: &str) -> Result<i64, String> {
     i64::from_str_radix(s.trim_start_matches("0x"), 16).map_err(|_| format!("invalid lease ID {s:?} (hex expected)"))
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -234,4 +233,3 @@ mod tests {
         assert!(parse_lease_id("xyz").is_err());
     }
 }
-

@@ -18,7 +18,13 @@ use super::hold::Signals;
 use super::output::{kv_json, text};
 use super::Ctl;
 
-pub(crate) async fn elect(ctl: &Ctl, name: String, proposal: Option<String>, listen: bool, ttl: i64) -> Result<ExitCode> {
+pub(crate) async fn elect(
+    ctl: &Ctl,
+    name: String,
+    proposal: Option<String>,
+    listen: bool,
+    ttl: i64,
+) -> Result<ExitCode> {
     let mut signals = Signals::new()?;
     let show = |kv: &mvccpb::KeyValue| {
         ctl.print(format!("{}\n{}", text(&kv.key), text(&kv.value)), json!({"name": name, "leader": kv_json(kv)}));

@@ -167,4 +167,3 @@ pub(crate) async fn run_holding(
     let code = status.code().or_else(|| status.signal().map(|s| 128 + s)).unwrap_or(1);
     Ok(ExitCode::from(code.clamp(0, 255) as u8))
 }
-

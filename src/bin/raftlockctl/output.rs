@@ -10,7 +10,6 @@ pub(crate) fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
-
 pub(crate) fn kv_json(kv: &mvccpb::KeyValue) -> Value {
     json!({
         "key": text(&kv.key), "value": text(&kv.value), "create_revision": kv.create_revision,

@@ -20,7 +20,7 @@ use futures::StreamExt;
 use openraft::error::{CheckIsLeaderError, RaftError};
 use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
 use serde::{Deserialize, Serialize};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tonic::transport::server::Router;
 use tonic::transport::Server;
 use tonic::{Request, Response, Status, Streaming};
@@ -34,6 +34,7 @@ use crate::raft::pipeline;
 use crate::raft::proposer::{ProposeError, Proposer};
 use crate::raft::read_index::{read_index, ReadFloor};
 use crate::raft::{decode, encode, membership, transfer, Raft, TypeConfig};
+use crate::shutdown::Stopping;
 
 /// The leader's side of [`LeaseQuery`], implemented by the node.
 #[tonic::async_trait]
@@ -52,8 +53,8 @@ pub struct PeerService {
     state: std::sync::Arc<crate::applied::AppliedState>,
     /// The cluster token, from which members' IDs are derived.
     token: String,
-    /// Becomes true when the member begins to shut down (ends replication streams).
-    shutdown: watch::Receiver<bool>,
+    /// Fires when the member begins to stop (ends replication streams).
+    stopping: Stopping,
 }
 
 impl PeerService {
@@ -69,12 +70,12 @@ impl PeerService {
         peers: PeerClients,
         state: std::sync::Arc<crate::applied::AppliedState>,
         token: String,
-        shutdown: watch::Receiver<bool>,
+        stopping: Stopping,
     ) -> Router {
         Server::builder()
             .http2_keepalive_interval(Some(PEER_KEEPALIVE))
             .http2_keepalive_timeout(Some(PEER_KEEPALIVE))
-            .add_service(Self::server(raft, proposer, leases, read_floor, peers, state, token, shutdown))
+            .add_service(Self::server(raft, proposer, leases, read_floor, peers, state, token, stopping))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -86,9 +87,9 @@ impl PeerService {
         peers: PeerClients,
         state: std::sync::Arc<crate::applied::AppliedState>,
         token: String,
-        shutdown: watch::Receiver<bool>,
+        stopping: Stopping,
     ) -> PeerServer<PeerService> {
-        PeerServer::new(PeerService { raft, proposer, leases, read_floor, peers, state, token, shutdown })
+        PeerServer::new(PeerService { raft, proposer, leases, read_floor, peers, state, token, stopping })
             .max_decoding_message_size(usize::MAX)
             .max_encoding_message_size(usize::MAX)
     }
@@ -114,13 +115,13 @@ impl Peer for PeerService {
     async fn replicate(&self, req: Request<Streaming<RaftPayload>>) -> Result<Response<Self::ReplicateStream>, Status> {
         let mut incoming = req.into_inner();
         let raft = self.raft.clone();
-        let mut shutdown = self.shutdown.clone();
+        let mut stopping = self.stopping.clone();
         let (answers, outgoing) = mpsc::channel(pipeline::MAX_IN_FLIGHT);
         tokio::spawn(async move {
             loop {
                 let first = tokio::select! {
                     first = incoming.next() => first,
-                    _ = shutdown.wait_for(|stopping| *stopping) => return,
+                    _ = stopping.stopped() => return,
                 };
                 let Some(first) = first else { return };
                 let mut arrived = vec![first];

@@ -14,9 +14,9 @@
 //! the table again.
 
 use super::layout::JournalOp;
+use crate::applied::{AppliedState, MemberAttrs};
 use crate::command::{Command, CommandResult};
 use crate::mvcc::{Change, MvccError, MvccStore, StoredVersion};
-use crate::applied::{AppliedState, MemberAttrs};
 
 /// One apply call's work on `state`: what it changed, to be persisted
 /// (`journal`) and published to watchers (`published`) once the call ends.

@@ -48,10 +48,10 @@ use std::sync::Arc;
 use openraft::StoredMembership;
 use serde::{Deserialize, Serialize};
 
+use crate::applied::{AppliedState, MemberAttrs};
 use crate::lease::LeaseTable;
 use crate::mvcc::{MvccStore, Revision, SharedVersion, StoredVersion};
 use crate::raft::{decode, encode, encode_large, DecodeError, LogId, MemberNode};
-use crate::applied::{AppliedState, MemberAttrs};
 use crate::storage::{StateBatch, StateStore};
 
 const APPLIED: &[u8] = b"m/applied";
@@ -154,11 +154,7 @@ fn journal_key(seq: u64) -> Vec<u8> {
 impl Persisted {
     /// Load the persisted state into `state` (which must be empty): the
     /// checkpoint, then every journal record after it.
-    pub fn restore(
-        db: StateStore,
-        state: &AppliedState,
-        checkpoint_min: u64,
-    ) -> anyhow::Result<(Persisted, Position)> {
+    pub fn restore(db: StateStore, state: &AppliedState, checkpoint_min: u64) -> anyhow::Result<(Persisted, Position)> {
         fn get<T: for<'de> Deserialize<'de>>(db: &StateStore, key: &[u8]) -> anyhow::Result<Option<T>> {
             match db.get(key)? {
                 Some(b) => Ok(Some(decode(&b)?)),

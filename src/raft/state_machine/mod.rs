@@ -34,14 +34,14 @@ use openraft::storage::{RaftStateMachine, Snapshot, SnapshotMeta};
 use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder, StorageError, StorageIOError, StoredMembership};
 
 use super::{Entry, LogId, MemberNode, TypeConfig};
+use crate::applied::{AppliedChanges, AppliedState};
 use crate::command::CommandResult;
 use crate::mvcc::KeyRange;
-use crate::applied::{AppliedChanges, AppliedState};
 use crate::storage::wal::Durable;
 use crate::storage::StateStore;
 use apply::Apply;
-use layout::{image_of, CapturedImage, Membership, Persisted, Position, SnapshotImage};
 pub use layout::{encode_state, CHECKPOINT_MIN_BYTES};
+use layout::{image_of, CapturedImage, Membership, Persisted, Position, SnapshotImage};
 
 pub struct StateMachine {
     state: Arc<AppliedState>,
@@ -400,7 +400,10 @@ mod tests {
         drop(sm);
         let restored = Arc::new(AppliedState::default());
         let reopened = StateMachine::open_with(db, restored.clone(), 500).unwrap();
-        assert_eq!((reopened.persisted.journal_bytes, reopened.persisted.checkpoint_bytes.load(Ordering::Relaxed)), (journal, size));
+        assert_eq!(
+            (reopened.persisted.journal_bytes, reopened.persisted.checkpoint_bytes.load(Ordering::Relaxed)),
+            (journal, size)
+        );
         let all = RangeRequest { key: vec![0], range_end: vec![0], ..Default::default() };
         assert_eq!(restored.mvcc().range(&all).unwrap().count, 3000);
     }
