@@ -157,14 +157,65 @@ pub fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, DecodeErr
     }
 }
 
+/// What a member's Raft is configured with (from its command line).
+#[derive(Clone, Debug)]
+pub struct RaftSettings {
+    /// `--initial-cluster-token`.
+    pub cluster_token: String,
+    pub heartbeat_ms: u64,
+    /// The least election timeout; each election waits up to twice this.
+    pub election_timeout_ms: u64,
+    /// A snapshot is taken every this many applied entries.
+    pub snapshot_count: u64,
+    /// Entries kept in the log behind a snapshot for slow followers.
+    pub snapshot_catchup_entries: u64,
+}
+
 /// Start Raft for this member.
 pub async fn start(
     id: u64,
-    config: RaftConfig,
+    settings: &RaftSettings,
     log_store: log_store::LogStore,
     state_machine: state_machine::StateMachine,
     network: network::PeerNetwork,
 ) -> anyhow::Result<Raft> {
+    let config = RaftConfig {
+        cluster_name: settings.cluster_token.clone(),
+        heartbeat_interval: settings.heartbeat_ms,
+        election_timeout_min: settings.election_timeout_ms,
+        election_timeout_max: settings.election_timeout_ms * 2,
+        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(settings.snapshot_count),
+        max_in_snapshot_log_to_keep: settings.snapshot_catchup_entries,
+        ..Default::default()
+    };
     let config = std::sync::Arc::new(config.validate()?);
     Ok(openraft::Raft::new(id, config, network, log_store, state_machine).await?)
+}
+
+/// Bootstrap a new cluster of `members` on this member. Every member of a new
+/// cluster does it with the same membership; on a member that already has a
+/// log it is refused, which is what is wanted (returns false).
+pub async fn bootstrap(raft: &Raft, members: std::collections::BTreeMap<u64, MemberNode>) -> anyhow::Result<bool> {
+    use openraft::error::{InitializeError, RaftError};
+    match raft.initialize(members).await {
+        Ok(()) => Ok(true),
+        Err(RaftError::APIError(InitializeError::NotAllowed(_))) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Why a wait for this member to apply an index ended without it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitError {
+    Timeout,
+    Stopped,
+}
+
+/// Wait until this member has applied log index `index`, at most `within`.
+pub async fn wait_applied(raft: &Raft, index: u64, within: std::time::Duration) -> Result<(), WaitError> {
+    match raft.wait(Some(within)).applied_index_at_least(Some(index), "applied").await {
+        Ok(_) => Ok(()),
+        Err(openraft::metrics::WaitError::Timeout(..)) => Err(WaitError::Timeout),
+        Err(openraft::metrics::WaitError::ShuttingDown) => Err(WaitError::Stopped),
+    }
 }

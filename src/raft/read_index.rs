@@ -18,7 +18,21 @@ use std::sync::Mutex;
 
 use openraft::error::{CheckIsLeaderError, RaftError};
 
-use super::{MemberNode, Raft};
+use super::Raft;
+
+/// Why no read index was handed out.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ReadIndexError {
+    /// This member does not lead (any more).
+    #[error("not the leader")]
+    NotLeader,
+    /// A quorum did not confirm that this member still leads.
+    #[error("a quorum did not confirm the leadership")]
+    NoQuorum,
+    /// Raft has stopped on this member.
+    #[error("raft stopped: {0}")]
+    Stopped(String),
+}
 
 /// The last log index of this member when it began to lead, per term.
 #[derive(Default)]
@@ -39,11 +53,12 @@ impl ReadFloor {
 
 /// Confirm leadership with a quorum and return the index a linearizable read
 /// must wait for (see the module doc).
-pub async fn read_index(
-    raft: &Raft,
-    floor: &ReadFloor,
-) -> Result<u64, RaftError<u64, CheckIsLeaderError<u64, MemberNode>>> {
-    let (read_log_id, _applied) = raft.get_read_log_id().await?;
+pub async fn read_index(raft: &Raft, floor: &ReadFloor) -> Result<u64, ReadIndexError> {
+    let (read_log_id, _applied) = raft.get_read_log_id().await.map_err(|e| match e {
+        RaftError::APIError(CheckIsLeaderError::ForwardToLeader(_)) => ReadIndexError::NotLeader,
+        RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_)) => ReadIndexError::NoQuorum,
+        RaftError::Fatal(fatal) => ReadIndexError::Stopped(fatal.to_string()),
+    })?;
     let (term, last_log_index) = {
         let m = raft.metrics();
         let m = m.borrow();

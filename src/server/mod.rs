@@ -27,7 +27,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use openraft::error::{InitializeError, RaftError};
 use tokio::time::Instant;
 
 pub mod lease_keeper;
@@ -53,7 +52,7 @@ use crate::raft::peer::server::{LeaseAuthority, PeerService};
 use crate::raft::proposer::Proposer;
 use crate::raft::read_index::ReadFloor;
 use crate::raft::state_machine::StateMachine;
-use crate::raft::{MemberNode, Raft, RaftConfig, RaftMetrics, ServerState};
+use crate::raft::{MemberNode, Raft, RaftMetrics, RaftSettings, ServerState};
 use crate::shutdown::{Shutdown, Stopping};
 use crate::storage::wal::DEFAULT_SEGMENT_BYTES;
 use crate::storage::StateStore;
@@ -160,28 +159,22 @@ impl Node {
         let network = PeerNetwork::new(log_store.clone(), config.peer_source_address()?);
         let peers = network.clients.clone();
 
-        let raft_config = RaftConfig {
-            cluster_name: config.initial_cluster_token.clone(),
-            heartbeat_interval: config.heartbeat_interval,
-            election_timeout_min: config.election_timeout,
-            election_timeout_max: config.election_timeout * 2,
-            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(config.snapshot_count),
-            max_in_snapshot_log_to_keep: config.snapshot_catchup_entries,
-            ..Default::default()
+        let settings = RaftSettings {
+            cluster_token: config.initial_cluster_token.clone(),
+            heartbeat_ms: config.heartbeat_interval,
+            election_timeout_ms: config.election_timeout,
+            snapshot_count: config.snapshot_count,
+            snapshot_catchup_entries: config.snapshot_catchup_entries,
         };
-        let raft = crate::raft::start(id, raft_config, log_store.clone(), state_machine, network).await?;
+        let raft = crate::raft::start(id, &settings, log_store.clone(), state_machine, network).await?;
 
         if config.initial_cluster_state == ClusterState::New {
             let nodes: BTreeMap<u64, MemberNode> = members
                 .values()
                 .map(|m| (m.id, MemberNode { name: m.name.clone(), peer_url: m.peer_urls[0].clone() }))
                 .collect();
-            // Every member initializes with the same membership; on a member
-            // that already has a log this is refused, which is what we want.
-            match raft.initialize(nodes).await {
-                Ok(()) => tracing::info!(members = members.len(), "bootstrapped a new cluster"),
-                Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {}
-                Err(e) => return Err(e.into()),
+            if crate::raft::bootstrap(&raft, nodes).await? {
+                tracing::info!(members = members.len(), "bootstrapped a new cluster");
             }
         }
 

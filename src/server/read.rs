@@ -7,12 +7,12 @@
 //! has applied that far. Reads that arrive together share one round.
 //! Serializable reads skip the barrier and may be stale.
 
-use openraft::error::{CheckIsLeaderError, RaftError};
 use tokio::time::Instant;
 
 use super::route::{Attempt, Route};
 use super::{Node, ServerError};
-use crate::raft::read_index::read_index;
+use crate::raft::read_index::{read_index, ReadIndexError};
+use crate::raft::WaitError;
 
 impl Node {
     /// Make the local state fresh enough for a linearizable read: at least as
@@ -37,9 +37,8 @@ impl Node {
             Route::Here => match tokio::time::timeout_at(deadline, read_index(&self.raft, &self.read_floor)).await {
                 Err(_) => Attempt::Done(Err(ServerError::Timeout)),
                 Ok(Ok(index)) => Attempt::Done(Ok((index, deadline))),
-                Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(_)))) => Attempt::Retry,
-                Ok(Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_)))) => Attempt::Retry,
-                Ok(Err(RaftError::Fatal(_))) => Attempt::Done(Err(ServerError::Stopped)),
+                Ok(Err(ReadIndexError::NotLeader | ReadIndexError::NoQuorum)) => Attempt::Retry,
+                Ok(Err(ReadIndexError::Stopped(_))) => Attempt::Done(Err(ServerError::Stopped)),
             },
             // Safe to ask again, as lease questions are.
             Route::Leader { id, url } => {
@@ -58,10 +57,10 @@ impl Node {
     /// Wait until this member has applied log index `index`, until `deadline`.
     pub(super) async fn wait_applied(&self, index: u64, deadline: Instant) -> Result<(), ServerError> {
         let remaining = deadline.saturating_duration_since(Instant::now());
-        match self.raft.wait(Some(remaining)).applied_index_at_least(Some(index), "applied").await {
-            Ok(_) => Ok(()),
-            Err(openraft::metrics::WaitError::Timeout(..)) => Err(ServerError::Timeout),
-            Err(openraft::metrics::WaitError::ShuttingDown) => Err(ServerError::Stopped),
+        match crate::raft::wait_applied(&self.raft, index, remaining).await {
+            Ok(()) => Ok(()),
+            Err(WaitError::Timeout) => Err(ServerError::Timeout),
+            Err(WaitError::Stopped) => Err(ServerError::Stopped),
         }
     }
 

@@ -17,7 +17,6 @@
 //! version or not a peer at all, and nothing is applied.
 
 use futures::StreamExt;
-use openraft::error::{CheckIsLeaderError, RaftError};
 use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
@@ -32,7 +31,7 @@ use crate::proto::raftlock::peer::peer_server::{Peer, PeerServer};
 use crate::proto::raftlock::peer::{RaftPayload, ReadIndexRequest, ReadIndexResponse};
 use crate::raft::pipeline;
 use crate::raft::proposer::{ProposeError, Proposer};
-use crate::raft::read_index::{read_index, ReadFloor};
+use crate::raft::read_index::{read_index, ReadFloor, ReadIndexError};
 use crate::raft::{decode, encode, membership, transfer, Raft, TypeConfig};
 use crate::shutdown::Stopping;
 
@@ -209,9 +208,7 @@ impl Peer for PeerService {
     async fn read_index(&self, _req: Request<ReadIndexRequest>) -> Result<Response<ReadIndexResponse>, Status> {
         match read_index(&self.raft, &self.read_floor).await {
             Ok(index) => Ok(Response::new(ReadIndexResponse { index })),
-            Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(_))) => {
-                Err(Status::failed_precondition("not leader"))
-            }
+            Err(ReadIndexError::NotLeader) => Err(Status::failed_precondition("not leader")),
             Err(e) => Err(Status::unavailable(e.to_string())),
         }
     }
