@@ -19,7 +19,8 @@ if ! command -v nft >/dev/null; then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq nftables >/dev/null
 fi
-cargo build --quiet -p raftlock --bin raftlock -p raftlock-faults
+# Both packages' binaries (a `--bin` filter would apply to both and skip the suite's).
+cargo build --quiet -p raftlock -p raftlock-faults --bins
 # Cargo's target directory: ./target unless CARGO_TARGET_DIR or a config moves it.
 target=$(cargo metadata --format-version 1 --no-deps |
   python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
