@@ -6,14 +6,20 @@
 #
 #   scripts/bench.sh            # full run
 #   QUICK=1 scripts/bench.sh    # fewer requests, for a smoke test
+#   BIN_DIR=dir scripts/bench.sh   # raftlock and raftlockctl from dir (say, an
+#                               # older build to compare with), not built here
 set -euo pipefail
 cd "$(dirname "$0")/.."
 etcd_dir=$(scripts/install-etcd.sh)
-cargo build --release --bins >&2
-# Cargo's target directory: ./target unless CARGO_TARGET_DIR or a config moves it.
-target=$(cargo metadata --format-version 1 --no-deps |
-  python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
-ctl=$target/release/raftlockctl
+if [ -n "${BIN_DIR:-}" ]; then
+  bin=$(cd "$BIN_DIR" && pwd)
+else
+  cargo build --release --bins >&2
+  # Cargo's target directory: ./target unless CARGO_TARGET_DIR or a config moves it.
+  bin=$(cargo metadata --format-version 1 --no-deps |
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')/release
+fi
+ctl=$bin/raftlockctl
 work=$(pwd)/.bench
 rm -rf "$work"; mkdir -p "$work"
 scale=1; [ "${QUICK:-}" = 1 ] && scale=10
@@ -33,7 +39,7 @@ start_cluster() { # kind base_port
     if [ "$kind" = etcd ]; then
       "$etcd_dir/etcd" "${args[@]}" --log-level error >"$work/$kind-n$i.log" 2>&1 &
     else
-      "$target/release/raftlock" "${args[@]}" >"$work/$kind-n$i.log" 2>&1 &
+      "$bin/raftlock" "${args[@]}" >"$work/$kind-n$i.log" 2>&1 &
     fi
     pids+=($!)
   done
