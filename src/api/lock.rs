@@ -51,7 +51,7 @@ impl ElectionService {
 }
 
 fn leader_key(k: Option<epb::LeaderKey>) -> Result<LeaderKey, Status> {
-    let k = k.ok_or_else(|| error::no_leader_key())?;
+    let k = k.ok_or_else(error::no_leader_key)?;
     Ok(LeaderKey { name: k.name, key: k.key, rev: k.rev, lease: k.lease })
 }
 
