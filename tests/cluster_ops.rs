@@ -14,21 +14,6 @@ use etcd_client::{Client, GetOptions};
 /// Every member snapshots every 50 entries and keeps only 10 behind it.
 const SMALL_SNAPSHOTS: &[&str] = &["--snapshot-count", "50", "--snapshot-catchup-entries", "10"];
 
-async fn wait_for_keys(cluster: &Cluster, member: usize, prefix: &str, n: usize) {
-    let mut c = cluster.client(member).await;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let opts = GetOptions::new().with_prefix().with_serializable().with_count_only();
-        if let Ok(r) = c.get(prefix, Some(opts)).await {
-            if r.count() as usize == n {
-                return;
-            }
-        }
-        assert!(Instant::now() < deadline, "member {member} never had {n} keys under {prefix}:\n{}", cluster.logs());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 #[tokio::test]
 async fn a_member_behind_the_purged_log_catches_up_by_snapshot_and_restarts_are_whole() {
     let mut cluster = Cluster::start_with(3, SMALL_SNAPSHOTS).await;
@@ -52,7 +37,7 @@ async fn a_member_behind_the_purged_log_catches_up_by_snapshot_and_restarts_are_
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     cluster.restart(down);
-    wait_for_keys(&cluster, down, "snap/", 299).await;
+    cluster.wait_for_keys(down, "snap/", 299).await;
     // (The log line follows the install by a moment.)
     let deadline = Instant::now() + Duration::from_secs(10);
     while !cluster.logs().contains("installed a snapshot from the leader") {
@@ -81,7 +66,7 @@ async fn a_member_behind_the_purged_log_catches_up_by_snapshot_and_restarts_are_
     }
     cluster.wait_ready().await;
     for i in 0..3 {
-        wait_for_keys(&cluster, i, "snap/", 300).await;
+        cluster.wait_for_keys(i, "snap/", 300).await;
     }
 }
 
@@ -137,7 +122,7 @@ async fn members_are_added_promoted_and_removed_with_etcdctl_even_the_leader() {
     let initial = member_add(&endpoints, "m3", &url, false);
     assert!(initial.contains(&format!("m3={url}")), "{initial}");
     cluster.join(voter, &initial);
-    wait_for_keys(&cluster, voter, "early/", 20).await;
+    cluster.wait_for_keys(voter, "early/", 20).await;
     let mut v = cluster.client(voter).await;
     v.put("from-new-member", "1", None).await.unwrap();
     assert_eq!(c.get("from-new-member", None).await.unwrap().kvs()[0].value(), b"1");
@@ -158,7 +143,7 @@ async fn members_are_added_promoted_and_removed_with_etcdctl_even_the_leader() {
     let lurl = cluster.peer_url(learner);
     let initial = member_add(&endpoints, "m4", &lurl, true);
     cluster.join(learner, &initial);
-    wait_for_keys(&cluster, learner, "early/", 20).await;
+    cluster.wait_for_keys(learner, "early/", 20).await;
     let id = members(&endpoints).into_iter().find(|m| m.0 == "m4").expect("m4 listed").1;
     assert!(members(&endpoints).iter().any(|m| m.0 == "m4" && m.2), "m4 is a learner");
     // Refused while the leader does not yet see it in sync: try again.
@@ -190,7 +175,7 @@ async fn members_are_added_promoted_and_removed_with_etcdctl_even_the_leader() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     for i in [0, 1, 2, learner].into_iter().filter(|&i| i != leader) {
-        wait_for_keys(&cluster, i, "after-removals", 1).await;
+        cluster.wait_for_keys(i, "after-removals", 1).await;
     }
 }
 
@@ -432,7 +417,7 @@ async fn a_member_added_to_a_long_log_catches_up_and_stays() {
     let url = cluster.peer_url(added);
     let initial = member_add(&endpoints, "m3", &url, false);
     cluster.join(added, &initial);
-    wait_for_keys(&cluster, added, "long/", 1500).await;
+    cluster.wait_for_keys(added, "long/", 1500).await;
     assert!(cluster.wait_exit(added, Duration::from_secs(4)).is_none(), "the new member stopped:\n{}", cluster.logs());
     assert!(!cluster.log_of(added).contains("removed from the cluster"));
 }

@@ -312,6 +312,25 @@ impl Drop for Cluster {
     }
 }
 
+impl Cluster {
+    /// Wait (20 s at most) until member `member` holds exactly `n` keys under
+    /// `prefix`, read serializably there: what it has applied itself.
+    pub async fn wait_for_keys(&self, member: usize, prefix: &str, n: usize) {
+        let mut c = self.client(member).await;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let opts = etcd_client::GetOptions::new().with_prefix().with_serializable().with_count_only();
+            if let Ok(r) = c.get(prefix, Some(opts)).await {
+                if r.count() as usize == n {
+                    return;
+                }
+            }
+            assert!(Instant::now() < deadline, "member {member} never had {n} keys under {prefix}:\n{}", self.logs());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
 /// Wait (linearizable reads, 10 s at most) until `key` exists: for a test to
 /// know that a waiter has queued before it goes on.
 pub async fn wait_for_key(c: &mut Client, key: &str) {
