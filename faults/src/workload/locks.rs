@@ -242,7 +242,9 @@ pub async fn client(ctx: Context, id: usize, api: Api, names: Vec<String>, seed:
     };
     while !ctx.stopping() {
         let endpoint = ctx.endpoints[member].clone();
-        let (Ok(mut c), Ok(channel)) = (connect(std::slice::from_ref(&endpoint)).await, Endpoint::from_shared(endpoint)) else {
+        let (Ok(mut c), Ok(channel)) =
+            (connect(std::slice::from_ref(&endpoint)).await, Endpoint::from_shared(endpoint))
+        else {
             member = rng.below(ctx.endpoints.len());
             ctx.pause(BACKOFF).await;
             continue;
