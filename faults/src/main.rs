@@ -234,10 +234,12 @@ fn start_workloads(ctx: &Context, lease_ctx: &Context, start_revision: i64, rng:
     w
 }
 
-async fn join<T: Default>(handles: Vec<JoinHandle<T>>) -> Vec<T> {
+/// Every workload's history; a workload that panicked is a bug of the
+/// suite, never an empty history.
+async fn join<T>(handles: Vec<JoinHandle<T>>) -> Vec<T> {
     let mut out = Vec::new();
     for h in handles {
-        out.push(h.await.unwrap_or_default());
+        out.push(h.await.expect("a workload panicked"));
     }
     out
 }
@@ -265,10 +267,7 @@ async fn stop_workloads(
     for h in join(w.locks).await {
         locks.merge(h);
     }
-    let mut watches = Vec::new();
-    for h in w.watches.into_iter().chain(w.lease_watches) {
-        watches.push(h.await.expect("a watcher panicked"));
-    }
+    let watches = join(w.watches.into_iter().chain(w.lease_watches).collect()).await;
     Recorded { registers, acked: join(w.writes).await.into_iter().flatten().collect(), leases, locks, watches }
 }
 

@@ -23,8 +23,9 @@
 //! started members"). A voter counts as up if it answered the leader within
 //! [`HEALTH_INTERVAL`].
 //!
-//! Caveats: a removed member is not told to stop; stop its process. A member
-//! has one peer URL: of several given, the first is used.
+//! A removed member learns of its removal and stops (`Node::removed`).
+//!
+//! Caveat: a member has one peer URL: of several given, the first is used.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -117,7 +118,7 @@ pub async fn change(raft: &Raft, peers: &PeerClients, token: &str, change: Membe
                 return MembershipAnswer::Refused(MembershipRefusal::MemberNotFound);
             }
             let change = if voters.contains(&id) {
-                if let Err(refusal) = ready_to_remove_voter(&voters, id, metrics.id, started) {
+                if let Err(refusal) = ready_to_remove_voter(&voters, id, started) {
                     let up: Vec<String> = voters.iter().filter(|v| started(**v)).map(|v| format!("{v:x}")).collect();
                     tracing::warn!(%refusal, member = format!("{id:x}"), ?up, "removing a voter is refused: too few voters would be up");
                     return MembershipAnswer::Refused(refusal);
@@ -207,27 +208,18 @@ fn ready_to_add_voter(voters: &BTreeSet<u64>, started: impl Fn(u64) -> bool) -> 
     Ok(())
 }
 
-/// etcd's strict reconfiguration check for removing voter `id`: the voters
-/// left that are up must be a quorum of the smaller cluster. A member that
-/// is down may always go; one that is up only if the others that are up
-/// still make a quorum without it.
+/// etcd's strict reconfiguration check for removing voter `id` (up or down,
+/// the leader too): the voters left that are up must be a quorum of the
+/// smaller cluster.
 fn ready_to_remove_voter(
     voters: &BTreeSet<u64>,
     id: u64,
-    leader: u64,
     started: impl Fn(u64) -> bool,
 ) -> Result<(), MembershipRefusal> {
     let left = voters.len() - 1;
     let up_left = voters.iter().filter(|v| **v != id && started(**v)).count();
     if left == 0 || up_left < left / 2 + 1 {
         return Err(MembershipRefusal::NotEnoughMembers);
-    }
-    if id != leader && !started(id) {
-        return Ok(());
-    }
-    let up = voters.iter().filter(|v| started(**v)).count();
-    if up - 1 < 1 + (voters.len() - 1) / 2 {
-        return Err(MembershipRefusal::Unhealthy);
     }
     Ok(())
 }
@@ -261,20 +253,17 @@ mod tests {
     fn a_voter_is_removed_only_if_a_quorum_of_the_rest_is_up() {
         let three_down = |id| id != 3;
         // The member that is down may go; one that is up may not.
-        assert_eq!(ready_to_remove_voter(&voters(&[1, 2, 3]), 3, 1, three_down), Ok(()));
-        assert_eq!(
-            ready_to_remove_voter(&voters(&[1, 2, 3]), 2, 1, three_down),
-            Err(MembershipRefusal::NotEnoughMembers)
-        );
+        assert_eq!(ready_to_remove_voter(&voters(&[1, 2, 3]), 3, three_down), Ok(()));
+        assert_eq!(ready_to_remove_voter(&voters(&[1, 2, 3]), 2, three_down), Err(MembershipRefusal::NotEnoughMembers));
         let all_up = |_| true;
-        assert_eq!(ready_to_remove_voter(&voters(&[1, 2, 3]), 2, 1, all_up), Ok(()));
-        assert_eq!(ready_to_remove_voter(&voters(&[1, 2, 3]), 1, 1, all_up), Ok(()), "even the leader");
-        assert_eq!(ready_to_remove_voter(&voters(&[1]), 1, 1, all_up), Err(MembershipRefusal::NotEnoughMembers));
+        assert_eq!(ready_to_remove_voter(&voters(&[1, 2, 3]), 2, all_up), Ok(()));
+        assert_eq!(ready_to_remove_voter(&voters(&[1, 2, 3]), 1, all_up), Ok(()), "even the leader");
+        assert_eq!(ready_to_remove_voter(&voters(&[1]), 1, all_up), Err(MembershipRefusal::NotEnoughMembers));
         // Five members, two down: removing a live one would leave two of four up.
         let two_down = |id| id <= 3;
         let five = voters(&[1, 2, 3, 4, 5]);
-        assert_eq!(ready_to_remove_voter(&five, 2, 1, two_down), Err(MembershipRefusal::NotEnoughMembers));
-        assert_eq!(ready_to_remove_voter(&five, 5, 1, two_down), Ok(()));
+        assert_eq!(ready_to_remove_voter(&five, 2, two_down), Err(MembershipRefusal::NotEnoughMembers));
+        assert_eq!(ready_to_remove_voter(&five, 5, two_down), Ok(()));
     }
 
     #[test]

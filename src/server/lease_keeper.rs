@@ -161,10 +161,10 @@ pub async fn run(node: Arc<Node>, mut stopping: Stopping) {
             _ = ticks.tick() => {}
             _ = stopping.stopped() => return,
         }
-        let n = node.clone();
-        let term = n.leading_term();
-        let expired = n.lease_keeper.tick(term, &n.state().leases(), Instant::now());
+        let term = node.leading_term();
+        let expired = node.lease_keeper.tick(term, &node.state().leases(), Instant::now());
         if let (Some(term), false) = (term, expired.is_empty()) {
+            let n = node.clone();
             tokio::spawn(async move {
                 if let Err(e) = n.expire_leases(term, &expired).await {
                     tracing::debug!(leases = ?expired, error = %e, "expiring leases failed; will retry while leading");

@@ -226,16 +226,17 @@ impl Node {
     pub async fn serve_peers(self: Arc<Self>, addrs: Vec<std::net::SocketAddr>) -> anyhow::Result<()> {
         let make = || {
             let leases: Arc<dyn LeaseAuthority> = self.clone();
-            PeerService::router(
-                self.raft.clone(),
-                self.proposer.clone(),
+            PeerService {
+                raft: self.raft.clone(),
+                proposer: self.proposer.clone(),
                 leases,
-                self.read_floor.clone(),
-                self.peers.clone(),
-                self.state.clone(),
-                self.cluster_token.clone(),
-                self.stopping(),
-            )
+                read_floor: self.read_floor.clone(),
+                peers: self.peers.clone(),
+                state: self.state.clone(),
+                token: self.cluster_token.clone(),
+                stopping: self.stopping(),
+            }
+            .router()
         };
         listen::serve(addrs, make, self.stopping()).await
     }
@@ -265,7 +266,7 @@ impl Node {
     }
 
     pub fn is_leader(&self) -> bool {
-        self.raft.metrics().borrow().current_leader == Some(self.id)
+        self.leading_term().is_some()
     }
 
     /// The term this member leads, if it leads.

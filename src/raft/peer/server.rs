@@ -41,56 +41,32 @@ pub trait LeaseAuthority: Send + Sync + 'static {
     async fn answer(&self, query: LeaseQuery) -> LeaseAnswer;
 }
 
+/// The answering side; the node builds it with its parts at start-up.
 pub struct PeerService {
-    raft: Raft,
-    proposer: Proposer,
-    leases: std::sync::Arc<dyn LeaseAuthority>,
-    read_floor: std::sync::Arc<ReadFloor>,
+    pub raft: Raft,
+    pub proposer: Proposer,
+    pub leases: std::sync::Arc<dyn LeaseAuthority>,
+    pub read_floor: std::sync::Arc<ReadFloor>,
     /// This member's own peer clients: who has answered it lately.
-    peers: PeerClients,
+    pub peers: PeerClients,
     /// The applied state: which members have published themselves.
-    state: std::sync::Arc<crate::applied::AppliedState>,
+    pub state: std::sync::Arc<crate::applied::AppliedState>,
     /// The cluster token, from which members' IDs are derived.
-    token: String,
+    pub token: String,
     /// Fires when the member begins to stop (ends replication streams).
-    stopping: Stopping,
+    pub stopping: Stopping,
 }
 
 impl PeerService {
     /// The peer service, ready to serve: HTTP/2 keepalive on, so that a
     /// leader that vanished without closing its connections (a partition, a
     /// power loss) does not hold its replication streams open here.
-    #[allow(clippy::too_many_arguments)]
-    pub fn router(
-        raft: Raft,
-        proposer: Proposer,
-        leases: std::sync::Arc<dyn LeaseAuthority>,
-        read_floor: std::sync::Arc<ReadFloor>,
-        peers: PeerClients,
-        state: std::sync::Arc<crate::applied::AppliedState>,
-        token: String,
-        stopping: Stopping,
-    ) -> Router {
+    pub fn router(self) -> Router {
+        let service = PeerServer::new(self).max_decoding_message_size(usize::MAX).max_encoding_message_size(usize::MAX);
         Server::builder()
             .http2_keepalive_interval(Some(PEER_KEEPALIVE))
             .http2_keepalive_timeout(Some(PEER_KEEPALIVE))
-            .add_service(Self::server(raft, proposer, leases, read_floor, peers, state, token, stopping))
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn server(
-        raft: Raft,
-        proposer: Proposer,
-        leases: std::sync::Arc<dyn LeaseAuthority>,
-        read_floor: std::sync::Arc<ReadFloor>,
-        peers: PeerClients,
-        state: std::sync::Arc<crate::applied::AppliedState>,
-        token: String,
-        stopping: Stopping,
-    ) -> PeerServer<PeerService> {
-        PeerServer::new(PeerService { raft, proposer, leases, read_floor, peers, state, token, stopping })
-            .max_decoding_message_size(usize::MAX)
-            .max_encoding_message_size(usize::MAX)
+            .add_service(service)
     }
 }
 

@@ -126,7 +126,7 @@ pub struct Recovered {
     pub purged_upto: Option<u64>,
 }
 
-/// Counters for metrics and for tests of batching.
+/// Counters of the WAL's work (the tests of batching read them).
 #[derive(Debug, Default)]
 pub struct WalStats {
     /// fdatasync calls made by writes that sync.
