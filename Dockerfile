@@ -7,10 +7,14 @@ WORKDIR /src
 COPY . .
 RUN RUSTFLAGS="-C target-feature=+crt-static" \
     cargo build --release --locked --target x86_64-unknown-linux-gnu --bins \
- && mkdir /out && cp target/x86_64-unknown-linux-gnu/release/raftlock target/x86_64-unknown-linux-gnu/release/raftlockctl /out/
+ && mkdir -p /out/data && cp target/x86_64-unknown-linux-gnu/release/raftlock target/x86_64-unknown-linux-gnu/release/raftlockctl /out/
 
+# Runs as an unprivileged user (65532; the image has no /etc/passwd), who
+# owns /data; a new volume mounted there takes that ownership.
 FROM scratch
 COPY --from=build /out/raftlock /out/raftlockctl /
+COPY --from=build --chown=65532:65532 /out/data /data
+USER 65532:65532
 VOLUME /data
 EXPOSE 2379 2380
 ENTRYPOINT ["/raftlock"]

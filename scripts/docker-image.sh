@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 target=x86_64-unknown-linux-gnu
 RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --target $target --bins >&2
 context=target/docker-context
-rm -rf "$context"; mkdir -p "$context"
+rm -rf "$context"; mkdir -p "$context/data"
 cp "target/$target/release/raftlock" "target/$target/release/raftlockctl" "$context/"
 docker build -q -f docker/Dockerfile.local -t raftlock:latest "$context" >&2
 echo raftlock:latest

@@ -70,17 +70,67 @@ pub fn endpoint_url(endpoint: &str) -> String {
     }
 }
 
+/// TLS for client connections (PEM): the CA that signs the servers'
+/// certificates, and this client's certificate and key for servers that
+/// require one (`--client-cert-auth`).
+#[derive(Clone, Debug, Default)]
+pub struct ClientTls {
+    pub ca: Option<Vec<u8>>,
+    pub cert: Option<Vec<u8>>,
+    pub key: Option<Vec<u8>>,
+}
+
+impl ClientTls {
+    /// Read the files etcdctl's `--cacert`, `--cert` and `--key` name.
+    pub fn from_files(
+        ca: Option<&std::path::Path>,
+        cert: Option<&std::path::Path>,
+        key: Option<&std::path::Path>,
+    ) -> std::io::Result<ClientTls> {
+        let read = |p: Option<&std::path::Path>| {
+            p.map(|p| std::fs::read(p).map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", p.display()))))
+                .transpose()
+        };
+        Ok(ClientTls { ca: read(ca)?, cert: read(cert)?, key: read(key)? })
+    }
+
+    fn config(&self) -> tonic::transport::ClientTlsConfig {
+        let mut config = tonic::transport::ClientTlsConfig::new();
+        if let Some(ca) = &self.ca {
+            config = config.ca_certificate(tonic::transport::Certificate::from_pem(ca));
+        }
+        if let (Some(cert), Some(key)) = (&self.cert, &self.key) {
+            config = config.identity(tonic::transport::Identity::from_pem(cert, key));
+        }
+        config
+    }
+}
+
+/// An endpoint for `url`, with TLS for `https://` URLs.
+pub fn endpoint(url: &str, tls: Option<&ClientTls>) -> Result<Endpoint, ClientError> {
+    let bad = |err| ClientError::Endpoint(url.to_string(), err);
+    let mut endpoint =
+        Endpoint::from_shared(url.to_string()).map_err(bad)?.connect_timeout(Duration::from_secs(5)).tcp_nodelay(true);
+    if url.starts_with("https://") {
+        endpoint = endpoint.tls_config(tls.cloned().unwrap_or_default().config()).map_err(bad)?;
+    }
+    Ok(endpoint)
+}
+
 impl Client {
     /// Connect to the cluster at `endpoints` (client URLs or `host:port`).
     pub async fn connect<S: AsRef<str>>(endpoints: impl IntoIterator<Item = S>) -> Result<Client, ClientError> {
+        Self::connect_with(endpoints, None).await
+    }
+
+    /// [`Client::connect`], with `tls` for `https://` endpoints.
+    pub async fn connect_with<S: AsRef<str>>(
+        endpoints: impl IntoIterator<Item = S>,
+        tls: Option<&ClientTls>,
+    ) -> Result<Client, ClientError> {
         let mut list = Vec::new();
         for e in endpoints {
-            let url = endpoint_url(e.as_ref());
-            let endpoint = Endpoint::from_shared(url.clone())
-                .map_err(|err| ClientError::Endpoint(url, err))?
-                .connect_timeout(Duration::from_secs(5))
-                .tcp_nodelay(true);
-            list.push(endpoint);
+            list.push(endpoint(&endpoint_url(e.as_ref()), tls)?);
         }
         let channel = match list.len() {
             0 => return Err(ClientError::NoEndpoints),

@@ -12,10 +12,14 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use clap::{Parser, ValueEnum};
+use clap::{ArgAction, Parser, ValueEnum};
+
+use crate::server::listen::Listener;
+use crate::tls::{AutoCert, ServerTls, TlsFiles, TlsPolicy};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ClusterState {
@@ -79,6 +83,55 @@ pub struct Config {
     /// (etcd's default is ten minutes).
     #[arg(long, env = "RAFTLOCK_WATCH_PROGRESS_NOTIFY_INTERVAL", default_value_t = 600_000)]
     pub watch_progress_notify_interval: u64,
+    /// Client TLS: the server certificate (PEM) for `https://` client URLs.
+    #[arg(long, env = "RAFTLOCK_CERT_FILE")]
+    pub cert_file: Option<PathBuf>,
+    /// Client TLS: the key of --cert-file (PEM).
+    #[arg(long, env = "RAFTLOCK_KEY_FILE")]
+    pub key_file: Option<PathBuf>,
+    /// Client TLS: the CA that signs client certificates.
+    #[arg(long, env = "RAFTLOCK_TRUSTED_CA_FILE")]
+    pub trusted_ca_file: Option<PathBuf>,
+    /// Client TLS: require a client certificate signed by --trusted-ca-file.
+    #[arg(long, env = "RAFTLOCK_CLIENT_CERT_AUTH", action = ArgAction::Set, num_args = 0..=1,
+          default_value_t = false, default_missing_value = "true")]
+    pub client_cert_auth: bool,
+    /// Client TLS with a self-signed certificate made under the data directory.
+    #[arg(long, env = "RAFTLOCK_AUTO_TLS", action = ArgAction::Set, num_args = 0..=1,
+          default_value_t = false, default_missing_value = "true")]
+    pub auto_tls: bool,
+    /// Peer TLS: this member's certificate (PEM), served and presented to peers.
+    #[arg(long, env = "RAFTLOCK_PEER_CERT_FILE")]
+    pub peer_cert_file: Option<PathBuf>,
+    /// Peer TLS: the key of --peer-cert-file (PEM).
+    #[arg(long, env = "RAFTLOCK_PEER_KEY_FILE")]
+    pub peer_key_file: Option<PathBuf>,
+    /// Peer TLS: the CA that signs the members' certificates.
+    #[arg(long, env = "RAFTLOCK_PEER_TRUSTED_CA_FILE")]
+    pub peer_trusted_ca_file: Option<PathBuf>,
+    /// Peer TLS: require peers to present a certificate signed by --peer-trusted-ca-file.
+    #[arg(long, env = "RAFTLOCK_PEER_CLIENT_CERT_AUTH", action = ArgAction::Set, num_args = 0..=1,
+          default_value_t = false, default_missing_value = "true")]
+    pub peer_client_cert_auth: bool,
+    /// Peer TLS with self-signed certificates (encrypted, not authenticated).
+    #[arg(long, env = "RAFTLOCK_PEER_AUTO_TLS", action = ArgAction::Set, num_args = 0..=1,
+          default_value_t = false, default_missing_value = "true")]
+    pub peer_auto_tls: bool,
+    /// Peer TLS: only peers whose certificate has this CommonName are let in.
+    #[arg(long, env = "RAFTLOCK_PEER_CERT_ALLOWED_CN")]
+    pub peer_cert_allowed_cn: Option<String>,
+    /// Comma-separated TLS 1.2 cipher suites, by Go's names (TLS 1.3's are fixed).
+    #[arg(long, env = "RAFTLOCK_CIPHER_SUITES")]
+    pub cipher_suites: Option<String>,
+    /// The lowest TLS version accepted: TLS1.2 or TLS1.3.
+    #[arg(long, env = "RAFTLOCK_TLS_MIN_VERSION")]
+    pub tls_min_version: Option<String>,
+    /// The highest TLS version accepted: TLS1.2 or TLS1.3.
+    #[arg(long, env = "RAFTLOCK_TLS_MAX_VERSION")]
+    pub tls_max_version: Option<String>,
+    /// How many years --auto-tls and --peer-auto-tls certificates are valid.
+    #[arg(long, env = "RAFTLOCK_SELF_SIGNED_CERT_VALIDITY", default_value_t = 1)]
+    pub self_signed_cert_validity: u32,
     /// Log filter (tracing's env-filter syntax).
     #[arg(long, env = "RAFTLOCK_LOG_LEVEL", default_value = "info,openraft=warn")]
     pub log_level: String,
@@ -111,6 +164,79 @@ impl Config {
 
     pub fn peer_listen_addrs(&self) -> anyhow::Result<Vec<SocketAddr>> {
         split_urls(&self.listen_peer_urls).iter().map(|u| url_addr(u)).collect()
+    }
+
+    /// The client port's certificate flags.
+    pub fn client_tls_files(&self) -> TlsFiles {
+        TlsFiles {
+            cert: self.cert_file.clone(),
+            key: self.key_file.clone(),
+            trusted_ca: self.trusted_ca_file.clone(),
+            client_cert_auth: self.client_cert_auth,
+            auto: self.auto_tls,
+            allowed_cn: None,
+        }
+    }
+
+    /// The peer port's certificate flags.
+    pub fn peer_tls_files(&self) -> TlsFiles {
+        TlsFiles {
+            cert: self.peer_cert_file.clone(),
+            key: self.peer_key_file.clone(),
+            trusted_ca: self.peer_trusted_ca_file.clone(),
+            client_cert_auth: self.peer_client_cert_auth,
+            auto: self.peer_auto_tls,
+            allowed_cn: self.peer_cert_allowed_cn.clone(),
+        }
+    }
+
+    pub fn tls_policy(&self) -> TlsPolicy {
+        TlsPolicy {
+            min_version: self.tls_min_version.clone(),
+            max_version: self.tls_max_version.clone(),
+            cipher_suites: self.cipher_suites.as_deref().map(split_urls),
+        }
+    }
+
+    /// Where an automatic certificate of `port` ("client" or "peer") goes,
+    /// valid for the hosts of `urls` and for localhost.
+    pub fn auto_cert(&self, port: &str, urls: &[String]) -> AutoCert {
+        let mut hosts: Vec<String> = urls.iter().filter_map(|u| url_host(u).ok()).map(str::to_string).collect();
+        hosts.extend(["localhost".to_string(), "127.0.0.1".to_string()]);
+        hosts.sort();
+        hosts.dedup();
+        AutoCert {
+            dir: self.data_dir().join("fixtures").join(port),
+            hosts,
+            validity_years: self.self_signed_cert_validity,
+        }
+    }
+
+    /// The client port's listeners: each URL's address, with TLS for `https://`.
+    pub fn client_listeners(&self) -> anyhow::Result<Vec<Listener>> {
+        let urls = split_urls(&self.listen_client_urls);
+        let mut all = urls.clone();
+        all.extend(self.advertise_client_urls());
+        let auto = self.auto_cert("client", &all);
+        let tls = ServerTls::new(&self.client_tls_files(), &self.tls_policy(), &auto, "")?.map(Arc::new);
+        listeners(&urls, tls, "--listen-client-urls", "--cert-file and --key-file, or --auto-tls")
+    }
+
+    /// The peer port's listeners (see [`Config::client_listeners`]).
+    pub fn peer_listeners(&self) -> anyhow::Result<Vec<Listener>> {
+        let urls = split_urls(&self.listen_peer_urls);
+        let mut all = urls.clone();
+        all.extend(self.advertise_peer_urls());
+        let auto = self.auto_cert("peer", &all);
+        let tls = ServerTls::new(&self.peer_tls_files(), &self.tls_policy(), &auto, "peer-")?.map(Arc::new);
+        listeners(&urls, tls, "--listen-peer-urls", "--peer-cert-file and --peer-key-file, or --peer-auto-tls")
+    }
+
+    /// How this member dials `https://` peers (None without peer TLS).
+    pub fn peer_client_tls(&self) -> anyhow::Result<Option<Arc<rustls::ClientConfig>>> {
+        let mut all = split_urls(&self.listen_peer_urls);
+        all.extend(self.advertise_peer_urls());
+        crate::tls::peer_client_config(&self.peer_tls_files(), &self.tls_policy(), &self.auto_cert("peer", &all))
     }
 
     /// The address peer connections leave from: the one peer address this
@@ -166,6 +292,14 @@ impl Config {
         if self.snapshot_count == 0 {
             bail!("--snapshot-count must be at least 1");
         }
+        let peer_tls = self.peer_cert_file.is_some() || self.peer_auto_tls;
+        if !peer_tls {
+            if let Some(url) = self.initial_members()?.values().flat_map(|m| &m.peer_urls).find(|u| is_https(u)) {
+                bail!(
+                    "peer URL {url} is https://, which needs --peer-cert-file and --peer-key-file, or --peer-auto-tls"
+                );
+            }
+        }
         let me = self.member_id();
         let members = self.initial_members()?;
         match members.get(&me) {
@@ -183,16 +317,48 @@ fn split_urls(s: &str) -> Vec<String> {
     s.split(',').map(str::trim).filter(|u| !u.is_empty()).map(String::from).collect()
 }
 
-/// The socket address of an `http://host:port` URL.
+/// One listener per URL, with `tls` on the `https://` ones; an `https://` URL
+/// without TLS configured is an error naming `flag` and what it `needs`.
+fn listeners(urls: &[String], tls: Option<Arc<ServerTls>>, flag: &str, needs: &str) -> anyhow::Result<Vec<Listener>> {
+    urls.iter()
+        .map(|url| {
+            let addr = url_addr(url)?;
+            if !is_https(url) {
+                return Ok(Listener { addr, tls: None });
+            }
+            match &tls {
+                Some(tls) => Ok(Listener { addr, tls: Some(tls.clone()) }),
+                None => bail!("{flag} has {url}, and an https URL needs {needs}"),
+            }
+        })
+        .collect()
+}
+
+/// Whether a URL asks for TLS.
+pub fn is_https(url: &str) -> bool {
+    url.starts_with("https://")
+}
+
+/// The host of an `http(s)://host:port` URL, as written.
+pub fn url_host(url: &str) -> anyhow::Result<&str> {
+    let rest = url.strip_prefix("http://").or_else(|| url.strip_prefix("https://"));
+    let hostport = rest.with_context(|| format!("`{url}`: only http:// and https:// URLs are supported"))?;
+    let hostport = hostport.trim_end_matches('/');
+    let host = hostport.rsplit_once(':').map_or(hostport, |(host, _)| host);
+    Ok(host.trim_start_matches('[').trim_end_matches(']'))
+}
+
+/// The socket address of an `http(s)://host:port` URL.
 pub fn url_addr(url: &str) -> anyhow::Result<SocketAddr> {
-    let rest = url.strip_prefix("http://").with_context(|| format!("`{url}`: only http:// URLs are supported"))?;
+    let rest = url.strip_prefix("http://").or_else(|| url.strip_prefix("https://"));
+    let rest = rest.with_context(|| format!("`{url}`: only http:// and https:// URLs are supported"))?;
     let hostport = rest.trim_end_matches('/');
     let hostport = if hostport.starts_with("localhost:") {
         hostport.replacen("localhost", "127.0.0.1", 1)
     } else {
         hostport.to_string()
     };
-    hostport.parse().with_context(|| format!("`{url}` is not http://ip:port"))
+    hostport.parse().with_context(|| format!("`{url}` is not http(s)://ip:port"))
 }
 
 /// FNV-1a, 64 bit: a stable hash that every member computes identically.

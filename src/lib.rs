@@ -13,7 +13,8 @@
 //!   watch lease mvcc/     the deterministic data model (no tokio, no openraft)
 //!   storage/    the only module that names sled; the WAL
 //! ```
-//! Beside them: `config` (the command line), `batcher` (group calls into
+//! Beside them: `config` (the command line), `tls` (rustls configurations for
+//! both ports, from etcd's TLS flags), `batcher` (group calls into
 //! batches), `shutdown` (how every task learns the node stops, and how the
 //! node waits for them), `proto` (generated gRPC types), `client` (the Rust client that
 //! `raftlockctl` uses).
@@ -48,6 +49,7 @@ mod raft;
 mod server;
 mod shutdown;
 mod storage;
+mod tls;
 mod watch;
 
 pub use api::serve_clients;

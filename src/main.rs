@@ -21,9 +21,10 @@ async fn main() -> anyhow::Result<()> {
         .init();
     disable_transparent_huge_pages();
 
+    let (peer_listeners, client_listeners) = (config.peer_listeners()?, config.client_listeners()?);
     let node = Node::start(&config).await?;
-    let peers = tokio::spawn(node.clone().serve_peers(config.peer_listen_addrs()?));
-    let clients = tokio::spawn(raftlock::serve_clients(node.clone(), config.client_listen_addrs()?));
+    let peers = tokio::spawn(node.clone().serve_peers(peer_listeners));
+    let clients = tokio::spawn(raftlock::serve_clients(node.clone(), client_listeners));
     tracing::info!(
         name = %config.name,
         member_id = format!("{:x}", node.id),

@@ -4,6 +4,11 @@
 //! leader and serves; the old leader cannot commit), reconnected (it catches
 //! up), and `docker compose down -v`.
 //!
+//! The TLS variant (docker-compose.tls.yml over it, certificates made by
+//! scripts/compose-certs.sh): mTLS clients served on every member, writes
+//! forwarded over TLS peers, clients without a certificate and plaintext
+//! refused, and the members' processes not running as root.
+//!
 //! Ignored by `cargo test`: it needs Docker and the raftlock image.
 //! `scripts/compose-test.sh` builds the image and runs it (CI does).
 
@@ -20,8 +25,9 @@ const NETWORK: &str = "raftlock-compose-test_raftlock";
 const MEMBERS: [(&str, u16, &str); 3] =
     [("n1", 12379, "172.29.79.11"), ("n2", 22379, "172.29.79.12"), ("n3", 32379, "172.29.79.13")];
 
-/// `docker compose` (v2) where it exists, else `docker-compose` (v1).
-fn compose() -> Command {
+/// `docker compose` (v2) where it exists, else `docker-compose` (v1), for
+/// `project` with `files`.
+fn compose_for(project: &str, files: &[&str]) -> Command {
     let v2 = Command::new("docker").args(["compose", "version"]).output().is_ok_and(|o| o.status.success());
     let mut c = if v2 {
         let mut c = Command::new("docker");
@@ -30,8 +36,20 @@ fn compose() -> Command {
     } else {
         Command::new("docker-compose")
     };
-    c.current_dir(env!("CARGO_MANIFEST_DIR")).args(["-p", PROJECT, "-f", "docker-compose.yml"]);
+    c.current_dir(env!("CARGO_MANIFEST_DIR")).args(["-p", project]);
+    for f in files {
+        c.args(["-f", f]);
+    }
     c
+}
+
+fn compose() -> Command {
+    compose_for(PROJECT, &["docker-compose.yml"])
+}
+
+/// The TLS variant: its own project, docker-compose.tls.yml over the cluster.
+fn compose_tls() -> Command {
+    compose_for("raftlock-compose-tls", &["docker-compose.yml", "docker-compose.tls.yml"])
 }
 
 fn run(mut c: Command) -> String {
@@ -54,16 +72,16 @@ fn container(service: &str) -> String {
 }
 
 /// Take the cluster down (with its volumes) when the test ends, pass or fail.
-struct Down;
+struct Down(fn() -> Command);
 
 impl Drop for Down {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            let mut logs = compose();
+            let mut logs = (self.0)();
             logs.args(["logs", "--no-color", "--tail", "40"]);
             eprintln!("{}", String::from_utf8_lossy(&logs.output().map(|o| o.stdout).unwrap_or_default()));
         }
-        let mut c = compose();
+        let mut c = (self.0)();
         c.args(["down", "-v", "--remove-orphans"]);
         let _ = c.output();
     }
@@ -123,7 +141,7 @@ fn ctl_in(service: &str, args: &[&str]) -> std::process::Output {
 async fn compose_cluster_survives_a_stopped_and_a_partitioned_leader() {
     let mut up = compose();
     up.args(["up", "-d"]);
-    let _down = Down;
+    let _down = Down(compose);
     run(up);
     let first = leader(&MEMBERS).await;
 
@@ -184,4 +202,72 @@ async fn compose_cluster_survives_a_stopped_and_a_partitioned_leader() {
     assert_eq!(keys, ["compose/after-stop", "compose/during-partition", "compose/greeting"]);
     let health = ctl_in(cut.0, &["endpoint", "health"]);
     assert!(health.status.success(), "{health:?}");
+}
+
+#[tokio::test]
+#[ignore = "needs Docker and the raftlock image: run scripts/compose-test.sh"]
+async fn compose_tls_cluster_serves_mtls_clients_only_and_runs_unprivileged() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let certs = root.join(".compose-certs");
+    run({
+        let mut c = Command::new(root.join("scripts/compose-certs.sh"));
+        c.arg(&certs);
+        c
+    });
+    let mut up = compose_tls();
+    up.args(["up", "-d"]);
+    let _down = Down(compose_tls);
+    run(up);
+
+    let pem = |f: &str| std::fs::read(certs.join(f)).unwrap();
+    let tls = || {
+        etcd_client::TlsOptions::new()
+            .ca_certificate(etcd_client::Certificate::from_pem(pem("ca.pem")))
+            .identity(etcd_client::Identity::from_pem(pem("client.pem"), pem("client.key")))
+    };
+    let connect = |port: u16, options: etcd_client::ConnectOptions| async move {
+        let options = options.with_timeout(Duration::from_secs(3)).with_connect_timeout(Duration::from_secs(2));
+        Client::connect([format!("https://127.0.0.1:{port}")], Some(options)).await
+    };
+    // Every member serves an mTLS client, a write through each (forwarded
+    // over the TLS peer port when it follows) is read back on the next.
+    for (i, &(name, port, _)) in MEMBERS.iter().enumerate() {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let key = format!("tls/{name}");
+        loop {
+            if let Ok(mut c) = connect(port, etcd_client::ConnectOptions::new().with_tls(tls())).await {
+                if c.put(key.as_str(), name, None).await.is_ok() {
+                    break;
+                }
+            }
+            assert!(Instant::now() < deadline, "no mTLS write through {name} in 60 s");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        let next = MEMBERS[(i + 1) % MEMBERS.len()].1;
+        let mut c = connect(next, etcd_client::ConnectOptions::new().with_tls(tls())).await.unwrap();
+        let got = c.get(key.as_str(), None).await.unwrap();
+        assert_eq!(got.kvs()[0].value(), name.as_bytes());
+    }
+    // Without a client certificate, or in plaintext: refused.
+    let ca_only = etcd_client::TlsOptions::new().ca_certificate(etcd_client::Certificate::from_pem(pem("ca.pem")));
+    let refused = match connect(12379, etcd_client::ConnectOptions::new().with_tls(ca_only)).await {
+        Err(_) => true,
+        Ok(mut c) => c.get("tls/n1", None).await.is_err(),
+    };
+    assert!(refused, "a client without a certificate was served");
+    let plaintext_refused = match client(12379).await {
+        None => true,
+        Some(mut c) => c.get("tls/n1", None).await.is_err(),
+    };
+    assert!(plaintext_refused, "plaintext was served on an https port");
+    // The members run as the image's unprivileged user.
+    for (name, _, _) in MEMBERS {
+        let id = {
+            let mut c = compose_tls();
+            c.args(["ps", "-q", name]);
+            run(c).trim().to_string()
+        };
+        let uids = docker(&["top", &id, "-eo", "uid"]);
+        assert!(uids.lines().skip(1).all(|uid| uid.trim() == "65532"), "{name} runs as {uids}");
+    }
 }

@@ -18,7 +18,6 @@ pub mod maintenance;
 pub mod native_lock;
 pub mod watch;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use tonic::transport::Server;
@@ -44,8 +43,8 @@ pub fn header(node: &Node, revision: i64) -> Option<ResponseHeader> {
     Some(ResponseHeader { cluster_id: node.cluster_id, member_id: node.id, revision, raft_term: node.raft_term() })
 }
 
-/// Serve the client API on `addrs` until the node shuts down.
-pub async fn serve_clients(node: Arc<Node>, addrs: Vec<SocketAddr>) -> anyhow::Result<()> {
+/// Serve the client API on `listeners` until the node shuts down.
+pub async fn serve_clients(node: Arc<Node>, listeners: Vec<crate::server::listen::Listener>) -> anyhow::Result<()> {
     let make = || {
         Server::builder()
             .add_service(kv::KvService::server(node.clone()))
@@ -57,5 +56,5 @@ pub async fn serve_clients(node: Arc<Node>, addrs: Vec<SocketAddr>) -> anyhow::R
             .add_service(lock::ElectionService::server(node.clone()))
             .add_service(native_lock::LocksService::server(node.clone()))
     };
-    crate::server::listen::serve(addrs, make, node.stopping()).await
+    crate::server::listen::serve(listeners, make, node.stopping()).await
 }

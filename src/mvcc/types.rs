@@ -188,7 +188,38 @@ pub enum RequestOp {
     Range(RangeRequest),
     Put(PutRequest),
     DeleteRange(DeleteRangeRequest),
-    Txn(TxnRequest),
+    Txn(#[serde(deserialize_with = "nested_txn")] TxnRequest),
+}
+
+/// The deepest txn nesting that decodes. The API's op budget (etcd's: every
+/// level spends at least one of the 128 operations a txn may hold) keeps
+/// what clients send at most 129 deep; anything deeper came from somewhere
+/// else (a rogue peer, a damaged file) and is refused when it is decoded,
+/// before the recursion could exhaust the stack.
+pub const MAX_TXN_DEPTH: usize = 160;
+
+thread_local! {
+    /// How deep the txn being decoded on this thread is nested.
+    static TXN_DEPTH: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Decode a nested txn, counting the depth (see [`MAX_TXN_DEPTH`]).
+fn nested_txn<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<TxnRequest, D::Error> {
+    struct Level;
+    impl Drop for Level {
+        fn drop(&mut self) {
+            TXN_DEPTH.with(|d| d.set(d.get() - 1));
+        }
+    }
+    let depth = TXN_DEPTH.with(|d| {
+        d.set(d.get() + 1);
+        d.get()
+    });
+    let _level = Level;
+    if depth > MAX_TXN_DEPTH {
+        return Err(serde::de::Error::custom(format!("txn nested deeper than {MAX_TXN_DEPTH}")));
+    }
+    TxnRequest::deserialize(deserializer)
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -40,9 +40,9 @@ pub struct PeerNetwork {
 }
 
 impl PeerNetwork {
-    /// `source`: the address peer connections leave from (see [`PeerClients`]).
-    pub fn new(log: LogStore, source: Option<std::net::IpAddr>) -> PeerNetwork {
-        PeerNetwork { clients: PeerClients::bound_to(source), log }
+    /// Raft RPCs over `clients`, sending from `log`.
+    pub fn new(log: LogStore, clients: PeerClients) -> PeerNetwork {
+        PeerNetwork { clients, log }
     }
 }
 

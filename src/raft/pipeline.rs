@@ -79,11 +79,10 @@ use openraft::error::RaftError;
 use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse};
 use openraft::Vote;
 use tokio::sync::{mpsc, watch};
-use tonic::transport::Channel;
 
 use super::log_store::{LogMoved, LogStore};
+use super::peer::client::PeerStub;
 use super::{decode, encode, LogId, TypeConfig};
-use crate::proto::raftlock::peer::peer_client::PeerClient;
 use crate::proto::raftlock::peer::RaftPayload;
 use crate::storage::wal::Durable;
 
@@ -149,7 +148,7 @@ impl Pipe {
     /// Open a pipe that sends this leader's log after `matched`, the last entry
     /// the follower is known to hold, under `vote`.
     pub fn open(
-        client: PeerClient<Channel>,
+        client: PeerStub,
         log: LogStore,
         durable: Durable,
         vote: Vote<u64>,
@@ -247,7 +246,7 @@ impl Sender {
     /// longer this leader's to send; returns why it stopped.
     async fn run(
         mut self,
-        mut client: PeerClient<Channel>,
+        mut client: PeerStub,
         mut wants: watch::Receiver<Wants>,
         progress: &watch::Sender<Progress>,
     ) -> Stopped {

@@ -25,14 +25,17 @@ use super::peer::client::PeerClients;
 use super::peer::messages::ControlRequest;
 use super::Raft;
 
-/// Run an admin request on this member.
-pub async fn admin(raft: &Raft, req: ControlRequest) -> bool {
+/// Run an admin request on this member. Elections are paused for at most
+/// `max_pause` whatever the asker says: a transfer takes no longer than a
+/// request, and no peer may silence this member for longer.
+pub async fn admin(raft: &Raft, req: ControlRequest, max_pause: Duration) -> bool {
     match req {
         ControlRequest::PauseElections { ms } => {
             raft.runtime_config().elect(false);
             let raft = raft.clone();
+            let pause = Duration::from_millis(ms).min(max_pause);
             tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_millis(ms)).await;
+                tokio::time::sleep(pause).await;
                 raft.runtime_config().elect(true);
             });
             true
@@ -46,6 +49,9 @@ pub async fn admin(raft: &Raft, req: ControlRequest) -> bool {
         ControlRequest::Removed { id } => {
             let m = raft.metrics().borrow().clone();
             m.current_leader == Some(m.id) && super::removal_applied(&m, id)
+        }
+        ControlRequest::IsMember { id } => {
+            raft.metrics().borrow().membership_config.membership().get_node(&id).is_some()
         }
     }
 }

@@ -226,12 +226,12 @@ fn transfer_outcome(joined: Result<Result<(), TransferError>, tokio::task::JoinE
 /// etcd refuses it, with `new` and `existing` alike. Peers that cannot be
 /// reached within a second are not asked.
 pub(super) async fn refuse_if_bootstrapped(
+    peers: &PeerClients,
     id: u64,
     name: &str,
     members: &BTreeMap<u64, crate::config::InitialMember>,
     data_dir: &std::path::Path,
 ) -> anyhow::Result<()> {
-    let peers = PeerClients::default();
     let ask = ControlRequest::Published { id };
     for member in members.values().filter(|m| m.id != id) {
         let Some(url) = member.peer_urls.first() else { continue };

@@ -48,6 +48,7 @@ use crate::raft::log_store::LogStore;
 use crate::raft::network::PeerNetwork;
 use crate::raft::peer::client::PeerClients;
 use crate::raft::peer::forward::Forwarder;
+use crate::raft::peer::gate::{PeerGate, PeerIdentity};
 use crate::raft::peer::server::{LeaseAuthority, PeerService};
 use crate::raft::proposer::Proposer;
 use crate::raft::read_index::ReadFloor;
@@ -125,6 +126,8 @@ pub struct Node {
     read_barriers: Batcher<(), Result<(), ServerError>>,
     state: Arc<AppliedState>,
     peers: PeerClients,
+    /// Admits peer requests from this cluster's members only.
+    peer_gate: PeerGate,
     state_store: StateStore,
     request_timeout: Duration,
     /// `--election-timeout`: bounds a leadership hand-over at stop.
@@ -142,9 +145,11 @@ impl Node {
         let members = config.initial_members()?;
         let cluster_id = crate::config::cluster_id(&config.initial_cluster_token);
         let data_dir = config.data_dir();
+        let identity = PeerIdentity { cluster_id, member_id: id };
+        let peers = PeerClients::new(identity, config.peer_source_address()?, config.peer_client_tls()?);
         let fresh = !data_dir.join("wal").exists();
         if fresh && members.len() > 1 {
-            members::refuse_if_bootstrapped(id, &config.name, &members, &data_dir).await?;
+            members::refuse_if_bootstrapped(&peers, id, &config.name, &members, &data_dir).await?;
         }
         std::fs::create_dir_all(&data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
 
@@ -156,8 +161,7 @@ impl Node {
             .context("loading the state machine")?
             .staggering_checkpoints(id)
             .applying_only_durable(log_store.durable());
-        let network = PeerNetwork::new(log_store.clone(), config.peer_source_address()?);
-        let peers = network.clients.clone();
+        let network = PeerNetwork::new(log_store.clone(), peers.clone());
 
         let settings = RaftSettings {
             cluster_token: config.initial_cluster_token.clone(),
@@ -182,6 +186,7 @@ impl Node {
         let proposer = Proposer::start(raft.clone());
         let request_timeout = Duration::from_secs(5) + config.election_timeout() * 2;
         let forwarder = Forwarder::start(peers.clone(), request_timeout);
+        let peer_gate = PeerGate::new(cluster_id, members.keys().copied(), raft.clone(), peers.clone());
         let node = Arc::new_cyclic(|me: &std::sync::Weak<Node>| {
             let me = me.clone();
             // One barrier per batch covers every read queued before it began.
@@ -210,6 +215,7 @@ impl Node {
                 watch_progress_interval: Duration::from_millis(config.watch_progress_notify_interval),
                 state,
                 peers,
+                peer_gate,
                 state_store,
                 request_timeout,
                 election_timeout: config.election_timeout(),
@@ -222,8 +228,8 @@ impl Node {
         Ok(node)
     }
 
-    /// Serve the peer protocol on `addrs` until the node shuts down.
-    pub async fn serve_peers(self: Arc<Self>, addrs: Vec<std::net::SocketAddr>) -> anyhow::Result<()> {
+    /// Serve the peer protocol on `listeners` until the node shuts down.
+    pub async fn serve_peers(self: Arc<Self>, listeners: Vec<listen::Listener>) -> anyhow::Result<()> {
         let make = || {
             let leases: Arc<dyn LeaseAuthority> = self.clone();
             PeerService {
@@ -235,10 +241,12 @@ impl Node {
                 state: self.state.clone(),
                 token: self.cluster_token.clone(),
                 stopping: self.stopping(),
+                gate: self.peer_gate.clone(),
+                max_election_pause: self.request_timeout,
             }
             .router()
         };
-        listen::serve(addrs, make, self.stopping()).await
+        listen::serve(listeners, make, self.stopping()).await
     }
 
     pub fn state(&self) -> &AppliedState {

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use etcd_client::Client;
 
+pub mod certs;
 mod tools;
 #[allow(unused_imports)] // each test binary uses some of them
 pub use tools::{etcd_dir, etcdctls, raftlockctl, text, Etcdctl};
@@ -34,11 +35,17 @@ pub struct Member {
     /// Set for a member that joins a running cluster: its `--initial-cluster`
     /// (and it starts with `--initial-cluster-state existing`).
     joins: Option<String>,
+    /// "http", or "https" on both ports.
+    scheme: &'static str,
 }
 
 impl Member {
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        format!("{}://127.0.0.1:{}", self.scheme, self.client_port)
+    }
+
+    pub fn peer_url(&self) -> String {
+        format!("{}://127.0.0.1:{}", self.scheme, self.peer_port)
     }
 
     pub fn pid(&self) -> Option<u32> {
@@ -53,6 +60,9 @@ pub struct Cluster {
     extra_args: Vec<String>,
     /// Kept (and printed) when a test fails, for the post-mortem.
     dir: Option<tempfile::TempDir>,
+    /// How the harness's clients connect (TLS for an https cluster).
+    connect: Option<etcd_client::ConnectOptions>,
+    scheme: &'static str,
 }
 
 /// A port for a member to listen on. Not the OS's "any free port": it may
@@ -82,7 +92,25 @@ impl Cluster {
 
     /// As [`Cluster::start`], with extra flags for every member.
     pub async fn start_with(n: usize, extra_args: &[&str]) -> Cluster {
-        let dir = tempfile::tempdir().unwrap();
+        Self::start_in(tempfile::tempdir().unwrap(), n, extra_args, "http", None).await
+    }
+
+    /// As [`Cluster::start`], with mTLS on both ports of every member
+    /// (certificates from `certs`); the harness connects as `alice`.
+    pub async fn start_tls(dir: tempfile::TempDir, n: usize, certs: &certs::Certs, extra_args: &[&str]) -> Cluster {
+        let mut args = certs.member_flags();
+        args.extend(extra_args.iter().map(|a| a.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Self::start_in(dir, n, &args, "https", Some(certs.client_options(&certs.alice))).await
+    }
+
+    async fn start_in(
+        dir: tempfile::TempDir,
+        n: usize,
+        extra_args: &[&str],
+        scheme: &'static str,
+        connect: Option<etcd_client::ConnectOptions>,
+    ) -> Cluster {
         let members: Vec<Member> = (0..n)
             .map(|i| {
                 let name = format!("m{i}");
@@ -94,16 +122,14 @@ impl Cluster {
                     peer_port: free_port(),
                     child: None,
                     joins: None,
+                    scheme,
                 }
             })
             .collect();
-        let initial_cluster = members
-            .iter()
-            .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port))
-            .collect::<Vec<_>>()
-            .join(",");
+        let initial_cluster =
+            members.iter().map(|m| format!("{}={}", m.name, m.peer_url())).collect::<Vec<_>>().join(",");
         let extra_args = extra_args.iter().map(|a| a.to_string()).collect();
-        let mut cluster = Cluster { members, initial_cluster, extra_args, dir: Some(dir) };
+        let mut cluster = Cluster { members, initial_cluster, extra_args, dir: Some(dir), connect, scheme };
         for i in 0..n {
             cluster.spawn(i);
         }
@@ -124,6 +150,7 @@ impl Cluster {
             peer_port: free_port(),
             child: None,
             joins: None,
+            scheme: self.scheme,
         });
         self.members.len() - 1
     }
@@ -136,7 +163,12 @@ impl Cluster {
     }
 
     pub fn peer_url(&self, i: usize) -> String {
-        format!("http://127.0.0.1:{}", self.members[i].peer_port)
+        self.members[i].peer_url()
+    }
+
+    /// The `--initial-cluster` the members started with.
+    pub fn initial_cluster(&self) -> &str {
+        &self.initial_cluster
     }
 
     fn spawn(&mut self, i: usize) {
@@ -150,7 +182,7 @@ impl Cluster {
             .args(["--name", &m.name])
             .args(["--data-dir", m.data_dir.to_str().unwrap()])
             .args(["--listen-client-urls", &m.endpoint()])
-            .args(["--listen-peer-urls", &format!("http://127.0.0.1:{}", m.peer_port)])
+            .args(["--listen-peer-urls", &m.peer_url()])
             .args(["--initial-cluster", initial_cluster])
             .args(["--initial-cluster-state", state])
             .args(["--heartbeat-interval", &HEARTBEAT_MS.to_string()])
@@ -170,7 +202,7 @@ impl Cluster {
 
     /// A client talking to member `i` only.
     pub async fn client(&self, i: usize) -> Client {
-        Client::connect([self.members[i].endpoint()], None).await.expect("connect")
+        Client::connect([self.members[i].endpoint()], self.connect.clone()).await.expect("connect")
     }
 
     /// Wait until every running member reports the same leader and answers a
@@ -193,7 +225,8 @@ impl Cluster {
                 continue;
             }
             let Ok(Ok(mut c)) =
-                tokio::time::timeout(Duration::from_secs(1), Client::connect([m.endpoint()], None)).await
+                tokio::time::timeout(Duration::from_secs(1), Client::connect([m.endpoint()], self.connect.clone()))
+                    .await
             else {
                 return false;
             };

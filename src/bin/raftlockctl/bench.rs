@@ -12,7 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use tonic::transport::{Channel, Endpoint};
+use raftlock::client::ClientTls;
+use tonic::transport::Channel;
 
 use raftlock::proto::etcdserverpb as pb;
 use raftlock::proto::etcdserverpb::kv_client::KvClient;
@@ -199,16 +200,13 @@ async fn one_request(d: &mut Driver, args: &BenchArgs, n: u64, value: &[u8]) -> 
 }
 
 /// Run one benchmark against `endpoints`.
-pub async fn run(endpoints: &[String], args: &BenchArgs) -> anyhow::Result<BenchReport> {
+pub async fn run(endpoints: &[String], tls: Option<&ClientTls>, args: &BenchArgs) -> anyhow::Result<BenchReport> {
     anyhow::ensure!(!endpoints.is_empty(), "no endpoints");
     let mut channels = Vec::new();
     for i in 0..args.conns.max(1) {
         let url = &endpoints[i % endpoints.len()];
-        let channel = Endpoint::from_shared(url.clone())?
-            .tcp_nodelay(true)
-            .connect()
-            .await
-            .with_context(|| format!("connecting to {url}"))?;
+        let channel =
+            raftlock::client::endpoint(url, tls)?.connect().await.with_context(|| format!("connecting to {url}"))?;
         channels.push(channel);
     }
     let value = vec![b'v'; args.value_size];

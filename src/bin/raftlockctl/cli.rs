@@ -17,6 +17,15 @@ pub(crate) struct Cli {
         global = true
     )]
     pub(crate) endpoints: Vec<String>,
+    /// The CA certificate (PEM) that verifies the servers' certificates (https).
+    #[arg(id = "tls_cacert", long = "cacert", env = "RAFTLOCK_CACERT", global = true)]
+    pub(crate) cacert: Option<std::path::PathBuf>,
+    /// This client's certificate (PEM), for servers that require one.
+    #[arg(id = "tls_cert", long = "cert", env = "RAFTLOCK_CERT", global = true, requires = "tls_key")]
+    pub(crate) cert: Option<std::path::PathBuf>,
+    /// The key of --cert (PEM).
+    #[arg(id = "tls_key", long = "key", env = "RAFTLOCK_KEY", global = true, requires = "tls_cert")]
+    pub(crate) key: Option<std::path::PathBuf>,
     /// Output format.
     #[arg(short = 'w', long = "write-out", value_enum, default_value = "simple", global = true)]
     pub(crate) write_out: Format,

@@ -20,7 +20,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::Parser;
 use serde_json::{json, Value};
 
-use raftlock::client::{endpoint_url, Client};
+use raftlock::client::{endpoint_url, Client, ClientTls};
 use raftlock::proto::etcdserverpb as etcd;
 use raftlock::proto::raftlock::v1 as locks;
 
@@ -51,6 +51,8 @@ pub(crate) struct Ctl {
     pub(crate) format: Format,
     pub(crate) timeout: Duration,
     pub(crate) endpoints: Vec<String>,
+    /// TLS for `https://` endpoints.
+    pub(crate) tls: Option<ClientTls>,
 }
 
 impl Ctl {
@@ -86,9 +88,17 @@ async fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<ExitCode> {
-    let endpoints: Vec<String> = cli.endpoints.iter().map(|e| endpoint_url(e)).collect();
+    // With a CA or a certificate, endpoints given as host:port mean https.
+    let tls = (cli.cacert.is_some() || cli.cert.is_some())
+        .then(|| ClientTls::from_files(cli.cacert.as_deref(), cli.cert.as_deref(), cli.key.as_deref()))
+        .transpose()?;
+    let endpoints: Vec<String> = cli
+        .endpoints
+        .iter()
+        .map(|e| if tls.is_some() && !e.contains("://") { format!("https://{e}") } else { endpoint_url(e) })
+        .collect();
     if let Cmd::Bench(args) = &cli.command {
-        let report = bench::run(&endpoints, args).await?;
+        let report = bench::run(&endpoints, tls.as_ref(), args).await?;
         match cli.write_out {
             Format::Json => println!("{}", serde_json::to_string(&report)?),
             Format::Simple => println!("{report}"),
@@ -96,11 +106,11 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         anyhow::ensure!(report.errors == 0, "{} requests failed", report.errors);
         return Ok(ExitCode::SUCCESS);
     }
-    let client = tokio::time::timeout(cli.command_timeout, Client::connect(&endpoints))
+    let client = tokio::time::timeout(cli.command_timeout, Client::connect_with(&endpoints, tls.as_ref()))
         .await
         .map_err(|_| anyhow!("connecting to {}: timed out", endpoints.join(",")))?
         .with_context(|| format!("connecting to {}", endpoints.join(",")))?;
-    let ctl = Ctl { client, format: cli.write_out, timeout: cli.command_timeout, endpoints };
+    let ctl = Ctl { client, format: cli.write_out, timeout: cli.command_timeout, endpoints, tls };
     match cli.command {
         Cmd::Lock(args) => hold::lock(&ctl, args).await,
         Cmd::Release { key, token } => {

@@ -8,6 +8,9 @@
 //! is reached again without a new channel. Raft's own RPCs use the same
 //! channels (`raft::network`).
 //!
+//! Every request carries this member's [`PeerIdentity`] (cluster and member
+//! ID), which the answering member checks (`peer::gate`).
+//!
 //! Retry safety: a call that failed before its connection was made
 //! ([`never_sent`]) can be sent elsewhere; any other failure of a write may
 //! have been applied and is reported as unknown.
@@ -18,17 +21,25 @@ use std::time::{Duration, Instant};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
+use super::gate::PeerIdentity;
 use super::messages::{ControlRequest, ForwardError, LeaseAnswer, LeaseQuery, MembershipAnswer, MembershipChange};
+use super::server::MAX_PEER_MESSAGE_BYTES;
 use crate::command::{Command, CommandResult};
 use crate::proto::raftlock::peer::peer_client::PeerClient;
 use crate::proto::raftlock::peer::{RaftPayload, ReadIndexRequest};
 use crate::raft::{decode, encode};
 
+/// A client of one peer: its cached channel, stamping this member's identity.
+pub type PeerStub = PeerClient<InterceptedService<Channel, PeerIdentity>>;
+
 /// Cached channels to peers, by peer URL.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct PeerClients {
+    /// Who this member is, on every request.
+    identity: PeerIdentity,
     /// std Mutex: held only to look up or insert a channel, never across I/O.
     channels: Arc<Mutex<HashMap<String, Channel>>>,
     /// The address peer connections leave from: the one this member listens
@@ -36,6 +47,8 @@ pub struct PeerClients {
     /// packet of this member come from its own address, so that a firewall
     /// (or the fault suite's partitions) can tell members apart.
     source: Option<std::net::IpAddr>,
+    /// How `https://` peers are dialled (None: this member has no peer TLS).
+    tls: Option<Arc<rustls::ClientConfig>>,
     /// When each member last answered this member's Raft requests (as
     /// leader): who is up, for membership changes that need a quorum of
     /// started members. std Mutex: held only to read or set one time.
@@ -59,28 +72,67 @@ pub enum ForwardFailure {
 pub const PEER_KEEPALIVE: Duration = Duration::from_secs(5);
 
 impl PeerClients {
-    /// Clients whose connections leave from `source` (any address if None).
-    pub fn bound_to(source: Option<std::net::IpAddr>) -> PeerClients {
-        PeerClients { source, ..PeerClients::default() }
+    /// Clients for the member `identity` whose connections leave from
+    /// `source` (any address if None), dialling `https://` peers with `tls`.
+    pub fn new(
+        identity: PeerIdentity,
+        source: Option<std::net::IpAddr>,
+        tls: Option<Arc<rustls::ClientConfig>>,
+    ) -> PeerClients {
+        PeerClients { identity, channels: Arc::default(), source, tls, heard: Arc::default() }
     }
 
-    pub fn client(&self, url: &str) -> Result<PeerClient<Channel>, tonic::transport::Error> {
+    pub fn client(&self, url: &str) -> Result<PeerStub, tonic::transport::Error> {
         let mut channels = self.channels.lock().expect("peer channel lock poisoned");
         let channel = match channels.get(url) {
             Some(c) => c.clone(),
             None => {
-                let c = Endpoint::from_shared(url.to_string())?
-                    .connect_timeout(Duration::from_millis(500))
-                    .tcp_nodelay(true)
-                    .http2_keep_alive_interval(PEER_KEEPALIVE)
-                    .keep_alive_timeout(PEER_KEEPALIVE)
-                    .local_address(self.source)
-                    .connect_lazy();
+                let c = if crate::config::is_https(url) { self.tls_channel(url)? } else { self.plain_channel(url)? };
                 channels.insert(url.to_string(), c.clone());
                 c
             }
         };
-        Ok(PeerClient::new(channel).max_decoding_message_size(usize::MAX).max_encoding_message_size(usize::MAX))
+        Ok(PeerClient::with_interceptor(channel, self.identity)
+            .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES))
+    }
+
+    fn plain_channel(&self, url: &str) -> Result<Channel, tonic::transport::Error> {
+        Ok(Endpoint::from_shared(url.to_string())?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(PEER_KEEPALIVE)
+            .keep_alive_timeout(PEER_KEEPALIVE)
+            .local_address(self.source)
+            .connect_lazy())
+    }
+
+    /// A channel to an `https://` peer: this member's own connector makes the
+    /// TCP connection (from `source`) and the TLS handshake (with `tls`: its
+    /// certificate, the peer CA, the peer's host as the name to verify).
+    /// Without peer TLS every connection attempt fails, as unreachable.
+    fn tls_channel(&self, url: &str) -> Result<Channel, tonic::transport::Error> {
+        let target = crate::config::url_addr(url).map_err(|e| e.to_string());
+        let name = crate::config::url_host(url)
+            .map_err(|e| e.to_string())
+            .and_then(|h| crate::tls::server_name(h).map_err(|e| e.to_string()));
+        let (tls, source) = (self.tls.clone(), self.source);
+        let connector = tower::service_fn(move |_: tonic::transport::Uri| {
+            let (target, name, tls) = (target.clone(), name.clone(), tls.clone());
+            async move {
+                let invalid = |e: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, e);
+                let tls = tls.ok_or_else(|| invalid("an https:// peer URL needs peer TLS flags".into()))?;
+                let (target, name) = (target.map_err(invalid)?, name.map_err(invalid)?);
+                let tcp = connect_tcp(target, source).await?;
+                let stream = tokio_rustls::TlsConnector::from(tls).connect(name, tcp).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+            }
+        });
+        // The connector speaks TLS; the channel itself sees a plain stream.
+        let endpoint = Endpoint::from_shared(url.replacen("https://", "http://", 1))?
+            .http2_keep_alive_interval(PEER_KEEPALIVE)
+            .keep_alive_timeout(PEER_KEEPALIVE);
+        Ok(endpoint.connect_with_connector_lazy(connector))
     }
 
     /// Note that `member` answered a Raft request of this member.
@@ -153,7 +205,7 @@ impl PeerClients {
     }
 
     /// The client for `url`, failing as an RPC would.
-    fn connect(&self, url: &str) -> Result<PeerClient<Channel>, tonic::Status> {
+    fn connect(&self, url: &str) -> Result<PeerStub, tonic::Status> {
         self.client(url).map_err(|e| tonic::Status::unavailable(e.to_string()))
     }
 
@@ -164,6 +216,26 @@ impl PeerClients {
         req.set_timeout(timeout);
         Ok(client.read_index(req).await?.into_inner().index)
     }
+}
+
+/// How long a connection to a peer may take to open.
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// A TCP connection to `target` from `source` (any address if None), without
+/// Nagle's delay, within [`CONNECT_TIMEOUT`].
+async fn connect_tcp(
+    target: std::net::SocketAddr,
+    source: Option<std::net::IpAddr>,
+) -> std::io::Result<tokio::net::TcpStream> {
+    let socket = if target.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    if let Some(ip) = source {
+        socket.bind(std::net::SocketAddr::new(ip, 0))?;
+    }
+    let tcp = tokio::time::timeout(CONNECT_TIMEOUT, socket.connect(target))
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connecting to a peer timed out"))??;
+    tcp.set_nodelay(true)?;
+    Ok(tcp)
 }
 
 /// An encoded peer request with a deadline.

@@ -62,6 +62,12 @@ pub enum ControlRequest {
     Removed {
         id: u64,
     },
+    /// Does the configuration you hold name member `id`? Asked by a member
+    /// that lags behind, about a sender it does not know yet (see
+    /// `peer::gate`); any member answers, from its own configuration.
+    IsMember {
+        id: u64,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

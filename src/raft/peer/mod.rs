@@ -5,6 +5,8 @@
 //! - [`messages`]: what travels (encoded in each RPC's `RaftPayload`);
 //! - [`client`]: the asking side, one cached channel per peer;
 //! - [`forward`]: a follower's writes batched on their way to the leader;
+//! - [`gate`]: peer authentication, the cluster and member ID every request
+//!   carries and every answer checks first;
 //! - [`server`]: the answering side, which hands Raft RPCs to openraft and
 //!   the rest to the leader's proposer, read index, lease authority,
 //!   membership changes and leader transfer.
@@ -13,10 +15,12 @@
 //! adapter) over the same channels; a leader's log streams to each follower
 //! on `Peer.Replicate` (`raft::pipeline`).
 //!
-//! Module order, no cycle: `messages` <- `client` <- `forward`; `server`
-//! uses `messages` and `client` and the Raft modules beside it.
+//! Module order: `messages` <- `client` <- `forward`; `gate` stamps
+//! `client`'s requests and asks through it; `server` uses `messages`, `gate`
+//! and `client` and the Raft modules beside it.
 
 pub mod client;
 pub mod forward;
+pub mod gate;
 pub mod messages;
 pub mod server;

@@ -13,8 +13,15 @@
 //! those that arrived together as one (one append, one sync), and each is
 //! answered in order. It ends when the leader closes it or this member stops.
 //!
+//! Every RPC first passes the [`PeerGate`]: a request from another cluster,
+//! or from an ID that is not a member, is refused before anything is decoded.
+//! The only exception is a member's question about itself (has it been
+//! removed, has it published), which a removed member must be able to ask.
+//!
 //! A payload that does not decode is `InvalidArgument`: it is a peer of another
-//! version or not a peer at all, and nothing is applied.
+//! version or not a peer at all, and nothing is applied. Decoding is bounded
+//! (`raft::decode`): a nested txn deeper than the API accepts is refused, not
+//! recursed into.
 
 use futures::StreamExt;
 use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
@@ -25,6 +32,7 @@ use tonic::transport::Server;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::client::{PeerClients, PEER_KEEPALIVE};
+use super::gate::PeerGate;
 use super::messages::{ControlRequest, ForwardError, LeaseAnswer, LeaseQuery, MembershipChange};
 use crate::command::{Command, CommandResult};
 use crate::proto::raftlock::peer::peer_server::{Peer, PeerServer};
@@ -55,6 +63,10 @@ pub struct PeerService {
     pub token: String,
     /// Fires when the member begins to stop (ends replication streams).
     pub stopping: Stopping,
+    /// Who may ask (see the module doc).
+    pub gate: PeerGate,
+    /// The longest a peer may pause this member's elections.
+    pub max_election_pause: std::time::Duration,
 }
 
 impl PeerService {
@@ -62,13 +74,20 @@ impl PeerService {
     /// leader that vanished without closing its connections (a partition, a
     /// power loss) does not hold its replication streams open here.
     pub fn router(self) -> Router {
-        let service = PeerServer::new(self).max_decoding_message_size(usize::MAX).max_encoding_message_size(usize::MAX);
+        let service = PeerServer::new(self)
+            .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES);
         Server::builder()
             .http2_keepalive_interval(Some(PEER_KEEPALIVE))
             .http2_keepalive_timeout(Some(PEER_KEEPALIVE))
             .add_service(service)
     }
 }
+
+/// The largest peer message accepted or sent: far above any AppendEntries
+/// batch or snapshot chunk a member sends, and a bound on what a peer can
+/// make this member buffer.
+pub const MAX_PEER_MESSAGE_BYTES: usize = 1 << 30;
 
 fn payload<T: for<'de> Deserialize<'de>>(req: Request<RaftPayload>) -> Result<T, Status> {
     decode(&req.into_inner().data).map_err(|e| Status::invalid_argument(format!("peer payload: {e}")))
@@ -81,6 +100,7 @@ fn reply<T: Serialize>(value: &T) -> Result<Response<RaftPayload>, Status> {
 #[tonic::async_trait]
 impl Peer for PeerService {
     async fn append_entries(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        self.gate.admit(&req).await?;
         let rpc: AppendEntriesRequest<TypeConfig> = payload(req)?;
         reply(&self.raft.append_entries(rpc).await)
     }
@@ -88,6 +108,7 @@ impl Peer for PeerService {
     type ReplicateStream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<RaftPayload, Status>> + Send>>;
 
     async fn replicate(&self, req: Request<Streaming<RaftPayload>>) -> Result<Response<Self::ReplicateStream>, Status> {
+        self.gate.admit(&req).await?;
         let mut incoming = req.into_inner();
         let raft = self.raft.clone();
         let mut stopping = self.stopping.clone();
@@ -129,16 +150,19 @@ impl Peer for PeerService {
     }
 
     async fn vote(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        self.gate.admit(&req).await?;
         let rpc: VoteRequest<u64> = payload(req)?;
         reply(&self.raft.vote(rpc).await)
     }
 
     async fn install_snapshot(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        self.gate.admit(&req).await?;
         let rpc: InstallSnapshotRequest<TypeConfig> = payload(req)?;
         reply(&self.raft.install_snapshot(rpc).await)
     }
 
     async fn forward(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        self.gate.admit(&req).await?;
         let cmds: Vec<Command> = payload(req)?;
         if cmds.iter().any(|c| matches!(c, Command::Batch(_))) {
             return Err(Status::invalid_argument("peer: a forwarded command cannot be a batch"));
@@ -158,17 +182,32 @@ impl Peer for PeerService {
     }
 
     async fn lease(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        self.gate.admit(&req).await?;
         let query: LeaseQuery = payload(req)?;
         reply(&self.leases.answer(query).await)
     }
 
     async fn membership(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        self.gate.admit(&req).await?;
         let change: MembershipChange = payload(req)?;
         reply(&membership::change(&self.raft, &self.peers, &self.token, change).await)
     }
 
     async fn admin(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
-        match payload(req)? {
+        let sender = self.gate.admit_cluster(&req)?;
+        let control: ControlRequest = payload(req)?;
+        match &control {
+            // About itself: a removed member asks, and must hear the answer.
+            ControlRequest::Removed { id } | ControlRequest::Published { id } if *id == sender => {}
+            // The vouching question: from a known member only, so it never cascades.
+            ControlRequest::IsMember { .. } => {
+                self.gate.admit_known(sender)?;
+            }
+            _ => {
+                self.gate.admit_member(sender).await?;
+            }
+        }
+        match control {
             ControlRequest::Published { id } => {
                 let leads = {
                     let m = self.raft.metrics();
@@ -177,11 +216,12 @@ impl Peer for PeerService {
                 };
                 reply(&(leads && self.state.members().contains_key(&id)))
             }
-            admin => reply(&transfer::admin(&self.raft, admin).await),
+            admin => reply(&transfer::admin(&self.raft, admin, self.max_election_pause).await),
         }
     }
 
-    async fn read_index(&self, _req: Request<ReadIndexRequest>) -> Result<Response<ReadIndexResponse>, Status> {
+    async fn read_index(&self, req: Request<ReadIndexRequest>) -> Result<Response<ReadIndexResponse>, Status> {
+        self.gate.admit(&req).await?;
         match read_index(&self.raft, &self.read_floor).await {
             Ok(index) => Ok(Response::new(ReadIndexResponse { index })),
             Err(ReadIndexError::NotLeader) => Err(Status::failed_precondition("not leader")),
