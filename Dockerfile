@@ -17,5 +17,9 @@ COPY --from=build --chown=65532:65532 /out/data /data
 USER 65532:65532
 VOLUME /data
 EXPOSE 2379 2380
+# Defaults as variables, not flags: a flag would override the RAFTLOCK_*
+# variables compose files set (docker-compose.tls.yml's https URLs).
+ENV RAFTLOCK_DATA_DIR=/data \
+    RAFTLOCK_LISTEN_CLIENT_URLS=http://0.0.0.0:2379 \
+    RAFTLOCK_LISTEN_PEER_URLS=http://0.0.0.0:2380
 ENTRYPOINT ["/raftlock"]
-CMD ["--data-dir", "/data", "--listen-client-urls", "http://0.0.0.0:2379", "--listen-peer-urls", "http://0.0.0.0:2380"]

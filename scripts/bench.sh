@@ -8,6 +8,8 @@
 #   QUICK=1 scripts/bench.sh    # fewer requests, for a smoke test
 #   BIN_DIR=dir scripts/bench.sh   # raftlock and raftlockctl from dir (say, an
 #                               # older build to compare with), not built here
+#   TLS=1 scripts/bench.sh      # both systems with TLS and client certificates
+#                               # required on the client and peer ports
 set -euo pipefail
 cd "$(dirname "$0")/.."
 etcd_dir=$(scripts/install-etcd.sh)
@@ -24,18 +26,51 @@ work=$(pwd)/.bench
 rm -rf "$work"; mkdir -p "$work"
 scale=1; [ "${QUICK:-}" = 1 ] && scale=10
 
+scheme=http; tls_args=()
+if [ "${TLS:-}" = 1 ]; then
+  # One CA; each member's certificate (valid for 127.0.0.1) on both ports;
+  # the bench client and etcdctl present the client certificate.
+  scripts/compose-certs.sh "$work/certs"
+  scheme=https
+  export RAFTLOCK_CACERT=$work/certs/ca.pem RAFTLOCK_CERT=$work/certs/client.pem RAFTLOCK_KEY=$work/certs/client.key
+  export ETCDCTL_CACERT=$RAFTLOCK_CACERT ETCDCTL_CERT=$RAFTLOCK_CERT ETCDCTL_KEY=$RAFTLOCK_KEY
+fi
+member_tls() { # i: the TLS flags of member i (same names for etcd and raftlock)
+  [ "$scheme" = https ] || return 0
+  local c=$work/certs/n$(($1 + 1))
+  tls_args=(--cert-file "$c.pem" --key-file "$c.key" --trusted-ca-file "$work/certs/ca.pem" --client-cert-auth
+    --peer-cert-file "$c.pem" --peer-key-file "$c.key" --peer-trusted-ca-file "$work/certs/ca.pem" --peer-client-cert-auth)
+}
+
 pids=()
-stop_all() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pids=(); }
+stop_all() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; scheme=http; tls_args=()
+if [ "${TLS:-}" = 1 ]; then
+  # One CA; each member's certificate (valid for 127.0.0.1) on both ports;
+  # the bench client and etcdctl present the client certificate.
+  scripts/compose-certs.sh "$work/certs"
+  scheme=https
+  export RAFTLOCK_CACERT=$work/certs/ca.pem RAFTLOCK_CERT=$work/certs/client.pem RAFTLOCK_KEY=$work/certs/client.key
+  export ETCDCTL_CACERT=$RAFTLOCK_CACERT ETCDCTL_CERT=$RAFTLOCK_CERT ETCDCTL_KEY=$RAFTLOCK_KEY
+fi
+member_tls() { # i: the TLS flags of member i (same names for etcd and raftlock)
+  [ "$scheme" = https ] || return 0
+  local c=$work/certs/n$(($1 + 1))
+  tls_args=(--cert-file "$c.pem" --key-file "$c.key" --trusted-ca-file "$work/certs/ca.pem" --client-cert-auth
+    --peer-cert-file "$c.pem" --peer-key-file "$c.key" --peer-trusted-ca-file "$work/certs/ca.pem" --peer-client-cert-auth)
+}
+
+pids=(); }
 trap stop_all EXIT
 
 start_cluster() { # kind base_port
   local kind=$1 base=$2 cluster="" i
-  for i in 0 1 2; do cluster+="${cluster:+,}n$i=http://127.0.0.1:$((base+10+i))"; done
+  for i in 0 1 2; do cluster+="${cluster:+,}n$i=$scheme://127.0.0.1:$((base+10+i))"; done
   for i in 0 1 2; do
+    member_tls "$i"
     local args=(--name "n$i" --data-dir "$work/$kind-n$i"
-      --listen-client-urls "http://127.0.0.1:$((base+i))" --advertise-client-urls "http://127.0.0.1:$((base+i))"
-      --listen-peer-urls "http://127.0.0.1:$((base+10+i))" --initial-advertise-peer-urls "http://127.0.0.1:$((base+10+i))"
-      --initial-cluster "$cluster" --initial-cluster-state new)
+      --listen-client-urls "$scheme://127.0.0.1:$((base+i))" --advertise-client-urls "$scheme://127.0.0.1:$((base+i))"
+      --listen-peer-urls "$scheme://127.0.0.1:$((base+10+i))" --initial-advertise-peer-urls "$scheme://127.0.0.1:$((base+10+i))"
+      --initial-cluster "$cluster" --initial-cluster-state new "${tls_args[@]}")
     if [ "$kind" = etcd ]; then
       "$etcd_dir/etcd" "${args[@]}" --log-level error >"$work/$kind-n$i.log" 2>&1 &
     else
@@ -43,7 +78,7 @@ start_cluster() { # kind base_port
     fi
     pids+=($!)
   done
-  endpoints="http://127.0.0.1:$base,http://127.0.0.1:$((base+1)),http://127.0.0.1:$((base+2))"
+  endpoints="$scheme://127.0.0.1:$base,$scheme://127.0.0.1:$((base+1)),$scheme://127.0.0.1:$((base+2))"
   for _ in $(seq 100); do
     "$ctl" --endpoints "$endpoints" bench put --total 3 >/dev/null 2>&1 && return 0
     sleep 0.2
@@ -97,6 +132,7 @@ start_cluster etcd 23790; suite etcd; stop_all
 echo "== raftlock, 3 members" >&2
 start_cluster raftlock 24790; suite raftlock; stop_all
 
+[ "$scheme" = https ] && echo "TLS: client and peer ports with certificates required (mTLS), both systems"
 python3 - "$work/results.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]

@@ -267,7 +267,8 @@ async fn compose_tls_cluster_serves_mtls_clients_only_and_runs_unprivileged() {
             c.args(["ps", "-q", name]);
             run(c).trim().to_string()
         };
-        let uids = docker(&["top", &id, "-eo", "uid"]);
-        assert!(uids.lines().skip(1).all(|uid| uid.trim() == "65532"), "{name} runs as {uids}");
+        let processes = docker(&["top", &id, "-eo", "pid,uid"]);
+        let uids: Vec<&str> = processes.lines().skip(1).filter_map(|l| l.split_whitespace().nth(1)).collect();
+        assert!(!uids.is_empty() && uids.iter().all(|uid| *uid == "65532"), "{name}'s processes: {processes}");
     }
 }
