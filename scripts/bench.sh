@@ -43,23 +43,7 @@ member_tls() { # i: the TLS flags of member i (same names for etcd and raftlock)
 }
 
 pids=()
-stop_all() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; scheme=http; tls_args=()
-if [ "${TLS:-}" = 1 ]; then
-  # One CA; each member's certificate (valid for 127.0.0.1) on both ports;
-  # the bench client and etcdctl present the client certificate.
-  scripts/compose-certs.sh "$work/certs"
-  scheme=https
-  export RAFTLOCK_CACERT=$work/certs/ca.pem RAFTLOCK_CERT=$work/certs/client.pem RAFTLOCK_KEY=$work/certs/client.key
-  export ETCDCTL_CACERT=$RAFTLOCK_CACERT ETCDCTL_CERT=$RAFTLOCK_CERT ETCDCTL_KEY=$RAFTLOCK_KEY
-fi
-member_tls() { # i: the TLS flags of member i (same names for etcd and raftlock)
-  [ "$scheme" = https ] || return 0
-  local c=$work/certs/n$(($1 + 1))
-  tls_args=(--cert-file "$c.pem" --key-file "$c.key" --trusted-ca-file "$work/certs/ca.pem" --client-cert-auth
-    --peer-cert-file "$c.pem" --peer-key-file "$c.key" --peer-trusted-ca-file "$work/certs/ca.pem" --peer-client-cert-auth)
-}
-
-pids=(); }
+stop_all() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pids=(); }
 trap stop_all EXIT
 
 start_cluster() { # kind base_port

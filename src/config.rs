@@ -137,6 +137,31 @@ pub struct Config {
     pub log_level: String,
 }
 
+/// The two ports a member listens on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Port {
+    Client,
+    Peer,
+}
+
+impl Port {
+    /// "client" or "peer", as in `--listen-<name>-urls`.
+    fn name(self) -> &'static str {
+        match self {
+            Port::Client => "client",
+            Port::Peer => "peer",
+        }
+    }
+
+    /// What the port's TLS flags start with: `--cert-file`, `--peer-cert-file`.
+    fn flag_prefix(self) -> &'static str {
+        match self {
+            Port::Client => "",
+            Port::Peer => "peer-",
+        }
+    }
+}
+
 /// One member of the initial cluster.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InitialMember {
@@ -166,31 +191,8 @@ impl Config {
         split_urls(&self.listen_peer_urls).iter().map(|u| url_addr(u)).collect()
     }
 
-    /// The client port's certificate flags.
-    pub fn client_tls_files(&self) -> TlsFiles {
-        TlsFiles {
-            cert: self.cert_file.clone(),
-            key: self.key_file.clone(),
-            trusted_ca: self.trusted_ca_file.clone(),
-            client_cert_auth: self.client_cert_auth,
-            auto: self.auto_tls,
-            allowed_cn: None,
-        }
-    }
-
-    /// The peer port's certificate flags.
-    pub fn peer_tls_files(&self) -> TlsFiles {
-        TlsFiles {
-            cert: self.peer_cert_file.clone(),
-            key: self.peer_key_file.clone(),
-            trusted_ca: self.peer_trusted_ca_file.clone(),
-            client_cert_auth: self.peer_client_cert_auth,
-            auto: self.peer_auto_tls,
-            allowed_cn: self.peer_cert_allowed_cn.clone(),
-        }
-    }
-
-    pub fn tls_policy(&self) -> TlsPolicy {
+    /// What both ports allow (versions, suites).
+    fn tls_policy(&self) -> TlsPolicy {
         TlsPolicy {
             min_version: self.tls_min_version.clone(),
             max_version: self.tls_max_version.clone(),
@@ -198,45 +200,76 @@ impl Config {
         }
     }
 
-    /// Where an automatic certificate of `port` ("client" or "peer") goes,
-    /// valid for the hosts of `urls` and for localhost.
-    pub fn auto_cert(&self, port: &str, urls: &[String]) -> AutoCert {
-        let mut hosts: Vec<String> = urls.iter().filter_map(|u| url_host(u).ok()).map(str::to_string).collect();
+    /// One port's listen URLs, certificate flags, and automatic certificate
+    /// (under `<data-dir>/fixtures/<port>`, valid for the hosts of its listen
+    /// and advertise URLs and for localhost).
+    fn port_tls(&self, port: Port) -> (Vec<String>, TlsFiles, AutoCert) {
+        let (listen, advertise, files) = match port {
+            Port::Client => (
+                split_urls(&self.listen_client_urls),
+                self.advertise_client_urls(),
+                TlsFiles {
+                    cert: self.cert_file.clone(),
+                    key: self.key_file.clone(),
+                    trusted_ca: self.trusted_ca_file.clone(),
+                    client_cert_auth: self.client_cert_auth,
+                    auto: self.auto_tls,
+                    allowed_cn: None,
+                },
+            ),
+            Port::Peer => (
+                split_urls(&self.listen_peer_urls),
+                self.advertise_peer_urls(),
+                TlsFiles {
+                    cert: self.peer_cert_file.clone(),
+                    key: self.peer_key_file.clone(),
+                    trusted_ca: self.peer_trusted_ca_file.clone(),
+                    client_cert_auth: self.peer_client_cert_auth,
+                    auto: self.peer_auto_tls,
+                    allowed_cn: self.peer_cert_allowed_cn.clone(),
+                },
+            ),
+        };
+        let mut hosts: Vec<String> =
+            listen.iter().chain(&advertise).filter_map(|u| url_host(u).ok()).map(str::to_string).collect();
         hosts.extend(["localhost".to_string(), "127.0.0.1".to_string()]);
         hosts.sort();
         hosts.dedup();
-        AutoCert {
-            dir: self.data_dir().join("fixtures").join(port),
+        let auto = AutoCert {
+            dir: self.data_dir().join("fixtures").join(port.name()),
             hosts,
             validity_years: self.self_signed_cert_validity,
-        }
+        };
+        (listen, files, auto)
     }
 
-    /// The client port's listeners: each URL's address, with TLS for `https://`.
-    pub fn client_listeners(&self) -> anyhow::Result<Vec<Listener>> {
-        let urls = split_urls(&self.listen_client_urls);
-        let mut all = urls.clone();
-        all.extend(self.advertise_client_urls());
-        let auto = self.auto_cert("client", &all);
-        let tls = ServerTls::new(&self.client_tls_files(), &self.tls_policy(), &auto, "")?.map(Arc::new);
-        listeners(&urls, tls, "--listen-client-urls", "--cert-file and --key-file, or --auto-tls")
-    }
-
-    /// The peer port's listeners (see [`Config::client_listeners`]).
-    pub fn peer_listeners(&self) -> anyhow::Result<Vec<Listener>> {
-        let urls = split_urls(&self.listen_peer_urls);
-        let mut all = urls.clone();
-        all.extend(self.advertise_peer_urls());
-        let auto = self.auto_cert("peer", &all);
-        let tls = ServerTls::new(&self.peer_tls_files(), &self.tls_policy(), &auto, "peer-")?.map(Arc::new);
-        listeners(&urls, tls, "--listen-peer-urls", "--peer-cert-file and --peer-key-file, or --peer-auto-tls")
+    /// A port's listeners: each listen URL's address, with TLS for
+    /// `https://`; an https URL without a certificate is an error naming
+    /// the flags it needs.
+    pub fn listeners(&self, port: Port) -> anyhow::Result<Vec<Listener>> {
+        let (urls, files, auto) = self.port_tls(port);
+        let prefix = port.flag_prefix();
+        let tls = ServerTls::new(&files, &self.tls_policy(), &auto, prefix)?.map(Arc::new);
+        urls.iter()
+            .map(|url| {
+                let addr = url_addr(url)?;
+                match (is_https(url), &tls) {
+                    (false, _) => Ok(Listener { addr, tls: None }),
+                    (true, Some(tls)) => Ok(Listener { addr, tls: Some(tls.clone()) }),
+                    (true, None) => bail!(
+                        "--listen-{}-urls has {url}, and an https URL needs --{prefix}cert-file and \
+                         --{prefix}key-file, or --{prefix}auto-tls",
+                        port.name()
+                    ),
+                }
+            })
+            .collect()
     }
 
     /// How this member dials `https://` peers (None without peer TLS).
     pub fn peer_client_tls(&self) -> anyhow::Result<Option<Arc<rustls::ClientConfig>>> {
-        let mut all = split_urls(&self.listen_peer_urls);
-        all.extend(self.advertise_peer_urls());
-        crate::tls::peer_client_config(&self.peer_tls_files(), &self.tls_policy(), &self.auto_cert("peer", &all))
+        let (_, files, auto) = self.port_tls(Port::Peer);
+        crate::tls::peer_client_config(&files, &self.tls_policy(), &auto)
     }
 
     /// The address peer connections leave from: the one peer address this
@@ -315,23 +348,6 @@ impl Config {
 
 fn split_urls(s: &str) -> Vec<String> {
     s.split(',').map(str::trim).filter(|u| !u.is_empty()).map(String::from).collect()
-}
-
-/// One listener per URL, with `tls` on the `https://` ones; an `https://` URL
-/// without TLS configured is an error naming `flag` and what it `needs`.
-fn listeners(urls: &[String], tls: Option<Arc<ServerTls>>, flag: &str, needs: &str) -> anyhow::Result<Vec<Listener>> {
-    urls.iter()
-        .map(|url| {
-            let addr = url_addr(url)?;
-            if !is_https(url) {
-                return Ok(Listener { addr, tls: None });
-            }
-            match &tls {
-                Some(tls) => Ok(Listener { addr, tls: Some(tls.clone()) }),
-                None => bail!("{flag} has {url}, and an https URL needs {needs}"),
-            }
-        })
-        .collect()
 }
 
 /// Whether a URL asks for TLS.

@@ -2,7 +2,7 @@
 //! clients, and shut down cleanly on SIGTERM or SIGINT.
 
 use clap::Parser;
-use raftlock::config::Config;
+use raftlock::config::{Config, Port};
 use raftlock::Node;
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -21,7 +21,7 @@ async fn main() -> anyhow::Result<()> {
         .init();
     disable_transparent_huge_pages();
 
-    let (peer_listeners, client_listeners) = (config.peer_listeners()?, config.client_listeners()?);
+    let (peer_listeners, client_listeners) = (config.listeners(Port::Peer)?, config.listeners(Port::Client)?);
     let node = Node::start(&config).await?;
     let peers = tokio::spawn(node.clone().serve_peers(peer_listeners));
     let clients = tokio::spawn(raftlock::serve_clients(node.clone(), client_listeners));
