@@ -1,6 +1,8 @@
-//! The applied state a node serves from: the MVCC store, the lease table and
-//! the members' published attributes, plus the feed of applied changes that
-//! watchers follow. Written only by the Raft state machine, in log order; read
+//! The applied state a node serves from: the MVCC store, the lease table,
+//! the members' published attributes and the auth store, plus the feed of
+//! applied changes that watchers follow, and the auth tokens this member
+//! accepts (handed out by apply, but not part of the replicated state: see
+//! `auth::tokens`). Written only by the Raft state machine, in log order; read
 //! by every API handler.
 //!
 //! The change feed is a bounded broadcast: apply never waits for a watcher. A
@@ -8,7 +10,7 @@
 //! misses messages, notices (the receiver reports the lag), and catches up
 //! from MVCC history instead.
 //!
-//! Lock order: `mvcc` before `leases` before `members`. All are std `RwLock`s, not tokio's:
+//! Lock order: `mvcc` before `leases` before `members` before `auth`. All are std `RwLock`s, not tokio's:
 //! they are never held across an `.await`, and a read holds one only while it
 //! copies its answer out, so apply is never kept waiting for a client.
 
@@ -17,6 +19,7 @@ use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use serde::{Deserialize, Serialize};
 
+use crate::auth::{AuthStore, Tokens};
 use crate::lease::LeaseTable;
 use crate::mvcc::{Change, MvccStore, Revision};
 
@@ -60,21 +63,42 @@ pub struct AppliedState {
     mvcc: RwLock<MvccStore>,
     leases: RwLock<LeaseTable>,
     members: RwLock<BTreeMap<u64, MemberAttrs>>,
+    auth: RwLock<AuthStore>,
+    tokens: Tokens,
     feed: tokio::sync::broadcast::Sender<std::sync::Arc<AppliedChanges>>,
 }
 
 impl Default for AppliedState {
     fn default() -> Self {
-        AppliedState {
-            mvcc: RwLock::default(),
-            leases: RwLock::default(),
-            members: RwLock::default(),
-            feed: tokio::sync::broadcast::channel(CHANGE_FEED_CAPACITY).0,
-        }
+        AppliedState::with_tokens(Tokens::default())
     }
 }
 
 impl AppliedState {
+    /// An empty state whose member accepts `tokens`.
+    pub fn with_tokens(tokens: Tokens) -> AppliedState {
+        AppliedState {
+            mvcc: RwLock::default(),
+            leases: RwLock::default(),
+            members: RwLock::default(),
+            auth: RwLock::default(),
+            tokens,
+            feed: tokio::sync::broadcast::channel(CHANGE_FEED_CAPACITY).0,
+        }
+    }
+
+    pub fn auth(&self) -> RwLockReadGuard<'_, AuthStore> {
+        self.auth.read().expect("auth lock poisoned")
+    }
+
+    pub fn auth_mut(&self) -> RwLockWriteGuard<'_, AuthStore> {
+        self.auth.write().expect("auth lock poisoned")
+    }
+
+    pub fn tokens(&self) -> &Tokens {
+        &self.tokens
+    }
+
     pub fn mvcc(&self) -> RwLockReadGuard<'_, MvccStore> {
         self.mvcc.read().expect("mvcc lock poisoned")
     }

@@ -15,6 +15,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::auth::{AuthCommand, AuthError};
 use crate::mvcc::{
     DeleteRangeRequest, DeleteRangeResult, MvccError, PutRequest, PutResult, Revision, TxnRequest, TxnResult,
 };
@@ -58,6 +59,45 @@ pub enum Command {
         id: i64,
         term: u64,
     },
+    /// A change of etcd's auth store (users, roles, on/off) or a simple
+    /// token handed out. Clients' changes arrive wrapped in `AsUser`.
+    Auth(AuthCommand),
+    /// A client's command with who sent it: while auth is on, apply runs it
+    /// only if the auth store, as it stands then, lets `user` do it
+    /// (`auth_revision` is the store revision the caller was identified at;
+    /// 0 with an empty user: nobody). While auth is off it is `command`.
+    AsUser {
+        user: String,
+        auth_revision: u64,
+        command: UserCommand,
+    },
+}
+
+/// What a client may ask for in a `Command::AsUser`: a separate type, so
+/// that an `AsUser` can never hold another (no nesting to bound on decode).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum UserCommand {
+    Put(PutRequest),
+    DeleteRange(DeleteRangeRequest),
+    Txn(TxnRequest),
+    Compact { revision: Revision },
+    LeaseGrant { id: i64, ttl: i64 },
+    LeaseRevoke { id: i64 },
+    Auth(AuthCommand),
+}
+
+impl From<UserCommand> for Command {
+    fn from(c: UserCommand) -> Command {
+        match c {
+            UserCommand::Put(r) => Command::Put(r),
+            UserCommand::DeleteRange(r) => Command::DeleteRange(r),
+            UserCommand::Txn(r) => Command::Txn(r),
+            UserCommand::Compact { revision } => Command::Compact { revision },
+            UserCommand::LeaseGrant { id, ttl } => Command::LeaseGrant { id, ttl },
+            UserCommand::LeaseRevoke { id } => Command::LeaseRevoke { id },
+            UserCommand::Auth(a) => Command::Auth(a),
+        }
+    }
 }
 
 /// The outcome of applying one log entry, identical on every replica. The
@@ -95,6 +135,15 @@ pub enum CommandResult {
     /// A `Command::LeaseExpire` whose entry was appended in another term
     /// than the one it was decided in: nothing changed.
     ExpiryOfAnotherTerm {
+        revision: Revision,
+    },
+    /// An auth command was applied.
+    AuthChanged {
+        revision: Revision,
+    },
+    /// Auth refused a command (`AsUser`) or an auth change: nothing changed.
+    Denied {
+        error: AuthError,
         revision: Revision,
     },
 }

@@ -132,6 +132,15 @@ pub struct Config {
     /// How many years --auto-tls and --peer-auto-tls certificates are valid.
     #[arg(long, env = "RAFTLOCK_SELF_SIGNED_CERT_VALIDITY", default_value_t = 1)]
     pub self_signed_cert_validity: u32,
+    /// Auth tokens: `simple`, or `jwt,pub-key=FILE,priv-key=FILE,sign-method=ALG[,ttl=5m]`.
+    #[arg(long, env = "RAFTLOCK_AUTH_TOKEN", default_value = "simple")]
+    pub auth_token: String,
+    /// Seconds a simple token lives after its last use.
+    #[arg(long, env = "RAFTLOCK_AUTH_TOKEN_TTL", default_value_t = 300)]
+    pub auth_token_ttl: u64,
+    /// bcrypt cost of stored passwords (4 to 31).
+    #[arg(long, env = "RAFTLOCK_BCRYPT_COST", default_value_t = 10)]
+    pub bcrypt_cost: u32,
     /// Log filter (tracing's env-filter syntax).
     #[arg(long, env = "RAFTLOCK_LOG_LEVEL", default_value = "info,openraft=warn")]
     pub log_level: String,
@@ -318,6 +327,11 @@ impl Config {
         Duration::from_millis(self.election_timeout)
     }
 
+    /// The auth tokens this member hands out and accepts (`--auth-token`).
+    pub fn auth_tokens(&self) -> anyhow::Result<crate::auth::TokenConfig> {
+        crate::auth::TokenConfig::parse(&self.auth_token, self.auth_token_ttl)
+    }
+
     pub fn validate(&self) -> anyhow::Result<()> {
         if self.heartbeat_interval == 0 || self.election_timeout < 5 * self.heartbeat_interval {
             bail!("--election-timeout must be at least 5 times --heartbeat-interval");
@@ -325,6 +339,10 @@ impl Config {
         if self.snapshot_count == 0 {
             bail!("--snapshot-count must be at least 1");
         }
+        if !(4..=31).contains(&self.bcrypt_cost) {
+            bail!("--bcrypt-cost must be between 4 and 31");
+        }
+        self.auth_tokens()?;
         let peer_tls = self.peer_cert_file.is_some() || self.peer_auto_tls;
         if !peer_tls {
             if let Some(url) = self.initial_members()?.values().flat_map(|m| &m.peer_urls).find(|u| is_https(u)) {

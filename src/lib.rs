@@ -8,6 +8,7 @@
 //!               linearizable reads (ReadIndex), lease time, membership
 //!   raft/       the only module that names openraft: log store, state machine,
 //!               the peer protocol (raft/peer/), replication pipes
+//!   auth/       etcd's auth: users, roles, permission checks, tokens
 //!   command     the replicated log format (Command, CommandResult)
 //!   applied     the applied state readers share with the state machine
 //!   watch lease mvcc/     the deterministic data model (no tokio, no openraft)
@@ -37,6 +38,7 @@
 
 mod api;
 mod applied;
+mod auth;
 mod batcher;
 pub mod client;
 mod command;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use super::{error, header};
+use super::{auth, error, header};
 use crate::proto::etcdserverpb as pb;
 use crate::proto::etcdserverpb::cluster_server::{Cluster, ClusterServer};
 use crate::server::{MemberInfo, MembershipChange, Node};
@@ -45,6 +45,7 @@ impl ClusterService {
 #[tonic::async_trait]
 impl Cluster for ClusterService {
     async fn member_add(&self, req: Request<pb::MemberAddRequest>) -> Result<Response<pb::MemberAddResponse>, Status> {
+        auth::admin(&self.node, &req).await?;
         let req = req.into_inner();
         let change = MembershipChange::Add { peer_urls: req.peer_ur_ls.clone(), is_learner: req.is_learner };
         let id = self.change(change).await?;
@@ -64,6 +65,7 @@ impl Cluster for ClusterService {
         &self,
         req: Request<pb::MemberRemoveRequest>,
     ) -> Result<Response<pb::MemberRemoveResponse>, Status> {
+        auth::admin(&self.node, &req).await?;
         self.change(MembershipChange::Remove { id: req.into_inner().id }).await?;
         let header = header(&self.node, self.node.revision());
         Ok(Response::new(pb::MemberRemoveResponse { header, members: self.members() }))
@@ -73,6 +75,7 @@ impl Cluster for ClusterService {
         &self,
         req: Request<pb::MemberUpdateRequest>,
     ) -> Result<Response<pb::MemberUpdateResponse>, Status> {
+        auth::admin(&self.node, &req).await?;
         let req = req.into_inner();
         self.change(MembershipChange::Update { id: req.id, peer_urls: req.peer_ur_ls }).await?;
         let header = header(&self.node, self.node.revision());
@@ -96,6 +99,7 @@ impl Cluster for ClusterService {
         &self,
         req: Request<pb::MemberPromoteRequest>,
     ) -> Result<Response<pb::MemberPromoteResponse>, Status> {
+        auth::admin(&self.node, &req).await?;
         self.change(MembershipChange::Promote { id: req.into_inner().id }).await?;
         let header = header(&self.node, self.node.revision());
         Ok(Response::new(pb::MemberPromoteResponse { header, members: self.members() }))

@@ -7,6 +7,7 @@
 
 use tonic::Status;
 
+use crate::auth::AuthError;
 use crate::locks::RecipeError;
 use crate::mvcc::MvccError;
 use crate::server::{MembershipFailure, MembershipRefusal, ServerError, TransferError, WriteError};
@@ -111,7 +112,33 @@ pub fn write(e: WriteError) -> Status {
     match e {
         WriteError::Server(e) => server(e),
         WriteError::Rejected(e) => mvcc(e),
+        WriteError::Denied(e) => auth(e),
     }
+}
+
+/// What auth refused, with etcd's code and message.
+pub fn auth(e: AuthError) -> Status {
+    use tonic::Code;
+    use AuthError::*;
+    let code = match e {
+        // etcd has no gRPC error for it: its auth package's error goes out as is.
+        NoPasswordUser => return unchecked_auth(e),
+        PermissionDenied => Code::PermissionDenied,
+        InvalidToken => Code::Unauthenticated,
+        AuthFailed | UserEmpty | RoleEmpty | PermissionNotGiven | InvalidManagement | OldRevision => {
+            Code::InvalidArgument
+        }
+        UserNotFound | UserAlreadyExists | RoleNotFound | RoleAlreadyExists | RoleNotGranted | PermissionNotGranted
+        | NotEnabled | RootUserNotExist | RootRoleNotExist => Code::FailedPrecondition,
+    };
+    Status::new(code, format!("etcdserver: {e}"))
+}
+
+/// An auth error as etcd's auth package words it, with code Unknown: what
+/// etcd's Maintenance service answers (its admin check hands the error on
+/// without mapping it).
+pub fn unchecked_auth(e: AuthError) -> Status {
+    Status::unknown(format!("auth: {e}"))
 }
 
 pub fn membership(e: MembershipFailure) -> Status {
@@ -154,6 +181,7 @@ pub fn v3_recipe(e: RecipeError) -> Status {
         RecipeError::NotLeader => Status::unknown("election: not leader"),
         RecipeError::NoLeader => Status::unknown("election: no leader"),
         RecipeError::TimedOut => Status::unknown("lock: wait timed out"),
+        RecipeError::Denied(e) => Status::unknown(auth(e).message()),
     }
 }
 
@@ -162,6 +190,7 @@ pub fn native_recipe(e: RecipeError) -> Status {
     match e {
         RecipeError::Server(e) => server(e),
         RecipeError::Mvcc(e) => mvcc(e),
+        RecipeError::Denied(e) => auth(e),
         RecipeError::SessionExpired => {
             Status::failed_precondition("raftlock: the lease ended while waiting for the lock")
         }

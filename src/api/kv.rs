@@ -11,7 +11,8 @@ use std::sync::Arc;
 use prost::Message;
 use tonic::{Request, Response, Status};
 
-use super::{error, header, MAX_GRPC_MESSAGE_BYTES, MAX_REQUEST_BYTES, MAX_TXN_OPS};
+use super::{auth, error, header, MAX_GRPC_MESSAGE_BYTES, MAX_REQUEST_BYTES, MAX_TXN_OPS};
+use crate::auth::PermKind;
 use crate::mvcc::{self, KeyRange};
 use crate::proto::etcdserverpb as pb;
 use crate::proto::etcdserverpb::kv_server::{Kv, KvServer};
@@ -38,20 +39,23 @@ fn check_size(req: &impl Message) -> Result<(), Status> {
 #[tonic::async_trait]
 impl Kv for KvService {
     async fn range(&self, req: Request<pb::RangeRequest>) -> Result<Response<pb::RangeResponse>, Status> {
+        let caller = auth::caller(&self.node, &req).await?;
         let req = req.into_inner();
         let range = range_request(&req)?;
         if !req.serializable {
             self.node.read_barrier().await.map_err(error::server)?;
         }
+        auth::check(&self.node, &caller, &req.key, &req.range_end, PermKind::Read)?;
         let result = self.node.state().mvcc().range(&range).map_err(error::mvcc)?;
         Ok(Response::new(range_response(&self.node, result)))
     }
 
     async fn put(&self, req: Request<pb::PutRequest>) -> Result<Response<pb::PutResponse>, Status> {
+        let caller = auth::caller(&self.node, &req).await?;
         let req = req.into_inner();
         check_size(&req)?;
         let put = put_request(req)?;
-        let result = self.node.put(put).await.map_err(error::write)?;
+        let result = self.node.put(put, Some(&caller)).await.map_err(error::write)?;
         Ok(Response::new(put_response(&self.node, result)))
     }
 
@@ -59,14 +63,16 @@ impl Kv for KvService {
         &self,
         req: Request<pb::DeleteRangeRequest>,
     ) -> Result<Response<pb::DeleteRangeResponse>, Status> {
+        let caller = auth::caller(&self.node, &req).await?;
         let req = req.into_inner();
         check_size(&req)?;
         let del = delete_request(req)?;
-        let result = self.node.delete_range(del).await.map_err(error::write)?;
+        let result = self.node.delete_range(del, Some(&caller)).await.map_err(error::write)?;
         Ok(Response::new(delete_response(&self.node, result)))
     }
 
     async fn txn(&self, req: Request<pb::TxnRequest>) -> Result<Response<pb::TxnResponse>, Status> {
+        let caller = auth::caller(&self.node, &req).await?;
         let req = req.into_inner();
         check_size(&req)?;
         check_txn(&req, MAX_TXN_OPS)?;
@@ -77,9 +83,10 @@ impl Kv for KvService {
             // etcd serves a txn of reads without Raft; so does raftlock, with the
             // same linearizable barrier as a Range.
             self.node.read_barrier().await.map_err(error::server)?;
+            crate::auth::checks::check_txn(&self.node.state().auth(), &caller, &txn).map_err(error::auth)?;
             self.node.state().mvcc().read_txn(&txn).map_err(error::mvcc)?
         } else {
-            self.node.txn(txn).await.map_err(error::write)?
+            self.node.txn(txn, Some(&caller)).await.map_err(error::write)?
         };
         let mut resp = txn_response(result, true);
         resp.header = header(&self.node, resp.header.map_or(0, |h| h.revision));
@@ -87,8 +94,9 @@ impl Kv for KvService {
     }
 
     async fn compact(&self, req: Request<pb::CompactionRequest>) -> Result<Response<pb::CompactionResponse>, Status> {
+        let caller = auth::caller(&self.node, &req).await?;
         let req = req.into_inner();
-        let revision = self.node.compact(req.revision).await.map_err(error::write)?;
+        let revision = self.node.compact(req.revision, Some(&caller)).await.map_err(error::write)?;
         Ok(Response::new(pb::CompactionResponse { header: header(&self.node, revision) }))
     }
 }

@@ -5,6 +5,10 @@
 //! them). A granted TTL below the floor (1.5 election timeouts, rounded up to
 //! a second) is raised to it, as etcd does; the lease ID is the client's, or a
 //! random one the server picks.
+//!
+//! Auth: Grant needs nothing; Revoke needs WRITE on every attached key
+//! (checked by apply); KeepAlive WRITE and TimeToLive READ on every
+//! attached key (checked here).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -12,7 +16,8 @@ use std::sync::Arc;
 use futures::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::{error, header};
+use super::{auth, error, header};
+use crate::auth::{Caller, PermKind};
 use crate::lease::MAX_LEASE_TTL;
 use crate::proto::etcdserverpb as pb;
 use crate::proto::etcdserverpb::lease_server::{Lease, LeaseServer};
@@ -36,11 +41,12 @@ impl Lease for LeaseService {
         &self,
         req: Request<pb::LeaseGrantRequest>,
     ) -> Result<Response<pb::LeaseGrantResponse>, Status> {
+        let caller = auth::caller(&self.node, &req).await?;
         let req = req.into_inner();
         if req.ttl > MAX_LEASE_TTL {
             return Err(error::too_large_ttl());
         }
-        let granted = self.node.grant_lease(req.id, req.ttl).await.map_err(error::write)?;
+        let granted = self.node.grant_lease(req.id, req.ttl, Some(&caller)).await.map_err(error::write)?;
         let header = header(&self.node, granted.revision);
         Ok(Response::new(pb::LeaseGrantResponse { header, id: granted.id, ttl: granted.ttl, error: String::new() }))
     }
@@ -49,8 +55,9 @@ impl Lease for LeaseService {
         &self,
         req: Request<pb::LeaseRevokeRequest>,
     ) -> Result<Response<pb::LeaseRevokeResponse>, Status> {
+        let caller = auth::caller(&self.node, &req).await?;
         let id = req.into_inner().id;
-        let revision = self.node.revoke_lease(id).await.map_err(error::write)?;
+        let revision = self.node.revoke_lease(id, Some(&caller)).await.map_err(error::write)?;
         Ok(Response::new(pb::LeaseRevokeResponse { header: header(&self.node, revision) }))
     }
 
@@ -60,6 +67,7 @@ impl Lease for LeaseService {
         &self,
         req: Request<Streaming<pb::LeaseKeepAliveRequest>>,
     ) -> Result<Response<KeepAliveStream>, Status> {
+        let caller = auth::caller(&self.node, &req).await?;
         let mut inbound = req.into_inner();
         let node = self.node.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(16);
@@ -71,6 +79,11 @@ impl Lease for LeaseService {
                     _ = stopping.stopped() => None,
                 };
                 let Some(Ok(msg)) = next else { return };
+                // Keeping a lease alive keeps its keys: WRITE on each of them.
+                if let Err(e) = attached_keys_allowed(&node, &caller, msg.id, PermKind::Write) {
+                    let _ = tx.send(Err(e)).await;
+                    return;
+                }
                 let reply = match node.keep_alive(msg.id).await {
                     Ok(ttl) => {
                         let revision = node.revision();
@@ -91,8 +104,13 @@ impl Lease for LeaseService {
         &self,
         req: Request<pb::LeaseTimeToLiveRequest>,
     ) -> Result<Response<pb::LeaseTimeToLiveResponse>, Status> {
+        let caller = auth::caller(&self.node, &req).await?;
         let req = req.into_inner();
         let status = self.node.time_to_live(req.id).await.map_err(error::server)?;
+        // TimeToLive names the lease's keys: READ on each of them.
+        if let Some(s) = &status {
+            s.keys.iter().try_for_each(|k| auth::check(&self.node, &caller, k, &[], PermKind::Read))?;
+        }
         let header = header(&self.node, self.node.revision());
         let resp = match status {
             Some(s) => pb::LeaseTimeToLiveResponse {
@@ -116,4 +134,11 @@ impl Lease for LeaseService {
         let leases = self.node.state().leases().ids().map(|id| pb::LeaseStatus { id }).collect();
         Ok(Response::new(pb::LeaseLeasesResponse { header: header(&self.node, self.node.revision()), leases }))
     }
+}
+
+/// Whether `caller` may do a `kind` operation on every key attached to lease `id`.
+fn attached_keys_allowed(node: &Node, caller: &Caller, id: i64, kind: PermKind) -> Result<(), Status> {
+    let keys: Vec<Vec<u8>> =
+        node.state().leases().get(id).map(|l| l.keys.iter().cloned().collect()).unwrap_or_default();
+    keys.iter().try_for_each(|k| auth::check(node, caller, k, &[], kind))
 }

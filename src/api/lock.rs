@@ -7,8 +7,10 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use super::{error, header};
+use super::{auth, error, header};
+use crate::auth::PermKind;
 use crate::locks::election::{self, LeaderKey};
+use crate::locks::queue_prefix;
 use crate::locks::{self, mutex};
 use crate::proto::v3electionpb as epb;
 use crate::proto::v3electionpb::election_server::{Election, ElectionServer};
@@ -29,15 +31,42 @@ impl LockService {
 #[tonic::async_trait]
 impl Lock for LockService {
     async fn lock(&self, req: Request<lpb::LockRequest>) -> Result<Response<lpb::LockResponse>, Status> {
+        let caller = auth::caller(&self.node, &req).await?;
         let req = req.into_inner();
+        auth::check_prefix(&self.node, &caller, &queue_prefix(&req.name)).map_err(denied)?;
         let (held, revision) = mutex::lock(self.node.clone(), &req.name, req.lease).await.map_err(error::v3_recipe)?;
         Ok(Response::new(lpb::LockResponse { header: header(&self.node, revision), key: held.key }))
     }
 
     async fn unlock(&self, req: Request<lpb::UnlockRequest>) -> Result<Response<lpb::UnlockResponse>, Status> {
-        let revision = locks::delete(&self.node, &req.into_inner().key).await.map_err(error::v3_recipe)?;
+        let caller = auth::caller(&self.node, &req).await?;
+        let key = req.into_inner().key;
+        auth::check(&self.node, &caller, &key, &[], PermKind::Write).map_err(unknown)?;
+        let revision = locks::delete(&self.node, &key).await.map_err(error::v3_recipe)?;
         Ok(Response::new(lpb::UnlockResponse { header: header(&self.node, revision) }))
     }
+}
+
+/// etcd runs its lock and election services through a client of its own,
+/// which hands auth's refusals on as gRPC code Unknown with the message.
+fn unknown(s: Status) -> Status {
+    Status::unknown(s.message())
+}
+
+fn denied(e: crate::auth::AuthError) -> Status {
+    error::v3_recipe(locks::RecipeError::Denied(e))
+}
+
+/// Proclaim and Resign compare and write the leader's key.
+fn check_leader_key(node: &Node, caller: &crate::auth::Caller, key: &[u8]) -> Result<(), Status> {
+    auth::check(node, caller, key, &[], PermKind::Read).map_err(unknown)?;
+    auth::check(node, caller, key, &[], PermKind::Write).map_err(unknown)
+}
+
+/// Leader and Observe read the election's keys.
+fn check_read_prefix(node: &Node, caller: &crate::auth::Caller, name: &[u8]) -> Result<(), Status> {
+    let prefix = queue_prefix(name);
+    auth::check(node, caller, &prefix, &locks::prefix_end(&prefix), PermKind::Read).map_err(unknown)
 }
 
 pub struct ElectionService {
@@ -60,7 +89,9 @@ type ObserveStream = Pin<Box<dyn futures::Stream<Item = Result<epb::LeaderRespon
 #[tonic::async_trait]
 impl Election for ElectionService {
     async fn campaign(&self, req: Request<epb::CampaignRequest>) -> Result<Response<epb::CampaignResponse>, Status> {
+        let caller = auth::caller(&self.node, &req).await?;
         let req = req.into_inner();
+        auth::check_prefix(&self.node, &caller, &queue_prefix(&req.name)).map_err(denied)?;
         let (l, revision) =
             election::campaign(self.node.clone(), &req.name, req.lease, &req.value).await.map_err(error::v3_recipe)?;
         let leader = epb::LeaderKey { name: l.name, key: l.key, rev: l.rev, lease: l.lease };
@@ -68,14 +99,19 @@ impl Election for ElectionService {
     }
 
     async fn proclaim(&self, req: Request<epb::ProclaimRequest>) -> Result<Response<epb::ProclaimResponse>, Status> {
+        let caller = auth::caller(&self.node, &req).await?;
         let req = req.into_inner();
         let leader = leader_key(req.leader)?;
+        check_leader_key(&self.node, &caller, &leader.key)?;
         let revision = election::proclaim(&self.node, &leader, &req.value).await.map_err(error::v3_recipe)?;
         Ok(Response::new(epb::ProclaimResponse { header: header(&self.node, revision) }))
     }
 
     async fn leader(&self, req: Request<epb::LeaderRequest>) -> Result<Response<epb::LeaderResponse>, Status> {
-        let kv = election::leader(&self.node, &req.into_inner().name).await.map_err(error::v3_recipe)?;
+        let caller = auth::caller(&self.node, &req).await?;
+        let name = req.into_inner().name;
+        check_read_prefix(&self.node, &caller, &name)?;
+        let kv = election::leader(&self.node, &name).await.map_err(error::v3_recipe)?;
         let kv = Some(super::kv::key_value(kv));
         Ok(Response::new(epb::LeaderResponse { header: header(&self.node, self.node.revision()), kv }))
     }
@@ -83,7 +119,9 @@ impl Election for ElectionService {
     type ObserveStream = ObserveStream;
 
     async fn observe(&self, req: Request<epb::LeaderRequest>) -> Result<Response<ObserveStream>, Status> {
+        let caller = auth::caller(&self.node, &req).await?;
         let name = req.into_inner().name;
+        check_read_prefix(&self.node, &caller, &name)?;
         let (tx, rx) = tokio::sync::mpsc::channel(16);
         let node = self.node.clone();
         tokio::spawn(async move {
@@ -100,7 +138,9 @@ impl Election for ElectionService {
     }
 
     async fn resign(&self, req: Request<epb::ResignRequest>) -> Result<Response<epb::ResignResponse>, Status> {
+        let caller = auth::caller(&self.node, &req).await?;
         let leader = leader_key(req.into_inner().leader)?;
+        check_leader_key(&self.node, &caller, &leader.key)?;
         let revision = election::resign(&self.node, &leader).await.map_err(error::v3_recipe)?;
         Ok(Response::new(epb::ResignResponse { header: header(&self.node, revision) }))
     }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use super::{error, header};
+use super::{auth, error, header};
 use crate::proto::etcdserverpb as pb;
 use crate::proto::etcdserverpb::maintenance_server::{Maintenance, MaintenanceServer};
 use crate::server::Node;
@@ -73,7 +73,11 @@ impl Maintenance for MaintenanceService {
 
     /// sled has no file compaction to trigger (it reclaims space itself);
     /// what remains to do is to push the state store to disk.
-    async fn defragment(&self, _: Request<pb::DefragmentRequest>) -> Result<Response<pb::DefragmentResponse>, Status> {
+    async fn defragment(
+        &self,
+        req: Request<pb::DefragmentRequest>,
+    ) -> Result<Response<pb::DefragmentResponse>, Status> {
+        auth::maintenance_admin(&self.node, &req).await?;
         let node = self.node.clone();
         tokio::task::spawn_blocking(move || node.sync_state())
             .await
@@ -82,11 +86,13 @@ impl Maintenance for MaintenanceService {
         Ok(Response::new(pb::DefragmentResponse { header: header(&self.node, self.node.revision()) }))
     }
 
-    async fn hash(&self, _: Request<pb::HashRequest>) -> Result<Response<pb::HashResponse>, Status> {
+    async fn hash(&self, req: Request<pb::HashRequest>) -> Result<Response<pb::HashResponse>, Status> {
+        auth::maintenance_admin(&self.node, &req).await?;
         Err(error::not_supported("hash"))
     }
 
-    async fn hash_kv(&self, _: Request<pb::HashKvRequest>) -> Result<Response<pb::HashKvResponse>, Status> {
+    async fn hash_kv(&self, req: Request<pb::HashKvRequest>) -> Result<Response<pb::HashKvResponse>, Status> {
+        auth::maintenance_admin(&self.node, &req).await?;
         Err(error::not_supported("hash kv"))
     }
 
@@ -96,8 +102,9 @@ impl Maintenance for MaintenanceService {
     /// raftlock's snapshot encoding, zero-padded to a multiple of 512 bytes and
     /// followed by the SHA-256 of all that — etcd's trailer, which etcdctl
     /// checks — in chunks of [`SNAPSHOT_CHUNK`] bytes.
-    async fn snapshot(&self, _: Request<pb::SnapshotRequest>) -> Result<Response<SnapshotStream>, Status> {
+    async fn snapshot(&self, req: Request<pb::SnapshotRequest>) -> Result<Response<SnapshotStream>, Status> {
         use sha2::Digest;
+        auth::maintenance_admin(&self.node, &req).await?;
         // Copying and encoding the whole state is long work: not on the runtime's thread.
         let node = self.node.clone();
         let (mut data, revision) = tokio::task::spawn_blocking(move || node.snapshot())
@@ -128,6 +135,7 @@ impl Maintenance for MaintenanceService {
         &self,
         req: Request<pb::MoveLeaderRequest>,
     ) -> Result<Response<pb::MoveLeaderResponse>, Status> {
+        auth::maintenance_admin(&self.node, &req).await?;
         self.node.move_leader(req.into_inner().target_id).await.map_err(error::transfer)?;
         Ok(Response::new(pb::MoveLeaderResponse { header: header(&self.node, self.node.revision()) }))
     }

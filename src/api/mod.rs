@@ -9,6 +9,7 @@
 //! refused with "request is too large"; the gRPC layer accepts messages up to
 //! [`MAX_REQUEST_BYTES`] + 512 KiB so that such requests reach that check.
 
+pub mod auth;
 pub mod cluster;
 pub mod error;
 pub mod kv;
@@ -48,6 +49,7 @@ pub async fn serve_clients(node: Arc<Node>, listeners: Vec<crate::server::listen
     let make = || {
         Server::builder()
             .add_service(kv::KvService::server(node.clone()))
+            .add_service(auth::AuthService::server(node.clone()))
             .add_service(cluster::ClusterService::server(node.clone()))
             .add_service(maintenance::MaintenanceService::server(node.clone()))
             .add_service(lease::LeaseService::server(node.clone()))

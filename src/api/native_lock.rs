@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use tonic::{Request, Response, Status};
 
-use super::{error, header};
+use super::{auth, error, header};
+use crate::auth::PermKind;
 use crate::locks;
 use crate::locks::fenced::{self, Acquired, Owner, Wait};
 use crate::proto::raftlock::v1 as pb;
@@ -60,8 +61,10 @@ impl LocksService {
 #[tonic::async_trait]
 impl Locks for LocksService {
     async fn acquire(&self, req: Request<pb::AcquireRequest>) -> Result<Response<pb::AcquireResponse>, Status> {
+        let caller = auth::caller(&self.node, &req).await?;
         let req = req.into_inner();
         name(&req.name)?;
+        auth::check_prefix(&self.node, &caller, &locks::queue_prefix(&req.name)).map_err(error::auth)?;
         if req.lease == 0 {
             return Err(error::lease_required());
         }
@@ -94,10 +97,13 @@ impl Locks for LocksService {
     }
 
     async fn release(&self, req: Request<pb::ReleaseRequest>) -> Result<Response<pb::ReleaseResponse>, Status> {
+        let caller = auth::caller(&self.node, &req).await?;
         let req = req.into_inner();
         if req.key.is_empty() {
             return Err(error::empty_key());
         }
+        auth::check(&self.node, &caller, &req.key, &[], PermKind::Read)?;
+        auth::check(&self.node, &caller, &req.key, &[], PermKind::Write)?;
         if req.token <= 0 {
             return Err(error::release_needs_token());
         }
@@ -110,8 +116,11 @@ impl Locks for LocksService {
     }
 
     async fn describe(&self, req: Request<pb::DescribeRequest>) -> Result<Response<pb::DescribeResponse>, Status> {
+        let caller = auth::caller(&self.node, &req).await?;
         let req = req.into_inner();
         name(&req.name)?;
+        let prefix = locks::queue_prefix(&req.name);
+        auth::check(&self.node, &caller, &prefix, &locks::prefix_end(&prefix), PermKind::Read)?;
         let d = fenced::describe(&self.node, &req.name, permits(req.permits)?).await.map_err(error::native_recipe)?;
         Ok(Response::new(pb::DescribeResponse {
             header: header(&self.node, d.revision),
@@ -121,7 +130,12 @@ impl Locks for LocksService {
     }
 
     async fn list(&self, req: Request<pb::ListRequest>) -> Result<Response<pb::ListResponse>, Status> {
+        let caller = auth::caller(&self.node, &req).await?;
         let req = req.into_inner();
+        match req.prefix.is_empty() {
+            true => auth::check(&self.node, &caller, &[0], &[0], PermKind::Read)?,
+            false => auth::check(&self.node, &caller, &req.prefix, &locks::prefix_end(&req.prefix), PermKind::Read)?,
+        }
         let (locks, revision) =
             fenced::list(&self.node, &req.prefix, permits(req.permits)?).await.map_err(error::native_recipe)?;
         let locks = locks

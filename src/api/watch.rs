@@ -38,7 +38,8 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::{error, header, MAX_REQUEST_BYTES};
+use super::{auth, error, header, MAX_REQUEST_BYTES};
+use crate::auth::PermKind;
 use crate::mvcc::{KeyRange, KeyValue, MvccError, Revision};
 use crate::proto::etcdserverpb as pb;
 use crate::proto::etcdserverpb::watch_server::{Watch, WatchServer};
@@ -75,6 +76,7 @@ impl Watch for WatchService {
         }
         let (tx, rx) = mpsc::channel(OUTBOX);
         let session = Session {
+            credentials: auth::Credentials::of(&req),
             feed: self.node.state().subscribe(),
             node: self.node.clone(),
             outbox: tx,
@@ -91,6 +93,8 @@ struct Gone;
 
 struct Session {
     node: Arc<Node>,
+    /// Who opened the stream: each create is checked (READ on its range).
+    credentials: auth::Credentials,
     feed: crate::applied::Feed,
     outbox: mpsc::Sender<Result<pb::WatchResponse, Status>>,
     watchers: BTreeMap<i64, Watcher>,
@@ -194,6 +198,16 @@ impl Session {
             resp.cancel_reason = reason.to_string();
             return self.send(resp).await;
         }
+        if !self.permitted(&key, &c.range_end).await {
+            // As etcd: a watch auth refuses is created and canceled at once,
+            // with the ID asked for and gRPC's rendering of the error.
+            let mut resp = self.response(c.watch_id, current);
+            resp.created = true;
+            resp.canceled = true;
+            let denied = error::auth(crate::auth::AuthError::PermissionDenied);
+            resp.cancel_reason = format!("rpc error: code = PermissionDenied desc = {}", denied.message());
+            return self.send(resp).await;
+        }
         let id = if c.watch_id != 0 {
             c.watch_id
         } else {
@@ -219,6 +233,14 @@ impl Session {
         };
         self.watchers.insert(id, watcher);
         self.catch_up(id).await
+    }
+
+    /// Whether the stream's caller may read `[key, range_end)`.
+    async fn permitted(&self, key: &[u8], range_end: &[u8]) -> bool {
+        match self.credentials.caller(&self.node).await {
+            Ok(caller) => auth::check(&self.node, &caller, key, range_end, PermKind::Read).is_ok(),
+            Err(_) => false,
+        }
     }
 
     /// Bring one watcher up to the store's revision from history.

@@ -43,7 +43,7 @@ async fn while_leader(node: &Node, leader: &LeaderKey, op: RequestOp) -> Result<
         success: vec![op],
         failure: vec![],
     };
-    let r = node.txn(txn).await?;
+    let r = node.txn(txn, None).await?;
     Ok((r.revision, r.succeeded))
 }
 

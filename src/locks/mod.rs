@@ -57,6 +57,9 @@ pub enum RecipeError {
     /// The wait for a lock reached its deadline.
     #[error("the wait for the lock timed out")]
     TimedOut,
+    /// Auth refused the caller.
+    #[error(transparent)]
+    Denied(crate::auth::AuthError),
 }
 
 impl From<WriteError> for RecipeError {
@@ -64,6 +67,7 @@ impl From<WriteError> for RecipeError {
         match e {
             WriteError::Server(e) => RecipeError::Server(e),
             WriteError::Rejected(e) => RecipeError::Mvcc(e),
+            WriteError::Denied(e) => RecipeError::Denied(e),
         }
     }
 }
@@ -148,7 +152,7 @@ pub async fn enqueue(
         success: std::iter::once(put).chain(reads.iter().cloned()).collect(),
         failure: reads,
     };
-    let result = node.txn(txn).await?;
+    let result = node.txn(txn, None).await?;
     let mut ranges = result.responses.into_iter().filter_map(|r| match r {
         ResponseOp::Range(r) => Some(r.kvs),
         _ => None,
@@ -275,7 +279,7 @@ async fn until(deadline: Option<Instant>) {
 /// Delete `key` (one revision if it existed); returns the store revision.
 pub async fn delete(node: &Node, key: &[u8]) -> Result<i64, RecipeError> {
     let req = DeleteRangeRequest { key: key.to_vec(), range_end: vec![], prev_kv: false };
-    Ok(node.delete_range(req).await?.revision)
+    Ok(node.delete_range(req, None).await?.revision)
 }
 
 /// What a fenced release did.
@@ -300,7 +304,7 @@ pub async fn release(node: &Node, key: &[u8], token: i64) -> Result<Release, Rec
         })],
         failure: vec![RequestOp::Range(RangeRequest { key: key.to_vec(), keys_only: true, ..Default::default() })],
     };
-    let result = node.txn(txn).await?;
+    let result = node.txn(txn, None).await?;
     let current_token = match result.responses.first() {
         Some(ResponseOp::Range(r)) => r.kvs.first().map_or(0, |kv| kv.create_revision),
         _ => 0,

@@ -31,5 +31,5 @@ pub async fn lock(node: Arc<Node>, name: &[u8], lease: i64) -> Result<(KeyValue,
 }
 
 async fn grant_unattended_lease(node: &Node) -> Result<i64, RecipeError> {
-    Ok(node.grant_lease(0, DEFAULT_SESSION_TTL).await?.id)
+    Ok(node.grant_lease(0, DEFAULT_SESSION_TTL, None).await?.id)
 }

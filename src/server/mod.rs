@@ -29,6 +29,7 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::time::Instant;
 
+mod auth;
 pub mod lease_keeper;
 mod leases;
 pub mod listen;
@@ -132,6 +133,10 @@ pub struct Node {
     request_timeout: Duration,
     /// `--election-timeout`: bounds a leadership hand-over at stop.
     election_timeout: Duration,
+    /// `--bcrypt-cost` for the passwords this member hashes.
+    bcrypt_cost: u32,
+    /// `--client-cert-auth`: a verified client certificate names the user.
+    client_cert_auth: bool,
     shutdown: Shutdown,
 }
 
@@ -156,7 +161,7 @@ impl Node {
         let state_store = StateStore::open(&data_dir.join("state")).context("opening the state store")?;
         let log_store = LogStore::open(&data_dir.join("wal"), DEFAULT_SEGMENT_BYTES, state_store.clone(), id)
             .context("opening the WAL")?;
-        let state = Arc::new(AppliedState::default());
+        let state = Arc::new(AppliedState::with_tokens(crate::auth::Tokens::new(config.auth_tokens()?)));
         let state_machine = StateMachine::open(state_store.clone(), state.clone())
             .context("loading the state machine")?
             .staggering_checkpoints(id)
@@ -219,6 +224,8 @@ impl Node {
                 state_store,
                 request_timeout,
                 election_timeout: config.election_timeout(),
+                bcrypt_cost: config.bcrypt_cost,
+                client_cert_auth: config.client_cert_auth,
                 shutdown,
             }
         });

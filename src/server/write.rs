@@ -16,7 +16,8 @@ use tokio::time::Instant;
 
 use super::route::{Attempt, Route};
 use super::{Node, ServerError};
-use crate::command::{Command, CommandResult};
+use crate::auth::{AuthCommand, AuthError, Caller};
+use crate::command::{Command, CommandResult, UserCommand};
 use crate::mvcc::{
     DeleteRangeRequest, DeleteRangeResult, MvccError, PutRequest, PutResult, Revision, TxnRequest, TxnResult,
 };
@@ -32,6 +33,10 @@ pub enum WriteError {
     /// Apply refused it, deterministically, on every member.
     #[error(transparent)]
     Rejected(#[from] MvccError),
+    /// Auth refused it when it was applied (or, for an auth change, the
+    /// change was not possible).
+    #[error(transparent)]
+    Denied(#[from] AuthError),
 }
 
 /// A lease as granted.
@@ -46,31 +51,40 @@ pub struct GrantedLease {
 /// How many server-chosen lease IDs are drawn before a grant gives up.
 const LEASE_ID_DRAWS: usize = 8;
 
+/// On whose behalf a write is made: a client (`Some`: apply checks its
+/// permissions while auth is on), or raftlock itself (`None`: the lock
+/// recipes, checked when their request arrived).
+pub type OnBehalf<'a> = Option<&'a Caller>;
+
 impl Node {
-    pub async fn put(&self, req: PutRequest) -> Result<PutResult, WriteError> {
-        match self.write(Command::Put(req)).await? {
+    pub async fn put(&self, req: PutRequest, by: OnBehalf<'_>) -> Result<PutResult, WriteError> {
+        match self.write(as_user(by, UserCommand::Put(req))).await? {
             CommandResult::Put(r) => Ok(r),
             other => Err(rejected("put", other)),
         }
     }
 
-    pub async fn delete_range(&self, req: DeleteRangeRequest) -> Result<DeleteRangeResult, WriteError> {
-        match self.write(Command::DeleteRange(req)).await? {
+    pub async fn delete_range(
+        &self,
+        req: DeleteRangeRequest,
+        by: OnBehalf<'_>,
+    ) -> Result<DeleteRangeResult, WriteError> {
+        match self.write(as_user(by, UserCommand::DeleteRange(req))).await? {
             CommandResult::DeleteRange(r) => Ok(r),
             other => Err(rejected("delete range", other)),
         }
     }
 
-    pub async fn txn(&self, req: TxnRequest) -> Result<TxnResult, WriteError> {
-        match self.write(Command::Txn(req)).await? {
+    pub async fn txn(&self, req: TxnRequest, by: OnBehalf<'_>) -> Result<TxnResult, WriteError> {
+        match self.write(as_user(by, UserCommand::Txn(req))).await? {
             CommandResult::Txn(r) => Ok(r),
             other => Err(rejected("txn", other)),
         }
     }
 
     /// Compact history up to `revision`; returns the store's revision.
-    pub async fn compact(&self, revision: Revision) -> Result<Revision, WriteError> {
-        match self.write(Command::Compact { revision }).await? {
+    pub async fn compact(&self, revision: Revision, by: OnBehalf<'_>) -> Result<Revision, WriteError> {
+        match self.write(as_user(by, UserCommand::Compact { revision })).await? {
             CommandResult::Compacted { revision } => Ok(revision),
             other => Err(rejected("compaction", other)),
         }
@@ -79,11 +93,11 @@ impl Node {
     /// Grant a lease of `ttl` seconds (raised to the floor, `min_lease_ttl`)
     /// with ID `id`, or with an ID this member draws when `id` is 0 (drawn
     /// again if it happens to be taken).
-    pub async fn grant_lease(&self, id: i64, ttl: i64) -> Result<GrantedLease, WriteError> {
+    pub async fn grant_lease(&self, id: i64, ttl: i64, by: OnBehalf<'_>) -> Result<GrantedLease, WriteError> {
         let ttl = ttl.max(self.min_lease_ttl);
         for _ in 0..LEASE_ID_DRAWS {
             let chosen = if id != 0 { id } else { random_lease_id() };
-            match self.write(Command::LeaseGrant { id: chosen, ttl }).await? {
+            match self.write(as_user(by, UserCommand::LeaseGrant { id: chosen, ttl })).await? {
                 CommandResult::LeaseGranted { id, ttl, revision } => return Ok(GrantedLease { id, ttl, revision }),
                 CommandResult::Rejected { error: MvccError::LeaseExists, .. } if id == 0 => continue,
                 other => return Err(rejected("lease grant", other)),
@@ -94,10 +108,19 @@ impl Node {
     }
 
     /// Revoke lease `id` and delete its keys; returns the revision.
-    pub async fn revoke_lease(&self, id: i64) -> Result<Revision, WriteError> {
-        match self.write(Command::LeaseRevoke { id }).await? {
+    pub async fn revoke_lease(&self, id: i64, by: OnBehalf<'_>) -> Result<Revision, WriteError> {
+        match self.write(as_user(by, UserCommand::LeaseRevoke { id })).await? {
             CommandResult::LeaseRevoked { revision } => Ok(revision),
             other => Err(rejected("lease revoke", other)),
+        }
+    }
+
+    /// Change the auth store (or hand out a simple token) for `by`; returns
+    /// the store's revision.
+    pub async fn change_auth(&self, cmd: AuthCommand, by: &Caller) -> Result<Revision, WriteError> {
+        match self.write(as_user(Some(by), UserCommand::Auth(cmd))).await? {
+            CommandResult::AuthChanged { revision } => Ok(revision),
+            other => Err(rejected("auth change", other)),
         }
     }
 
@@ -165,6 +188,7 @@ impl Node {
 fn rejected(operation: &str, result: CommandResult) -> WriteError {
     match result {
         CommandResult::Rejected { error, .. } => WriteError::Rejected(error),
+        CommandResult::Denied { error, .. } => WriteError::Denied(error),
         other => mismatch(operation, other),
     }
 }
@@ -174,6 +198,14 @@ fn rejected(operation: &str, result: CommandResult) -> WriteError {
 /// trusted to be what was asked. Not an input error: a bug.
 fn mismatch(operation: &str, result: CommandResult) -> ! {
     panic!("raftlock bug: apply answered a {operation} with {result:?}")
+}
+
+/// `cmd` as `by` sent it (see [`OnBehalf`]).
+fn as_user(by: OnBehalf<'_>, cmd: UserCommand) -> Command {
+    match by {
+        Some(caller) => Command::AsUser { user: caller.user.clone(), auth_revision: caller.revision, command: cmd },
+        None => cmd.into(),
+    }
 }
 
 /// A random positive lease ID (std's randomly keyed hasher as the source).

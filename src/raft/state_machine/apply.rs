@@ -15,6 +15,7 @@
 
 use super::layout::JournalOp;
 use crate::applied::{AppliedState, MemberAttrs};
+use crate::auth::{AuthCommand, Caller, TokenEffect};
 use crate::command::{Command, CommandResult};
 use crate::mvcc::{Change, MvccError, MvccStore, StoredVersion};
 
@@ -43,6 +44,20 @@ impl<'a> Apply<'a> {
                     })
                     .collect(),
             );
+        }
+        if let Command::AsUser { user, auth_revision, command } = cmd {
+            let refused = {
+                let (auth, leases) = (self.state.auth(), self.state.leases());
+                let caller = Caller { user, revision: auth_revision };
+                crate::auth::checks::check_command(&auth, &caller, &command, &leases).err()
+            };
+            return match refused {
+                Some(error) => CommandResult::Denied { error, revision: self.state.mvcc().revision() },
+                None => self.command(command.into(), term, is_member),
+            };
+        }
+        if let Command::Auth(cmd) = cmd {
+            return self.auth(cmd);
         }
         let state = self.state;
         let mut mvcc = state.mvcc_mut();
@@ -114,8 +129,32 @@ impl<'a> Apply<'a> {
                 }
                 CommandResult::MemberPublished { revision: mvcc.revision() }
             }
-            Command::Batch(_) => unreachable!("handled above"),
+            Command::Batch(_) | Command::AsUser { .. } | Command::Auth(_) => unreachable!("handled above"),
         }
+    }
+
+    /// An auth change: the store changes (and is journaled whole: it is
+    /// small), and this member's tokens follow.
+    fn auth(&mut self, cmd: AuthCommand) -> CommandResult {
+        let revision = self.state.mvcc().revision();
+        let mut auth = self.state.auth_mut();
+        let effect = match auth.apply(cmd) {
+            Ok(effect) => effect,
+            Err(error) => return CommandResult::Denied { error, revision },
+        };
+        let tokens = self.state.tokens();
+        match effect {
+            TokenEffect::None => {}
+            TokenEffect::ForgetAll => tokens.forget_all(),
+            TokenEffect::ForgetUser(user) => tokens.forget_user(&user),
+            // Handing out a token changes nothing replicated.
+            TokenEffect::Assign { token, user } => {
+                tokens.assign(token, user);
+                return CommandResult::AuthChanged { revision };
+            }
+        }
+        self.journal.push(JournalOp::Auth(auth.clone()));
+        CommandResult::AuthChanged { revision }
     }
 
     /// A new configuration was applied: a member that left forgets what it

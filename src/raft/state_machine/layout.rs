@@ -49,6 +49,7 @@ use openraft::StoredMembership;
 use serde::{Deserialize, Serialize};
 
 use crate::applied::{AppliedState, MemberAttrs};
+use crate::auth::AuthStore;
 use crate::lease::LeaseTable;
 use crate::mvcc::{MvccStore, Revision, SharedVersion, StoredVersion};
 use crate::raft::{decode, encode, encode_large, DecodeError, LogId, MemberNode};
@@ -83,6 +84,8 @@ pub(super) enum JournalOp {
     LeaseRevoke(i64),
     /// A member left the configuration: its published attributes go.
     MemberGone(u64),
+    /// The auth store after a change, whole.
+    Auth(AuthStore),
 }
 
 /// The content of a snapshot, a checkpoint and a backup. Decoded with stored
@@ -96,6 +99,19 @@ pub(super) struct SnapshotImage<V = StoredVersion> {
     pub members: Vec<(u64, MemberAttrs)>,
     /// (id, granted TTL); attached keys are found again from the versions.
     pub leases: Vec<(i64, i64)>,
+    /// Users, roles, whether auth is on. Added after the first format: an
+    /// image without it decodes with the empty store (see `decode`).
+    pub auth: AuthStore,
+}
+
+/// The image as written before the auth store was part of it.
+#[derive(Deserialize)]
+struct ImageWithoutAuth {
+    revision: Revision,
+    compact_revision: Revision,
+    versions: Vec<StoredVersion>,
+    members: Vec<(u64, MemberAttrs)>,
+    leases: Vec<(i64, i64)>,
 }
 
 /// The state captured on the apply path: the versions share their
@@ -105,7 +121,20 @@ pub(super) type CapturedImage = SnapshotImage<SharedVersion>;
 
 impl SnapshotImage {
     pub fn decode(bytes: &[u8]) -> Result<SnapshotImage, DecodeError> {
-        decode(bytes)
+        match decode::<SnapshotImage>(bytes) {
+            Ok(image) => Ok(image),
+            Err(current) => match decode::<ImageWithoutAuth>(bytes) {
+                Ok(old) => Ok(SnapshotImage {
+                    revision: old.revision,
+                    compact_revision: old.compact_revision,
+                    versions: old.versions,
+                    members: old.members,
+                    leases: old.leases,
+                    auth: AuthStore::default(),
+                }),
+                Err(_) => Err(current),
+            },
+        }
     }
 
     /// Make `state` this image, all at once (in the state's lock order): no
@@ -117,6 +146,7 @@ impl SnapshotImage {
         *mvcc = MvccStore::restore(self.versions, self.revision, self.compact_revision);
         *leases = LeaseTable::restore(self.leases, mvcc.leased_keys());
         *members = self.members.into_iter().collect();
+        *state.auth_mut() = self.auth;
     }
 }
 
@@ -170,16 +200,17 @@ impl Persisted {
 
         let checkpoint = db.get(CHECKPOINT)?;
         let checkpoint_bytes = checkpoint.as_ref().map_or(0, |b| b.len() as u64);
-        let (mut mvcc, mut members, mut leases) = match checkpoint {
+        let (mut mvcc, mut members, mut leases, mut auth) = match checkpoint {
             Some(b) => {
                 let image = SnapshotImage::decode(&b)?;
                 (
                     MvccStore::restore(image.versions, image.revision, image.compact_revision),
                     image.members.into_iter().collect(),
                     image.leases.into_iter().collect(),
+                    image.auth,
                 )
             }
-            None => (MvccStore::default(), BTreeMap::new(), BTreeMap::new()),
+            None => (MvccStore::default(), BTreeMap::new(), BTreeMap::new(), AuthStore::default()),
         };
         let mut journal_bytes = 0;
         for item in db.scan_prefix(&[JOURNAL_PREFIX]) {
@@ -208,6 +239,7 @@ impl Persisted {
                     JournalOp::MemberGone(id) => {
                         members.remove(&id);
                     }
+                    JournalOp::Auth(store) => auth = store,
                 }
             }
         }
@@ -221,6 +253,7 @@ impl Persisted {
         *state.leases_mut() = LeaseTable::restore(leases, mvcc.leased_keys());
         *state.mvcc_mut() = mvcc;
         *state.members_mut() = members;
+        *state.auth_mut() = auth;
         let persisted = Persisted {
             db,
             seq,
@@ -314,12 +347,14 @@ pub(super) fn image_of(state: &AppliedState) -> CapturedImage {
     let mvcc = state.mvcc();
     let leases = state.leases();
     let members = state.members();
+    let auth = state.auth();
     SnapshotImage {
         revision: mvcc.revision(),
         compact_revision: mvcc.compact_revision(),
         versions: mvcc.shared_versions().collect(),
         members: members.iter().map(|(id, a)| (*id, a.clone())).collect(),
         leases: leases.grants(),
+        auth: auth.clone(),
     }
 }
 

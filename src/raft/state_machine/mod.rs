@@ -284,6 +284,7 @@ mod tests {
             versions: mvcc.versions().collect(),
             members: captured.members.clone(),
             leases: captured.leases.clone(),
+            auth: captured.auth.clone(),
         };
         assert_eq!(stored.versions.len(), 5, "four puts and a tombstone");
         assert_eq!(encode(&captured), encode(&stored));

@@ -1,0 +1,90 @@
+//! The node's side of etcd's auth: who a token names, password checks and
+//! hashing, and authentication (which hands out a token through the log for
+//! simple tokens, or signs one for JWT).
+//!
+//! bcrypt is slow on purpose (tens of milliseconds at the default cost): it
+//! runs on tokio's blocking pool, never on the runtime's workers, and only
+//! after the caller was found allowed to ask.
+
+use super::{Node, ServerError, WriteError};
+use crate::auth::{self, AuthCommand, AuthError, Caller, Tokens};
+use crate::mvcc::Revision;
+
+/// How often an authentication is tried again when users or roles changed
+/// between its password check and its log entry.
+const AUTHENTICATE_ATTEMPTS: usize = 3;
+
+impl Node {
+    /// Who `token` names. A simple token handed out through another member
+    /// may not be applied here yet: an unknown one is looked up again after
+    /// a read barrier has brought this member up to date.
+    pub async fn identify(&self, token: &str) -> Result<Caller, WriteError> {
+        let lookup = || self.state.tokens().caller(token);
+        if let Some(caller) = lookup() {
+            return Ok(caller);
+        }
+        if !self.state.tokens().is_jwt() {
+            self.read_barrier().await?;
+            if let Some(caller) = lookup() {
+                return Ok(caller);
+            }
+        }
+        Err(AuthError::InvalidToken.into())
+    }
+
+    /// The user a verified client certificate names (its CommonName), when
+    /// `--client-cert-auth` is on.
+    pub fn certificate_user(&self, common_name: String) -> Option<Caller> {
+        self.client_cert_auth.then_some(Caller { user: common_name, revision: Caller::CURRENT })
+    }
+
+    /// Check `name`'s password and hand out a token; returns the token and
+    /// the store's revision.
+    pub async fn authenticate(&self, name: String, password: String) -> Result<(String, Revision), WriteError> {
+        for attempt in 1..=AUTHENTICATE_ATTEMPTS {
+            self.read_barrier().await?;
+            let (hash, checked) = {
+                let auth = self.state.auth();
+                if !auth.enabled {
+                    return Err(AuthError::NotEnabled.into());
+                }
+                let user = auth.users.get(&name).ok_or(AuthError::AuthFailed)?;
+                (user.password.clone().ok_or(AuthError::NoPasswordUser)?, auth.revision)
+            };
+            let given = password.clone();
+            let matches =
+                tokio::task::spawn_blocking(move || auth::password_matches(&given, &hash)).await.unwrap_or(false);
+            if !matches {
+                return Err(AuthError::AuthFailed.into());
+            }
+            if self.state.tokens().is_jwt() {
+                let token = self.state.tokens().sign(&name, checked).map_err(|e| {
+                    tracing::error!(error = %e, "signing an auth token");
+                    AuthError::AuthFailed
+                })?;
+                return Ok((token, self.revision()));
+            }
+            let token = format!("{}.{checked}", Tokens::new_simple_token());
+            let cmd = AuthCommand::Authenticate { name: name.clone(), token: token.clone(), checked };
+            match self.change_auth(cmd, &Caller::nobody()).await {
+                Ok(revision) => return Ok((token, revision)),
+                Err(WriteError::Denied(AuthError::OldRevision)) if attempt < AUTHENTICATE_ATTEMPTS => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        unreachable!("the last attempt returns")
+    }
+
+    /// A bcrypt hash of `password` at `--bcrypt-cost`.
+    pub async fn hash_password(&self, password: String) -> Result<String, WriteError> {
+        let cost = self.bcrypt_cost;
+        match tokio::task::spawn_blocking(move || auth::hash_password(&password, cost)).await {
+            Ok(Ok(hash)) => Ok(hash),
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "hashing a password");
+                Err(ServerError::Stopped.into())
+            }
+            Err(_) => Err(ServerError::Stopped.into()),
+        }
+    }
+}
