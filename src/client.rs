@@ -24,6 +24,11 @@
 //! from then on every lock taken under it must be treated as gone — which is
 //! what fencing tokens are for. With several endpoints, requests are spread
 //! over them and a dead endpoint is skipped.
+//!
+//! With etcd's auth on, [`Client::authenticate`] logs in as a user and every
+//! later request carries its token (a simple token lives while it is used;
+//! a client idle for longer than the server's `--auth-token-ttl` must
+//! authenticate again).
 
 use std::time::Duration;
 
@@ -59,7 +64,24 @@ pub enum ClientError {
 #[derive(Clone)]
 pub struct Client {
     channel: Channel,
+    token: TokenInterceptor,
 }
+
+/// Adds the auth token, once there is one, to every request.
+#[derive(Clone, Default)]
+pub struct TokenInterceptor(Option<tonic::metadata::AsciiMetadataValue>);
+
+impl tonic::service::Interceptor for TokenInterceptor {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(token) = &self.0 {
+            req.metadata_mut().insert("token", token.clone());
+        }
+        Ok(req)
+    }
+}
+
+/// The channel every service client of a [`Client`] sends through.
+pub type Service = tonic::service::interceptor::InterceptedService<Channel, TokenInterceptor>;
 
 /// `host:port` becomes `http://host:port`; URLs are kept as they are.
 pub fn endpoint_url(endpoint: &str) -> String {
@@ -138,29 +160,40 @@ impl Client {
             1 => list.pop().expect("one endpoint").connect().await?,
             _ => Channel::balance_list(list.into_iter()),
         };
-        Ok(Client { channel })
+        Ok(Client { channel, token: TokenInterceptor::default() })
     }
 
-    pub fn kv(&self) -> KvClient<Channel> {
-        KvClient::new(self.channel.clone())
+    pub fn kv(&self) -> KvClient<Service> {
+        KvClient::with_interceptor(self.channel.clone(), self.token.clone())
     }
-    pub fn lease(&self) -> LeaseClient<Channel> {
-        LeaseClient::new(self.channel.clone())
+    pub fn lease(&self) -> LeaseClient<Service> {
+        LeaseClient::with_interceptor(self.channel.clone(), self.token.clone())
     }
-    pub fn watch(&self) -> WatchClient<Channel> {
-        WatchClient::new(self.channel.clone())
+    pub fn watch(&self) -> WatchClient<Service> {
+        WatchClient::with_interceptor(self.channel.clone(), self.token.clone())
     }
-    pub fn cluster(&self) -> ClusterClient<Channel> {
-        ClusterClient::new(self.channel.clone())
+    pub fn cluster(&self) -> ClusterClient<Service> {
+        ClusterClient::with_interceptor(self.channel.clone(), self.token.clone())
     }
-    pub fn maintenance(&self) -> MaintenanceClient<Channel> {
-        MaintenanceClient::new(self.channel.clone())
+    pub fn maintenance(&self) -> MaintenanceClient<Service> {
+        MaintenanceClient::with_interceptor(self.channel.clone(), self.token.clone())
     }
-    pub fn locks(&self) -> LocksClient<Channel> {
-        LocksClient::new(self.channel.clone())
+    pub fn locks(&self) -> LocksClient<Service> {
+        LocksClient::with_interceptor(self.channel.clone(), self.token.clone())
     }
-    pub fn election(&self) -> ElectionClient<Channel> {
-        ElectionClient::new(self.channel.clone())
+    pub fn election(&self) -> ElectionClient<Service> {
+        ElectionClient::with_interceptor(self.channel.clone(), self.token.clone())
+    }
+
+    /// Log in as `user` (etcd's Authenticate): every later request of this
+    /// client, and of its clones made from now on, carries the token.
+    pub async fn authenticate(&mut self, user: &str, password: &str) -> Result<(), ClientError> {
+        let mut auth = crate::proto::etcdserverpb::auth_client::AuthClient::new(self.channel.clone());
+        let req = etcd::AuthenticateRequest { name: user.to_string(), password: password.to_string() };
+        let token = auth.authenticate(req).await?.into_inner().token;
+        let token = token.parse().map_err(|_| tonic::Status::internal("the server sent a token that is not ASCII"))?;
+        self.token = TokenInterceptor(Some(token));
+        Ok(())
     }
 
     /// Grant a lease of `ttl` seconds and keep it alive until the session is

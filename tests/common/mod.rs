@@ -205,6 +205,11 @@ impl Cluster {
         Client::connect([self.members[i].endpoint()], self.connect.clone()).await.expect("connect")
     }
 
+    /// From now on the harness's clients log in as `user` (auth is on).
+    pub fn log_in_as(&mut self, user: &str, password: &str) {
+        self.connect = Some(self.connect.clone().unwrap_or_default().with_user(user, password));
+    }
+
     /// Wait until every running member reports the same leader and answers a
     /// linearizable read.
     pub async fn wait_ready(&self) {

@@ -26,6 +26,12 @@ pub(crate) struct Cli {
     /// The key of --cert (PEM).
     #[arg(id = "tls_key", long = "key", env = "RAFTLOCK_KEY", global = true, requires = "tls_cert")]
     pub(crate) key: Option<std::path::PathBuf>,
+    /// Log in as this user while etcd's auth is on: `name` or `name:password`.
+    #[arg(long, env = "RAFTLOCK_USER", global = true)]
+    pub(crate) user: Option<String>,
+    /// The password of --user (when --user has none).
+    #[arg(long, env = "RAFTLOCK_PASSWORD", global = true, hide_env_values = true)]
+    pub(crate) password: Option<String>,
     /// Output format.
     #[arg(short = 'w', long = "write-out", value_enum, default_value = "simple", global = true)]
     pub(crate) write_out: Format,

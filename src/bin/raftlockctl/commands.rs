@@ -8,7 +8,6 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::json;
 
-use raftlock::client::Client;
 use raftlock::proto::etcdserverpb as etcd;
 use raftlock::proto::mvccpb;
 use raftlock::proto::v3electionpb as election;
@@ -174,7 +173,7 @@ pub(crate) async fn endpoint_status(ctl: &Ctl) -> Result<ExitCode> {
     let mut failed = false;
     for endpoint in &ctl.endpoints {
         let status = async {
-            let client = Client::connect_with([endpoint], ctl.tls.as_ref()).await?;
+            let client = ctl.connect_one(endpoint).await?;
             let s = ctl.call(client.maintenance().status(etcd::StatusRequest {})).await?;
             anyhow::Ok(s)
         };
@@ -212,7 +211,7 @@ pub(crate) async fn endpoint_status(ctl: &Ctl) -> Result<ExitCode> {
 /// Save the first endpoint's snapshot to `file` (written aside, then renamed).
 pub(crate) async fn snapshot_save(ctl: &Ctl, file: &std::path::Path) -> Result<ExitCode> {
     use tokio::io::AsyncWriteExt;
-    let client = Client::connect_with([&ctl.endpoints[0]], ctl.tls.as_ref()).await?;
+    let client = ctl.connect_one(&ctl.endpoints[0]).await?;
     let mut stream = client.maintenance().snapshot(etcd::SnapshotRequest {}).await?.into_inner();
     let partial = file.with_extension("part");
     let mut out = tokio::fs::File::create(&partial).await.with_context(|| format!("creating {}", partial.display()))?;
@@ -240,7 +239,7 @@ pub(crate) async fn endpoint_health(ctl: &Ctl) -> Result<ExitCode> {
     for endpoint in &ctl.endpoints {
         let started = std::time::Instant::now();
         let check = async {
-            let client = Client::connect_with([endpoint], ctl.tls.as_ref()).await?;
+            let client = ctl.connect_one(endpoint).await?;
             let read = etcd::RangeRequest { key: b"health".to_vec(), ..Default::default() };
             ctl.call(client.kv().range(read)).await?;
             anyhow::Ok(())

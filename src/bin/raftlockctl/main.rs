@@ -53,9 +53,35 @@ pub(crate) struct Ctl {
     pub(crate) endpoints: Vec<String>,
     /// TLS for `https://` endpoints.
     pub(crate) tls: Option<ClientTls>,
+    /// --user's name and password, while etcd's auth is on.
+    pub(crate) credentials: Option<(String, String)>,
+}
+
+/// A client of `endpoints`, logged in when `credentials` are given.
+async fn connect(
+    endpoints: &[String],
+    tls: Option<&ClientTls>,
+    credentials: Option<&(String, String)>,
+    timeout: Duration,
+) -> Result<Client> {
+    let joined = endpoints.join(",");
+    let connecting = async {
+        let mut client =
+            Client::connect_with(endpoints, tls).await.with_context(|| format!("connecting to {joined}"))?;
+        if let Some((user, password)) = credentials {
+            client.authenticate(user, password).await.with_context(|| format!("authenticating as {user}"))?;
+        }
+        anyhow::Ok(client)
+    };
+    tokio::time::timeout(timeout, connecting).await.map_err(|_| anyhow!("connecting to {joined}: timed out"))?
 }
 
 impl Ctl {
+    /// A client of `endpoint` alone, with this command's TLS and user.
+    pub(crate) async fn connect_one(&self, endpoint: &str) -> Result<Client> {
+        connect(&[endpoint.to_string()], self.tls.as_ref(), self.credentials.as_ref(), self.timeout).await
+    }
+
     pub(crate) fn print(&self, human: impl std::fmt::Display, json: Value) {
         match self.format {
             Format::Simple => println!("{human}"),
@@ -106,11 +132,16 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         anyhow::ensure!(report.errors == 0, "{} requests failed", report.errors);
         return Ok(ExitCode::SUCCESS);
     }
-    let client = tokio::time::timeout(cli.command_timeout, Client::connect_with(&endpoints, tls.as_ref()))
-        .await
-        .map_err(|_| anyhow!("connecting to {}: timed out", endpoints.join(",")))?
-        .with_context(|| format!("connecting to {}", endpoints.join(",")))?;
-    let ctl = Ctl { client, format: cli.write_out, timeout: cli.command_timeout, endpoints, tls };
+    let credentials = match (&cli.user, &cli.password) {
+        (None, _) => None,
+        (Some(user), password) => Some(match (user.split_once(':'), password) {
+            (Some((name, pw)), _) => (name.to_string(), pw.to_string()),
+            (None, Some(pw)) => (user.clone(), pw.clone()),
+            (None, None) => anyhow::bail!("--user {user} needs a password: --user {user}:PASSWORD or --password"),
+        }),
+    };
+    let client = connect(&endpoints, tls.as_ref(), credentials.as_ref(), cli.command_timeout).await?;
+    let ctl = Ctl { client, format: cli.write_out, timeout: cli.command_timeout, endpoints, tls, credentials };
     match cli.command {
         Cmd::Lock(args) => hold::lock(&ctl, args).await,
         Cmd::Release { key, token } => {

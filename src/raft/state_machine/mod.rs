@@ -290,6 +290,31 @@ mod tests {
         assert_eq!(encode(&captured), encode(&stored));
     }
 
+    /// Images written before the auth store was part of them (checkpoints,
+    /// snapshots, backups) still decode, with auth off and no users.
+    #[test]
+    fn an_image_without_the_auth_store_decodes_with_an_empty_one() {
+        #[derive(serde::Serialize)]
+        struct Before {
+            revision: Revision,
+            compact_revision: Revision,
+            versions: Vec<StoredVersion>,
+            members: Vec<(u64, crate::applied::MemberAttrs)>,
+            leases: Vec<(i64, i64)>,
+        }
+        let before = Before {
+            revision: 7,
+            compact_revision: 3,
+            versions: vec![],
+            members: vec![(1, Default::default())],
+            leases: vec![(5, 60)],
+        };
+        let image = SnapshotImage::decode(&encode(&before)).expect("an image of the first format");
+        assert_eq!((image.revision, image.compact_revision, image.leases), (7, 3, vec![(5, 60)]));
+        assert_eq!(image.auth, crate::auth::AuthStore::default());
+        assert!(SnapshotImage::decode(&encode(&before)[..10]).is_err(), "a cut image is still refused");
+    }
+
     #[tokio::test]
     async fn checkpoint_and_journal_replay_restore_the_same_state() {
         let (_dir, db, state, mut sm) = fresh(30);

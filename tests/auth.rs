@@ -1,0 +1,205 @@
+//! etcd's auth on a real cluster, through the clients users run: etcdctl's
+//! `user`, `role` and `auth` commands (3.4 and 3.5) unchanged, etcd-client
+//! with a user, raftlockctl with `--user`; the auth store surviving restarts;
+//! JWT tokens (`--auth-token jwt,...`), accepted by every member and going
+//! stale when users or roles change; a client certificate's CommonName as the
+//! user with `--client-cert-auth`. The exact answers of every service are
+//! `tests/auth_conformance.rs`'s.
+
+mod common;
+
+use common::certs::{self, Certs};
+use common::{raftlockctl, text, Etcdctl};
+use etcd_client::{Client, ConnectOptions};
+
+/// `pre` then `args`: a command line with common flags first.
+fn with<'a>(pre: &[&'a str], args: &[&'a str]) -> Vec<&'a str> {
+    [pre, args].concat()
+}
+
+fn path(p: &std::path::Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// etcdctl 3.4 and 3.5 administer auth with their own commands: users,
+/// roles, permissions, enabling (etcdctl grants `root` the root role itself,
+/// relying on etcd's exact error), and then act as the users they made.
+#[tokio::test]
+async fn etcdctl_user_role_and_auth_commands_work_unchanged() {
+    let cluster = common::Cluster::start_with(3, &["--bcrypt-cost", "4"]).await;
+    let endpoints = cluster.endpoints().join(",");
+    for (i, bin) in common::etcdctls().into_iter().enumerate() {
+        let etcdctl = Etcdctl { bin, endpoints: endpoints.clone() };
+        let root = ["--user", "root:rootpw"];
+        let app = format!("app{i}/");
+        etcdctl.ok(&["user", "add", "root:rootpw"]);
+        let enabled = etcdctl.ok(&["auth", "enable"]);
+        assert!(enabled.contains("Authentication Enabled"), "{enabled}");
+        let out = etcdctl.run(&["put", "k", "v"], None);
+        assert!(!out.status.success() && text(&out).contains("user name is empty"), "{}", text(&out));
+        etcdctl.ok(&with(&root, &["role", "add", "app"]));
+        etcdctl.ok(&with(&root, &["role", "grant-permission", "app", "readwrite", &app, "--prefix=true"]));
+        etcdctl.ok(&with(&root, &["user", "add", "alice:alicepw"]));
+        etcdctl.ok(&with(&root, &["user", "grant-role", "alice", "app"]));
+        let role = etcdctl.ok(&with(&root, &["role", "get", "app"]));
+        assert!(role.contains(&format!("[{app}, app{})", i + 1)) || role.contains(&app), "{role}");
+        let users = etcdctl.ok(&with(&root, &["user", "list"]));
+        assert_eq!(users.split_whitespace().collect::<Vec<_>>(), ["alice", "root"]);
+
+        let alice = ["--user", "alice:alicepw"];
+        let key = format!("{app}x");
+        assert_eq!(etcdctl.ok(&with(&alice, &["put", &key, "1"])).trim(), "OK");
+        assert_eq!(etcdctl.ok(&with(&alice, &["get", &key, "--print-value-only"])).trim(), "1");
+        let out = etcdctl.run(&with(&alice, &["put", "elsewhere", "1"]), None);
+        assert!(text(&out).contains("etcdserver: permission denied"), "{}", text(&out));
+        let out = etcdctl.run(&with(&alice, &["user", "list"]), None);
+        assert!(text(&out).contains("etcdserver: permission denied"), "{}", text(&out));
+        let out = etcdctl.run(&["--user", "alice:wrong", "get", &key], None);
+        assert!(text(&out).contains("authentication failed, invalid user ID or password"), "{}", text(&out));
+        // etcdctl's own lock recipe under the user's prefix.
+        let held = etcdctl.ok(&with(&alice, &["lock", &format!("{app}lock"), "echo", "held"]));
+        assert!(held.contains("held"), "{held}");
+
+        etcdctl.ok(&with(&root, &["user", "revoke-role", "alice", "app"]));
+        let out = etcdctl.run(&with(&alice, &["get", &key]), None);
+        assert!(text(&out).contains("etcdserver: permission denied"), "{}", text(&out));
+        etcdctl.ok(&with(&root, &["auth", "disable"]));
+        assert_eq!(etcdctl.ok(&["get", &key, "--print-value-only"]).trim(), "1");
+        for args in [["user", "delete", "alice"], ["user", "delete", "root"], ["role", "delete", "app"]] {
+            etcdctl.ok(&args);
+        }
+        etcdctl.ok(&["role", "delete", "root"]);
+    }
+}
+
+/// The auth store is replicated state: it survives every member's restart
+/// (checkpoint and journal), and etcd-client and raftlockctl log in with it.
+#[tokio::test]
+async fn users_and_permissions_survive_restarts_and_serve_every_client() {
+    let mut cluster = common::Cluster::start_with(3, &["--bcrypt-cost", "4"]).await;
+    let etcdctl = Etcdctl::v35(&cluster.endpoints().join(","));
+    etcdctl.ok(&["user", "add", "root:rootpw"]);
+    etcdctl.ok(&["user", "add", "ops:opspw"]);
+    etcdctl.ok(&["role", "add", "ops"]);
+    etcdctl.ok(&["role", "grant-permission", "ops", "readwrite", "jobs/", "--prefix=true"]);
+    etcdctl.ok(&["user", "grant-role", "ops", "ops"]);
+    etcdctl.ok(&["auth", "enable"]);
+    for i in 0..3 {
+        cluster.kill(i);
+    }
+    for i in 0..3 {
+        cluster.restart(i);
+    }
+    cluster.log_in_as("root", "rootpw");
+    cluster.wait_ready().await;
+
+    for i in 0..3 {
+        let options = ConnectOptions::new().with_user("ops", "opspw");
+        let mut c = Client::connect([cluster.members[i].endpoint()], Some(options)).await.expect("log in as ops");
+        c.put(format!("jobs/{i}"), "ran", None).await.expect("ops writes under jobs/");
+        let denied = c.put("payroll", "x", None).await.unwrap_err();
+        assert_eq!(common::grpc_error(denied), (tonic::Code::PermissionDenied, "etcdserver: permission denied".into()));
+    }
+
+    // raftlockctl logs in with --user; the native lock API needs READ and
+    // WRITE on the lock name's prefix.
+    let endpoint = cluster.members[0].endpoint();
+    let run = |args: &[&str]| raftlockctl().arg("--endpoints").arg(&endpoint).args(args).output().unwrap();
+    let out = run(&["--user", "ops:opspw", "lock", "jobs/nightly", "--", "echo", "ran nightly"]);
+    assert!(out.status.success() && text(&out).contains("ran nightly"), "{}", text(&out));
+    let out = run(&["--user", "ops:opspw", "lock", "payroll", "--", "echo", "must not run"]);
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("permission denied") && !text(&out).contains("must not run"), "{}", text(&out));
+    let out = run(&["lock", "jobs/nightly", "--", "echo", "must not run"]);
+    assert!(text(&out).contains("user name is empty"), "{}", text(&out));
+    let out = run(&["--user", "ops:nope", "get", "jobs/0"]);
+    assert!(text(&out).contains("authentication failed"), "{}", text(&out));
+    let out = run(&["--user", "ops", "--password", "opspw", "get", "jobs/0"]);
+    assert!(out.status.success() && text(&out).contains("ran"), "{}", text(&out));
+}
+
+/// Write an EC P-256 key pair for JWT signing; returns the flag.
+fn jwt_flag(dir: &std::path::Path) -> String {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let (private, public) = (dir.join("jwt.key"), dir.join("jwt.pub"));
+    std::fs::write(&private, key.serialize_pem()).unwrap();
+    std::fs::write(&public, key.public_key_pem()).unwrap();
+    format!("jwt,pub-key={},priv-key={},sign-method=ES256,ttl=10m", path(&public), path(&private))
+}
+
+/// JWT tokens: signed by the member that authenticated, accepted by every
+/// member with no log entry, refused when forged, and stale ("revision of
+/// auth store is old") once users or roles change, after which clients
+/// authenticate again.
+#[tokio::test]
+async fn jwt_tokens_are_accepted_everywhere_and_go_stale_when_auth_changes() {
+    let keys = tempfile::tempdir().unwrap();
+    let flag = jwt_flag(keys.path());
+    let cluster = common::Cluster::start_with(3, &["--auth-token", &flag, "--bcrypt-cost", "4"]).await;
+    let etcdctl = Etcdctl::v35(&cluster.endpoints().join(","));
+    etcdctl.ok(&["user", "add", "root:rootpw"]);
+    etcdctl.ok(&["user", "add", "alice:alicepw"]);
+    etcdctl.ok(&["role", "add", "app"]);
+    etcdctl.ok(&["role", "grant-permission", "app", "readwrite", "app/", "--prefix=true"]);
+    etcdctl.ok(&["user", "grant-role", "alice", "app"]);
+    etcdctl.ok(&["auth", "enable"]);
+
+    let channel = |i: usize| {
+        let url = cluster.members[i].endpoint();
+        async move { tonic::transport::Channel::from_shared(url).unwrap().connect().await.unwrap() }
+    };
+    use raftlock::proto::etcdserverpb::{self as pb, auth_client::AuthClient, kv_client::KvClient};
+    let mut auth = AuthClient::new(channel(0).await);
+    let login = pb::AuthenticateRequest { name: "alice".into(), password: "alicepw".into() };
+    let token = auth.authenticate(login.clone()).await.unwrap().into_inner().token;
+    assert_eq!(token.split('.').count(), 3, "a JWT: {token}");
+    let with = |token: &str, key: &str| {
+        let mut req =
+            tonic::Request::new(pb::PutRequest { key: key.into(), value: b"v".to_vec(), ..Default::default() });
+        req.metadata_mut().insert("token", token.parse().unwrap());
+        req
+    };
+    for i in 0..3 {
+        KvClient::new(channel(i).await).put(with(&token, "app/x")).await.expect("every member accepts the token");
+    }
+    let mut forged = token.clone();
+    forged.replace_range(forged.len() - 4.., "AAAA");
+    let refused = KvClient::new(channel(1).await).put(with(&forged, "app/x")).await.unwrap_err();
+    assert_eq!((refused.code(), refused.message()), (tonic::Code::Unauthenticated, "etcdserver: invalid auth token"));
+
+    etcdctl.ok(&["--user", "root:rootpw", "user", "add", "bob:bobpw"]);
+    let stale = KvClient::new(channel(2).await).put(with(&token, "app/x")).await.unwrap_err();
+    assert_eq!(
+        (stale.code(), stale.message()),
+        (tonic::Code::InvalidArgument, "etcdserver: revision of auth store is old")
+    );
+    let fresh = auth.authenticate(login).await.unwrap().into_inner().token;
+    KvClient::new(channel(2).await).put(with(&fresh, "app/x")).await.expect("a new token works");
+}
+
+/// With --client-cert-auth, a verified client certificate's CommonName is
+/// the user: no token needed, and the user's permissions apply.
+#[tokio::test]
+async fn a_client_certificate_names_the_user() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs: Certs = certs::make(&dir.path().join("certs"));
+    let cluster = common::Cluster::start_tls(dir, 3, &certs, &["--bcrypt-cost", "4"]).await;
+    let etcdctl = Etcdctl::v35(&cluster.endpoints().join(","));
+    let tls = ["--cacert", path(&certs.ca), "--cert", path(&certs.alice.cert), "--key", path(&certs.alice.key)];
+    etcdctl.ok(&with(&tls, &["user", "add", "root:rootpw"]));
+    etcdctl.ok(&with(&tls, &["user", "add", "alice", "--no-password"]));
+    etcdctl.ok(&with(&tls, &["role", "add", "app"]));
+    etcdctl.ok(&with(&tls, &["role", "grant-permission", "app", "readwrite", "app/", "--prefix=true"]));
+    etcdctl.ok(&with(&tls, &["user", "grant-role", "alice", "app"]));
+    etcdctl.ok(&with(&tls, &["auth", "enable"]));
+
+    // No --user: the certificate says alice.
+    assert_eq!(etcdctl.ok(&with(&tls, &["put", "app/by-cert", "1"])).trim(), "OK");
+    let out = etcdctl.run(&with(&tls, &["put", "other", "1"]), None);
+    assert!(text(&out).contains("etcdserver: permission denied"), "{}", text(&out));
+    let out = etcdctl.run(&with(&tls, &["user", "list"]), None);
+    assert!(text(&out).contains("etcdserver: permission denied"), "{}", text(&out));
+    // A token takes precedence over the certificate.
+    let users = etcdctl.ok(&with(&tls, &["--user", "root:rootpw", "user", "list"]));
+    assert_eq!(users.split_whitespace().collect::<Vec<_>>(), ["alice", "root"]);
+}
