@@ -10,6 +10,9 @@
 #                               # older build to compare with), not built here
 #   TLS=1 scripts/bench.sh      # both systems with TLS and client certificates
 #                               # required on the client and peer ports
+#   AUTH=1 scripts/bench.sh     # both systems with etcd's auth on (simple
+#                               # tokens); the client is a user whose role
+#                               # may read and write the bench's keys
 set -euo pipefail
 cd "$(dirname "$0")/.."
 etcd_dir=$(scripts/install-etcd.sh)
@@ -40,6 +43,21 @@ member_tls() { # i: the TLS flags of member i (same names for etcd and raftlock)
   local c=$work/certs/n$(($1 + 1))
   tls_args=(--cert-file "$c.pem" --key-file "$c.key" --trusted-ca-file "$work/certs/ca.pem" --client-cert-auth
     --peer-cert-file "$c.pem" --peer-key-file "$c.key" --peer-trusted-ca-file "$work/certs/ca.pem" --peer-client-cert-auth)
+}
+
+# With AUTH=1: root enables auth, and the bench runs as user "bench", whose
+# role may read and write every key starting with "bench" (its keys and locks).
+user_args=()
+enable_auth() { # endpoints
+  local e=("$etcd_dir/etcdctl" --endpoints="$1")
+  export ETCDCTL_API=3
+  "${e[@]}" user add root:rootpw >/dev/null
+  "${e[@]}" auth enable >/dev/null
+  "${e[@]}" --user root:rootpw role add bench >/dev/null
+  "${e[@]}" --user root:rootpw role grant-permission bench readwrite bench --prefix=true >/dev/null
+  "${e[@]}" --user root:rootpw user add bench:benchpw >/dev/null
+  "${e[@]}" --user root:rootpw user grant-role bench bench >/dev/null
+  user_args=(--user bench:benchpw)
 }
 
 pids=()
@@ -82,7 +100,7 @@ suite() { # kind
   run_on() { local eps=$1 label=$2; shift 2
     local before after result
     before=$(head -1 /proc/stat)
-    result=$("$ctl" --endpoints "$eps" -w json bench "$@")
+    result=$("$ctl" --endpoints "$eps" "${user_args[@]}" -w json bench "$@")
     after=$(head -1 /proc/stat)
     local steal
     steal=$(python3 -c 'import sys; a, b = ([int(x) for x in s.split()[1:]] for s in sys.argv[1:]); d = [y - x for x, y in zip(a, b)]; print(round(100 * d[7] / max(sum(d), 1), 1))' "$before" "$after")
@@ -91,7 +109,7 @@ suite() { # kind
   # One client, on the leader and on a follower: the follower forwards.
   local leader follower ep
   for ep in ${endpoints//,/ }; do
-    if "$ctl" --endpoints "$ep" -w json bench get --total 1 >/dev/null 2>&1 && is_leader "$ep"; then leader=$ep; else follower=$ep; fi
+    if "$ctl" --endpoints "$ep" "${user_args[@]}" -w json bench get --total 1 >/dev/null 2>&1 && is_leader "$ep"; then leader=$ep; else follower=$ep; fi
   done
   run_on "$leader" " (leader)" put --clients 1 --conns 1 --total $((5000/scale))
   run_on "$follower" " (follower)" put --clients 1 --conns 1 --total $((5000/scale))
@@ -112,11 +130,12 @@ suite() { # kind
 }
 
 echo "== etcd 3.5.1, 3 members" >&2
-start_cluster etcd 23790; suite etcd; stop_all
+start_cluster etcd 23790; [ "${AUTH:-}" = 1 ] && enable_auth "$endpoints"; suite etcd; stop_all; user_args=()
 echo "== raftlock, 3 members" >&2
-start_cluster raftlock 24790; suite raftlock; stop_all
+start_cluster raftlock 24790; [ "${AUTH:-}" = 1 ] && enable_auth "$endpoints"; suite raftlock; stop_all
 
 [ "$scheme" = https ] && echo "TLS: client and peer ports with certificates required (mTLS), both systems"
+[ "${AUTH:-}" = 1 ] && echo "AUTH: etcd auth on, simple tokens, the client a non-root user with a prefix permission, both systems"
 python3 - "$work/results.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]

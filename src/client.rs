@@ -71,6 +71,14 @@ pub struct Client {
 #[derive(Clone, Default)]
 pub struct TokenInterceptor(Option<tonic::metadata::AsciiMetadataValue>);
 
+impl Client {
+    /// What adds this client's auth token (none before
+    /// [`Client::authenticate`]) to requests, for channels of one's own.
+    pub fn token_interceptor(&self) -> TokenInterceptor {
+        self.token.clone()
+    }
+}
+
 impl tonic::service::Interceptor for TokenInterceptor {
     fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
         if let Some(token) = &self.0 {

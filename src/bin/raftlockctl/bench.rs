@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use raftlock::client::ClientTls;
-use tonic::transport::Channel;
+use raftlock::client::{ClientTls, Service, TokenInterceptor};
+use tonic::service::interceptor::InterceptedService;
 
 use raftlock::proto::etcdserverpb as pb;
 use raftlock::proto::etcdserverpb::kv_client::KvClient;
@@ -123,15 +123,15 @@ impl Keys {
 
 /// One benchmark client's connection and identity.
 struct Driver {
-    channel: Channel,
-    kv: KvClient<Channel>,
+    channel: Service,
+    kv: KvClient<Service>,
     /// Lock workloads: the client's lease and lock name.
     lease: i64,
     lock_name: Vec<u8>,
 }
 
 impl Driver {
-    async fn new(channel: Channel, args: &BenchArgs, client: usize) -> Result<Driver, tonic::Status> {
+    async fn new(channel: Service, args: &BenchArgs, client: usize) -> Result<Driver, tonic::Status> {
         let mut lease = 0;
         if matches!(args.workload, Workload::Lock | Workload::NativeLock) {
             let grant = pb::LeaseGrantRequest { ttl: 300, id: 0 };
@@ -199,15 +199,21 @@ async fn one_request(d: &mut Driver, args: &BenchArgs, n: u64, value: &[u8]) -> 
     Ok(())
 }
 
-/// Run one benchmark against `endpoints`.
-pub async fn run(endpoints: &[String], tls: Option<&ClientTls>, args: &BenchArgs) -> anyhow::Result<BenchReport> {
+/// Run one benchmark against `endpoints`; every request carries `token`'s
+/// auth token, if it has one.
+pub async fn run(
+    endpoints: &[String],
+    tls: Option<&ClientTls>,
+    token: TokenInterceptor,
+    args: &BenchArgs,
+) -> anyhow::Result<BenchReport> {
     anyhow::ensure!(!endpoints.is_empty(), "no endpoints");
     let mut channels = Vec::new();
     for i in 0..args.conns.max(1) {
         let url = &endpoints[i % endpoints.len()];
         let channel =
             raftlock::client::endpoint(url, tls)?.connect().await.with_context(|| format!("connecting to {url}"))?;
-        channels.push(channel);
+        channels.push(InterceptedService::new(channel, token.clone()));
     }
     let value = vec![b'v'; args.value_size];
 

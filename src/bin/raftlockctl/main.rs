@@ -123,15 +123,6 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         .iter()
         .map(|e| if tls.is_some() && !e.contains("://") { format!("https://{e}") } else { endpoint_url(e) })
         .collect();
-    if let Cmd::Bench(args) = &cli.command {
-        let report = bench::run(&endpoints, tls.as_ref(), args).await?;
-        match cli.write_out {
-            Format::Json => println!("{}", serde_json::to_string(&report)?),
-            Format::Simple => println!("{report}"),
-        }
-        anyhow::ensure!(report.errors == 0, "{} requests failed", report.errors);
-        return Ok(ExitCode::SUCCESS);
-    }
     let credentials = match (&cli.user, &cli.password) {
         (None, _) => None,
         (Some(user), password) => Some(match (user.split_once(':'), password) {
@@ -140,6 +131,21 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             (None, None) => anyhow::bail!("--user {user} needs a password: --user {user}:PASSWORD or --password"),
         }),
     };
+    if let Cmd::Bench(args) = &cli.command {
+        let token = match &credentials {
+            Some(_) => {
+                connect(&endpoints, tls.as_ref(), credentials.as_ref(), cli.command_timeout).await?.token_interceptor()
+            }
+            None => Default::default(),
+        };
+        let report = bench::run(&endpoints, tls.as_ref(), token, args).await?;
+        match cli.write_out {
+            Format::Json => println!("{}", serde_json::to_string(&report)?),
+            Format::Simple => println!("{report}"),
+        }
+        anyhow::ensure!(report.errors == 0, "{} requests failed", report.errors);
+        return Ok(ExitCode::SUCCESS);
+    }
     let client = connect(&endpoints, tls.as_ref(), credentials.as_ref(), cli.command_timeout).await?;
     let ctl = Ctl { client, format: cli.write_out, timeout: cli.command_timeout, endpoints, tls, credentials };
     match cli.command {
