@@ -203,3 +203,46 @@ async fn a_client_certificate_names_the_user() {
     let users = etcdctl.ok(&with(&tls, &["--user", "root:rootpw", "user", "list"]));
     assert_eq!(users.split_whitespace().collect::<Vec<_>>(), ["alice", "root"]);
 }
+
+/// Whoever ties a key to a lease must be able to write the lease's other
+/// keys — through a txn, a lock or the native API as through a put — or one
+/// user could tie a key to another's lease and stop its keepalives.
+#[tokio::test]
+async fn a_user_cannot_tie_keys_to_a_lease_whose_keys_it_may_not_write() {
+    use etcd_client::{LockOptions, PutOptions, Txn, TxnOp};
+    let cluster = common::Cluster::start_with(3, &["--bcrypt-cost", "4"]).await;
+    let etcdctl = Etcdctl::v35(&cluster.endpoints().join(","));
+    etcdctl.ok(&["user", "add", "root:rootpw"]);
+    for (user, prefix) in [("jobs", "jobs"), ("pay", "payroll")] {
+        etcdctl.ok(&["user", "add", &format!("{user}:pw")]);
+        etcdctl.ok(&["role", "add", user]);
+        etcdctl.ok(&["role", "grant-permission", user, "readwrite", prefix, "--prefix=true"]);
+        etcdctl.ok(&["user", "grant-role", user, user]);
+    }
+    etcdctl.ok(&["auth", "enable"]);
+    let endpoint = cluster.members[0].endpoint();
+    let login = |user: &str| Client::connect([endpoint.clone()], Some(ConnectOptions::new().with_user(user, "pw")));
+    let mut pay = login("pay").await.unwrap();
+    let lease = pay.lease_grant(30, None).await.unwrap().id();
+    pay.put("payroll/x", "1", Some(PutOptions::new().with_lease(lease))).await.unwrap();
+
+    let mut jobs = login("jobs").await.unwrap();
+    let put = TxnOp::put("jobs/x", "v", Some(PutOptions::new().with_lease(lease)));
+    let refused = jobs.txn(Txn::new().and_then([put])).await.unwrap_err();
+    assert_eq!(common::grpc_error(refused), (tonic::Code::PermissionDenied, "etcdserver: permission denied".into()));
+    let refused = jobs.lock("jobs/lock", Some(LockOptions::new().with_lease(lease))).await.unwrap_err();
+    assert_eq!(common::grpc_error(refused), (tonic::Code::Unknown, "etcdserver: permission denied".into()));
+    let mut native = raftlock::client::Client::connect([endpoint.clone()]).await.unwrap();
+    native.authenticate("jobs", "pw").await.unwrap();
+    let acquire =
+        raftlock::proto::raftlock::v1::AcquireRequest { name: b"jobs/native".to_vec(), lease, ..Default::default() };
+    let refused = native.locks().acquire(acquire).await.unwrap_err();
+    assert_eq!((refused.code(), refused.message()), (tonic::Code::PermissionDenied, "etcdserver: permission denied"));
+
+    // Nothing was tied to the lease: its holder keeps it alive as before.
+    let (mut keeper, mut answers) = pay.lease_keep_alive(lease).await.unwrap();
+    keeper.keep_alive().await.unwrap();
+    assert!(answers.message().await.unwrap().unwrap().ttl() > 0);
+    let on_lease = pay.lease_time_to_live(lease, Some(etcd_client::LeaseTimeToLiveOptions::new().with_keys())).await;
+    assert_eq!(on_lease.unwrap().keys(), [b"payroll/x".to_vec()]);
+}

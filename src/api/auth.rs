@@ -80,6 +80,15 @@ pub fn check_prefix(node: &Node, caller: &Caller, prefix: &[u8]) -> Result<(), c
     auth.check(caller, prefix, &end, PermKind::Write)
 }
 
+/// Refuse `caller` unless it may write every key attached to lease `id`:
+/// who ties a key to a lease must be able to write the lease's other keys
+/// (else the lease's holder could no longer keep it alive or revoke it).
+pub fn check_lease(node: &Node, caller: &Caller, id: i64) -> Result<(), crate::auth::AuthError> {
+    let state = node.state();
+    let (leases, auth) = (state.leases(), state.auth());
+    crate::auth::checks::check_lease_keys(&auth, caller, id, &leases)
+}
+
 /// Refuse `caller` unless it is a `root` user (while auth is on).
 pub fn check_admin(node: &Node, caller: &Caller) -> Result<(), Status> {
     node.state().auth().check_admin(caller).map_err(error::auth)

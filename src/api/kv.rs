@@ -83,7 +83,10 @@ impl Kv for KvService {
             // etcd serves a txn of reads without Raft; so does raftlock, with the
             // same linearizable barrier as a Range.
             self.node.read_barrier().await.map_err(error::server)?;
-            crate::auth::checks::check_txn(&self.node.state().auth(), &caller, &txn).map_err(error::auth)?;
+            let state = self.node.state();
+            let (leases, auth) = (state.leases(), state.auth());
+            crate::auth::checks::check_txn(&auth, &caller, &txn, &leases).map_err(error::auth)?;
+            drop((leases, auth));
             self.node.state().mvcc().read_txn(&txn).map_err(error::mvcc)?
         } else {
             self.node.txn(txn, Some(&caller)).await.map_err(error::write)?

@@ -34,6 +34,7 @@ impl Lock for LockService {
         let caller = auth::caller(&self.node, &req).await?;
         let req = req.into_inner();
         auth::check_prefix(&self.node, &caller, &queue_prefix(&req.name)).map_err(denied)?;
+        auth::check_lease(&self.node, &caller, req.lease).map_err(denied)?;
         let (held, revision) = mutex::lock(self.node.clone(), &req.name, req.lease).await.map_err(error::v3_recipe)?;
         Ok(Response::new(lpb::LockResponse { header: header(&self.node, revision), key: held.key }))
     }
@@ -92,6 +93,7 @@ impl Election for ElectionService {
         let caller = auth::caller(&self.node, &req).await?;
         let req = req.into_inner();
         auth::check_prefix(&self.node, &caller, &queue_prefix(&req.name)).map_err(denied)?;
+        auth::check_lease(&self.node, &caller, req.lease).map_err(denied)?;
         let (l, revision) =
             election::campaign(self.node.clone(), &req.name, req.lease, &req.value).await.map_err(error::v3_recipe)?;
         let leader = epb::LeaderKey { name: l.name, key: l.key, rev: l.rev, lease: l.lease };

@@ -65,6 +65,7 @@ impl Locks for LocksService {
         let req = req.into_inner();
         name(&req.name)?;
         auth::check_prefix(&self.node, &caller, &locks::queue_prefix(&req.name)).map_err(error::auth)?;
+        auth::check_lease(&self.node, &caller, req.lease).map_err(error::auth)?;
         if req.lease == 0 {
             return Err(error::lease_required());
         }

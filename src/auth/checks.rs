@@ -5,8 +5,9 @@
 //!   may not revoke the lease, so may not tie a key to it).
 //! - DeleteRange: WRITE on the range; READ on it too with `prev_kv`.
 //! - Txn: READ on every compare's range, then every op of both branches as
-//!   above (inside a txn a put's `prev_kv` needs no READ, as in etcd), nested
-//!   txns included.
+//!   above (inside a txn a put's `prev_kv` needs no READ, as in etcd; its
+//!   lease's keys do need WRITE, which etcd 3.5.1 forgets), nested txns
+//!   included.
 //! - LeaseRevoke: WRITE on every attached key. LeaseGrant: nothing.
 //! - Compact and every auth change: a `root` user (etcd's admin).
 //!
@@ -44,7 +45,7 @@ pub fn check_command(
             }
             Ok(())
         }
-        UserCommand::Txn(txn) => check_txn(auth, caller, txn),
+        UserCommand::Txn(txn) => check_txn(auth, caller, txn, leases),
         UserCommand::LeaseGrant { .. } => Ok(()),
         UserCommand::LeaseRevoke { id } => check_lease_keys(auth, caller, *id, leases),
         UserCommand::Compact { .. } => auth.check_admin(caller),
@@ -55,7 +56,7 @@ pub fn check_command(
 
 /// WRITE on every key attached to lease `id` (none for no lease, or one
 /// that does not exist).
-fn check_lease_keys(auth: &AuthStore, caller: &Caller, id: i64, leases: &LeaseTable) -> Result<(), AuthError> {
+pub fn check_lease_keys(auth: &AuthStore, caller: &Caller, id: i64, leases: &LeaseTable) -> Result<(), AuthError> {
     if id == 0 {
         return Ok(());
     }
@@ -66,7 +67,7 @@ fn check_lease_keys(auth: &AuthStore, caller: &Caller, id: i64, leases: &LeaseTa
 }
 
 /// READ on every compare, then each op of both branches, recursively.
-pub fn check_txn(auth: &AuthStore, caller: &Caller, txn: &TxnRequest) -> Result<(), AuthError> {
+pub fn check_txn(auth: &AuthStore, caller: &Caller, txn: &TxnRequest, leases: &LeaseTable) -> Result<(), AuthError> {
     if !auth.enabled {
         return Ok(());
     }
@@ -76,14 +77,17 @@ pub fn check_txn(auth: &AuthStore, caller: &Caller, txn: &TxnRequest) -> Result<
     for op in txn.success.iter().chain(&txn.failure) {
         match op {
             RequestOp::Range(r) => auth.check(caller, &r.key, &r.range_end, PermKind::Read)?,
-            RequestOp::Put(p) => auth.check(caller, &p.key, &[], PermKind::Write)?,
+            RequestOp::Put(p) => {
+                auth.check(caller, &p.key, &[], PermKind::Write)?;
+                check_lease_keys(auth, caller, p.lease, leases)?;
+            }
             RequestOp::DeleteRange(d) => {
                 if d.prev_kv {
                     auth.check(caller, &d.key, &d.range_end, PermKind::Read)?;
                 }
                 auth.check(caller, &d.key, &d.range_end, PermKind::Write)?;
             }
-            RequestOp::Txn(t) => check_txn(auth, caller, t)?,
+            RequestOp::Txn(t) => check_txn(auth, caller, t, leases)?,
         }
     }
     Ok(())

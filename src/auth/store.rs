@@ -135,16 +135,72 @@ pub enum TokenEffect {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "StoredAuth")]
 pub struct AuthStore {
     pub enabled: bool,
     pub revision: u64,
     pub users: BTreeMap<String, User>,
     pub roles: BTreeMap<String, Role>,
+    /// What each user may do, merged from its roles: derived from the
+    /// above whenever they change or are loaded, never stored.
+    #[serde(skip)]
+    granted: Granted,
+}
+
+/// The stored part of an [`AuthStore`] (its encoding); decoding one builds
+/// the derived index.
+#[derive(Deserialize)]
+struct StoredAuth {
+    enabled: bool,
+    revision: u64,
+    users: BTreeMap<String, User>,
+    roles: BTreeMap<String, Role>,
+}
+
+impl From<StoredAuth> for AuthStore {
+    fn from(s: StoredAuth) -> AuthStore {
+        let mut store = AuthStore {
+            enabled: s.enabled,
+            revision: s.revision,
+            users: s.users,
+            roles: s.roles,
+            granted: Granted::default(),
+        };
+        store.index();
+        store
+    }
+}
+
+/// Per user: whether it holds role root, and the union of its READ and of
+/// its WRITE permissions as sorted, disjoint, non-adjacent intervals, so
+/// that a check is a binary search with no allocation.
+#[derive(Clone, Debug, Default)]
+struct Granted(std::collections::HashMap<String, UserGrants>);
+
+/// Derived data: equal whenever the stored data is.
+impl PartialEq for Granted {
+    fn eq(&self, _: &Granted) -> bool {
+        true
+    }
+}
+impl Eq for Granted {}
+
+#[derive(Clone, Debug, Default)]
+struct UserGrants {
+    root: bool,
+    read: Vec<Interval>,
+    write: Vec<Interval>,
 }
 
 impl Default for AuthStore {
     fn default() -> Self {
-        AuthStore { enabled: false, revision: 1, users: BTreeMap::new(), roles: BTreeMap::new() }
+        AuthStore {
+            enabled: false,
+            revision: 1,
+            users: BTreeMap::new(),
+            roles: BTreeMap::new(),
+            granted: Granted::default(),
+        }
     }
 }
 
@@ -292,7 +348,50 @@ impl AuthStore {
             }
         };
         self.revision += 1;
+        self.index();
         Ok(effect)
+    }
+
+    /// Rebuild what each user may do (see [`Granted`]).
+    fn index(&mut self) {
+        let merged = |user: &User, kind: PermKind| {
+            let mut spans: Vec<Interval> = user
+                .roles
+                .iter()
+                .filter_map(|r| self.roles.get(r))
+                .flat_map(|r| r.perms.iter())
+                .filter(|p| p.kind.allows(kind))
+                .map(|p| Interval::of(&p.key, &p.range_end))
+                .filter(|i| !i.is_empty())
+                .collect();
+            spans.sort_by(|a, b| a.start.cmp(&b.start));
+            let mut out: Vec<Interval> = Vec::with_capacity(spans.len());
+            for span in spans {
+                match out.last_mut() {
+                    // Overlapping or adjacent: extend the last one.
+                    Some(last) if last.end.as_ref().is_none_or(|end| span.start <= *end) => {
+                        last.end = match (last.end.take(), span.end) {
+                            (Some(a), Some(b)) => Some(a.max(b)),
+                            _ => None,
+                        };
+                    }
+                    _ => out.push(span),
+                }
+            }
+            out
+        };
+        self.granted.0 = self
+            .users
+            .iter()
+            .map(|(name, user)| {
+                let grants = UserGrants {
+                    root: is_root(user),
+                    read: merged(user, PermKind::Read),
+                    write: merged(user, PermKind::Write),
+                };
+                (name.clone(), grants)
+            })
+            .collect();
     }
 
     /// May `caller` do a `kind` operation on `[key, range_end)` (a single key
@@ -307,8 +406,13 @@ impl AuthStore {
         if caller.revision < self.revision {
             return Err(AuthError::OldRevision);
         }
-        let user = self.users.get(&caller.user).ok_or(AuthError::PermissionDenied)?;
-        if is_root(user) || self.covered(user, key, range_end, kind) {
+        let grants = self.granted.0.get(&caller.user).ok_or(AuthError::PermissionDenied)?;
+        let spans = match kind {
+            PermKind::Read => &grants.read,
+            PermKind::Write => &grants.write,
+            PermKind::ReadWrite => unreachable!("checks ask for READ or WRITE"),
+        };
+        if grants.root || covered(spans, key, range_end) {
             return Ok(());
         }
         Err(AuthError::PermissionDenied)
@@ -334,44 +438,30 @@ impl AuthStore {
     pub fn has_role(&self, user: &str, role: &str) -> bool {
         self.users.get(user).is_some_and(|u| u.roles.iter().any(|r| r == role))
     }
+}
 
-    /// Whether the union of the user's permissions that allow `kind` covers
-    /// all of `[key, range_end)`.
-    fn covered(&self, user: &User, key: &[u8], range_end: &[u8], kind: PermKind) -> bool {
-        let wanted = Interval::of(key, range_end);
-        if wanted.is_empty() {
-            return false;
-        }
-        let mut granted: Vec<Interval> = user
-            .roles
-            .iter()
-            .filter_map(|r| self.roles.get(r))
-            .flat_map(|r| r.perms.iter())
-            .filter(|p| p.kind.allows(kind))
-            .map(|p| Interval::of(&p.key, &p.range_end))
-            .collect();
-        granted.sort_by(|a, b| a.start.cmp(&b.start));
-        // Walk the granted intervals in order, extending the covered prefix
-        // of `wanted` from its start.
-        let mut reached: Vec<u8> = wanted.start.clone();
-        for g in granted {
-            if g.start > reached {
-                break;
-            }
-            match g.end {
-                None => return true,
-                Some(end) if end > reached => reached = end,
-                Some(_) => {}
-            }
-            if wanted.end.as_ref().is_some_and(|e| reached >= *e) {
-                return true;
-            }
-        }
-        false
+/// Whether `spans` (sorted, disjoint, non-adjacent) cover all of `[key,
+/// range_end)` (a single key when `range_end` is empty, every key from `key`
+/// on when it is `\0`). One span must hold it all, as spans that touched
+/// were merged.
+fn covered(spans: &[Interval], key: &[u8], range_end: &[u8]) -> bool {
+    if !matches!(range_end, [] | [0]) && range_end <= key {
+        return false; // an empty range is no request etcd grants
+    }
+    // The last span starting at or before `key`.
+    let at = spans.partition_point(|s| s.start.as_slice() <= key);
+    let Some(span) = at.checked_sub(1).map(|i| &spans[i]) else { return false };
+    match (&span.end, range_end) {
+        (None, _) => true,
+        // A key: the span must reach past it (any end > key is >= key\0).
+        (Some(end), []) => end.as_slice() > key,
+        (Some(_), [0]) => false,
+        (Some(end), wanted) => wanted > key && end.as_slice() >= wanted,
     }
 }
 
 /// `[start, end)`; `end` None = unbounded.
+#[derive(Clone, Debug)]
 struct Interval {
     start: Vec<u8>,
     end: Option<Vec<u8>>,

@@ -17,7 +17,8 @@
 //! the tokens still in its log tail, each with a fresh TTL, and no others.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::RwLock;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context};
@@ -142,8 +143,11 @@ fn parse_duration(s: &str) -> anyhow::Result<Duration> {
 /// The tokens this member accepts (see the module doc).
 pub struct Tokens {
     config: TokenConfig,
-    /// Simple tokens: token -> (user, when it times out here).
-    simple: Mutex<HashMap<String, (String, Instant)>>,
+    /// Simple tokens: token -> (user, when it times out here, in
+    /// milliseconds since `epoch`). Every request looks its token up, so the
+    /// lookup takes the lock shared and renews the deadline in place.
+    simple: RwLock<HashMap<String, (String, AtomicU64)>>,
+    epoch: Instant,
 }
 
 impl Default for Tokens {
@@ -154,7 +158,7 @@ impl Default for Tokens {
 
 impl Tokens {
     pub fn new(config: TokenConfig) -> Tokens {
-        Tokens { config, simple: Mutex::default() }
+        Tokens { config, simple: RwLock::default(), epoch: Instant::now() }
     }
 
     pub fn is_jwt(&self) -> bool {
@@ -182,20 +186,24 @@ impl Tokens {
     /// on (simple tokens; a JWT member keeps none).
     pub fn assign(&self, token: String, user: String) {
         let TokenConfig::Simple { ttl } = self.config else { return };
-        let mut simple = self.simple.lock().expect("token lock poisoned");
+        let now = self.now_ms();
+        let mut simple = self.simple.write().expect("token lock poisoned");
         if simple.len() >= SWEEP_EVERY && simple.len().is_power_of_two() {
-            let now = Instant::now();
-            simple.retain(|_, (_, expiry)| *expiry > now);
+            simple.retain(|_, (_, deadline)| deadline.load(Ordering::Relaxed) > now);
         }
-        simple.insert(token, (user, Instant::now() + ttl));
+        simple.insert(token, (user, AtomicU64::new(now + ttl.as_millis() as u64)));
     }
 
     pub fn forget_user(&self, user: &str) {
-        self.simple.lock().expect("token lock poisoned").retain(|_, (u, _)| u != user);
+        self.simple.write().expect("token lock poisoned").retain(|_, (u, _)| u != user);
     }
 
     pub fn forget_all(&self) {
-        self.simple.lock().expect("token lock poisoned").clear();
+        self.simple.write().expect("token lock poisoned").clear();
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
     }
 
     /// Who `token` names, with the revision it stands for (a simple token
@@ -203,14 +211,15 @@ impl Tokens {
     pub fn caller(&self, token: &str) -> Option<Caller> {
         match &self.config {
             TokenConfig::Simple { ttl } => {
-                let mut simple = self.simple.lock().expect("token lock poisoned");
-                let now = Instant::now();
-                let (user, expiry) = simple.get_mut(token)?;
-                if *expiry <= now {
-                    simple.remove(token);
+                let now = self.now_ms();
+                let simple = self.simple.read().expect("token lock poisoned");
+                let (user, deadline) = simple.get(token)?;
+                if deadline.load(Ordering::Relaxed) <= now {
+                    drop(simple);
+                    self.simple.write().expect("token lock poisoned").remove(token);
                     return None;
                 }
-                *expiry = now + *ttl;
+                deadline.store(now + ttl.as_millis() as u64, Ordering::Relaxed);
                 Some(Caller { user: user.clone(), revision: Caller::CURRENT })
             }
             TokenConfig::Jwt(jwt) => {

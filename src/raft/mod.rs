@@ -148,6 +148,21 @@ pub enum DecodeError {
     Malformed(#[from] bincode::Error),
 }
 
+/// Decode `bytes` whose first byte is `tag` (a format of the caller's own,
+/// see `state_machine::layout`) and the rest as [`decode`] reads it; with
+/// `exact`, bytes left over are an error.
+pub fn decode_tagged<T: for<'de> Deserialize<'de>>(bytes: &[u8], tag: u8, exact: bool) -> Result<T, DecodeError> {
+    use bincode::Options;
+    match bytes.split_first() {
+        Some((&t, rest)) if t == tag => {
+            let options = bincode::DefaultOptions::new().with_fixint_encoding().with_limit(rest.len() as u64);
+            Ok(if exact { options.deserialize(rest)? } else { options.allow_trailing_bytes().deserialize(rest)? })
+        }
+        Some((&v, _)) => Err(DecodeError::UnknownFormat(v)),
+        None => Err(DecodeError::Empty),
+    }
+}
+
 /// Decode what [`encode`] produced. Bounded: no length inside may claim more
 /// bytes than the input holds (so nothing is allocated for them), and txns
 /// nest at most `mvcc::MAX_TXN_DEPTH` deep.

@@ -47,7 +47,7 @@ impl<'a> Apply<'a> {
         }
         if let Command::AsUser { user, auth_revision, command } = cmd {
             let refused = {
-                let (auth, leases) = (self.state.auth(), self.state.leases());
+                let (leases, auth) = (self.state.leases(), self.state.auth());
                 let caller = Caller { user, revision: auth_revision };
                 crate::auth::checks::check_command(&auth, &caller, &command, &leases).err()
             };

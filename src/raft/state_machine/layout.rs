@@ -52,7 +52,7 @@ use crate::applied::{AppliedState, MemberAttrs};
 use crate::auth::AuthStore;
 use crate::lease::LeaseTable;
 use crate::mvcc::{MvccStore, Revision, SharedVersion, StoredVersion};
-use crate::raft::{decode, encode, encode_large, DecodeError, LogId, MemberNode};
+use crate::raft::{decode, decode_tagged, encode, encode_large, DecodeError, LogId, MemberNode, FORMAT_V1};
 use crate::storage::{StateBatch, StateStore};
 
 const APPLIED: &[u8] = b"m/applied";
@@ -114,26 +114,42 @@ struct ImageWithoutAuth {
     leases: Vec<(i64, i64)>,
 }
 
+/// The first byte of an image that holds the auth store (in place of the
+/// encoding's format byte, [`FORMAT_V1`], which images of the first format
+/// start with).
+pub(super) const IMAGE_WITH_AUTH: u8 = 2;
+
+/// Encode a captured image, tagged as the current format.
+pub(super) fn encode_image(image: &CapturedImage) -> Vec<u8> {
+    let mut bytes = encode_large(image);
+    bytes[0] = IMAGE_WITH_AUTH;
+    bytes
+}
+
 /// The state captured on the apply path: the versions share their
 /// key-values with the store, so capturing copies no keys or values (but
 /// tombstones' keys), and encoding can happen elsewhere, later.
 pub(super) type CapturedImage = SnapshotImage<SharedVersion>;
 
 impl SnapshotImage {
+    /// Decode an image of either format: tagged [`IMAGE_WITH_AUTH`], or
+    /// the first one (written before the auth store was part of it), which
+    /// decodes with auth off and no users — and must then be whole, so that
+    /// an image of the current format is never taken for one of the first.
     pub fn decode(bytes: &[u8]) -> Result<SnapshotImage, DecodeError> {
-        match decode::<SnapshotImage>(bytes) {
-            Ok(image) => Ok(image),
-            Err(current) => match decode::<ImageWithoutAuth>(bytes) {
-                Ok(old) => Ok(SnapshotImage {
+        match bytes.first() {
+            Some(&IMAGE_WITH_AUTH) => decode_tagged(bytes, IMAGE_WITH_AUTH, false),
+            _ => {
+                let old: ImageWithoutAuth = decode_tagged(bytes, FORMAT_V1, true)?;
+                Ok(SnapshotImage {
                     revision: old.revision,
                     compact_revision: old.compact_revision,
                     versions: old.versions,
                     members: old.members,
                     leases: old.leases,
                     auth: AuthStore::default(),
-                }),
-                Err(_) => Err(current),
-            },
+                })
+            }
         }
     }
 
@@ -147,6 +163,9 @@ impl SnapshotImage {
         *leases = LeaseTable::restore(self.leases, mvcc.leased_keys());
         *members = self.members.into_iter().collect();
         *state.auth_mut() = self.auth;
+        // Tokens handed out or forgotten by the entries the snapshot skipped
+        // are unknown here: forget them all (clients authenticate again).
+        state.tokens().forget_all();
     }
 }
 
@@ -319,7 +338,7 @@ impl Persisted {
             CHECKPOINT.to_vec(),
             Box::new(move || {
                 let started = std::time::Instant::now();
-                let bytes = encode_large(&image);
+                let bytes = encode_image(&image);
                 let ms = started.elapsed().as_millis() as u64;
                 tracing::info!(seq, bytes = bytes.len(), encode_ms = ms, "checkpoint encoded");
                 size.store(bytes.len() as u64, Ordering::Relaxed);
@@ -369,5 +388,5 @@ fn checkpoint_stretch(member_id: u64) -> u64 {
 /// what Maintenance.Snapshot streams to a backup file.
 pub fn encode_state(state: &AppliedState) -> (Vec<u8>, Revision) {
     let image = image_of(state);
-    (encode_large(&image), image.revision)
+    (encode_image(&image), image.revision)
 }
