@@ -17,6 +17,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use common::golden::load;
 use raftlock::proto::authpb;
 use raftlock::proto::etcdserverpb as pb;
 use raftlock::proto::etcdserverpb::{
@@ -35,11 +36,6 @@ const FLAGS: &[&str] = &["--auth-token-ttl", "2", "--bcrypt-cost", "4"];
 fn paths() -> (PathBuf, PathBuf) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/conformance");
     (dir.join("auth.json"), dir.join("auth.golden.json"))
-}
-
-fn load(path: &Path) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 fn s<'a>(op: &'a Value, field: &str) -> &'a str {
@@ -467,23 +463,7 @@ async fn raftlock_auth_matches_etcd_golden() {
     let cluster = common::Cluster::start_with(3, FLAGS).await;
     let follower = cluster.follower().await;
     let actual = run_suite(&cluster.members[follower].endpoint(), &load(&scenarios)).await;
-    let golden = load(&golden);
-    let (want, got) = (golden["scenarios"].as_array().unwrap(), actual["scenarios"].as_array().unwrap());
-    assert_eq!(want.len(), got.len(), "scenarios changed since the golden was recorded");
-    let mut mismatches = Vec::new();
-    for (w, g) in want.iter().zip(got) {
-        let (wr, gr) = (w["results"].as_array().unwrap(), g["results"].as_array().unwrap());
-        assert_eq!(wr.len(), gr.len(), "{}: ops changed since the golden was recorded", w["name"]);
-        for (i, (wo, go)) in wr.iter().zip(gr).enumerate() {
-            assert_eq!(wo["op"], go["op"], "{}#{i}: op changed; re-record the golden", w["name"]);
-            if wo["response"] != go["response"] {
-                mismatches.push(format!(
-                    "{}#{i} {}\n  etcd:     {}\n  raftlock: {}",
-                    w["name"], wo["op"], wo["response"], go["response"]
-                ));
-            }
-        }
-    }
+    let mismatches = common::golden::mismatches("auth", &load(&golden), &actual);
     assert!(mismatches.is_empty(), "{} responses differ from etcd:\n{}", mismatches.len(), mismatches.join("\n"));
 }
 
@@ -492,30 +472,8 @@ async fn raftlock_auth_matches_etcd_golden() {
 #[tokio::test]
 #[ignore]
 async fn record_auth_golden() {
-    let dir = common::etcd_dir();
-    let data = tempfile::tempdir().unwrap();
-    let (client_port, peer_port) = (common::free_port(), common::free_port());
-    let client_url = format!("http://127.0.0.1:{client_port}");
-    let peer_url = format!("http://127.0.0.1:{peer_port}");
-    let mut etcd = std::process::Command::new(Path::new(&dir).join("etcd"))
-        .args(["--name", "rec", "--data-dir", data.path().to_str().unwrap()])
-        .args(["--listen-client-urls", &client_url, "--advertise-client-urls", &client_url])
-        .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
-        .args(["--initial-cluster", &format!("rec={peer_url}"), "--log-level", "error"])
-        .args(FLAGS)
-        .spawn()
-        .expect("start etcd");
-    loop {
-        if let Ok(mut c) = etcd_client::Client::connect([client_url.clone()], None).await {
-            if c.get("probe", None).await.is_ok() {
-                break;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let etcd = common::golden::RecordingEtcd::start(FLAGS).await;
     let (scenarios, golden) = paths();
-    let recorded = run_suite(&client_url, &load(&scenarios)).await;
+    let recorded = run_suite(&etcd.url, &load(&scenarios)).await;
     std::fs::write(golden, serde_json::to_string_pretty(&recorded).unwrap() + "\n").unwrap();
-    etcd.kill().unwrap();
-    etcd.wait().unwrap();
 }

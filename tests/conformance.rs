@@ -12,6 +12,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use common::golden::load;
 use etcd_client::{
     Client, Compare, CompareOp, DeleteOptions, EventType, GetOptions, LeaderKey, LeaseGrantOptions,
     LeaseTimeToLiveOptions, LockOptions, ProclaimOptions, PutOptions, ResignOptions, SortOrder, SortTarget, Txn, TxnOp,
@@ -444,11 +445,6 @@ async fn run_suite(c: &mut Client, suite: &Value) -> Value {
     json!({"recorded_with": "etcd 3.5.1", "scenarios": out})
 }
 
-fn load(path: &Path) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
 #[tokio::test]
 async fn raftlock_matches_etcd_goldens() {
     let cluster = common::Cluster::start(3).await;
@@ -458,21 +454,7 @@ async fn raftlock_matches_etcd_goldens() {
         let scenarios = load(&suite_path(suite, false));
         let golden = load(&suite_path(suite, true));
         let actual = run_suite(&mut c, &scenarios).await;
-        let (want, got) = (golden["scenarios"].as_array().unwrap(), actual["scenarios"].as_array().unwrap());
-        assert_eq!(want.len(), got.len(), "{suite}: scenarios changed since the goldens were recorded");
-        for (w, g) in want.iter().zip(got) {
-            let (wr, gr) = (w["results"].as_array().unwrap(), g["results"].as_array().unwrap());
-            assert_eq!(wr.len(), gr.len(), "{suite}/{}: ops changed since the goldens were recorded", w["name"]);
-            for (i, (wo, go)) in wr.iter().zip(gr).enumerate() {
-                assert_eq!(wo["op"], go["op"], "{suite}/{}#{i}: op changed; re-record the goldens", w["name"]);
-                if wo["response"] != go["response"] {
-                    mismatches.push(format!(
-                        "{suite}/{}#{i} {}\n  etcd:     {}\n  raftlock: {}",
-                        w["name"], wo["op"], wo["response"], go["response"]
-                    ));
-                }
-            }
-        }
+        mismatches.extend(common::golden::mismatches(suite, &golden, &actual));
     }
     assert!(mismatches.is_empty(), "{} responses differ from etcd:\n{}", mismatches.len(), mismatches.join("\n"));
 }
@@ -482,30 +464,10 @@ async fn raftlock_matches_etcd_goldens() {
 #[tokio::test]
 #[ignore]
 async fn record_goldens() {
-    let dir = common::etcd_dir();
-    let data = tempfile::tempdir().unwrap();
-    let (client_port, peer_port) = (common::free_port(), common::free_port());
-    let client_url = format!("http://127.0.0.1:{client_port}");
-    let peer_url = format!("http://127.0.0.1:{peer_port}");
-    let mut etcd = std::process::Command::new(Path::new(&dir).join("etcd"))
-        .args(["--name", "rec", "--data-dir", data.path().to_str().unwrap()])
-        .args(["--listen-client-urls", &client_url, "--advertise-client-urls", &client_url])
-        .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
-        .args(["--initial-cluster", &format!("rec={peer_url}"), "--log-level", "error"])
-        .spawn()
-        .expect("start etcd");
-    let mut c = loop {
-        if let Ok(mut c) = Client::connect([client_url.clone()], None).await {
-            if c.get("probe", None).await.is_ok() {
-                break c;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let etcd = common::golden::RecordingEtcd::start(&[]).await;
+    let mut c = Client::connect([etcd.url.clone()], None).await.unwrap();
     for suite in SUITES {
         let recorded = run_suite(&mut c, &load(&suite_path(suite, false))).await;
         std::fs::write(suite_path(suite, true), serde_json::to_string_pretty(&recorded).unwrap() + "\n").unwrap();
     }
-    etcd.kill().unwrap();
-    etcd.wait().unwrap();
 }

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use etcd_client::Client;
 
 pub mod certs;
+pub mod golden;
 mod tools;
 #[allow(unused_imports)] // each test binary uses some of them
 pub use tools::{etcd_dir, etcdctls, raftlockctl, text, Etcdctl};
