@@ -8,6 +8,8 @@
 #
 #   scripts/bench-auth-cost.sh           # ROUNDS=5
 #   ROUNDS=9 BIN_DIR=dir scripts/bench-auth-cost.sh
+#   WORKLOADS="get --clients 64 --conns 8 --total 40000" scripts/bench-auth-cost.sh
+#                                        # only these (';'-separated)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 etcd_dir=$(scripts/install-etcd.sh)
@@ -53,6 +55,7 @@ workloads=(
   "txn --clients 64 --conns 8 --total 30000"
   "lock --clients 64 --conns 8 --lock-names 64 --total 10000"
 )
+[ -n "${WORKLOADS:-}" ] && IFS=';' read -r -a workloads <<<"$WORKLOADS"
 for r in $(seq "$rounds"); do
   for mode in off on; do
     user=()
