@@ -1,10 +1,11 @@
 //! etcd's auth on a real cluster, through the clients users run: etcdctl's
 //! `user`, `role` and `auth` commands (3.4 and 3.5) unchanged, etcd-client
-//! with a user, raftlockctl with `--user`; the auth store surviving restarts;
-//! JWT tokens (`--auth-token jwt,...`), accepted by every member and going
-//! stale when users or roles change; a client certificate's CommonName as the
-//! user with `--client-cert-auth`. The exact answers of every service are
-//! `tests/auth_conformance.rs`'s.
+//! with a user, raftlockctl with `--user`, python-etcd3 with `user=`; the
+//! auth store surviving restarts; JWT tokens (`--auth-token jwt,...`),
+//! accepted by every member and going stale when users or roles change; a
+//! client certificate's CommonName as the user with `--client-cert-auth`;
+//! no user tying keys to another's lease. The exact answers of every service
+//! are `tests/auth_conformance.rs`'s.
 
 mod common;
 
@@ -245,4 +246,56 @@ async fn a_user_cannot_tie_keys_to_a_lease_whose_keys_it_may_not_write() {
     assert!(answers.message().await.unwrap().unwrap().ttl() > 0);
     let on_lease = pay.lease_time_to_live(lease, Some(etcd_client::LeaseTimeToLiveOptions::new().with_keys())).await;
     assert_eq!(on_lease.unwrap().keys(), [b"payroll/x".to_vec()]);
+}
+
+/// python-etcd3 logs in with `user=`/`password=` and gets etcd's answers.
+/// It sends its token as gRPC call credentials, which grpc-python sends
+/// over TLS only (so against etcd too): the cluster runs with mTLS.
+#[tokio::test]
+async fn python_etcd3_logs_in_as_a_user() {
+    let python = std::env::var("RAFTLOCK_PYTHON_ETCD3").map(std::path::PathBuf::from).unwrap_or_else(|_| {
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".tools/python-etcd3/bin/python")
+    });
+    assert!(python.exists(), "{} is missing: run the tests with scripts/test.sh, which installs it", python.display());
+    let dir = tempfile::tempdir().unwrap();
+    let certs: Certs = certs::make(&dir.path().join("certs"));
+    let cluster = common::Cluster::start_tls(dir, 3, &certs, &["--bcrypt-cost", "4"]).await;
+    let follower = cluster.follower().await;
+    let etcdctl = Etcdctl::v35(&cluster.endpoints().join(","));
+    let tls = ["--cacert", path(&certs.ca), "--cert", path(&certs.alice.cert), "--key", path(&certs.alice.key)];
+    etcdctl.ok(&with(&tls, &["user", "add", "root:rootpw"]));
+    etcdctl.ok(&with(&tls, &["user", "add", "ops:opspw"]));
+    etcdctl.ok(&with(&tls, &["role", "add", "ops"]));
+    etcdctl.ok(&with(&tls, &["role", "grant-permission", "ops", "readwrite", "jobs/", "--prefix=true"]));
+    etcdctl.ok(&with(&tls, &["user", "grant-role", "ops", "ops"]));
+    etcdctl.ok(&with(&tls, &["auth", "enable"]));
+    let script = r#"
+import sys, etcd3
+host, port, ca, cert, key = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+def client(**kw):
+    return etcd3.client(host=host, port=port, ca_cert=ca, cert_cert=cert, cert_key=key, **kw)
+def message(e):
+    return e.details() if hasattr(e, "details") else str(e)
+c = client(user="ops", password="opspw")
+c.put("jobs/py", "yes")
+assert c.get("jobs/py")[0] == b"yes"
+try:
+    c.put("payroll", "x")
+    sys.exit("payroll was written")
+except Exception as e:
+    assert message(e) == "etcdserver: permission denied", repr(e)
+try:
+    client(user="ops", password="wrong").get("jobs/py")
+    sys.exit("a wrong password was let in")
+except Exception as e:
+    assert "authentication failed" in message(e), repr(e)
+print("ok")
+"#;
+    let out = std::process::Command::new(python)
+        .env("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
+        .args(["-c", script, "127.0.0.1", &cluster.members[follower].client_port.to_string()])
+        .args([path(&certs.ca), path(&certs.alice.cert), path(&certs.alice.key)])
+        .output()
+        .unwrap();
+    assert!(out.status.success() && text(&out).trim_end().ends_with("ok"), "python-etcd3 with a user:\n{}", text(&out));
 }
