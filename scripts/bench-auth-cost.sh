@@ -13,13 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 etcd_dir=$(scripts/install-etcd.sh)
-if [ -n "${BIN_DIR:-}" ]; then
-  bin=$(cd "$BIN_DIR" && pwd)
-else
-  cargo build --release --bins >&2
-  bin=$(cargo metadata --format-version 1 --no-deps |
-    python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')/release
-fi
+bin=$(scripts/release-bins.sh)
 rounds=${ROUNDS:-5}
 work=$(pwd)/.bench-auth
 rm -rf "$work"; mkdir -p "$work"

@@ -16,14 +16,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 etcd_dir=$(scripts/install-etcd.sh)
-if [ -n "${BIN_DIR:-}" ]; then
-  bin=$(cd "$BIN_DIR" && pwd)
-else
-  cargo build --release --bins >&2
-  # Cargo's target directory: ./target unless CARGO_TARGET_DIR or a config moves it.
-  bin=$(cargo metadata --format-version 1 --no-deps |
-    python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')/release
-fi
+bin=$(scripts/release-bins.sh)
 ctl=$bin/raftlockctl
 work=$(pwd)/.bench
 rm -rf "$work"; mkdir -p "$work"
