@@ -421,3 +421,77 @@ async fn a_member_added_to_a_long_log_catches_up_and_stays() {
     assert!(cluster.wait_exit(added, Duration::from_secs(4)).is_none(), "the new member stopped:\n{}", cluster.logs());
     assert!(!cluster.log_of(added).contains("removed from the cluster"));
 }
+
+/// Maintenance.HashKV: every member that applied the same history answers
+/// the same checksum at a revision; another revision of a changed history
+/// has another one; beyond the store, or below its compaction, is etcd's
+/// error. Maintenance.Hash (the whole state) agrees on members at the same
+/// applied index.
+#[tokio::test]
+async fn hash_kv_is_equal_on_every_member_at_a_revision() {
+    let cluster = Cluster::start(3).await;
+    let mut c = cluster.client(0).await;
+    for i in 0..30 {
+        c.put(format!("h/{}", i % 7), format!("v{i}"), None).await.unwrap();
+    }
+    let mid = c.delete("h/3", None).await.unwrap().header().unwrap().revision();
+    for i in 0..10 {
+        c.put(format!("h/late/{i}"), "x", None).await.unwrap();
+    }
+    let current = c.get("h/0", None).await.unwrap().header().unwrap().revision();
+    c.compact(mid - 5, None).await.unwrap();
+
+    let (mut at_mid, mut at_current) = (Vec::new(), Vec::new());
+    for i in 0..3 {
+        let mut m = cluster.client(i).await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while m.get("h/0", Some(GetOptions::new().with_serializable())).await.unwrap().header().unwrap().revision()
+            < current
+        {
+            assert!(Instant::now() < deadline, "member {i} never reached revision {current}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let h = m.hash_kv(mid).await.unwrap();
+        assert_eq!(h.compact_version(), mid - 5);
+        at_mid.push(h.hash());
+        at_current.push(m.hash_kv(current).await.unwrap().hash());
+        assert_eq!(m.hash_kv(0).await.unwrap().hash(), at_current[i], "0 means the current revision");
+        let future = m.hash_kv(current + 100).await.unwrap_err();
+        assert_eq!(
+            common::grpc_error(future),
+            (tonic::Code::OutOfRange, "etcdserver: mvcc: required revision is a future revision".into())
+        );
+        let compacted = m.hash_kv(mid - 10).await.unwrap_err();
+        assert_eq!(
+            common::grpc_error(compacted),
+            (tonic::Code::OutOfRange, "etcdserver: mvcc: required revision has been compacted".into())
+        );
+    }
+    assert!(at_mid.iter().all(|h| *h == at_mid[0]), "hashes at {mid} differ: {at_mid:?}");
+    assert!(at_current.iter().all(|h| *h == at_current[0]), "hashes at {current} differ: {at_current:?}");
+    assert_ne!(at_mid[0], at_current[0], "ten more puts changed nothing?");
+
+    // Hash: the whole state, equal once every member applied the same index.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut seen = Vec::new();
+        for i in 0..3 {
+            let mut m = cluster.client(i).await;
+            let applied = m.status().await.unwrap().raft_applied_index();
+            seen.push((applied, m.hash().await.unwrap().hash(), m.status().await.unwrap().raft_applied_index()));
+        }
+        let steady = seen.iter().all(|(a, _, b)| a == b && *a == seen[0].0);
+        if steady {
+            assert!(seen.iter().all(|(_, h, _)| *h == seen[0].1), "Hash differs at one applied index: {seen:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "members never settled on one applied index: {seen:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // etcdctl's view: one line per endpoint, all with the same hash.
+    let out =
+        common::Etcdctl::v35(&cluster.endpoints().join(",")).ok(&["endpoint", "hashkv", "--rev", &mid.to_string()]);
+    let hashes: Vec<&str> = out.lines().filter_map(|l| l.split(", ").nth(1)).collect();
+    assert_eq!(hashes, vec![at_mid[0].to_string().as_str(); 3], "{out}");
+}

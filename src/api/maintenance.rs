@@ -86,14 +86,32 @@ impl Maintenance for MaintenanceService {
         Ok(Response::new(pb::DefragmentResponse { header: header(&self.node, self.node.revision()) }))
     }
 
+    /// A checksum of the member's whole applied state (every version,
+    /// leases, members, auth), as a Snapshot would hold it: equal on members
+    /// that applied the same log.
     async fn hash(&self, req: Request<pb::HashRequest>) -> Result<Response<pb::HashResponse>, Status> {
         auth::maintenance_admin(&self.node, &req).await?;
-        Err(error::not_supported("hash"))
+        let node = self.node.clone();
+        let (data, revision) = tokio::task::spawn_blocking(move || node.snapshot())
+            .await
+            .map_err(|e| error::internal("hashing the state", e))?;
+        Ok(Response::new(pb::HashResponse { header: header(&self.node, revision), hash: crc32fast::hash(&data) }))
     }
 
+    /// etcd's HashKV: a checksum of the key-value history up to a revision
+    /// (see `MvccStore::hash_kv`), served by this member from its own state.
     async fn hash_kv(&self, req: Request<pb::HashKvRequest>) -> Result<Response<pb::HashKvResponse>, Status> {
         auth::maintenance_admin(&self.node, &req).await?;
-        Err(error::not_supported("hash kv"))
+        let revision = req.into_inner().revision;
+        let node = self.node.clone();
+        let hashed = tokio::task::spawn_blocking(move || {
+            let mvcc = node.state().mvcc();
+            mvcc.hash_kv(revision).map(|(hash, compact)| (hash, compact, mvcc.revision()))
+        })
+        .await
+        .map_err(|e| error::internal("hashing the key-value history", e))?;
+        let (hash, compact_revision, current) = hashed.map_err(error::mvcc)?;
+        Ok(Response::new(pb::HashKvResponse { header: header(&self.node, current), hash, compact_revision }))
     }
 
     type SnapshotStream = SnapshotStream;

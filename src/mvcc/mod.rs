@@ -229,6 +229,43 @@ impl MvccStore {
         })
     }
 
+    /// A checksum of every version up to `revision` (0: the current one)
+    /// that the store still holds, and the compaction revision: equal on
+    /// every member that applied the same log up to there (etcd's HashKV).
+    /// CRC-32 over each version's revision, sub revision, key and key-value,
+    /// in key order then version order; raftlock's own encoding, so it
+    /// compares raftlock members, not raftlock with etcd.
+    pub fn hash_kv(&self, revision: Revision) -> Result<(u32, Revision), MvccError> {
+        if revision > self.revision {
+            return Err(MvccError::FutureRevision);
+        }
+        let upto = if revision <= 0 { self.revision } else { revision };
+        if upto < self.compact_revision {
+            return Err(MvccError::Compacted);
+        }
+        let mut hash = crc32fast::Hasher::new();
+        for (key, versions) in &self.index {
+            for v in versions.iter().take_while(|v| v.revision <= upto) {
+                hash.update(&v.revision.to_be_bytes());
+                hash.update(&v.sub.to_be_bytes());
+                hash.update(&(key.len() as u64).to_be_bytes());
+                hash.update(key);
+                match &v.kv {
+                    None => hash.update(&[0]),
+                    Some(kv) => {
+                        hash.update(&[1]);
+                        for n in [kv.create_revision, kv.mod_revision, kv.version, kv.lease] {
+                            hash.update(&n.to_be_bytes());
+                        }
+                        hash.update(&(kv.value.len() as u64).to_be_bytes());
+                        hash.update(&kv.value);
+                    }
+                }
+            }
+        }
+        Ok((hash.finalize(), self.compact_revision))
+    }
+
     /// A read at the store's current revision (or `req.revision`).
     pub fn range(&self, req: &RangeRequest) -> Result<RangeResult, MvccError> {
         self.range_at(req, self.revision)
