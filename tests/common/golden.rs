@@ -36,10 +36,12 @@ impl RecordingEtcd {
             .args(extra)
             .spawn()
             .expect("start etcd");
+        // Owned at once, so that a panic below still stops it.
+        let etcd = RecordingEtcd { url, child, _data: data };
         loop {
-            if let Ok(mut c) = etcd_client::Client::connect([url.clone()], None).await {
+            if let Ok(mut c) = etcd_client::Client::connect([etcd.url.clone()], None).await {
                 if c.get("probe", None).await.is_ok() {
-                    return RecordingEtcd { url, child, _data: data };
+                    return etcd;
                 }
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
