@@ -3,7 +3,7 @@
 //! purge); membership changes with etcdctl (add a voter and a learner that
 //! join with `existing`, promote, remove a member and the leader); five
 //! members losing two; HashKV equal on every member, and different on one
-//! whose state store was damaged on disk.
+//! whose state store was damaged on disk; the gRPC health service.
 
 mod common;
 
@@ -537,4 +537,45 @@ async fn hash_kv_tells_a_member_with_a_damaged_state_store() {
     let mut damaged = cluster.client(2).await;
     let read = damaged.get("damaged/key", Some(GetOptions::new().with_serializable())).await.unwrap();
     assert_eq!(read.kvs()[0].value(), b"BAAAAAAAAAAAAAAA", "it serves what its disk says");
+}
+
+/// gRPC's standard health service: SERVING on every member of a healthy
+/// cluster (for the whole server and for a service by name), NOT_SERVING on
+/// a member left without a quorum, and SERVING again once it has one.
+#[tokio::test]
+async fn the_grpc_health_service_follows_the_members_leader() {
+    use tonic_health::pb::{health_check_response::ServingStatus, health_client::HealthClient, HealthCheckRequest};
+    let mut cluster = Cluster::start(3).await;
+    let urls: Vec<String> = cluster.endpoints();
+    let status = |i: usize, service: &str| {
+        let (url, service) = (urls[i].clone(), service.to_string());
+        async move {
+            let channel = tonic::transport::Channel::from_shared(url).unwrap().connect().await.unwrap();
+            let answer = HealthClient::new(channel).check(HealthCheckRequest { service }).await.unwrap();
+            ServingStatus::try_from(answer.into_inner().status).unwrap()
+        }
+    };
+    let wait_for = |i: usize, want: ServingStatus| {
+        let status = &status;
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(15);
+            loop {
+                if status(i, "").await == want {
+                    return;
+                }
+                assert!(Instant::now() < deadline, "member {i} never reported {want:?}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    for i in 0..3 {
+        wait_for(i, ServingStatus::Serving).await;
+        assert_eq!(status(i, "etcdserverpb.KV").await, ServingStatus::Serving);
+    }
+    cluster.kill(1);
+    cluster.kill(2);
+    wait_for(0, ServingStatus::NotServing).await;
+    assert_eq!(status(0, "raftlock.v1.Locks").await, ServingStatus::NotServing);
+    cluster.restart(1);
+    wait_for(0, ServingStatus::Serving).await;
 }

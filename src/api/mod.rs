@@ -12,6 +12,7 @@
 pub mod auth;
 pub mod cluster;
 pub mod error;
+pub mod health;
 pub mod kv;
 pub mod lease;
 pub mod lock;
@@ -46,8 +47,10 @@ pub fn header(node: &Node, revision: i64) -> Option<ResponseHeader> {
 
 /// Serve the client API on `listeners` until the node shuts down.
 pub async fn serve_clients(node: Arc<Node>, listeners: Vec<crate::server::listen::Listener>) -> anyhow::Result<()> {
+    let health = health::service(node.clone());
     let make = || {
         Server::builder()
+            .add_service(health.clone())
             .add_service(kv::KvService::server(node.clone()))
             .add_service(auth::AuthService::server(node.clone()))
             .add_service(cluster::ClusterService::server(node.clone()))
