@@ -15,6 +15,8 @@
 
 use std::sync::Arc;
 
+use tokio_rustls::rustls::pki_types::CertificateDer;
+
 use tonic::{Request, Response, Status};
 
 use super::{error, header};
@@ -35,8 +37,9 @@ pub async fn caller<T>(node: &Node, req: &Request<T>) -> Result<Caller, Status> 
 #[derive(Clone, Default)]
 pub struct Credentials {
     token: Option<String>,
-    /// A verified client certificate's CommonName.
-    common_name: Option<String>,
+    /// The verified client certificate chain, parsed only when its
+    /// CommonName names the user (`--client-cert-auth`, auth on).
+    certs: Option<Arc<Vec<CertificateDer<'static>>>>,
 }
 
 impl Credentials {
@@ -45,18 +48,20 @@ impl Credentials {
         let token = md.get("token").or_else(|| md.get("authorization")).and_then(|v| v.to_str().ok());
         if let Some(token) = token {
             let token = token.strip_prefix("Bearer ").unwrap_or(token).to_string();
-            return Credentials { token: Some(token), common_name: None };
+            return Credentials { token: Some(token), certs: None };
         }
-        let common_name = req.peer_certs().and_then(|certs| certs.first().and_then(|c| common_name(c.as_ref())));
-        Credentials { token: None, common_name }
+        Credentials { token: None, certs: req.peer_certs() }
     }
 
     pub async fn caller(&self, node: &Node) -> Result<Caller, Status> {
         if let Some(token) = &self.token {
             return node.identify(token).await.map_err(error::write);
         }
-        let from_certificate = self.common_name.clone().and_then(|cn| node.certificate_user(cn));
-        Ok(from_certificate.unwrap_or_default())
+        let named = match &self.certs {
+            Some(certs) if node.names_users_by_certificate() => certs.first().and_then(|c| common_name(c.as_ref())),
+            _ => None,
+        };
+        Ok(named.map(|user| Caller { user, revision: Caller::CURRENT }).unwrap_or_default())
     }
 }
 
@@ -71,13 +76,22 @@ pub fn check(node: &Node, caller: &Caller, key: &[u8], range_end: &[u8], kind: P
     node.state().auth().check(caller, key, range_end, kind).map_err(error::auth)
 }
 
+/// Refuse `caller` unless it may both read and write `[key, range_end)`.
+pub fn check_read_write(
+    node: &Node,
+    caller: &Caller,
+    key: &[u8],
+    range_end: &[u8],
+) -> Result<(), crate::auth::AuthError> {
+    let auth = node.state().auth();
+    auth.check(caller, key, range_end, PermKind::Read)?;
+    auth.check(caller, key, range_end, PermKind::Write)
+}
+
 /// Refuse `caller` unless it may read and write every key under `prefix`
 /// (what a lock or election on a name needs: READ and WRITE on `name/`).
 pub fn check_prefix(node: &Node, caller: &Caller, prefix: &[u8]) -> Result<(), crate::auth::AuthError> {
-    let auth = node.state().auth();
-    let end = crate::locks::prefix_end(prefix);
-    auth.check(caller, prefix, &end, PermKind::Read)?;
-    auth.check(caller, prefix, &end, PermKind::Write)
+    check_read_write(node, caller, prefix, &crate::locks::prefix_end(prefix))
 }
 
 /// Refuse `caller` unless it may write every key attached to lease `id`:
@@ -104,12 +118,10 @@ pub async fn admin<T>(node: &Node, req: &Request<T>) -> Result<Caller, Status> {
 /// As [`admin`], refusing as etcd's Maintenance service does: the auth
 /// package's error (or the token's), code Unknown.
 pub async fn maintenance_admin<T>(node: &Node, req: &Request<T>) -> Result<(), Status> {
-    let caller = match Credentials::of(req).token {
-        Some(token) => {
-            node.identify(&token).await.map_err(|_| error::unchecked_auth(crate::auth::AuthError::InvalidToken))?
-        }
-        None => caller(node, req).await?,
-    };
+    let caller = Credentials::of(req)
+        .caller(node)
+        .await
+        .map_err(|_| error::unchecked_auth(crate::auth::AuthError::InvalidToken))?;
     node.state().auth().check_admin(&caller).map_err(error::unchecked_auth)
 }
 

@@ -17,7 +17,7 @@ use futures::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::{auth, error, header};
-use crate::auth::{Caller, PermKind};
+use crate::auth::PermKind;
 use crate::lease::MAX_LEASE_TTL;
 use crate::proto::etcdserverpb as pb;
 use crate::proto::etcdserverpb::lease_server::{Lease, LeaseServer};
@@ -80,8 +80,8 @@ impl Lease for LeaseService {
                 };
                 let Some(Ok(msg)) = next else { return };
                 // Keeping a lease alive keeps its keys: WRITE on each of them.
-                if let Err(e) = attached_keys_allowed(&node, &caller, msg.id, PermKind::Write) {
-                    let _ = tx.send(Err(e)).await;
+                if let Err(e) = auth::check_lease(&node, &caller, msg.id) {
+                    let _ = tx.send(Err(error::auth(e))).await;
                     return;
                 }
                 let reply = match node.keep_alive(msg.id).await {
@@ -134,11 +134,4 @@ impl Lease for LeaseService {
         let leases = self.node.state().leases().ids().map(|id| pb::LeaseStatus { id }).collect();
         Ok(Response::new(pb::LeaseLeasesResponse { header: header(&self.node, self.node.revision()), leases }))
     }
-}
-
-/// Whether `caller` may do a `kind` operation on every key attached to lease `id`.
-fn attached_keys_allowed(node: &Node, caller: &Caller, id: i64, kind: PermKind) -> Result<(), Status> {
-    let keys: Vec<Vec<u8>> =
-        node.state().leases().get(id).map(|l| l.keys.iter().cloned().collect()).unwrap_or_default();
-    keys.iter().try_for_each(|k| auth::check(node, caller, k, &[], kind))
 }

@@ -42,7 +42,7 @@ impl Lock for LockService {
     async fn unlock(&self, req: Request<lpb::UnlockRequest>) -> Result<Response<lpb::UnlockResponse>, Status> {
         let caller = auth::caller(&self.node, &req).await?;
         let key = req.into_inner().key;
-        auth::check(&self.node, &caller, &key, &[], PermKind::Write).map_err(unknown)?;
+        self.node.state().auth().check(&caller, &key, &[], PermKind::Write).map_err(denied)?;
         let revision = locks::delete(&self.node, &key).await.map_err(error::v3_recipe)?;
         Ok(Response::new(lpb::UnlockResponse { header: header(&self.node, revision) }))
     }
@@ -50,24 +50,19 @@ impl Lock for LockService {
 
 /// etcd runs its lock and election services through a client of its own,
 /// which hands auth's refusals on as gRPC code Unknown with the message.
-fn unknown(s: Status) -> Status {
-    Status::unknown(s.message())
-}
-
 fn denied(e: crate::auth::AuthError) -> Status {
     error::v3_recipe(locks::RecipeError::Denied(e))
 }
 
 /// Proclaim and Resign compare and write the leader's key.
 fn check_leader_key(node: &Node, caller: &crate::auth::Caller, key: &[u8]) -> Result<(), Status> {
-    auth::check(node, caller, key, &[], PermKind::Read).map_err(unknown)?;
-    auth::check(node, caller, key, &[], PermKind::Write).map_err(unknown)
+    auth::check_read_write(node, caller, key, &[]).map_err(denied)
 }
 
 /// Leader and Observe read the election's keys.
 fn check_read_prefix(node: &Node, caller: &crate::auth::Caller, name: &[u8]) -> Result<(), Status> {
     let prefix = queue_prefix(name);
-    auth::check(node, caller, &prefix, &locks::prefix_end(&prefix), PermKind::Read).map_err(unknown)
+    node.state().auth().check(caller, &prefix, &locks::prefix_end(&prefix), PermKind::Read).map_err(denied)
 }
 
 pub struct ElectionService {

@@ -103,8 +103,7 @@ impl Locks for LocksService {
         if req.key.is_empty() {
             return Err(error::empty_key());
         }
-        auth::check(&self.node, &caller, &req.key, &[], PermKind::Read)?;
-        auth::check(&self.node, &caller, &req.key, &[], PermKind::Write)?;
+        auth::check_read_write(&self.node, &caller, &req.key, &[]).map_err(error::auth)?;
         if req.token <= 0 {
             return Err(error::release_needs_token());
         }

@@ -167,16 +167,7 @@ pub fn decode_tagged<T: for<'de> Deserialize<'de>>(bytes: &[u8], tag: u8, exact:
 /// bytes than the input holds (so nothing is allocated for them), and txns
 /// nest at most `mvcc::MAX_TXN_DEPTH` deep.
 pub fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, DecodeError> {
-    use bincode::Options;
-    match bytes.split_first() {
-        Some((&FORMAT_V1, rest)) => Ok(bincode::DefaultOptions::new()
-            .with_fixint_encoding()
-            .allow_trailing_bytes()
-            .with_limit(rest.len() as u64)
-            .deserialize(rest)?),
-        Some((&v, _)) => Err(DecodeError::UnknownFormat(v)),
-        None => Err(DecodeError::Empty),
-    }
+    decode_tagged(bytes, FORMAT_V1, false)
 }
 
 /// What a member's Raft is configured with (from its command line).

@@ -32,10 +32,11 @@ impl Node {
         Err(AuthError::InvalidToken.into())
     }
 
-    /// The user a verified client certificate names (its CommonName), when
-    /// `--client-cert-auth` is on.
-    pub fn certificate_user(&self, common_name: String) -> Option<Caller> {
-        self.client_cert_auth.then_some(Caller { user: common_name, revision: Caller::CURRENT })
+    /// Whether a verified client certificate's CommonName names the caller
+    /// (`--client-cert-auth`, with auth on: otherwise nobody needs a name, and
+    /// no certificate is parsed).
+    pub fn names_users_by_certificate(&self) -> bool {
+        self.client_cert_auth && self.state.auth().enabled
     }
 
     /// Check `name`'s password and hand out a token; returns the token and
