@@ -148,9 +148,9 @@ impl AuthService {
     /// The caller, once this member has applied everything committed when
     /// the request arrived.
     async fn reader<T>(&self, req: &Request<T>) -> Result<Caller, Status> {
-        let caller = caller(&self.node, req).await?;
         self.node.read_barrier().await.map_err(error::server)?;
-        Ok(caller)
+        // Identified after the barrier, as a Range is (see `kv`).
+        caller(&self.node, req).await
     }
 }
 

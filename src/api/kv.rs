@@ -39,12 +39,15 @@ fn check_size(req: &impl Message) -> Result<(), Status> {
 #[tonic::async_trait]
 impl Kv for KvService {
     async fn range(&self, req: Request<pb::RangeRequest>) -> Result<Response<pb::RangeResponse>, Status> {
-        let caller = auth::caller(&self.node, &req).await?;
+        let credentials = auth::Credentials::of(&req);
         let req = req.into_inner();
         let range = range_request(&req)?;
         if !req.serializable {
             self.node.read_barrier().await.map_err(error::server)?;
         }
+        // Who the caller is, as of the barrier: a token forgotten by a change
+        // committed before this read (a password change) no longer counts.
+        let caller = credentials.caller(&self.node).await?;
         auth::check(&self.node, &caller, &req.key, &req.range_end, PermKind::Read)?;
         let result = self.node.state().mvcc().range(&range).map_err(error::mvcc)?;
         Ok(Response::new(range_response(&self.node, result)))
@@ -72,7 +75,7 @@ impl Kv for KvService {
     }
 
     async fn txn(&self, req: Request<pb::TxnRequest>) -> Result<Response<pb::TxnResponse>, Status> {
-        let caller = auth::caller(&self.node, &req).await?;
+        let credentials = auth::Credentials::of(&req);
         let req = req.into_inner();
         check_size(&req)?;
         check_txn(&req, MAX_TXN_OPS)?;
@@ -83,12 +86,14 @@ impl Kv for KvService {
             // etcd serves a txn of reads without Raft; so does raftlock, with the
             // same linearizable barrier as a Range.
             self.node.read_barrier().await.map_err(error::server)?;
+            let caller = credentials.caller(&self.node).await?;
             let state = self.node.state();
             let (leases, auth) = (state.leases(), state.auth());
             crate::auth::checks::check_txn(&auth, &caller, &txn, &leases).map_err(error::auth)?;
             drop((leases, auth));
             self.node.state().mvcc().read_txn(&txn).map_err(error::mvcc)?
         } else {
+            let caller = credentials.caller(&self.node).await?;
             self.node.txn(txn, Some(&caller)).await.map_err(error::write)?
         };
         let mut resp = txn_response(result, true);
