@@ -10,7 +10,7 @@
 //! misses messages, notices (the receiver reports the lag), and catches up
 //! from MVCC history instead.
 //!
-//! Lock order: `mvcc` before `leases` before `members` before `auth`. All are std `RwLock`s, not tokio's:
+//! Lock order: `mvcc` before `leases` before `members` before `auth` before `alarms`. All are std `RwLock`s, not tokio's:
 //! they are never held across an `.await`, and a read holds one only while it
 //! copies its answer out, so apply is never kept waiting for a client.
 
@@ -19,9 +19,13 @@ use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use serde::{Deserialize, Serialize};
 
+use crate::alarm::Alarms;
 use crate::auth::{AuthStore, Tokens};
 use crate::lease::LeaseTable;
 use crate::mvcc::{Change, MvccStore, Revision};
+
+/// What a lease counts as in the state's size (etcd's lease overhead).
+pub const LEASE_BYTES: u64 = 64;
 
 /// Apply calls the change feed buffers for slow watchers.
 pub const CHANGE_FEED_CAPACITY: usize = 1024;
@@ -64,6 +68,7 @@ pub struct AppliedState {
     leases: RwLock<LeaseTable>,
     members: RwLock<BTreeMap<u64, MemberAttrs>>,
     auth: RwLock<AuthStore>,
+    alarms: RwLock<Alarms>,
     tokens: Tokens,
     feed: tokio::sync::broadcast::Sender<std::sync::Arc<AppliedChanges>>,
 }
@@ -82,6 +87,7 @@ impl AppliedState {
             leases: RwLock::default(),
             members: RwLock::default(),
             auth: RwLock::default(),
+            alarms: RwLock::default(),
             tokens,
             feed: tokio::sync::broadcast::channel(CHANGE_FEED_CAPACITY).0,
         }
@@ -93,6 +99,21 @@ impl AppliedState {
 
     pub fn auth_mut(&self) -> RwLockWriteGuard<'_, AuthStore> {
         self.auth.write().expect("auth lock poisoned")
+    }
+
+    pub fn alarms(&self) -> RwLockReadGuard<'_, Alarms> {
+        self.alarms.read().expect("alarms lock poisoned")
+    }
+
+    pub fn alarms_mut(&self) -> RwLockWriteGuard<'_, Alarms> {
+        self.alarms.write().expect("alarms lock poisoned")
+    }
+
+    /// What the space quota counts: the MVCC history's weight
+    /// (`MvccStore::size_bytes`) and [`LEASE_BYTES`] per lease.
+    pub fn size_bytes(&self) -> u64 {
+        let history = self.mvcc().size_bytes();
+        history + self.leases().len() as u64 * LEASE_BYTES
     }
 
     pub fn tokens(&self) -> &Tokens {

@@ -6,53 +6,122 @@
 //! the busier the system, the larger the batches. Under no load a batch is a
 //! single item and adds only a task hop.
 //!
-//! Invariants: every item is in exactly one batch, batches start in queue
-//! order, and every caller gets exactly one answer (`None` only if the batcher
-//! stopped before answering).
+//! Bounds ([`Limits`]): a batch holds at most `max_batch` items and at most
+//! `max_batch_weight` of their weight (but always one item, however heavy);
+//! the queue holds at most `max_queued` items and `max_queued_weight` of
+//! weight, beyond which a call is refused at once ([`CallError::Overloaded`])
+//! instead of growing memory. An item whose caller stopped waiting before its
+//! batch formed is dropped unseen: work nobody waits for is not done.
+//!
+//! Invariants: every item run is in exactly one batch, batches start in queue
+//! order, and every caller gets exactly one answer.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
-type Item<T, R> = (T, oneshot::Sender<R>);
+/// An item, its weight, and where its answer goes.
+type Item<T, R> = (T, u64, oneshot::Sender<R>);
+
+/// How large batches and the queue may grow (see the module doc).
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    pub max_batch: usize,
+    pub max_batch_weight: u64,
+    pub max_in_flight: usize,
+    pub max_queued: usize,
+    pub max_queued_weight: u64,
+}
+
+/// Why a call got no result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CallError {
+    /// The queue is full: the call was refused without being queued.
+    #[error("too many requests queued")]
+    Overloaded,
+    /// The batcher stopped before answering.
+    #[error("batcher stopped")]
+    Stopped,
+}
+
+/// What is queued and not yet taken into a batch.
+#[derive(Default)]
+struct Queued {
+    items: AtomicUsize,
+    weight: AtomicU64,
+}
+
+impl Queued {
+    fn taken(&self, weight: u64) {
+        self.items.fetch_sub(1, Ordering::Relaxed);
+        self.weight.fetch_sub(weight, Ordering::Relaxed);
+    }
+}
 
 /// Handle to a batching task; cheap to clone. The task ends with the last handle.
 pub struct Batcher<T, R> {
     queue: mpsc::UnboundedSender<Item<T, R>>,
+    queued: Arc<Queued>,
+    weigh: fn(&T) -> u64,
+    limits: Limits,
 }
 
 impl<T, R> Clone for Batcher<T, R> {
     fn clone(&self) -> Self {
-        Batcher { queue: self.queue.clone() }
+        Batcher { queue: self.queue.clone(), queued: self.queued.clone(), weigh: self.weigh, limits: self.limits }
     }
 }
 
 impl<T: Send + 'static, R: Send + 'static> Batcher<T, R> {
-    /// Start the task. `run` must return one result per item, in order.
-    pub fn start<F, Fut>(max_batch: usize, max_in_flight: usize, run: F) -> Self
+    /// Start the task. `weigh` tells an item's weight (for the weight
+    /// bounds); `run` must return one result per item, in order.
+    pub fn start<F, Fut>(limits: Limits, weigh: fn(&T) -> u64, run: F) -> Self
     where
         F: Fn(Vec<T>) -> Fut + Send + 'static,
         Fut: Future<Output = Vec<R>> + Send + 'static,
     {
-        assert!(max_batch > 0 && max_in_flight > 0);
+        assert!(limits.max_batch > 0 && limits.max_in_flight > 0);
         let (queue, mut rx) = mpsc::unbounded_channel::<Item<T, R>>();
+        let queued = Arc::new(Queued::default());
+        let counts = queued.clone();
         tokio::spawn(async move {
-            let in_flight = Arc::new(Semaphore::new(max_in_flight));
+            let in_flight = Arc::new(Semaphore::new(limits.max_in_flight));
+            // An item taken from the queue that did not fit the last batch.
+            let mut carried: Option<Item<T, R>> = None;
             loop {
                 // Take a slot first, so that items pile up while none is free.
                 let Ok(permit) = in_flight.clone().acquire_owned().await else {
                     return;
                 };
-                let Some(first) = rx.recv().await else { return };
+                let first = match carried.take() {
+                    Some(item) => item,
+                    None => loop {
+                        let Some(item) = rx.recv().await else { return };
+                        counts.taken(item.1);
+                        if !item.2.is_closed() {
+                            break item;
+                        }
+                    },
+                };
+                let mut weight = first.1;
                 let mut batch = vec![first];
-                while batch.len() < max_batch {
-                    match rx.try_recv() {
-                        Ok(item) => batch.push(item),
-                        Err(_) => break,
+                while batch.len() < limits.max_batch {
+                    let Ok(item) = rx.try_recv() else { break };
+                    counts.taken(item.1);
+                    if item.2.is_closed() {
+                        continue;
                     }
+                    if weight + item.1 > limits.max_batch_weight {
+                        carried = Some(item);
+                        break;
+                    }
+                    weight += item.1;
+                    batch.push(item);
                 }
-                let (items, replies): (Vec<T>, Vec<oneshot::Sender<R>>) = batch.into_iter().unzip();
+                let (items, replies): (Vec<T>, Vec<oneshot::Sender<R>>) =
+                    batch.into_iter().map(|(item, _, reply)| (item, reply)).unzip();
                 let work = run(items);
                 tokio::spawn(async move {
                     let results = work.await;
@@ -64,15 +133,32 @@ impl<T: Send + 'static, R: Send + 'static> Batcher<T, R> {
                 });
             }
         });
-        Batcher { queue }
+        Batcher { queue, queued, weigh, limits }
     }
 
-    /// Queue `item` and wait for its result.
-    pub async fn call(&self, item: T) -> Option<R> {
+    /// Queue `item` and wait for its result; refused at once while the queue
+    /// is full.
+    pub async fn call(&self, item: T) -> Result<R, CallError> {
+        let weight = (self.weigh)(&item);
+        let items = self.queued.items.fetch_add(1, Ordering::Relaxed);
+        let queued_weight = self.queued.weight.fetch_add(weight, Ordering::Relaxed);
+        // An item alone in the queue is always taken, however heavy.
+        if items >= self.limits.max_queued || (items > 0 && queued_weight + weight > self.limits.max_queued_weight) {
+            self.queued.taken(weight);
+            return Err(CallError::Overloaded);
+        }
         let (tx, rx) = oneshot::channel();
-        self.queue.send((item, tx)).ok()?;
-        rx.await.ok()
+        if self.queue.send((item, weight, tx)).is_err() {
+            self.queued.taken(weight);
+            return Err(CallError::Stopped);
+        }
+        rx.await.map_err(|_| CallError::Stopped)
     }
+}
+
+/// Unit weight: for batchers bounded by item counts only.
+pub fn unweighed<T>(_: &T) -> u64 {
+    0
 }
 
 #[cfg(test)]
@@ -85,7 +171,8 @@ mod tests {
     async fn concurrent_calls_share_batches_and_get_their_own_answers() {
         let batches = Arc::new(AtomicUsize::new(0));
         let counted = batches.clone();
-        let doubler = Batcher::start(64, 1, move |items: Vec<u32>| {
+        let limits = Limits { max_batch: 64, max_in_flight: 1, ..LOOSE };
+        let doubler = Batcher::start(limits, unweighed, move |items: Vec<u32>| {
             counted.fetch_add(1, Ordering::Relaxed);
             async move {
                 tokio::time::sleep(Duration::from_millis(5)).await;
@@ -100,9 +187,70 @@ mod tests {
             .collect();
         for c in calls {
             let (i, r) = c.await.unwrap();
-            assert_eq!(r, Some(i * 2));
+            assert_eq!(r, Ok(i * 2));
         }
         let n = batches.load(Ordering::Relaxed);
         assert!(n < 50, "200 concurrent calls took {n} batches");
+    }
+
+    const LOOSE: Limits = Limits {
+        max_batch: usize::MAX,
+        max_batch_weight: u64::MAX,
+        max_in_flight: 1,
+        max_queued: usize::MAX,
+        max_queued_weight: u64::MAX,
+    };
+
+    /// A batch stops at its weight bound (an item heavier than the bound
+    /// travels alone); a full queue refuses calls at once; an item whose
+    /// caller left is never run.
+    #[tokio::test]
+    async fn batches_and_the_queue_are_bounded_and_abandoned_items_are_not_run() {
+        let (gate_tx, gate_rx) = tokio::sync::watch::channel(false);
+        let seen = Arc::new(std::sync::Mutex::new(Vec::<Vec<u64>>::new()));
+        let record = seen.clone();
+        let limits = Limits { max_batch_weight: 10, max_queued: 5, max_queued_weight: 100, ..LOOSE };
+        let batcher = Batcher::start(
+            limits,
+            |w: &u64| *w,
+            move |items: Vec<u64>| {
+                record.lock().unwrap().push(items.clone());
+                let mut gate = gate_rx.clone();
+                async move {
+                    let _ = gate.wait_for(|open| *open).await;
+                    items
+                }
+            },
+        );
+        // The first call forms a batch alone and holds the only slot.
+        let first = tokio::spawn({
+            let b = batcher.clone();
+            async move { b.call(1).await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // Queue five more: 4, 4, 30 (heavier than a batch), 2, and one whose caller leaves.
+        let mut calls = Vec::new();
+        for w in [4u64, 4, 30, 2] {
+            let b = batcher.clone();
+            calls.push(tokio::spawn(async move { b.call(w).await }));
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let abandoned = tokio::spawn({
+            let b = batcher.clone();
+            async move { b.call(7).await }
+        });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(batcher.call(1).await, Err(CallError::Overloaded), "a sixth queued call is refused");
+        abandoned.abort();
+        let _ = abandoned.await;
+        gate_tx.send(true).unwrap();
+        assert_eq!(first.await.unwrap(), Ok(1));
+        for (call, w) in calls.into_iter().zip([4u64, 4, 30, 2]) {
+            assert_eq!(call.await.unwrap(), Ok(w));
+        }
+        let batches = seen.lock().unwrap().clone();
+        assert_eq!(batches, vec![vec![1], vec![4, 4], vec![30], vec![2]], "weight-bounded batches, 7 never run");
+        // The queue drained: calls are taken again.
+        assert_eq!(batcher.call(3).await, Ok(3));
     }
 }

@@ -15,6 +15,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::alarm::{AlarmAction, AlarmKind};
 use crate::auth::{AuthCommand, AuthError};
 use crate::mvcc::{
     DeleteRangeRequest, DeleteRangeResult, MvccError, PutRequest, PutResult, Revision, TxnRequest, TxnResult,
@@ -70,6 +71,13 @@ pub enum Command {
         user: String,
         auth_revision: u64,
         command: UserCommand,
+    },
+    /// Raise or disarm an alarm (`crate::alarm`) for member `member`: raised
+    /// by a member itself (quota, disk), disarmed by an operator.
+    Alarm {
+        action: AlarmAction,
+        member: u64,
+        kind: AlarmKind,
     },
 }
 
@@ -146,4 +154,18 @@ pub enum CommandResult {
         error: AuthError,
         revision: Revision,
     },
+    /// An alarm command: the alarm it raised, found raised, or disarmed
+    /// (`None`: disarming one that was not raised).
+    Alarm {
+        alarm: Option<(u64, AlarmKind)>,
+        revision: Revision,
+    },
+}
+
+impl Command {
+    /// The command's size as the log encodes it (bincode), found without
+    /// encoding it: what proposal batches and queues are bounded by.
+    pub fn encoded_len(&self) -> u64 {
+        bincode::serialized_size(self).unwrap_or(u64::MAX)
+    }
 }

@@ -141,9 +141,71 @@ pub struct Config {
     /// bcrypt cost of stored passwords (4 to 31).
     #[arg(long, env = "RAFTLOCK_BCRYPT_COST", default_value_t = 10)]
     pub bcrypt_cost: u32,
+    /// Space quota, in bytes: how much the state may weigh (its whole MVCC
+    /// history, leases) before writes that add data are refused with a NOSPACE
+    /// alarm. 0: 2 GiB (etcd's default); negative: no quota.
+    #[arg(long, env = "RAFTLOCK_QUOTA_BACKEND_BYTES", default_value_t = 0, allow_hyphen_values = true)]
+    pub quota_backend_bytes: i64,
+    /// `periodic`: keep --auto-compaction-retention of time; `revision`: keep
+    /// that many revisions.
+    #[arg(long, env = "RAFTLOCK_AUTO_COMPACTION_MODE", value_enum, default_value = "periodic")]
+    pub auto_compaction_mode: CompactionMode,
+    /// History auto compaction keeps: a duration (`30m`, a bare number is
+    /// hours) in periodic mode, a revision count in revision mode; 0: off.
+    #[arg(long, env = "RAFTLOCK_AUTO_COMPACTION_RETENTION", default_value = "0")]
+    pub auto_compaction_retention: String,
+    /// How often revision-mode auto compaction looks (raftlock's; etcd's is
+    /// fixed at 5m).
+    #[arg(long, env = "RAFTLOCK_AUTO_COMPACTION_CHECK_INTERVAL", default_value = "5m")]
+    pub auto_compaction_check_interval: String,
     /// Log filter (tracing's env-filter syntax).
     #[arg(long, env = "RAFTLOCK_LOG_LEVEL", default_value = "info,openraft=warn")]
     pub log_level: String,
+}
+
+/// `--auto-compaction-mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum CompactionMode {
+    Periodic,
+    Revision,
+}
+
+/// What auto compaction keeps (see `server::compactor`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AutoCompaction {
+    /// Keep this much time of history.
+    Periodic(Duration),
+    /// Keep this many revisions, looking every `every`.
+    Revision { keep: i64, every: Duration },
+}
+
+/// The space quota when `--quota-backend-bytes` is 0 (etcd's).
+pub const DEFAULT_QUOTA_BYTES: u64 = 2 << 30;
+/// Above this etcd warns that the quota is larger than it supports well.
+pub const LARGE_QUOTA_BYTES: u64 = 8 << 30;
+
+/// A Go-style duration: `300s`, `5m`, `1h30m`, `1500ms`.
+pub fn go_duration(s: &str) -> anyhow::Result<Duration> {
+    let mut total = Duration::ZERO;
+    let mut rest = s;
+    if rest.is_empty() {
+        anyhow::bail!("empty duration");
+    }
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+        let n: u64 = rest[..digits].parse()?;
+        rest = &rest[digits..];
+        let unit = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
+        total += match &rest[..unit] {
+            "ms" => Duration::from_millis(n),
+            "s" => Duration::from_secs(n),
+            "m" => Duration::from_secs(n * 60),
+            "h" => Duration::from_secs(n * 3600),
+            u => anyhow::bail!("unknown unit '{u}'"),
+        };
+        rest = &rest[unit..];
+    }
+    Ok(total)
 }
 
 /// The two ports a member listens on.
@@ -180,6 +242,39 @@ pub struct InitialMember {
 }
 
 impl Config {
+    /// The space quota in bytes (`None`: no quota).
+    pub fn quota_bytes(&self) -> Option<u64> {
+        match self.quota_backend_bytes {
+            0 => Some(DEFAULT_QUOTA_BYTES),
+            n if n < 0 => None,
+            n => Some(n as u64),
+        }
+    }
+
+    /// What auto compaction keeps (`None`: off), as etcd reads the flags.
+    pub fn auto_compaction(&self) -> anyhow::Result<Option<AutoCompaction>> {
+        let retention = self.auto_compaction_retention.trim();
+        let compaction = match self.auto_compaction_mode {
+            CompactionMode::Periodic => {
+                let period = match retention.parse::<u64>() {
+                    Ok(hours) => Duration::from_secs(hours * 3600),
+                    Err(_) => go_duration(retention)
+                        .map_err(|e| anyhow::anyhow!("--auto-compaction-retention {retention:?}: {e}"))?,
+                };
+                (!period.is_zero()).then_some(AutoCompaction::Periodic(period))
+            }
+            CompactionMode::Revision => {
+                let keep: i64 = retention.parse().map_err(|_| {
+                    anyhow::anyhow!("--auto-compaction-retention {retention:?}: revision mode takes a revision count")
+                })?;
+                let every = go_duration(&self.auto_compaction_check_interval)?;
+                anyhow::ensure!(!every.is_zero(), "--auto-compaction-check-interval must be above 0");
+                (keep > 0).then_some(AutoCompaction::Revision { keep, every })
+            }
+        };
+        Ok(compaction)
+    }
+
     pub fn data_dir(&self) -> PathBuf {
         self.data_dir.clone().unwrap_or_else(|| PathBuf::from(format!("{}.raftlock", self.name)))
     }

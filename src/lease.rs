@@ -57,6 +57,15 @@ impl LeaseTable {
         self.leases.get(&id)
     }
 
+    /// How many leases are granted.
+    pub fn len(&self) -> usize {
+        self.leases.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.leases.is_empty()
+    }
+
     pub fn ids(&self) -> impl Iterator<Item = i64> + '_ {
         self.leases.keys().copied()
     }

@@ -36,6 +36,7 @@
 //! The crate's public surface is what the binaries, the tests and the fault
 //! suite use; everything else is crate-private.
 
+mod alarm;
 mod api;
 mod applied;
 mod auth;

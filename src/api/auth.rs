@@ -130,8 +130,10 @@ pub struct AuthService {
 }
 
 impl AuthService {
-    pub fn server(node: Arc<Node>) -> AuthServer<AuthService> {
-        AuthServer::new(AuthService { node })
+    pub fn server(node: Arc<Node>) -> super::limits::Limited<AuthServer<AuthService>> {
+        super::limits::Limited(
+            AuthServer::new(AuthService { node }).max_decoding_message_size(super::MAX_GRPC_MESSAGE_BYTES),
+        )
     }
 
     /// Apply an auth change for an admin caller; the header's revision.

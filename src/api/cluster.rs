@@ -17,8 +17,10 @@ pub struct ClusterService {
 }
 
 impl ClusterService {
-    pub fn server(node: Arc<Node>) -> ClusterServer<ClusterService> {
-        ClusterServer::new(ClusterService { node })
+    pub fn server(node: Arc<Node>) -> super::limits::Limited<ClusterServer<ClusterService>> {
+        super::limits::Limited(
+            ClusterServer::new(ClusterService { node }).max_decoding_message_size(super::MAX_GRPC_MESSAGE_BYTES),
+        )
     }
 }
 

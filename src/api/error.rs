@@ -94,6 +94,7 @@ pub fn server(e: ServerError) -> Status {
         ServerError::LeaderChanged => Status::unavailable("etcdserver: leader changed"),
         ServerError::Timeout => Status::unavailable("etcdserver: request timed out"),
         ServerError::Stopped => Status::unavailable("etcdserver: server stopped"),
+        ServerError::TooManyRequests => Status::resource_exhausted("etcdserver: too many requests"),
     }
 }
 
@@ -104,6 +105,7 @@ pub fn mvcc(e: MvccError) -> Status {
         MvccError::KeyNotFound => Status::invalid_argument("etcdserver: key not found"),
         MvccError::LeaseNotFound => Status::not_found("etcdserver: requested lease not found"),
         MvccError::LeaseExists => Status::failed_precondition("etcdserver: lease already exists"),
+        MvccError::NoSpace => Status::resource_exhausted("etcdserver: mvcc: database space exceeded"),
     }
 }
 

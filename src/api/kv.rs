@@ -8,10 +8,9 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use prost::Message;
 use tonic::{Request, Response, Status};
 
-use super::{auth, error, header, MAX_GRPC_MESSAGE_BYTES, MAX_REQUEST_BYTES, MAX_TXN_OPS};
+use super::{auth, check_request_size, error, header, MAX_TXN_OPS};
 use crate::auth::PermKind;
 use crate::mvcc::{self, KeyRange};
 use crate::proto::etcdserverpb as pb;
@@ -24,16 +23,11 @@ pub struct KvService {
 }
 
 impl KvService {
-    pub fn server(node: Arc<Node>) -> KvServer<KvService> {
-        KvServer::new(KvService { node }).max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES)
+    pub fn server(node: Arc<Node>) -> super::limits::Limited<KvServer<KvService>> {
+        super::limits::Limited(
+            KvServer::new(KvService { node }).max_decoding_message_size(super::MAX_GRPC_MESSAGE_BYTES),
+        )
     }
-}
-
-fn check_size(req: &impl Message) -> Result<(), Status> {
-    if req.encoded_len() > MAX_REQUEST_BYTES {
-        return Err(error::request_too_large());
-    }
-    Ok(())
 }
 
 #[tonic::async_trait]
@@ -56,7 +50,7 @@ impl Kv for KvService {
     async fn put(&self, req: Request<pb::PutRequest>) -> Result<Response<pb::PutResponse>, Status> {
         let caller = auth::caller(&self.node, &req).await?;
         let req = req.into_inner();
-        check_size(&req)?;
+        check_request_size(&req)?;
         let put = put_request(req)?;
         let result = self.node.put(put, Some(&caller)).await.map_err(error::write)?;
         Ok(Response::new(put_response(&self.node, result)))
@@ -68,7 +62,7 @@ impl Kv for KvService {
     ) -> Result<Response<pb::DeleteRangeResponse>, Status> {
         let caller = auth::caller(&self.node, &req).await?;
         let req = req.into_inner();
-        check_size(&req)?;
+        check_request_size(&req)?;
         let del = delete_request(req)?;
         let result = self.node.delete_range(del, Some(&caller)).await.map_err(error::write)?;
         Ok(Response::new(delete_response(&self.node, result)))
@@ -77,7 +71,7 @@ impl Kv for KvService {
     async fn txn(&self, req: Request<pb::TxnRequest>) -> Result<Response<pb::TxnResponse>, Status> {
         let credentials = auth::Credentials::of(&req);
         let req = req.into_inner();
-        check_size(&req)?;
+        check_request_size(&req)?;
         check_txn(&req, MAX_TXN_OPS)?;
         check_intervals(&req.success)?;
         check_intervals(&req.failure)?;

@@ -28,8 +28,10 @@ pub struct LeaseService {
 }
 
 impl LeaseService {
-    pub fn server(node: Arc<Node>) -> LeaseServer<LeaseService> {
-        LeaseServer::new(LeaseService { node })
+    pub fn server(node: Arc<Node>) -> super::limits::Limited<LeaseServer<LeaseService>> {
+        super::limits::Limited(
+            LeaseServer::new(LeaseService { node }).max_decoding_message_size(super::MAX_GRPC_MESSAGE_BYTES),
+        )
     }
 }
 

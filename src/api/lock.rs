@@ -23,8 +23,10 @@ pub struct LockService {
 }
 
 impl LockService {
-    pub fn server(node: Arc<Node>) -> LockServer<LockService> {
-        LockServer::new(LockService { node })
+    pub fn server(node: Arc<Node>) -> super::limits::Limited<LockServer<LockService>> {
+        super::limits::Limited(
+            LockServer::new(LockService { node }).max_decoding_message_size(super::MAX_GRPC_MESSAGE_BYTES),
+        )
     }
 }
 
@@ -33,6 +35,7 @@ impl Lock for LockService {
     async fn lock(&self, req: Request<lpb::LockRequest>) -> Result<Response<lpb::LockResponse>, Status> {
         let caller = auth::caller(&self.node, &req).await?;
         let req = req.into_inner();
+        super::check_request_size(&req)?;
         auth::check_prefix(&self.node, &caller, &queue_prefix(&req.name)).map_err(denied)?;
         auth::check_lease(&self.node, &caller, req.lease).map_err(denied)?;
         let (held, revision) = mutex::lock(self.node.clone(), &req.name, req.lease).await.map_err(error::v3_recipe)?;
@@ -70,8 +73,10 @@ pub struct ElectionService {
 }
 
 impl ElectionService {
-    pub fn server(node: Arc<Node>) -> ElectionServer<ElectionService> {
-        ElectionServer::new(ElectionService { node })
+    pub fn server(node: Arc<Node>) -> super::limits::Limited<ElectionServer<ElectionService>> {
+        super::limits::Limited(
+            ElectionServer::new(ElectionService { node }).max_decoding_message_size(super::MAX_GRPC_MESSAGE_BYTES),
+        )
     }
 }
 
@@ -87,6 +92,7 @@ impl Election for ElectionService {
     async fn campaign(&self, req: Request<epb::CampaignRequest>) -> Result<Response<epb::CampaignResponse>, Status> {
         let caller = auth::caller(&self.node, &req).await?;
         let req = req.into_inner();
+        super::check_request_size(&req)?;
         auth::check_prefix(&self.node, &caller, &queue_prefix(&req.name)).map_err(denied)?;
         auth::check_lease(&self.node, &caller, req.lease).map_err(denied)?;
         let (l, revision) =
@@ -98,6 +104,7 @@ impl Election for ElectionService {
     async fn proclaim(&self, req: Request<epb::ProclaimRequest>) -> Result<Response<epb::ProclaimResponse>, Status> {
         let caller = auth::caller(&self.node, &req).await?;
         let req = req.into_inner();
+        super::check_request_size(&req)?;
         let leader = leader_key(req.leader)?;
         check_leader_key(&self.node, &caller, &leader.key)?;
         let revision = election::proclaim(&self.node, &leader, &req.value).await.map_err(error::v3_recipe)?;

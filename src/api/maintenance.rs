@@ -1,4 +1,4 @@
-//! etcd's Maintenance service: Status, the alarm list, Snapshot (the member's
+//! etcd's Maintenance service: Status, alarms (`crate::alarm`), Snapshot (the member's
 //! state streamed as a backup, in raftlock's own encoding — not a bbolt file),
 //! Defragment (a flush of the state store) and MoveLeader (see
 //! `raft::transfer`). Hashes and Downgrade answer `Unimplemented`.
@@ -9,6 +9,7 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use super::{auth, error, header};
+use crate::alarm::{AlarmAction, AlarmKind};
 use crate::proto::etcdserverpb as pb;
 use crate::proto::etcdserverpb::maintenance_server::{Maintenance, MaintenanceServer};
 use crate::server::Node;
@@ -24,8 +25,11 @@ pub struct MaintenanceService {
 }
 
 impl MaintenanceService {
-    pub fn server(node: Arc<Node>) -> MaintenanceServer<MaintenanceService> {
-        MaintenanceServer::new(MaintenanceService { node })
+    pub fn server(node: Arc<Node>) -> super::limits::Limited<MaintenanceServer<MaintenanceService>> {
+        super::limits::Limited(
+            MaintenanceServer::new(MaintenanceService { node })
+                .max_decoding_message_size(super::MAX_GRPC_MESSAGE_BYTES),
+        )
     }
 }
 
@@ -33,22 +37,41 @@ type SnapshotStream = Pin<Box<dyn futures::Stream<Item = Result<pb::SnapshotResp
 
 #[tonic::async_trait]
 impl Maintenance for MaintenanceService {
+    /// etcd's alarms (`crate::alarm`): GET lists them (all, or those of one
+    /// type) as applied when a read barrier passed; ACTIVATE and DEACTIVATE
+    /// go through the log. Changing alarms takes the root role while auth
+    /// is on (stricter than etcd 3.5, which lets anyone disarm).
     async fn alarm(&self, req: Request<pb::AlarmRequest>) -> Result<Response<pb::AlarmResponse>, Status> {
-        use pb::alarm_request::AlarmAction;
-        match AlarmAction::try_from(req.into_inner().action) {
-            // raftlock raises no alarms (it has no space quota), so the list is empty.
-            Ok(AlarmAction::Get) => Ok(Response::new(pb::AlarmResponse {
-                header: header(&self.node, self.node.revision()),
-                alarms: vec![],
-            })),
-            // Disarming an alarm that is not raised changes nothing, as in etcd.
-            Ok(AlarmAction::Deactivate) => Ok(Response::new(pb::AlarmResponse {
-                header: header(&self.node, self.node.revision()),
-                alarms: vec![],
-            })),
-            Ok(AlarmAction::Activate) => Err(error::not_supported("raising alarms")),
-            Err(_) => Err(error::unknown_alarm_action()),
+        use pb::alarm_request::AlarmAction as Action;
+        let action = Action::try_from(req.get_ref().action).map_err(|_| error::unknown_alarm_action())?;
+        if action != Action::Get {
+            auth::maintenance_admin(&self.node, &req).await?;
         }
+        let req = req.into_inner();
+        let kind = alarm_kind(req.alarm);
+        let changed = match (action, kind) {
+            (Action::Get, _) => {
+                self.node.read_barrier().await.map_err(error::server)?;
+                let alarms = self.node.state().alarms().list();
+                let wanted = alarms.into_iter().filter(|(_, k)| kind.is_none_or(|kind| *k == kind));
+                return Ok(Response::new(pb::AlarmResponse {
+                    header: header(&self.node, self.node.revision()),
+                    alarms: wanted.map(alarm_member).collect(),
+                }));
+            }
+            // No alarm named: nothing to raise or disarm.
+            (_, None) => None,
+            (Action::Activate, Some(kind)) => {
+                self.node.alarm(AlarmAction::Activate, req.member_id, kind).await.map_err(error::write)?
+            }
+            (Action::Deactivate, Some(kind)) => {
+                self.node.alarm(AlarmAction::Deactivate, req.member_id, kind).await.map_err(error::write)?
+            }
+        };
+        Ok(Response::new(pb::AlarmResponse {
+            header: header(&self.node, self.node.revision()),
+            alarms: changed.into_iter().map(alarm_member).collect(),
+        }))
     }
 
     async fn status(&self, _: Request<pb::StatusRequest>) -> Result<Response<pb::StatusResponse>, Status> {
@@ -56,6 +79,10 @@ impl Maintenance for MaintenanceService {
         let mut errors = Vec::new();
         if s.leader == 0 {
             errors.push(error::NO_LEADER.to_string());
+        }
+        // As etcd prints an alarm member.
+        for (member, kind) in self.node.state().alarms().list() {
+            errors.push(format!("memberID:{member} alarm:{} ", kind.name()));
         }
         Ok(Response::new(pb::StatusResponse {
             header: header(&self.node, self.node.revision()),
@@ -161,4 +188,21 @@ impl Maintenance for MaintenanceService {
     async fn downgrade(&self, _: Request<pb::DowngradeRequest>) -> Result<Response<pb::DowngradeResponse>, Status> {
         Err(error::not_supported("downgrade"))
     }
+}
+
+/// The alarm an AlarmRequest names (`None`: NONE, or a type unknown here).
+fn alarm_kind(alarm: i32) -> Option<AlarmKind> {
+    match pb::AlarmType::try_from(alarm) {
+        Ok(pb::AlarmType::Nospace) => Some(AlarmKind::NoSpace),
+        Ok(pb::AlarmType::Corrupt) => Some(AlarmKind::Corrupt),
+        _ => None,
+    }
+}
+
+fn alarm_member((member, kind): (u64, AlarmKind)) -> pb::AlarmMember {
+    let alarm = match kind {
+        AlarmKind::NoSpace => pb::AlarmType::Nospace,
+        AlarmKind::Corrupt => pb::AlarmType::Corrupt,
+    };
+    pb::AlarmMember { member_id: member, alarm: alarm as i32 }
 }

@@ -5,9 +5,10 @@
 //! etcd's errors) -> call the node -> map errors (`error`, one place) -> fill
 //! the response header. No handler touches Raft or storage directly.
 //!
-//! Limits (etcd's): a write request larger than [`MAX_REQUEST_BYTES`] is
-//! refused with "request is too large"; the gRPC layer accepts messages up to
-//! [`MAX_REQUEST_BYTES`] + 512 KiB so that such requests reach that check.
+//! Limits (etcd's, on every service: [`limits`]): a request larger than
+//! [`MAX_REQUEST_BYTES`] is refused with "request is too large"; the gRPC
+//! layer accepts messages up to [`MAX_REQUEST_BYTES`] + 512 KiB so that such
+//! requests reach that check, and refuses larger ones as etcd does.
 
 pub mod auth;
 pub mod cluster;
@@ -15,6 +16,7 @@ pub mod error;
 pub mod health;
 pub mod kv;
 pub mod lease;
+pub mod limits;
 pub mod lock;
 pub mod maintenance;
 pub mod native_lock;
@@ -27,10 +29,7 @@ use tonic::transport::Server;
 use crate::proto::etcdserverpb::ResponseHeader;
 use crate::server::Node;
 
-/// The largest write request accepted, as etcd's `--max-request-bytes` default.
-pub const MAX_REQUEST_BYTES: usize = 3 * 512 * 1024;
-/// What the gRPC layer decodes at most: the request limit plus etcd's overhead.
-pub const MAX_GRPC_MESSAGE_BYTES: usize = MAX_REQUEST_BYTES + 512 * 1024;
+pub use limits::{check_request_size, MAX_GRPC_MESSAGE_BYTES, MAX_REQUEST_BYTES};
 /// The most operations in one branch of a txn.
 pub const MAX_TXN_OPS: usize = 128;
 

@@ -53,8 +53,10 @@ pub struct LocksService {
 }
 
 impl LocksService {
-    pub fn server(node: Arc<Node>) -> LocksServer<LocksService> {
-        LocksServer::new(LocksService { node })
+    pub fn server(node: Arc<Node>) -> super::limits::Limited<LocksServer<LocksService>> {
+        super::limits::Limited(
+            LocksServer::new(LocksService { node }).max_decoding_message_size(super::MAX_GRPC_MESSAGE_BYTES),
+        )
     }
 }
 
@@ -63,6 +65,7 @@ impl Locks for LocksService {
     async fn acquire(&self, req: Request<pb::AcquireRequest>) -> Result<Response<pb::AcquireResponse>, Status> {
         let caller = auth::caller(&self.node, &req).await?;
         let req = req.into_inner();
+        super::check_request_size(&req)?;
         name(&req.name)?;
         auth::check_prefix(&self.node, &caller, &locks::queue_prefix(&req.name)).map_err(error::auth)?;
         auth::check_lease(&self.node, &caller, req.lease).map_err(error::auth)?;

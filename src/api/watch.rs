@@ -60,6 +60,7 @@ pub struct WatchService {
 impl WatchService {
     pub fn server(node: Arc<Node>, progress_interval: Duration) -> WatchServer<WatchService> {
         WatchServer::new(WatchService { node, progress_interval })
+            .max_decoding_message_size(super::MAX_GRPC_MESSAGE_BYTES)
     }
 }
 

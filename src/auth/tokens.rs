@@ -86,7 +86,7 @@ impl JwtConfig {
         };
         let (private, public) = (read("priv-key")?, read("pub-key")?);
         let ttl = match opts.get("ttl") {
-            Some(t) => parse_duration(t).with_context(|| format!("--auth-token ttl: '{t}'"))?,
+            Some(t) => crate::config::go_duration(t).with_context(|| format!("--auth-token ttl: '{t}'"))?,
             None => Duration::from_secs(300),
         };
         let (sign, verify) = match algorithm {
@@ -114,30 +114,6 @@ impl JwtConfig {
         };
         Ok(JwtConfig { algorithm, sign, verify, ttl })
     }
-}
-
-/// A Go-style duration: `300s`, `5m`, `1h30m`, `1500ms`.
-fn parse_duration(s: &str) -> anyhow::Result<Duration> {
-    let mut total = Duration::ZERO;
-    let mut rest = s;
-    if rest.is_empty() {
-        bail!("empty duration");
-    }
-    while !rest.is_empty() {
-        let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
-        let n: u64 = rest[..digits].parse()?;
-        rest = &rest[digits..];
-        let unit = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
-        total += match &rest[..unit] {
-            "ms" => Duration::from_millis(n),
-            "s" => Duration::from_secs(n),
-            "m" => Duration::from_secs(n * 60),
-            "h" => Duration::from_secs(n * 3600),
-            u => bail!("unknown unit '{u}'"),
-        };
-        rest = &rest[unit..];
-    }
-    Ok(total)
 }
 
 /// The tokens this member accepts (see the module doc).
@@ -237,11 +213,11 @@ mod tests {
 
     #[test]
     fn go_durations_parse() {
-        assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
-        assert_eq!(parse_duration("1h30m").unwrap(), Duration::from_secs(5400));
-        assert_eq!(parse_duration("1500ms").unwrap(), Duration::from_millis(1500));
-        assert!(parse_duration("5").is_err());
-        assert!(parse_duration("").is_err());
+        assert_eq!(crate::config::go_duration("5m").unwrap(), Duration::from_secs(300));
+        assert_eq!(crate::config::go_duration("1h30m").unwrap(), Duration::from_secs(5400));
+        assert_eq!(crate::config::go_duration("1500ms").unwrap(), Duration::from_millis(1500));
+        assert!(crate::config::go_duration("5").is_err());
+        assert!(crate::config::go_duration("").is_err());
     }
 
     #[test]

@@ -60,11 +60,24 @@ pub struct MvccStore {
     revision: Revision,
     /// The last compaction revision; -1 before the first compaction.
     compact_revision: Revision,
+    /// What the versions weigh ([`version_bytes`]): the size the space
+    /// quota counts, the same on every member that applied the same log.
+    bytes: u64,
+}
+
+/// What one version is counted as beyond its key and value: the memory it
+/// holds in the index (its entry, its shared key-value, the key's copy in the
+/// key-value) and in the state store's journal, roughly.
+pub const VERSION_OVERHEAD: u64 = 128;
+
+/// The size one version is counted as (see [`MvccStore::size_bytes`]).
+fn version_bytes(key: &[u8], kv: Option<&KeyValue>) -> u64 {
+    key.len() as u64 + kv.map_or(0, |kv| kv.value.len() as u64) + VERSION_OVERHEAD
 }
 
 impl Default for MvccStore {
     fn default() -> Self {
-        MvccStore { index: BTreeMap::new(), revision: 1, compact_revision: -1 }
+        MvccStore { index: BTreeMap::new(), revision: 1, compact_revision: -1, bytes: 0 }
     }
 }
 
@@ -122,6 +135,13 @@ impl MvccStore {
         self.compact_revision
     }
 
+    /// What the history weighs: the sum, over every version kept, of its key,
+    /// its value and [`VERSION_OVERHEAD`]. Deterministic (a function of the
+    /// history), so every member counts the same.
+    pub fn size_bytes(&self) -> u64 {
+        self.bytes
+    }
+
     /// Number of keys with a live value at the current revision.
     pub fn live_keys(&self) -> usize {
         self.index.values().filter(|v| v.last().is_some_and(|v| v.kv.is_some())).count()
@@ -133,9 +153,10 @@ impl MvccStore {
         revision: Revision,
         compact_revision: Revision,
     ) -> MvccStore {
-        let mut store = MvccStore { index: BTreeMap::new(), revision, compact_revision };
+        let mut store = MvccStore { index: BTreeMap::new(), revision, compact_revision, bytes: 0 };
         for v in versions {
             assert!(v.kv.as_ref().is_none_or(|kv| kv.key == v.key), "a version's key-value carries its key");
+            store.bytes += version_bytes(&v.key, v.kv.as_ref());
             store.index.entry(v.key).or_default().push(Version {
                 revision: v.revision,
                 sub: v.sub,
@@ -378,6 +399,7 @@ impl MvccStore {
 
     /// Record a new version of `key` at `(revision, sub)`.
     fn push_version(&mut self, key: &[u8], revision: Revision, sub: i64, kv: Option<KeyValue>) {
+        self.bytes += version_bytes(key, kv.as_ref());
         let versions = self.index.entry(key.to_vec()).or_default();
         if let Some(last) = versions.last() {
             assert!((last.revision, last.sub) < (revision, sub), "versions of a key must increase");
@@ -398,6 +420,7 @@ impl MvccStore {
             return Err(MvccError::FutureRevision);
         }
         let mut removed = Vec::new();
+        let mut bytes = self.bytes;
         self.index.retain(|key, versions| {
             let visible = versions.partition_point(|v| v.revision <= rev);
             if visible == 0 {
@@ -406,11 +429,13 @@ impl MvccStore {
             // Keep the version a read at `rev` sees, unless it is a tombstone.
             let keep_from = if versions[visible - 1].kv.is_some() { visible - 1 } else { visible };
             for v in versions.drain(..keep_from) {
+                bytes -= version_bytes(key, v.kv.as_deref());
                 removed.push((key.clone(), v.revision, v.sub));
             }
             !versions.is_empty()
         });
         self.compact_revision = rev;
+        self.bytes = bytes;
         Ok(removed)
     }
 }

@@ -87,6 +87,24 @@ fn compaction_keeps_what_later_reads_see() {
     assert_eq!(restored.live_keys(), 2);
 }
 
+/// The size the quota counts follows every version in and out: writes add,
+/// compaction takes away what it drops, and a restored store counts the same.
+#[test]
+fn the_counted_size_follows_the_history() {
+    let mut s = MvccStore::default();
+    assert_eq!(s.size_bytes(), 0);
+    put(&mut s, "a", "12345"); // 2
+    put(&mut s, "a", "123"); // 3
+    s.delete_range(&DeleteRangeRequest { key: "a".into(), ..Default::default() }); // 4
+    put(&mut s, "bb", ""); // 5
+    let o = VERSION_OVERHEAD;
+    assert_eq!(s.size_bytes(), (1 + 5 + o) + (1 + 3 + o) + (1 + o) + (2 + o));
+    s.compact(4).unwrap();
+    assert_eq!(s.size_bytes(), 2 + o, "only bb's version is left");
+    let restored = MvccStore::restore(s.versions().collect::<Vec<_>>(), s.revision(), s.compact_revision());
+    assert_eq!(restored.size_bytes(), s.size_bytes());
+}
+
 fn cmp(key: &str, target: CompareTarget, result: CompareResult, number: i64, value: &str) -> Compare {
     Compare { result, target, key: key.into(), range_end: vec![], number, value: value.into() }
 }

@@ -229,7 +229,31 @@ pub struct TxnRequest {
     pub failure: Vec<RequestOp>,
 }
 
+impl PutRequest {
+    /// What the put adds to the state's size at most (the space quota's
+    /// measure: its version, see `MvccStore::size_bytes`).
+    pub fn quota_cost(&self) -> u64 {
+        self.key.len() as u64 + self.value.len() as u64 + super::VERSION_OVERHEAD
+    }
+}
+
 impl TxnRequest {
+    /// What the txn's puts add at most: the heavier branch's, at any depth
+    /// (0 for a txn that puts nothing; deletions add tombstones, which the
+    /// quota lets through, as etcd's does).
+    pub fn quota_cost(&self) -> u64 {
+        let branch = |ops: &[RequestOp]| -> u64 {
+            ops.iter()
+                .map(|op| match op {
+                    RequestOp::Put(p) => p.quota_cost(),
+                    RequestOp::Txn(t) => t.quota_cost(),
+                    RequestOp::Range(_) | RequestOp::DeleteRange(_) => 0,
+                })
+                .sum()
+        };
+        branch(&self.success).max(branch(&self.failure))
+    }
+
     /// True when no branch, at any depth, writes.
     pub fn is_read_only(&self) -> bool {
         self.success.iter().chain(&self.failure).all(|op| match op {
@@ -271,6 +295,10 @@ pub enum MvccError {
     /// A grant named a lease ID that is in use.
     #[error("lease already exists")]
     LeaseExists,
+    /// A NOSPACE alarm is raised (`crate::alarm`), or the write would take
+    /// the state past the space quota.
+    #[error("mvcc: database space exceeded")]
+    NoSpace,
 }
 
 /// One change made by a write, in (main, sub) revision order: what the state

@@ -96,6 +96,14 @@ pub struct LogStore {
     id: u64,
 }
 
+/// An entry's commands, in encoded bytes (0 for a blank or membership entry).
+fn entry_bytes(e: &Entry) -> u64 {
+    match &e.payload {
+        openraft::EntryPayload::Normal(cmd) => cmd.encoded_len(),
+        _ => 0,
+    }
+}
+
 fn write_err(e: &io::Error) -> StorageError<u64> {
     StorageIOError::write_logs(e).into()
 }
@@ -144,12 +152,19 @@ impl LogStore {
         self.wal.durable()
     }
 
-    /// Up to `max` entries after `prev`, for a leader that replicates under
+    /// Up to `max` entries and (but for the first) `max_bytes` of encoded
+    /// commands after `prev`, for a leader that replicates under
     /// `vote` — provided the log still is that leader's: the stored vote is
     /// `vote`, and the log holds `prev` (it was not truncated or replaced
     /// since, nor purged past it). Checked under the lock that appends,
     /// truncations and purges take, so the answer is one consistent view.
-    pub fn entries_after(&self, vote: &Vote<u64>, prev: Option<LogId>, max: usize) -> Result<Vec<Entry>, LogMoved> {
+    pub fn entries_after(
+        &self,
+        vote: &Vote<u64>,
+        prev: Option<LogId>,
+        max: usize,
+        max_bytes: u64,
+    ) -> Result<Vec<Entry>, LogMoved> {
         let cache = self.cache();
         if cache.vote.as_ref() != Some(vote) {
             return Err(LogMoved::VoteChanged);
@@ -168,7 +183,13 @@ impl LogStore {
                 p.index + 1
             }
         };
-        Ok(cache.entries.range(from..).take(max).map(|(_, e)| e.clone()).collect())
+        let mut bytes = 0u64;
+        let taken = cache.entries.range(from..).take(max).take_while(|(_, e)| {
+            let first = bytes == 0;
+            bytes = bytes.saturating_add(entry_bytes(e).max(1));
+            first || bytes <= max_bytes
+        });
+        Ok(taken.map(|(_, e)| e.clone()).collect())
     }
 
     /// Follow the index of the log's last entry (`None`: the log holds no entry).
@@ -335,26 +356,36 @@ mod tests {
         let ours = Vote::new_committed(2, 1);
         store.save_vote(&ours).await.unwrap();
         put_entries(&store, (1..=5).map(|i| log_id(2, 1, i)));
-        assert_eq!(indexes(store.entries_after(&ours, None, 64)), Ok(vec![1, 2, 3, 4, 5]));
-        assert_eq!(indexes(store.entries_after(&ours, Some(log_id(2, 1, 3)), 1)), Ok(vec![4]));
-        assert_eq!(indexes(store.entries_after(&ours, Some(log_id(2, 1, 5)), 64)), Ok(vec![]));
+        assert_eq!(indexes(store.entries_after(&ours, None, 64, u64::MAX)), Ok(vec![1, 2, 3, 4, 5]));
+        assert_eq!(indexes(store.entries_after(&ours, Some(log_id(2, 1, 3)), 1, u64::MAX)), Ok(vec![4]));
+        // A byte bound (a blank entry weighs one byte) stops a request early,
+        // but the first entry always travels.
+        assert_eq!(indexes(store.entries_after(&ours, None, 64, 2)), Ok(vec![1, 2]));
+        assert_eq!(indexes(store.entries_after(&ours, None, 64, 0)), Ok(vec![1]));
+        assert_eq!(indexes(store.entries_after(&ours, Some(log_id(2, 1, 5)), 64, u64::MAX)), Ok(vec![]));
 
         // Member 2 wins term 3: the vote is stored before its entries replace ours.
         let theirs = Vote::new_committed(3, 2);
         store.save_vote(&theirs).await.unwrap();
-        assert_eq!(indexes(store.entries_after(&ours, Some(log_id(2, 1, 3)), 64)), Err(LogMoved::VoteChanged));
+        assert_eq!(
+            indexes(store.entries_after(&ours, Some(log_id(2, 1, 3)), 64, u64::MAX)),
+            Err(LogMoved::VoteChanged)
+        );
         store.truncate(log_id(2, 1, 4)).await.unwrap();
         put_entries(&store, [log_id(3, 2, 4), log_id(3, 2, 5)]);
-        assert_eq!(indexes(store.entries_after(&ours, Some(log_id(2, 1, 3)), 64)), Err(LogMoved::VoteChanged));
+        assert_eq!(
+            indexes(store.entries_after(&ours, Some(log_id(2, 1, 3)), 64, u64::MAX)),
+            Err(LogMoved::VoteChanged)
+        );
 
         // Under the stored vote, a read continues only from an entry still held.
-        assert_eq!(indexes(store.entries_after(&theirs, Some(log_id(2, 1, 4)), 64)), Err(LogMoved::Diverged));
-        assert_eq!(indexes(store.entries_after(&theirs, Some(log_id(3, 2, 9)), 64)), Err(LogMoved::Diverged));
-        assert_eq!(indexes(store.entries_after(&theirs, Some(log_id(2, 1, 3)), 64)), Ok(vec![4, 5]));
+        assert_eq!(indexes(store.entries_after(&theirs, Some(log_id(2, 1, 4)), 64, u64::MAX)), Err(LogMoved::Diverged));
+        assert_eq!(indexes(store.entries_after(&theirs, Some(log_id(3, 2, 9)), 64, u64::MAX)), Err(LogMoved::Diverged));
+        assert_eq!(indexes(store.entries_after(&theirs, Some(log_id(2, 1, 3)), 64, u64::MAX)), Ok(vec![4, 5]));
 
         store.purge(log_id(2, 1, 3)).await.unwrap();
-        assert_eq!(indexes(store.entries_after(&theirs, None, 64)), Err(LogMoved::Purged));
-        assert_eq!(indexes(store.entries_after(&theirs, Some(log_id(2, 1, 2)), 64)), Err(LogMoved::Purged));
-        assert_eq!(indexes(store.entries_after(&theirs, Some(log_id(2, 1, 3)), 64)), Ok(vec![4, 5]));
+        assert_eq!(indexes(store.entries_after(&theirs, None, 64, u64::MAX)), Err(LogMoved::Purged));
+        assert_eq!(indexes(store.entries_after(&theirs, Some(log_id(2, 1, 2)), 64, u64::MAX)), Err(LogMoved::Purged));
+        assert_eq!(indexes(store.entries_after(&theirs, Some(log_id(2, 1, 3)), 64, u64::MAX)), Ok(vec![4, 5]));
     }
 }

@@ -90,6 +90,11 @@ use crate::storage::wal::Durable;
 pub const MAX_IN_FLIGHT: usize = 8;
 /// The most log entries in one request (each entry is a proposal batch).
 pub const MAX_REQUEST_ENTRIES: usize = 64;
+/// The most command bytes in one request, but for its first entry (which
+/// is at most `raft::proposer::MAX_BATCH_BYTES` plus one command): with
+/// [`MAX_IN_FLIGHT`] requests on a pipe, what a slow follower can have
+/// queued towards it stays bounded.
+pub const MAX_REQUEST_BYTES: u64 = 4 << 20;
 
 /// What the connection asks of the pipe.
 #[derive(Clone, Copy, Debug, Default)]
@@ -319,7 +324,7 @@ impl Sender {
     /// follower has not been sent, a heartbeat asked for, or (when nothing is
     /// in flight to carry it) a commit index it has not been told.
     fn next_request(&self, wanted: &Wants, idle: bool) -> Result<Option<AppendEntriesRequest<TypeConfig>>, LogMoved> {
-        let entries = self.log.entries_after(&self.vote, self.sent, MAX_REQUEST_ENTRIES)?;
+        let entries = self.log.entries_after(&self.vote, self.sent, MAX_REQUEST_ENTRIES, MAX_REQUEST_BYTES)?;
         if let Some(first) = entries.first() {
             debug_assert_eq!(first.log_id.index, self.sent.map_or(0, |s| s.index + 1), "entries continue the pipe");
         }

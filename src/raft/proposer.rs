@@ -13,13 +13,18 @@
 //! one answer. "Not leader" is only reported for a batch openraft refused to
 //! append (or truncated before commit), so the caller may retry elsewhere.
 //!
-//! Limits: a batch holds at most [`MAX_BATCH_COMMANDS`] commands; at most
-//! [`MAX_IN_FLIGHT`] batches are proposed at once.
+//! Limits: a batch holds at most [`MAX_BATCH_COMMANDS`] commands and
+//! [`MAX_BATCH_BYTES`] of encoded commands (a larger command travels alone);
+//! at most [`MAX_IN_FLIGHT`] batches are proposed at once; at most
+//! [`MAX_QUEUED_COMMANDS`] commands and [`MAX_QUEUED_BYTES`] wait behind them,
+//! beyond which a proposal is refused with [`ProposeError::Overloaded`]
+//! (etcd's "too many requests") rather than queued. A command whose caller
+//! gave up before its batch formed is not proposed.
 
 use openraft::error::{ClientWriteError, RaftError};
 
 use super::Raft;
-use crate::batcher::Batcher;
+use crate::batcher::{Batcher, CallError, Limits};
 use crate::command::{Command, CommandResult};
 
 /// The most commands in one log entry.
@@ -28,6 +33,22 @@ pub const MAX_BATCH_COMMANDS: usize = 512;
 /// batches be appended while earlier ones are replicated and applied (the
 /// measurements: docs/performance-notes.md).
 pub const MAX_IN_FLIGHT: usize = 4;
+/// The most encoded command bytes in one log entry (etcd sends at most
+/// 1 MiB of entries per message; one request may be 1.5 MiB).
+pub const MAX_BATCH_BYTES: u64 = 2 << 20;
+/// Commands waiting for a batch, at most.
+pub const MAX_QUEUED_COMMANDS: usize = 16 * 1024;
+/// Encoded bytes of the commands waiting for a batch, at most.
+pub const MAX_QUEUED_BYTES: u64 = 128 << 20;
+
+/// The proposer's bounds (see the module doc).
+const LIMITS: Limits = Limits {
+    max_batch: MAX_BATCH_COMMANDS,
+    max_batch_weight: MAX_BATCH_BYTES,
+    max_in_flight: MAX_IN_FLIGHT,
+    max_queued: MAX_QUEUED_COMMANDS,
+    max_queued_weight: MAX_QUEUED_BYTES,
+};
 
 /// Why a proposal was not applied.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -36,6 +57,8 @@ pub enum ProposeError {
     NotLeader { leader: Option<u64> },
     /// Raft stopped.
     Stopped,
+    /// The queue is full: nothing was proposed.
+    Overloaded,
 }
 
 /// Handle to the batching task; cheap to clone.
@@ -47,7 +70,7 @@ pub struct Proposer {
 impl Proposer {
     /// Start the batching task for `raft`. It ends when every handle is dropped.
     pub fn start(raft: Raft) -> Proposer {
-        let batcher = Batcher::start(MAX_BATCH_COMMANDS, MAX_IN_FLIGHT, move |cmds| {
+        let batcher = Batcher::start(LIMITS, Command::encoded_len, move |cmds| {
             let raft = raft.clone();
             async move { propose_batch(&raft, cmds).await }
         });
@@ -56,7 +79,11 @@ impl Proposer {
 
     /// Propose `cmd` on this member and wait for its apply result.
     pub async fn propose(&self, cmd: Command) -> Result<CommandResult, ProposeError> {
-        self.batcher.call(cmd).await.unwrap_or(Err(ProposeError::Stopped))
+        match self.batcher.call(cmd).await {
+            Ok(result) => result,
+            Err(CallError::Overloaded) => Err(ProposeError::Overloaded),
+            Err(CallError::Stopped) => Err(ProposeError::Stopped),
+        }
     }
 }
 

@@ -85,6 +85,8 @@ impl Node {
                 Ok(other) => tracing::info!(lease = id, term, result = ?other, "lease expiry not applied"),
                 Err(ProposeError::NotLeader { .. }) => return Err(ServerError::LeaderChanged),
                 Err(ProposeError::Stopped) => return Err(ServerError::Stopped),
+                // The keeper tries again on its next round.
+                Err(ProposeError::Overloaded) => return Err(ServerError::TooManyRequests),
             }
         }
         Ok(())

@@ -30,6 +30,7 @@ use anyhow::Context;
 use tokio::time::Instant;
 
 mod auth;
+mod compactor;
 pub mod lease_keeper;
 mod leases;
 pub mod listen;
@@ -71,6 +72,9 @@ pub enum ServerError {
     Timeout,
     #[error("server stopped")]
     Stopped,
+    /// A queue this request would wait in is full (etcd's "too many requests").
+    #[error("too many requests")]
+    TooManyRequests,
 }
 
 /// Why a membership change failed.
@@ -100,8 +104,21 @@ pub struct NodeStatus {
     pub raft_index: u64,
     pub applied_index: u64,
     pub is_learner: bool,
+    /// What the state weighs, as the space quota counts it.
     pub db_size: u64,
+    /// The state store's files on disk.
+    pub disk_size: u64,
 }
+
+/// Read barriers: one round covers every read queued before it began; at
+/// most [`crate::raft::proposer::MAX_QUEUED_COMMANDS`] reads wait for one.
+const READ_BARRIER_LIMITS: crate::batcher::Limits = crate::batcher::Limits {
+    max_batch: usize::MAX,
+    max_batch_weight: u64::MAX,
+    max_in_flight: 1,
+    max_queued: crate::raft::proposer::MAX_QUEUED_COMMANDS,
+    max_queued_weight: u64::MAX,
+};
 
 /// How long a stop waits for tasks and streams to end (see `crate::shutdown`).
 const STOP_WAIT: Duration = Duration::from_secs(5);
@@ -119,6 +136,8 @@ pub struct Node {
     lease_keeper: LeaseKeeper,
     /// The smallest TTL granted, in seconds (etcd: 1.5 election timeouts, rounded up).
     pub min_lease_ttl: i64,
+    /// The space quota in bytes (`None`: none), checked by [`write`].
+    quota: Option<u64>,
     /// How often watchers that asked for it get a progress notification.
     pub watch_progress_interval: Duration,
     /// The least read index this member hands out while it leads (see raft::read_index).
@@ -195,7 +214,7 @@ impl Node {
         let node = Arc::new_cyclic(|me: &std::sync::Weak<Node>| {
             let me = me.clone();
             // One barrier per batch covers every read queued before it began.
-            let read_barriers = Batcher::start(usize::MAX, 1, move |reads: Vec<()>| {
+            let read_barriers = Batcher::start(READ_BARRIER_LIMITS, crate::batcher::unweighed, move |reads: Vec<()>| {
                 let me = me.clone();
                 async move {
                     let outcome = match me.upgrade() {
@@ -217,6 +236,7 @@ impl Node {
                 read_floor: Arc::default(),
                 lease_keeper: LeaseKeeper::default(),
                 min_lease_ttl: (config.election_timeout * 3).div_ceil(2 * 1000).max(1) as i64,
+                quota: config.quota_bytes(),
                 watch_progress_interval: Duration::from_millis(config.watch_progress_notify_interval),
                 state,
                 peers,
@@ -232,6 +252,9 @@ impl Node {
         let attrs = MemberAttrs { name: config.name.clone(), client_urls: config.advertise_client_urls() };
         tokio::spawn(node.clone().publish(attrs, node.stopping()));
         tokio::spawn(lease_keeper::run(node.clone(), node.stopping()));
+        if let Some(policy) = config.auto_compaction()? {
+            tokio::spawn(compactor::run(node.clone(), policy, node.stopping()));
+        }
         Ok(node)
     }
 
@@ -340,7 +363,8 @@ impl Node {
             raft_index: m.last_log_index.unwrap_or(0),
             applied_index: m.last_applied.map_or(0, |l| l.index),
             is_learner: m.state == ServerState::Learner,
-            db_size: self.state_store.size_on_disk(),
+            db_size: self.state.size_bytes(),
+            disk_size: self.state_store.size_on_disk(),
         }
     }
 

@@ -19,7 +19,11 @@ impl Node {
     /// new as everything committed when this call began. Concurrent callers
     /// share rounds: a round that starts after a caller arrived serves it.
     pub async fn read_barrier(&self) -> Result<(), ServerError> {
-        self.read_barriers.call(()).await.unwrap_or(Err(ServerError::Stopped))
+        match self.read_barriers.call(()).await {
+            Ok(outcome) => outcome,
+            Err(crate::batcher::CallError::Overloaded) => Err(ServerError::TooManyRequests),
+            Err(crate::batcher::CallError::Stopped) => Err(ServerError::Stopped),
+        }
     }
 
     /// One ReadIndex round (see [`Node::read_barrier`]): get a read index from

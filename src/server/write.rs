@@ -16,6 +16,8 @@ use tokio::time::Instant;
 
 use super::route::{Attempt, Route};
 use super::{Node, ServerError};
+use crate::alarm::{AlarmAction, AlarmKind};
+use crate::applied::LEASE_BYTES;
 use crate::auth::{AuthCommand, AuthError, Caller};
 use crate::command::{Command, CommandResult, UserCommand};
 use crate::mvcc::{
@@ -58,6 +60,7 @@ pub type OnBehalf<'a> = Option<&'a Caller>;
 
 impl Node {
     pub async fn put(&self, req: PutRequest, by: OnBehalf<'_>) -> Result<PutResult, WriteError> {
+        self.check_quota(req.quota_cost()).await?;
         match self.write(as_user(by, UserCommand::Put(req))).await? {
             CommandResult::Put(r) => Ok(r),
             other => Err(rejected("put", other)),
@@ -76,6 +79,7 @@ impl Node {
     }
 
     pub async fn txn(&self, req: TxnRequest, by: OnBehalf<'_>) -> Result<TxnResult, WriteError> {
+        self.check_quota(req.quota_cost()).await?;
         match self.write(as_user(by, UserCommand::Txn(req))).await? {
             CommandResult::Txn(r) => Ok(r),
             other => Err(rejected("txn", other)),
@@ -95,6 +99,7 @@ impl Node {
     /// again if it happens to be taken).
     pub async fn grant_lease(&self, id: i64, ttl: i64, by: OnBehalf<'_>) -> Result<GrantedLease, WriteError> {
         let ttl = ttl.max(self.min_lease_ttl);
+        self.check_quota(LEASE_BYTES).await?;
         for _ in 0..LEASE_ID_DRAWS {
             let chosen = if id != 0 { id } else { random_lease_id() };
             match self.write(as_user(by, UserCommand::LeaseGrant { id: chosen, ttl })).await? {
@@ -122,6 +127,41 @@ impl Node {
             CommandResult::AuthChanged { revision } => Ok(revision),
             other => Err(rejected("auth change", other)),
         }
+    }
+
+    /// Raise or disarm `member`'s alarm of `kind`; returns the alarm raised
+    /// (or found raised) or disarmed, `None` if there was none to disarm.
+    pub async fn alarm(
+        &self,
+        action: AlarmAction,
+        member: u64,
+        kind: AlarmKind,
+    ) -> Result<Option<(u64, AlarmKind)>, WriteError> {
+        match self.write(Command::Alarm { action, member, kind }).await? {
+            CommandResult::Alarm { alarm, .. } => Ok(alarm),
+            other => Err(rejected("alarm", other)),
+        }
+    }
+
+    /// etcd's space quota, checked by the member that takes a write which
+    /// adds `cost` bytes: if the state would weigh more than the quota, this
+    /// member raises its NOSPACE alarm (through the log, so that every member
+    /// refuses such writes from then on) and the write is refused. The check
+    /// is against this member's applied state, which may trail the log: the
+    /// quota can be passed by what is in flight, never for long.
+    async fn check_quota(&self, cost: u64) -> Result<(), WriteError> {
+        let Some(quota) = self.quota else { return Ok(()) };
+        if self.state.size_bytes().saturating_add(cost) <= quota {
+            return Ok(());
+        }
+        let raised = self.state.alarms().list().contains(&(self.id, AlarmKind::NoSpace));
+        if !raised {
+            tracing::warn!(quota, size = self.state.size_bytes(), "space quota exceeded; raising alarm NOSPACE");
+            if let Err(e) = self.alarm(AlarmAction::Activate, self.id, AlarmKind::NoSpace).await {
+                tracing::warn!(error = %e, "raising alarm NOSPACE");
+            }
+        }
+        Err(MvccError::NoSpace.into())
     }
 
     /// Announce this member's client URLs through the log (etcd's publish).
@@ -155,6 +195,7 @@ impl Node {
                 // Not appended (or truncated before commit): safe to retry.
                 Ok(Err(ProposeError::NotLeader { .. })) => Attempt::Retry,
                 Ok(Err(ProposeError::Stopped)) => Attempt::Done(Err(ServerError::Stopped)),
+                Ok(Err(ProposeError::Overloaded)) => Attempt::Done(Err(ServerError::TooManyRequests)),
             },
             Route::Leader { url, .. } => {
                 let forwarded = self.forwarder.forward(url, cmd);
@@ -165,6 +206,7 @@ impl Node {
                         tracing::debug!(?leader, "forwarded write reached a member that does not lead");
                         Attempt::Retry
                     }
+                    Ok(Err(ForwardFailure::Overloaded)) => Attempt::Done(Err(ServerError::TooManyRequests)),
                     Ok(Err(ForwardFailure::Unreachable(why))) => {
                         tracing::debug!(%why, "forwarded write never reached the leader");
                         Attempt::Retry

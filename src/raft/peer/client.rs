@@ -64,6 +64,9 @@ pub enum ForwardFailure {
     Unreachable(String),
     /// The request may or may not have been applied.
     Unknown(String),
+    /// A queue on the way (this member's or the leader's) is full: nothing
+    /// was proposed.
+    Overloaded,
 }
 
 /// The HTTP/2 keepalive interval, and how long a ping may go unanswered, on
@@ -179,6 +182,7 @@ impl PeerClients {
                 r.map_err(|e| match e {
                     ForwardError::NotLeader { leader } => ForwardFailure::NotLeader { leader },
                     ForwardError::Failed(msg) => ForwardFailure::Unknown(msg),
+                    ForwardError::Overloaded => ForwardFailure::Overloaded,
                 })
             })
             .collect()

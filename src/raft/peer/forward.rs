@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use super::client::{ForwardFailure, PeerClients};
-use crate::batcher::Batcher;
+use crate::batcher::{Batcher, CallError, Limits};
 use crate::command::{Command, CommandResult};
 
 /// Writes on their way from this follower to the leader (see the module doc).
@@ -17,12 +17,24 @@ pub struct Forwarder {
 
 /// Forwarded batches on their way at once, at most.
 const FORWARD_IN_FLIGHT: usize = 2;
-/// The most commands in one forwarded batch.
-const FORWARD_BATCH: usize = 512;
+/// The most commands in one forwarded batch, its most bytes, and what may
+/// wait behind the batches in flight: the proposer's bounds
+/// (`raft::proposer`), so that what one forwarded call carries fits one entry.
+const LIMITS: Limits = Limits {
+    max_batch: crate::raft::proposer::MAX_BATCH_COMMANDS,
+    max_batch_weight: crate::raft::proposer::MAX_BATCH_BYTES,
+    max_in_flight: FORWARD_IN_FLIGHT,
+    max_queued: crate::raft::proposer::MAX_QUEUED_COMMANDS,
+    max_queued_weight: crate::raft::proposer::MAX_QUEUED_BYTES,
+};
+
+fn weigh((_, cmd): &(String, Command)) -> u64 {
+    cmd.encoded_len()
+}
 
 impl Forwarder {
     pub fn start(clients: PeerClients, timeout: Duration) -> Forwarder {
-        let batcher = Batcher::start(FORWARD_BATCH, FORWARD_IN_FLIGHT, move |items: Vec<(String, Command)>| {
+        let batcher = Batcher::start(LIMITS, weigh, move |items: Vec<(String, Command)>| {
             let clients = clients.clone();
             async move {
                 // Usually one leader URL; group by URL, keeping queue order.
@@ -50,6 +62,10 @@ impl Forwarder {
 
     /// Forward `cmd` to the leader at `url` and wait for its apply result.
     pub async fn forward(&self, url: String, cmd: Command) -> Result<CommandResult, ForwardFailure> {
-        self.batcher.call((url, cmd)).await.unwrap_or(Err(ForwardFailure::Unknown("forwarder stopped".into())))
+        match self.batcher.call((url, cmd)).await {
+            Ok(result) => result,
+            Err(CallError::Overloaded) => Err(ForwardFailure::Overloaded),
+            Err(CallError::Stopped) => Err(ForwardFailure::Unknown("forwarder stopped".into())),
+        }
     }
 }

@@ -12,8 +12,12 @@ pub use crate::lease::LeaseStatus;
 /// Why the leader could not run a forwarded write.
 #[derive(Debug, Serialize, Deserialize)]
 pub enum ForwardError {
-    NotLeader { leader: Option<u64> },
+    NotLeader {
+        leader: Option<u64>,
+    },
     Failed(String),
+    /// The leader's proposal queue is full: nothing was proposed.
+    Overloaded,
 }
 
 /// A lease question only the leader can answer: lease time is the leader's.

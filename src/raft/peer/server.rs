@@ -176,6 +176,7 @@ impl Peer for PeerService {
                     Ok(r) => Ok(r),
                     Err(ProposeError::NotLeader { leader }) => Err(ForwardError::NotLeader { leader }),
                     Err(ProposeError::Stopped) => Err(ForwardError::Failed("raft stopped".into())),
+                    Err(ProposeError::Overloaded) => Err(ForwardError::Overloaded),
                 })
                 .collect();
         reply(&results)

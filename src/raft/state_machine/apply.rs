@@ -14,6 +14,7 @@
 //! the table again.
 
 use super::layout::JournalOp;
+use crate::alarm::AlarmKind;
 use crate::applied::{AppliedState, MemberAttrs};
 use crate::auth::{AuthCommand, Caller, TokenEffect};
 use crate::command::{Command, CommandResult};
@@ -62,6 +63,22 @@ impl<'a> Apply<'a> {
         }
         if let Command::Auth(cmd) = cmd {
             return self.auth(cmd);
+        }
+        if let Command::Alarm { action, member, kind } = cmd {
+            let revision = self.state.mvcc().revision();
+            let mut alarms = self.state.alarms_mut();
+            let alarm = alarms.apply(action, member, kind);
+            self.journal.push(JournalOp::Alarms(alarms.clone()));
+            return CommandResult::Alarm { alarm, revision };
+        }
+        // While a NOSPACE alarm is raised, nothing that adds data is applied.
+        let adds_data = match &cmd {
+            Command::Put(_) | Command::LeaseGrant { .. } => true,
+            Command::Txn(t) => t.quota_cost() > 0,
+            _ => false,
+        };
+        if adds_data && self.state.alarms().any(AlarmKind::NoSpace) {
+            return CommandResult::Rejected { error: MvccError::NoSpace, revision: self.state.mvcc().revision() };
         }
         let state = self.state;
         let mut mvcc = state.mvcc_mut();
@@ -133,7 +150,9 @@ impl<'a> Apply<'a> {
                 }
                 CommandResult::MemberPublished { revision: mvcc.revision() }
             }
-            Command::Batch(_) | Command::AsUser { .. } | Command::Auth(_) => unreachable!("handled above"),
+            Command::Batch(_) | Command::AsUser { .. } | Command::Auth(_) | Command::Alarm { .. } => {
+                unreachable!("handled above")
+            }
         }
     }
 

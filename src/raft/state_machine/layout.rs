@@ -48,6 +48,7 @@ use std::sync::Arc;
 use openraft::StoredMembership;
 use serde::{Deserialize, Serialize};
 
+use crate::alarm::Alarms;
 use crate::applied::{AppliedState, MemberAttrs};
 use crate::auth::AuthStore;
 use crate::lease::LeaseTable;
@@ -86,6 +87,8 @@ pub(super) enum JournalOp {
     MemberGone(u64),
     /// The auth store after a change, whole.
     Auth(AuthStore),
+    /// The alarms after a change, whole.
+    Alarms(Alarms),
 }
 
 /// The content of a snapshot, a checkpoint and a backup. Decoded with stored
@@ -102,6 +105,20 @@ pub(super) struct SnapshotImage<V = StoredVersion> {
     /// Users, roles, whether auth is on. Added after the first format: an
     /// image without it decodes with the empty store (see `decode`).
     pub auth: AuthStore,
+    /// The alarms raised. Added in the third format: an older image decodes
+    /// with none.
+    pub alarms: Alarms,
+}
+
+/// The image as written before alarms were part of it.
+#[derive(Deserialize)]
+struct ImageWithoutAlarms {
+    revision: Revision,
+    compact_revision: Revision,
+    versions: Vec<StoredVersion>,
+    members: Vec<(u64, MemberAttrs)>,
+    leases: Vec<(i64, i64)>,
+    auth: AuthStore,
 }
 
 /// The image as written before the auth store was part of it.
@@ -118,11 +135,13 @@ struct ImageWithoutAuth {
 /// encoding's format byte, [`FORMAT_V1`], which images of the first format
 /// start with).
 pub(super) const IMAGE_WITH_AUTH: u8 = 2;
+/// The first byte of an image that also holds the alarms: the current format.
+pub(super) const IMAGE_WITH_ALARMS: u8 = 3;
 
 /// Encode a captured image, tagged as the current format.
 pub(super) fn encode_image(image: &CapturedImage) -> Vec<u8> {
     let mut bytes = encode_large(image);
-    bytes[0] = IMAGE_WITH_AUTH;
+    bytes[0] = IMAGE_WITH_ALARMS;
     bytes
 }
 
@@ -138,7 +157,19 @@ impl SnapshotImage {
     /// an image of the current format is never taken for one of the first.
     pub fn decode(bytes: &[u8]) -> Result<SnapshotImage, DecodeError> {
         match bytes.first() {
-            Some(&IMAGE_WITH_AUTH) => decode_tagged(bytes, IMAGE_WITH_AUTH, false),
+            Some(&IMAGE_WITH_ALARMS) => decode_tagged(bytes, IMAGE_WITH_ALARMS, false),
+            Some(&IMAGE_WITH_AUTH) => {
+                let old: ImageWithoutAlarms = decode_tagged(bytes, IMAGE_WITH_AUTH, false)?;
+                Ok(SnapshotImage {
+                    revision: old.revision,
+                    compact_revision: old.compact_revision,
+                    versions: old.versions,
+                    members: old.members,
+                    leases: old.leases,
+                    auth: old.auth,
+                    alarms: Alarms::default(),
+                })
+            }
             _ => {
                 let old: ImageWithoutAuth = decode_tagged(bytes, FORMAT_V1, true)?;
                 Ok(SnapshotImage {
@@ -148,6 +179,7 @@ impl SnapshotImage {
                     members: old.members,
                     leases: old.leases,
                     auth: AuthStore::default(),
+                    alarms: Alarms::default(),
                 })
             }
         }
@@ -163,6 +195,7 @@ impl SnapshotImage {
         *leases = LeaseTable::restore(self.leases, mvcc.leased_keys());
         *members = self.members.into_iter().collect();
         *state.auth_mut() = self.auth;
+        *state.alarms_mut() = self.alarms;
         // Tokens handed out or forgotten by the entries the snapshot skipped
         // are unknown here: forget them all (clients authenticate again).
         state.tokens().forget_all();
@@ -219,7 +252,7 @@ impl Persisted {
 
         let checkpoint = db.get(CHECKPOINT)?;
         let checkpoint_bytes = checkpoint.as_ref().map_or(0, |b| b.len() as u64);
-        let (mut mvcc, mut members, mut leases, mut auth) = match checkpoint {
+        let (mut mvcc, mut members, mut leases, mut auth, mut alarms) = match checkpoint {
             Some(b) => {
                 let image = SnapshotImage::decode(&b)?;
                 (
@@ -227,9 +260,10 @@ impl Persisted {
                     image.members.into_iter().collect(),
                     image.leases.into_iter().collect(),
                     image.auth,
+                    image.alarms,
                 )
             }
-            None => (MvccStore::default(), BTreeMap::new(), BTreeMap::new(), AuthStore::default()),
+            None => (MvccStore::default(), BTreeMap::new(), BTreeMap::new(), AuthStore::default(), Alarms::default()),
         };
         let mut journal_bytes = 0;
         for item in db.scan_prefix(&[JOURNAL_PREFIX]) {
@@ -259,6 +293,7 @@ impl Persisted {
                         members.remove(&id);
                     }
                     JournalOp::Auth(store) => auth = store,
+                    JournalOp::Alarms(raised) => alarms = raised,
                 }
             }
         }
@@ -273,6 +308,7 @@ impl Persisted {
         *state.mvcc_mut() = mvcc;
         *state.members_mut() = members;
         *state.auth_mut() = auth;
+        *state.alarms_mut() = alarms;
         let persisted = Persisted {
             db,
             seq,
@@ -367,6 +403,7 @@ pub(super) fn image_of(state: &AppliedState) -> CapturedImage {
     let leases = state.leases();
     let members = state.members();
     let auth = state.auth();
+    let alarms = state.alarms();
     SnapshotImage {
         revision: mvcc.revision(),
         compact_revision: mvcc.compact_revision(),
@@ -374,6 +411,7 @@ pub(super) fn image_of(state: &AppliedState) -> CapturedImage {
         members: members.iter().map(|(id, a)| (*id, a.clone())).collect(),
         leases: leases.grants(),
         auth: auth.clone(),
+        alarms: alarms.clone(),
     }
 }
 

@@ -235,6 +235,7 @@ mod tests {
     use std::sync::atomic::Ordering;
 
     use super::*;
+    use crate::alarm::{AlarmAction, AlarmKind};
     use crate::command::Command;
     use crate::mvcc::{DeleteRangeRequest, PutRequest, RangeRequest, Revision, StoredVersion};
     use crate::raft::encode;
@@ -285,6 +286,7 @@ mod tests {
             members: captured.members.clone(),
             leases: captured.leases.clone(),
             auth: captured.auth.clone(),
+            alarms: captured.alarms.clone(),
         };
         assert_eq!(stored.versions.len(), 5, "four puts and a tombstone");
         assert_eq!(encode(&captured), encode(&stored));
@@ -317,9 +319,35 @@ mod tests {
         // the first, even cut short inside its auth store.
         let (dir, _db, state, _sm) = fresh(1000);
         state.auth_mut().enabled = true;
+        state.alarms_mut().apply(AlarmAction::Activate, 9, AlarmKind::NoSpace);
         let current = layout::encode_image(&image_of(&state));
-        assert!(SnapshotImage::decode(&current).unwrap().auth.enabled);
+        let decoded = SnapshotImage::decode(&current).unwrap();
+        assert!(decoded.auth.enabled);
+        assert_eq!(decoded.alarms.list(), vec![(9, AlarmKind::NoSpace)]);
         assert!(SnapshotImage::decode(&current[..current.len() - 1]).is_err());
+        // The second format (with the auth store, without alarms) decodes
+        // with no alarm raised.
+        #[derive(serde::Serialize)]
+        struct SecondFormat {
+            revision: Revision,
+            compact_revision: Revision,
+            versions: Vec<StoredVersion>,
+            members: Vec<(u64, crate::applied::MemberAttrs)>,
+            leases: Vec<(i64, i64)>,
+            auth: crate::auth::AuthStore,
+        }
+        let second = SecondFormat {
+            revision: 7,
+            compact_revision: 3,
+            versions: vec![],
+            members: vec![],
+            leases: vec![],
+            auth: state.auth().clone(),
+        };
+        let mut bytes = encode(&second);
+        bytes[0] = layout::IMAGE_WITH_AUTH;
+        let decoded = SnapshotImage::decode(&bytes).expect("an image of the second format");
+        assert!(decoded.auth.enabled && decoded.alarms.is_empty());
         drop(dir);
     }
 

@@ -1,0 +1,92 @@
+//! etcd's request limits on every client service.
+//!
+//! Two bounds, as etcd's: a request larger than [`MAX_REQUEST_BYTES`]
+//! (1.5 MiB, `--max-request-bytes`' default) is refused by the handler with
+//! `etcdserver: request is too large` (InvalidArgument); a gRPC message larger
+//! than [`MAX_GRPC_MESSAGE_BYTES`] (that plus 512 KiB) is refused before it is
+//! decoded, with gRPC's `ResourceExhausted` and Go gRPC's wording,
+//! `grpc: received message larger than max (N vs. 2097152)` — the one etcd
+//! clients see. tonic refuses such a message itself, but as `OutOfRange` with
+//! its own words: [`Limited`] rewrites that answer.
+//!
+//! Caveat: on streams (Watch, LeaseKeepAlive) a message over the limit ends
+//! the stream with tonic's status, which travels in the trailers and is not
+//! rewritten.
+
+use std::convert::Infallible;
+use std::task::{Context, Poll};
+
+use futures::TryFutureExt;
+use prost::Message;
+use tonic::body::Body;
+use tonic::codegen::http;
+use tonic::server::NamedService;
+use tonic::Status;
+
+use super::error;
+
+/// The largest request accepted, as etcd's `--max-request-bytes` default.
+pub const MAX_REQUEST_BYTES: usize = 3 * 512 * 1024;
+/// What the gRPC layer decodes at most: the request limit plus etcd's overhead.
+pub const MAX_GRPC_MESSAGE_BYTES: usize = MAX_REQUEST_BYTES + 512 * 1024;
+
+/// Refuse a request larger than [`MAX_REQUEST_BYTES`], as etcd does.
+pub fn check_request_size(req: &impl Message) -> Result<(), Status> {
+    if req.encoded_len() > MAX_REQUEST_BYTES {
+        return Err(error::request_too_large());
+    }
+    Ok(())
+}
+
+/// A client service whose too-large-message answers are etcd's (see the
+/// module doc).
+#[derive(Clone)]
+pub struct Limited<S>(pub S);
+
+impl<S: NamedService> NamedService for Limited<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+type Answer = http::Response<Body>;
+
+impl<S> tower::Service<http::Request<Body>> for Limited<S>
+where
+    S: tower::Service<http::Request<Body>, Response = Answer, Error = Infallible>,
+{
+    type Response = Answer;
+    type Error = Infallible;
+    type Future = futures::future::MapOk<S::Future, fn(Answer) -> Answer>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+        self.0.call(req).map_ok(as_etcd_answers_too_large as fn(Answer) -> Answer)
+    }
+}
+
+/// tonic's refusal of a message over the decoding limit, as it words it.
+const TONIC_TOO_LARGE: &str = "Error, decoded message length too large: found ";
+
+/// Rewrite tonic's refusal of an oversized message (a trailers-only answer:
+/// the status is in the headers) into gRPC-Go's, which etcd clients know.
+fn as_etcd_answers_too_large(mut answer: Answer) -> Answer {
+    let headers = answer.headers_mut();
+    let is_out_of_range = headers.get("grpc-status").is_some_and(|s| s == "11");
+    if !is_out_of_range {
+        return answer;
+    }
+    // tonic percent-encodes the message's spaces (as "%20").
+    let found = headers
+        .get("grpc-message")
+        .and_then(|m| m.to_str().ok())
+        .map(|m| m.replace("%20", " "))
+        .and_then(|m| m.strip_prefix(TONIC_TOO_LARGE)?.split(' ').next()?.parse::<usize>().ok());
+    if let Some(found) = found {
+        let message = format!("grpc: received message larger than max ({found} vs. {MAX_GRPC_MESSAGE_BYTES})");
+        headers.insert("grpc-status", http::HeaderValue::from_static("8"));
+        headers.insert("grpc-message", http::HeaderValue::from_str(&message).expect("an ASCII message"));
+    }
+    answer
+}

@@ -1,0 +1,144 @@
+//! Auto compaction (`--auto-compaction-mode`, `--auto-compaction-retention`),
+//! with etcd's semantics, run by the leader only:
+//!
+//! - periodic, retention `P`: every `min(P, 1h) / 10` the leader notes the
+//!   store's revision; once it has led for `P`, and then every `min(P, 1h)`,
+//!   it compacts to the newest revision it noted at least `P` ago — so about
+//!   `P` of history is kept.
+//! - revision, retention `N`: every check interval (etcd's: 5 minutes) it
+//!   compacts to `current revision - N`, if that moved since the last time.
+//!
+//! A compaction is an ordinary write (`Node::compact`) replicated to every
+//! member. Invariants: only a leader proposes one; a revision already
+//! compacted is never proposed again (a refusal — another compaction got
+//! there first — is logged and forgotten). Caveat: the revisions noted are
+//! forgotten when leadership moves, so a new leader waits out a whole `P`
+//! before its first periodic compaction, as etcd's does.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::Node;
+use crate::config::AutoCompaction;
+use crate::mvcc::Revision;
+use crate::shutdown::Stopping;
+
+/// The longest a periodic compactor waits between compactions (etcd's).
+const MAX_PERIODIC_INTERVAL: Duration = Duration::from_secs(3600);
+
+/// Run auto compaction under `policy` until the node stops.
+pub async fn run(node: Arc<Node>, policy: AutoCompaction, mut stopping: Stopping) {
+    tracing::info!(?policy, "auto compaction on");
+    let tick = match policy {
+        AutoCompaction::Periodic(period) => period.min(MAX_PERIODIC_INTERVAL) / 10,
+        AutoCompaction::Revision { every, .. } => every,
+    }
+    .max(Duration::from_millis(10));
+    let mut schedule = Schedule::default();
+    let mut ticks = tokio::time::interval(tick);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stopping.stopped() => return,
+            _ = ticks.tick() => {}
+        }
+        if !node.is_leader() {
+            schedule = Schedule::default();
+            continue;
+        }
+        let (current, compacted) = {
+            let mvcc = node.state().mvcc();
+            (mvcc.revision(), mvcc.compact_revision())
+        };
+        let Some(target) = schedule.next(policy, Instant::now(), current) else { continue };
+        if target <= compacted {
+            continue;
+        }
+        match node.compact(target, None).await {
+            Ok(_) => tracing::info!(revision = target, "auto compaction done"),
+            Err(e) => tracing::info!(revision = target, error = %e, "auto compaction not done"),
+        }
+    }
+}
+
+/// What the compactor remembers between ticks, while this member leads.
+#[derive(Default)]
+struct Schedule {
+    /// Since when this member has been taking samples (it leads).
+    since: Option<Instant>,
+    /// Revisions noted (periodic), oldest first.
+    samples: VecDeque<(Instant, Revision)>,
+    /// When the last compaction was proposed (periodic), and to what revision.
+    last: Option<(Instant, Revision)>,
+}
+
+impl Schedule {
+    /// The revision to compact to now, if one is due.
+    fn next(&mut self, policy: AutoCompaction, now: Instant, current: Revision) -> Option<Revision> {
+        let since = *self.since.get_or_insert(now);
+        match policy {
+            AutoCompaction::Revision { keep, .. } => {
+                let target = current - keep;
+                let moved = self.last.is_none_or(|(_, last)| target > last);
+                (target > 0 && moved).then(|| {
+                    self.last = Some((now, target));
+                    target
+                })
+            }
+            AutoCompaction::Periodic(period) => {
+                self.samples.push_back((now, current));
+                let due = match self.last {
+                    None => now.duration_since(since) >= period,
+                    Some((at, _)) => now.duration_since(at) >= period.min(MAX_PERIODIC_INTERVAL),
+                };
+                if !due {
+                    return None;
+                }
+                // The newest revision noted at least `period` ago; older
+                // samples are no longer needed.
+                let old_enough = self.samples.iter().rposition(|(at, _)| now.duration_since(*at) >= period)?;
+                self.samples.drain(..old_enough);
+                let target = self.samples.front().map(|(_, rev)| *rev)?;
+                self.last = Some((now, target));
+                Some(target)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn periodic_compaction_keeps_the_retention_period() {
+        let period = Duration::from_secs(10);
+        let policy = AutoCompaction::Periodic(period);
+        let start = Instant::now();
+        let mut s = Schedule::default();
+        let at = |secs: u64| start + Duration::from_secs(secs);
+        // A sample a second, the revision growing by 100 a second.
+        for t in 0..10 {
+            assert_eq!(s.next(policy, at(t), 100 * t as i64 + 1), None, "not led for a period yet ({t}s)");
+        }
+        assert_eq!(s.next(policy, at(10), 1001), Some(1), "the revision of 10 s ago");
+        for t in 11..20 {
+            assert_eq!(s.next(policy, at(t), 100 * t as i64 + 1), None, "one compaction a period");
+        }
+        assert_eq!(s.next(policy, at(20), 2001), Some(1001));
+    }
+
+    #[test]
+    fn revision_compaction_keeps_the_last_revisions() {
+        let policy = AutoCompaction::Revision { keep: 100, every: Duration::from_secs(300) };
+        let now = Instant::now();
+        let mut s = Schedule::default();
+        assert_eq!(s.next(policy, now, 50), None, "fewer revisions than kept");
+        assert_eq!(s.next(policy, now, 350), Some(250));
+        assert_eq!(s.next(policy, now, 350), None, "nothing new since");
+        assert_eq!(s.next(policy, now, 351), Some(251));
+    }
+}
