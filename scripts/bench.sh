@@ -13,6 +13,10 @@
 #   AUTH=1 scripts/bench.sh     # both systems with etcd's auth on (simple
 #                               # tokens); the client is a user whose role
 #                               # may read and write the bench's keys
+#   scripts/bench.sh memory     # memory instead: RSS per member after 300k
+#                               # puts of 1 KiB (100k keys, so 2/3 of it is
+#                               # history), then after compaction + defrag;
+#                               # and raftlock with a 100 MB quota
 set -euo pipefail
 cd "$(dirname "$0")/.."
 etcd_dir=$(scripts/install-etcd.sh)
@@ -53,7 +57,7 @@ enable_auth() { # endpoints
   user_args=(--user bench:benchpw)
 }
 
-pids=()
+pids=(); extra_args=()
 stop_all() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pids=(); }
 trap stop_all EXIT
 
@@ -65,7 +69,7 @@ start_cluster() { # kind base_port
     local args=(--name "n$i" --data-dir "$work/$kind-n$i"
       --listen-client-urls "$scheme://127.0.0.1:$((base+i))" --advertise-client-urls "$scheme://127.0.0.1:$((base+i))"
       --listen-peer-urls "$scheme://127.0.0.1:$((base+10+i))" --initial-advertise-peer-urls "$scheme://127.0.0.1:$((base+10+i))"
-      --initial-cluster "$cluster" --initial-cluster-state new "${tls_args[@]}")
+      --initial-cluster "$cluster" --initial-cluster-state new "${tls_args[@]}" "${extra_args[@]}")
     if [ "$kind" = etcd ]; then
       "$etcd_dir/etcd" "${args[@]}" --log-level error >"$work/$kind-n$i.log" 2>&1 &
     else
@@ -121,6 +125,50 @@ suite() { # kind
     run_on "$leader" "" native-lock --clients 1 --conns 1 --lock-names 1 --total $((2000/scale))
   fi
 }
+
+# RSS of each running member, in MB, comma-separated.
+rss_mb() { local p out=""
+  for p in "${pids[@]}"; do out+="${out:+,}$(awk '/^VmRSS/ {printf "%.0f", $2/1024}' "/proc/$p/status")"; done
+  echo "$out"; }
+
+memory() { # kind [extra raftlock flags...]: one row of the memory table
+  local kind=$1 label=$1; shift
+  [ $# -gt 0 ] && label="$kind $*"
+  extra_args=("$@")
+  start_cluster "$kind" $([ "$kind" = etcd ] && echo 23790 || echo 24790)
+  local writes=$((300000/scale)) report
+  # Past a quota the bench reports its refused requests: keep the report.
+  report=$("$ctl" --endpoints "$endpoints" -w json bench put --clients 64 --conns 8 --total $writes \
+    --value-size 1024 --key-space $((100000/scale)) || true)
+  sleep 2
+  local after_writes; after_writes=$(rss_mb)
+  local rev
+  rev=$(ETCDCTL_API=3 "$etcd_dir/etcdctl" --endpoints="${endpoints%%,*}" endpoint status -w json \
+    | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["Status"]["header"]["revision"])')
+  ETCDCTL_API=3 "$etcd_dir/etcdctl" --endpoints="$endpoints" compact "$rev" >/dev/null
+  ETCDCTL_API=3 "$etcd_dir/etcdctl" --endpoints="$endpoints" defrag >/dev/null
+  sleep 3
+  echo "{\"system\":\"$label\",\"writes\":$writes,\"rss_after_writes\":[$after_writes],\"rss_after_compaction\":[$(rss_mb)],\"bench\":${report:-null}}" \
+    | tee -a "$work/memory.jsonl" >&2
+  stop_all; extra_args=()
+}
+
+if [ "${1:-}" = memory ]; then
+  memory etcd
+  memory raftlock
+  memory raftlock --quota-backend-bytes 100000000
+  python3 - "$work/memory.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+print(f"{'system':<44} {'writes':>7} {'done':>7} {'RSS after writes (MB)':>24} {'after compact+defrag':>22} {'bytes/write':>11}")
+for r in rows:
+    done = int(r["bench"]["total"] - r["bench"]["errors"]) if r.get("bench") else 0
+    w, c = r["rss_after_writes"], r["rss_after_compaction"]
+    per = max(w) * 1e6 / max(done, 1)
+    print(f"{r['system']:<44} {r['writes']:>7} {done:>7} {'/'.join(map(str, w)):>24} {'/'.join(map(str, c)):>22} {per:>11.0f}")
+PY
+  exit 0
+fi
 
 echo "== etcd 3.5.1, 3 members" >&2
 start_cluster etcd 23790; [ "${AUTH:-}" = 1 ] && enable_auth "$endpoints"; suite etcd; stop_all; user_args=()

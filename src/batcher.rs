@@ -136,6 +136,11 @@ impl<T: Send + 'static, R: Send + 'static> Batcher<T, R> {
         Batcher { queue, queued, weigh, limits }
     }
 
+    /// Items queued and not yet taken into a batch.
+    pub fn queued(&self) -> usize {
+        self.queued.items.load(Ordering::Relaxed)
+    }
+
     /// Queue `item` and wait for its result; refused at once while the queue
     /// is full.
     pub async fn call(&self, item: T) -> Result<R, CallError> {

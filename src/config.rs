@@ -44,6 +44,25 @@ pub struct Config {
     /// Comma-separated client URLs to advertise to the cluster [default: the listen URLs].
     #[arg(long, env = "RAFTLOCK_ADVERTISE_CLIENT_URLS")]
     pub advertise_client_urls: Option<String>,
+    /// The most concurrent gRPC streams (calls) on one client connection;
+    /// a client over it waits for a stream to end.
+    #[arg(long, env = "RAFTLOCK_MAX_CONCURRENT_STREAMS", default_value_t = 1024)]
+    pub max_concurrent_streams: u32,
+    /// Disk space this member keeps free: below it, it refuses writes that
+    /// add data and raises its NOSPACE alarm; it takes them again once twice
+    /// as much is free (raftlock's; see the README's Operations section).
+    #[arg(long, env = "RAFTLOCK_DISK_SPACE_RESERVE_BYTES", default_value_t = 256 << 20)]
+    pub disk_space_reserve_bytes: u64,
+    /// At start, once caught up, compare this member's key-value history
+    /// with every peer's (HashKV) and refuse to serve if it differs.
+    #[arg(long, env = "RAFTLOCK_EXPERIMENTAL_INITIAL_CORRUPT_CHECK", action = ArgAction::Set, num_args = 0..=1,
+          default_value_t = false, default_missing_value = "true")]
+    pub experimental_initial_corrupt_check: bool,
+    /// Comma-separated URLs that serve only /metrics and the health
+    /// endpoints (which the client URLs serve too); https ones use the client
+    /// port's TLS flags.
+    #[arg(long, env = "RAFTLOCK_LISTEN_METRICS_URLS")]
+    pub listen_metrics_urls: Option<String>,
     /// Comma-separated URLs to listen on for peer traffic.
     #[arg(long, env = "RAFTLOCK_LISTEN_PEER_URLS", default_value = "http://127.0.0.1:2380")]
     pub listen_peer_urls: String,
@@ -351,7 +370,24 @@ impl Config {
     /// `https://`; an https URL without a certificate is an error naming
     /// the flags it needs.
     pub fn listeners(&self, port: Port) -> anyhow::Result<Vec<Listener>> {
-        let (urls, files, auto) = self.port_tls(port);
+        let (urls, ..) = self.port_tls(port);
+        self.listeners_on(port, &urls, &format!("--listen-{}-urls", port.name()))
+    }
+
+    /// Where /metrics and the health endpoints are served besides the
+    /// client URLs (`--listen-metrics-urls`), with the client port's TLS.
+    pub fn metrics_listeners(&self) -> anyhow::Result<Vec<Listener>> {
+        let urls = split_urls(self.listen_metrics_urls.as_deref().unwrap_or(""));
+        self.listeners_on(Port::Client, &urls, "--listen-metrics-urls")
+    }
+
+    /// Listeners on `urls`, with `port`'s TLS for the https ones; `flag`
+    /// names the URLs in errors.
+    fn listeners_on(&self, port: Port, urls: &[String], flag: &str) -> anyhow::Result<Vec<Listener>> {
+        if urls.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (_, files, auto) = self.port_tls(port);
         let prefix = port.flag_prefix();
         let tls = ServerTls::new(&files, &self.tls_policy(), &auto, prefix)?.map(Arc::new);
         urls.iter()
@@ -361,9 +397,8 @@ impl Config {
                     (false, _) => Ok(Listener { addr, tls: None }),
                     (true, Some(tls)) => Ok(Listener { addr, tls: Some(tls.clone()) }),
                     (true, None) => bail!(
-                        "--listen-{}-urls has {url}, and an https URL needs --{prefix}cert-file and \
-                         --{prefix}key-file, or --{prefix}auto-tls",
-                        port.name()
+                        "{flag} has {url}, and an https URL needs --{prefix}cert-file and \
+                         --{prefix}key-file, or --{prefix}auto-tls"
                     ),
                 }
             })

@@ -46,15 +46,17 @@ mod command;
 pub mod config;
 mod lease;
 mod locks;
+mod metrics;
 mod mvcc;
 pub mod proto;
 mod raft;
+pub mod restore;
 mod server;
 mod shutdown;
 mod storage;
 mod tls;
 mod watch;
 
-pub use api::serve_clients;
+pub use api::{serve_clients, serve_metrics};
 pub use locks::prefix_end;
 pub use server::Node;

@@ -22,9 +22,18 @@ async fn main() -> anyhow::Result<()> {
     disable_transparent_huge_pages();
 
     let (peer_listeners, client_listeners) = (config.listeners(Port::Peer)?, config.listeners(Port::Client)?);
+    let metrics_listeners = config.metrics_listeners()?;
     let node = Node::start(&config).await?;
     let peers = tokio::spawn(node.clone().serve_peers(peer_listeners));
+    if config.experimental_initial_corrupt_check {
+        if let Err(e) = node.check_initial_corruption().await {
+            tracing::error!(error = %e, "initial corruption check failed; this member does not serve");
+            node.shutdown().await;
+            return Err(e);
+        }
+    }
     let clients = tokio::spawn(raftlock::serve_clients(node.clone(), client_listeners));
+    let metrics = tokio::spawn(raftlock::serve_metrics(node.clone(), metrics_listeners));
     tracing::info!(
         name = %config.name,
         member_id = format!("{:x}", node.id),
@@ -45,6 +54,11 @@ async fn main() -> anyhow::Result<()> {
         }
         r = peers => Some(r),
         r = clients => Some(r),
+        r = metrics => Some(r),
+        why = node.failed() => {
+            tracing::error!(%why, "raft stopped (a storage failure); this member stops");
+            Some(Ok(Err(anyhow::anyhow!("raft stopped: {why}"))))
+        }
     };
     tracing::info!("shutting down");
     if failed.is_none() {

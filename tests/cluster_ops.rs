@@ -3,7 +3,8 @@
 //! purge); membership changes with etcdctl (add a voter and a learner that
 //! join with `existing`, promote, remove a member and the leader); five
 //! members losing two; HashKV equal on every member, and different on one
-//! whose state store was damaged on disk; the gRPC health service.
+//! whose state store was damaged on disk, which the start-up corruption check
+//! also finds; the gRPC health service.
 
 mod common;
 
@@ -537,6 +538,25 @@ async fn hash_kv_tells_a_member_with_a_damaged_state_store() {
     let mut damaged = cluster.client(2).await;
     let read = damaged.get("damaged/key", Some(GetOptions::new().with_serializable())).await.unwrap();
     assert_eq!(read.kvs()[0].value(), b"BAAAAAAAAAAAAAAA", "it serves what its disk says");
+
+    // With etcd's start-up check, the damaged member finds out by itself and
+    // refuses to serve; the healthy ones pass the same check.
+    assert!(cluster.terminate(2).success());
+    cluster.add_args(&["--experimental-initial-corrupt-check"]);
+    cluster.restart(2);
+    let status = cluster.wait_exit(2, Duration::from_secs(30)).expect("the damaged member stops");
+    assert!(!status.success());
+    let log = cluster.log_of(2);
+    assert!(log.contains("found data inconsistency with peer"), "{log}");
+    assert!(cluster.terminate(1).success());
+    cluster.restart(1);
+    cluster.wait_ready().await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cluster.log_of(1).contains("initial corruption check passed") {
+        assert!(Instant::now() < deadline, "{}", cluster.log_of(1));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(cluster.log_of(1).contains("initial corruption check passed"), "{}", cluster.log_of(1));
 }
 
 /// gRPC's standard health service: SERVING on every member of a healthy

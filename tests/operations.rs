@@ -205,3 +205,245 @@ async fn oversized_requests_get_etcds_errors_on_every_service() {
     c.put("k", "small", None).await.unwrap();
     assert_eq!(c.get("k", None).await.unwrap().kvs()[0].value(), b"small");
 }
+
+/// A plain HTTP/1.1 GET; the status code and the body.
+async fn http_get(endpoint: &str, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = endpoint.trim_start_matches("http://");
+    // (A member just restarted may not listen yet.)
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut stream = loop {
+        match tokio::net::TcpStream::connect(addr).await {
+            Ok(stream) => break stream,
+            Err(e) if Instant::now() > deadline => panic!("connecting to {addr}: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    };
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("answer: {answer}"));
+    assert!(!head.to_ascii_lowercase().contains("chunked"), "a whole body: {head}");
+    (status, body.to_string())
+}
+
+/// One sample of a Prometheus text exposition: name, labels, value.
+type Sample = (String, Vec<(String, String)>, f64);
+
+/// Parse the text format (the subset every Prometheus encoder writes).
+fn parse_metrics(text: &str) -> Vec<Sample> {
+    let mut samples = Vec::new();
+    for line in text.lines().filter(|l| !l.is_empty() && !l.starts_with('#')) {
+        let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("a sample line: {line}"));
+        let value: f64 = value.parse().unwrap_or_else(|_| panic!("a value: {line}"));
+        let (name, labels) = match series.split_once('{') {
+            None => (series, Vec::new()),
+            Some((name, rest)) => {
+                let body = rest.strip_suffix('}').unwrap_or_else(|| panic!("closed labels: {line}"));
+                let labels = body
+                    .split("\",")
+                    .filter(|p| !p.is_empty())
+                    .map(|pair| {
+                        let (k, v) = pair.split_once("=\"").unwrap_or_else(|| panic!("a label: {line}"));
+                        (k.to_string(), v.trim_end_matches('"').to_string())
+                    })
+                    .collect();
+                (name, labels)
+            }
+        };
+        assert!(name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'), "a metric name: {line}");
+        samples.push((name.to_string(), labels, value));
+    }
+    samples
+}
+
+/// The value of the sample named `name` whose labels include `labels`.
+fn sample(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    samples
+        .iter()
+        .find(|(n, l, _)| n == name && labels.iter().all(|(k, v)| l.iter().any(|(lk, lv)| lk == k && lv == v)))
+        .map(|(_, _, v)| *v)
+}
+
+/// `/metrics` on the client port and on `--listen-metrics-urls` parses as
+/// Prometheus text with etcd's names and labels and values that follow what
+/// happened; `/health`, `/livez` and `/readyz` answer as etcd's.
+#[tokio::test]
+async fn metrics_and_health_endpoints_answer_as_etcds() {
+    let metrics_port = common::free_port();
+    let metrics_url = format!("http://127.0.0.1:{metrics_port}");
+    let single = Cluster::start_with(1, &["--listen-metrics-urls", &metrics_url]).await;
+    let mut c = single.client(0).await;
+    let revision = c.put("m/k", "v", None).await.unwrap().header().unwrap().revision();
+    c.get("m/k", None).await.unwrap();
+    assert!(c.lease_revoke(12345).await.is_err(), "an unknown lease");
+    let lease = c.lease_grant(60, None).await.unwrap().id();
+    c.lock("m/lock", Some(etcd_client::LockOptions::new().with_lease(lease))).await.unwrap();
+
+    // The state store commits what apply wrote a moment later (its writer
+    // gathers batches): wait for the first commit to be timed.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let samples = parse_metrics(&http_get(&metrics_url, "/metrics").await.1);
+        if sample(&samples, "etcd_disk_backend_commit_duration_seconds_count", &[]).unwrap_or(0.0) >= 1.0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the state store never committed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for endpoint in [single.members[0].endpoint(), metrics_url.clone()] {
+        let (status, text) = http_get(&endpoint, "/metrics").await;
+        assert_eq!(status, 200, "{text}");
+        let samples = parse_metrics(&text);
+        let value = |name: &str, labels: &[(&str, &str)]| {
+            sample(&samples, name, labels).unwrap_or_else(|| panic!("no {name}{labels:?} in:\n{text}"))
+        };
+        assert_eq!(value("etcd_server_has_leader", &[]), 1.0);
+        assert_eq!(value("etcd_server_is_leader", &[]), 1.0);
+        assert!(value("etcd_server_leader_changes_seen_total", &[]) >= 1.0);
+        assert!(value("etcd_debugging_mvcc_current_revision", &[]) >= revision as f64);
+        assert!(value("etcd_debugging_mvcc_keys_total", &[]) >= 2.0, "m/k and the lock's key");
+        assert!(value("etcd_mvcc_put_total", &[]) >= 1.0);
+        assert!(value("etcd_mvcc_range_total", &[]) >= 1.0);
+        assert!(value("etcd_mvcc_txn_total", &[]) >= 1.0, "the lock's txn");
+        assert!(value("etcd_mvcc_db_total_size_in_use_in_bytes", &[]) > 0.0);
+        assert_eq!(value("etcd_server_quota_backend_bytes", &[]), 2147483648.0);
+        assert!(value("etcd_server_proposals_applied_total", &[]) >= 3.0);
+        assert!(value("etcd_disk_wal_fsync_duration_seconds_count", &[]) >= 1.0);
+        assert!(value("etcd_disk_wal_fsync_duration_seconds_bucket", &[("le", "0.001")]) >= 0.0);
+        assert!(value("etcd_disk_backend_commit_duration_seconds_count", &[]) >= 1.0);
+        let put = [("grpc_type", "unary"), ("grpc_service", "etcdserverpb.KV"), ("grpc_method", "Put")];
+        assert!(value("grpc_server_started_total", &put) >= 1.0);
+        assert!(value("grpc_server_handled_total", &[put[0], put[1], put[2], ("grpc_code", "OK")]) >= 1.0);
+        assert!(value("grpc_server_msg_received_total", &put) >= 1.0);
+        assert!(value("grpc_server_msg_sent_total", &put) >= 1.0);
+        let revoke =
+            [("grpc_service", "etcdserverpb.Lease"), ("grpc_method", "LeaseRevoke"), ("grpc_code", "NotFound")];
+        assert_eq!(value("grpc_server_handled_total", &revoke), 1.0);
+        assert_eq!(value("raftlock_lock_grant_duration_seconds_count", &[("api", "v3lock")]), 1.0);
+        assert_eq!(value("raftlock_lock_holders", &[]), 1.0);
+        assert_eq!(value("raftlock_lock_waiters", &[]), 0.0);
+        assert!(value("process_resident_memory_bytes", &[]) > 0.0);
+    }
+    // The metrics port serves no gRPC.
+    let mut on_metrics = etcd_client::Client::connect([metrics_url.as_str()], None).await.unwrap();
+    assert_eq!(grpc_error(on_metrics.get("m/k", None).await.unwrap_err()).0, tonic::Code::Unimplemented);
+
+    // Health: fine, then NOSPACE (unless excluded).
+    let endpoint = single.members[0].endpoint();
+    assert_eq!(http_get(&endpoint, "/health").await, (200, r#"{"health":"true","reason":""}"#.to_string()));
+    assert_eq!(http_get(&endpoint, "/livez").await, (200, "ok\n".to_string()));
+    assert_eq!(http_get(&endpoint, "/readyz").await, (200, "ok\n".to_string()));
+    let verbose = http_get(&endpoint, "/readyz?verbose").await;
+    assert_eq!(verbose.0, 200);
+    assert!(verbose.1.contains("[+]linearizable_read ok\n") && verbose.1.ends_with("ok\n"), "{}", verbose.1);
+    let mut maintenance = c.maintenance_client();
+    maintenance.alarm(etcd_client::AlarmAction::Activate, etcd_client::AlarmType::Nospace, None).await.unwrap();
+    let (status, body) = http_get(&endpoint, "/health").await;
+    assert_eq!((status, body.as_str()), (503, r#"{"health":"false","reason":"ALARM NOSPACE"}"#));
+    assert_eq!(http_get(&endpoint, "/health?exclude=NOSPACE").await.0, 200);
+
+    // A member without a leader.
+    let mut cluster = Cluster::start(3).await;
+    for i in 0..3 {
+        cluster.kill(i);
+    }
+    cluster.restart(0);
+    let endpoint = cluster.members[0].endpoint();
+    // Until its election timeout passes, a restarted member still counts on
+    // the leader its stored vote names, and its health check's read times
+    // out (503 too, with "QGET ERROR"); then it knows it has none.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (status, body) = loop {
+        let answer = http_get(&endpoint, "/health").await;
+        assert!(answer.0 == 503 || answer.0 == 200, "{answer:?}");
+        if answer.1.contains("RAFT NO LEADER") || Instant::now() > deadline {
+            break answer;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!((status, body.as_str()), (503, r#"{"health":"false","reason":"RAFT NO LEADER"}"#));
+    assert_eq!(http_get(&endpoint, "/livez").await, (200, "ok\n".to_string()));
+    let (status, body) = http_get(&endpoint, "/readyz").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("[-]linearizable_read failed") && body.ends_with("readyz check failed\n"), "{body}");
+    let (status, metrics) = http_get(&endpoint, "/metrics").await;
+    assert_eq!(status, 200);
+    assert_eq!(sample(&parse_metrics(&metrics), "etcd_server_has_leader", &[]), Some(0.0));
+}
+
+/// `raftlockctl snapshot restore` (etcdutl's flags) makes a new cluster from
+/// a file etcdctl saved: every member restored from it serves the saved keys,
+/// history, leases and users, under new member IDs; a damaged file and an
+/// existing data directory are refused.
+#[tokio::test]
+async fn a_cluster_restored_from_a_saved_snapshot_serves_the_saved_data() {
+    let source = Cluster::start(3).await;
+    let mut c = source.client(0).await;
+    for i in 0..50 {
+        c.put(format!("saved/{i:02}"), format!("v{i}"), None).await.unwrap();
+    }
+    let first = c.put("saved/history", "old", None).await.unwrap().header().unwrap().revision();
+    c.put("saved/history", "new", None).await.unwrap();
+    let lease = c.lease_grant(600, None).await.unwrap().id();
+    c.put("saved/leased", "x", Some(etcd_client::PutOptions::new().with_lease(lease))).await.unwrap();
+    let ctl = Etcdctl::v35(&source.members[1].endpoint());
+    ctl.ok(&["user", "add", "alice:secret"]);
+    let saved_revision = c.get("saved/", None).await.unwrap().header().unwrap().revision();
+    let old_ids: Vec<u64> = c.member_list().await.unwrap().members().iter().map(|m| m.id()).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("backup.db");
+    ctl.ok(&["snapshot", "save", file.to_str().unwrap()]);
+    drop(source);
+
+    let mut restored = Cluster::unstarted(3);
+    let restore = |i: usize, file: &std::path::Path, data_dir: &std::path::Path| {
+        common::raftlockctl()
+            .args(["snapshot", "restore", file.to_str().unwrap()])
+            .args(["--name", &restored.members[i].name])
+            .args(["--initial-cluster", restored.initial_cluster()])
+            .args(["--initial-advertise-peer-urls", &restored.peer_url(i)])
+            .args(["--data-dir", data_dir.to_str().unwrap()])
+            .output()
+            .unwrap()
+    };
+    // A damaged file is refused, and leaves nothing behind.
+    let mut damaged = std::fs::read(&file).unwrap();
+    damaged[100] ^= 1;
+    let damaged_file = dir.path().join("damaged.db");
+    std::fs::write(&damaged_file, damaged).unwrap();
+    let out = restore(0, &damaged_file, &restored.members[0].data_dir);
+    assert!(!out.status.success() && common::text(&out).contains("hash mismatch"), "{}", common::text(&out));
+    assert!(!restored.members[0].data_dir.exists());
+    for i in 0..3 {
+        let out = restore(i, &file, &restored.members[i].data_dir);
+        assert!(out.status.success(), "{}", common::text(&out));
+        assert!(common::text(&out).contains(&format!("Restored revision {saved_revision}")), "{}", common::text(&out));
+    }
+    // An existing data directory is never overwritten.
+    let out = restore(0, &file, &restored.members[0].data_dir);
+    assert!(!out.status.success() && common::text(&out).contains("exists"), "{}", common::text(&out));
+
+    restored.start_all().await;
+    for i in 0..3 {
+        let mut c = restored.client(i).await;
+        let all = c.get("saved/", Some(GetOptions::new().with_prefix().with_serializable())).await.unwrap();
+        assert_eq!(all.kvs().len(), 52, "member {i}");
+        let old = c.get("saved/history", Some(GetOptions::new().with_revision(first))).await.unwrap();
+        assert_eq!(old.kvs()[0].value(), b"old", "history came along");
+    }
+    let mut c = restored.client(2).await;
+    let ttl = c.lease_time_to_live(lease, None).await.unwrap();
+    assert!(ttl.ttl() > 0, "the lease came along");
+    let members = c.member_list().await.unwrap();
+    assert_eq!(members.members().len(), 3);
+    assert!(members.members().iter().all(|m| !old_ids.contains(&m.id())), "new member IDs");
+    let users = Etcdctl::v35(&restored.members[0].endpoint()).ok(&["user", "list"]);
+    assert!(users.contains("alice"), "{users}");
+    // The new cluster takes writes, replicated to every member.
+    let revision = c.put("saved/after", "1", None).await.unwrap().header().unwrap().revision();
+    assert!(revision > saved_revision);
+    restored.wait_for_keys(0, "saved/", 53).await;
+}

@@ -130,8 +130,8 @@ pub struct AuthService {
 }
 
 impl AuthService {
-    pub fn server(node: Arc<Node>) -> super::limits::Limited<AuthServer<AuthService>> {
-        super::limits::Limited(
+    pub fn server(node: Arc<Node>) -> super::served::Served<AuthServer<AuthService>> {
+        super::served::Served(
             AuthServer::new(AuthService { node }).max_decoding_message_size(super::MAX_GRPC_MESSAGE_BYTES),
         )
     }

@@ -17,8 +17,8 @@ pub struct ClusterService {
 }
 
 impl ClusterService {
-    pub fn server(node: Arc<Node>) -> super::limits::Limited<ClusterServer<ClusterService>> {
-        super::limits::Limited(
+    pub fn server(node: Arc<Node>) -> super::served::Served<ClusterServer<ClusterService>> {
+        super::served::Served(
             ClusterServer::new(ClusterService { node }).max_decoding_message_size(super::MAX_GRPC_MESSAGE_BYTES),
         )
     }

@@ -23,8 +23,8 @@ pub struct KvService {
 }
 
 impl KvService {
-    pub fn server(node: Arc<Node>) -> super::limits::Limited<KvServer<KvService>> {
-        super::limits::Limited(
+    pub fn server(node: Arc<Node>) -> super::served::Served<KvServer<KvService>> {
+        super::served::Served(
             KvServer::new(KvService { node }).max_decoding_message_size(super::MAX_GRPC_MESSAGE_BYTES),
         )
     }
@@ -44,6 +44,7 @@ impl Kv for KvService {
         let caller = credentials.caller(&self.node).await?;
         auth::check(&self.node, &caller, &req.key, &req.range_end, PermKind::Read)?;
         let result = self.node.state().mvcc().range(&range).map_err(error::mvcc)?;
+        crate::metrics::metrics().ranges.inc();
         Ok(Response::new(range_response(&self.node, result)))
     }
 

@@ -28,8 +28,8 @@ pub struct LeaseService {
 }
 
 impl LeaseService {
-    pub fn server(node: Arc<Node>) -> super::limits::Limited<LeaseServer<LeaseService>> {
-        super::limits::Limited(
+    pub fn server(node: Arc<Node>) -> super::served::Served<LeaseServer<LeaseService>> {
+        super::served::Served(
             LeaseServer::new(LeaseService { node }).max_decoding_message_size(super::MAX_GRPC_MESSAGE_BYTES),
         )
     }

@@ -7,20 +7,16 @@
 //! decoded, with gRPC's `ResourceExhausted` and Go gRPC's wording,
 //! `grpc: received message larger than max (N vs. 2097152)` — the one etcd
 //! clients see. tonic refuses such a message itself, but as `OutOfRange` with
-//! its own words: [`Limited`] rewrites that answer.
+//! its own words: [`as_etcd_answers_too_large`] rewrites that answer (every
+//! client service is wrapped, see `api::served`).
 //!
 //! Caveat: on streams (Watch, LeaseKeepAlive) a message over the limit ends
 //! the stream with tonic's status, which travels in the trailers and is not
 //! rewritten.
 
-use std::convert::Infallible;
-use std::task::{Context, Poll};
-
-use futures::TryFutureExt;
 use prost::Message;
 use tonic::body::Body;
 use tonic::codegen::http;
-use tonic::server::NamedService;
 use tonic::Status;
 
 use super::error;
@@ -38,40 +34,14 @@ pub fn check_request_size(req: &impl Message) -> Result<(), Status> {
     Ok(())
 }
 
-/// A client service whose too-large-message answers are etcd's (see the
-/// module doc).
-#[derive(Clone)]
-pub struct Limited<S>(pub S);
-
-impl<S: NamedService> NamedService for Limited<S> {
-    const NAME: &'static str = S::NAME;
-}
-
 type Answer = http::Response<Body>;
-
-impl<S> tower::Service<http::Request<Body>> for Limited<S>
-where
-    S: tower::Service<http::Request<Body>, Response = Answer, Error = Infallible>,
-{
-    type Response = Answer;
-    type Error = Infallible;
-    type Future = futures::future::MapOk<S::Future, fn(Answer) -> Answer>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        self.0.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
-        self.0.call(req).map_ok(as_etcd_answers_too_large as fn(Answer) -> Answer)
-    }
-}
 
 /// tonic's refusal of a message over the decoding limit, as it words it.
 const TONIC_TOO_LARGE: &str = "Error, decoded message length too large: found ";
 
 /// Rewrite tonic's refusal of an oversized message (a trailers-only answer:
 /// the status is in the headers) into gRPC-Go's, which etcd clients know.
-fn as_etcd_answers_too_large(mut answer: Answer) -> Answer {
+pub(super) fn as_etcd_answers_too_large(mut answer: Answer) -> Answer {
     let headers = answer.headers_mut();
     let is_out_of_range = headers.get("grpc-status").is_some_and(|s| s == "11");
     if !is_out_of_range {

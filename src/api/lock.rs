@@ -4,6 +4,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Instant;
 
 use tonic::{Request, Response, Status};
 
@@ -23,8 +24,8 @@ pub struct LockService {
 }
 
 impl LockService {
-    pub fn server(node: Arc<Node>) -> super::limits::Limited<LockServer<LockService>> {
-        super::limits::Limited(
+    pub fn server(node: Arc<Node>) -> super::served::Served<LockServer<LockService>> {
+        super::served::Served(
             LockServer::new(LockService { node }).max_decoding_message_size(super::MAX_GRPC_MESSAGE_BYTES),
         )
     }
@@ -33,12 +34,14 @@ impl LockService {
 #[tonic::async_trait]
 impl Lock for LockService {
     async fn lock(&self, req: Request<lpb::LockRequest>) -> Result<Response<lpb::LockResponse>, Status> {
+        let arrived = Instant::now();
         let caller = auth::caller(&self.node, &req).await?;
         let req = req.into_inner();
         super::check_request_size(&req)?;
         auth::check_prefix(&self.node, &caller, &queue_prefix(&req.name)).map_err(denied)?;
         auth::check_lease(&self.node, &caller, req.lease).map_err(denied)?;
         let (held, revision) = mutex::lock(self.node.clone(), &req.name, req.lease).await.map_err(error::v3_recipe)?;
+        granted(&self.node, "v3lock", arrived, &held.key, held.create_revision);
         Ok(Response::new(lpb::LockResponse { header: header(&self.node, revision), key: held.key }))
     }
 
@@ -73,8 +76,8 @@ pub struct ElectionService {
 }
 
 impl ElectionService {
-    pub fn server(node: Arc<Node>) -> super::limits::Limited<ElectionServer<ElectionService>> {
-        super::limits::Limited(
+    pub fn server(node: Arc<Node>) -> super::served::Served<ElectionServer<ElectionService>> {
+        super::served::Served(
             ElectionServer::new(ElectionService { node }).max_decoding_message_size(super::MAX_GRPC_MESSAGE_BYTES),
         )
     }
@@ -90,6 +93,7 @@ type ObserveStream = Pin<Box<dyn futures::Stream<Item = Result<epb::LeaderRespon
 #[tonic::async_trait]
 impl Election for ElectionService {
     async fn campaign(&self, req: Request<epb::CampaignRequest>) -> Result<Response<epb::CampaignResponse>, Status> {
+        let arrived = Instant::now();
         let caller = auth::caller(&self.node, &req).await?;
         let req = req.into_inner();
         super::check_request_size(&req)?;
@@ -97,6 +101,7 @@ impl Election for ElectionService {
         auth::check_lease(&self.node, &caller, req.lease).map_err(denied)?;
         let (l, revision) =
             election::campaign(self.node.clone(), &req.name, req.lease, &req.value).await.map_err(error::v3_recipe)?;
+        granted(&self.node, "election", arrived, &l.key, l.rev);
         let leader = epb::LeaderKey { name: l.name, key: l.key, rev: l.rev, lease: l.lease };
         Ok(Response::new(epb::CampaignResponse { header: header(&self.node, revision), leader: Some(leader) }))
     }
@@ -148,4 +153,11 @@ impl Election for ElectionService {
         let revision = election::resign(&self.node, &leader).await.map_err(error::v3_recipe)?;
         Ok(Response::new(epb::ResignResponse { header: header(&self.node, revision) }))
     }
+}
+
+/// Count a grant made by `api` for a request that arrived at `arrived`: the
+/// grant latency, and the grant among this member's holders.
+pub(super) fn granted(node: &Node, api: &str, arrived: Instant, key: &[u8], token: i64) {
+    crate::metrics::metrics().lock_grant.with_label_values(&[api]).observe(arrived.elapsed().as_secs_f64());
+    node.lock_granted(key, token);
 }

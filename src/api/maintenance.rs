@@ -25,8 +25,8 @@ pub struct MaintenanceService {
 }
 
 impl MaintenanceService {
-    pub fn server(node: Arc<Node>) -> super::limits::Limited<MaintenanceServer<MaintenanceService>> {
-        super::limits::Limited(
+    pub fn server(node: Arc<Node>) -> super::served::Served<MaintenanceServer<MaintenanceService>> {
+        super::served::Served(
             MaintenanceServer::new(MaintenanceService { node })
                 .max_decoding_message_size(super::MAX_GRPC_MESSAGE_BYTES),
         )

@@ -14,16 +14,19 @@ pub mod auth;
 pub mod cluster;
 pub mod error;
 pub mod health;
+pub mod http;
 pub mod kv;
 pub mod lease;
 pub mod limits;
 pub mod lock;
 pub mod maintenance;
 pub mod native_lock;
+pub mod served;
 pub mod watch;
 
 use std::sync::Arc;
 
+use tonic::service::Routes;
 use tonic::transport::Server;
 
 use crate::proto::etcdserverpb::ResponseHeader;
@@ -44,12 +47,13 @@ pub fn header(node: &Node, revision: i64) -> Option<ResponseHeader> {
     Some(ResponseHeader { cluster_id: node.cluster_id, member_id: node.id, revision, raft_term: node.raft_term() })
 }
 
-/// Serve the client API on `listeners` until the node shuts down.
+/// Serve the client API on `listeners` until the node shuts down: the gRPC
+/// services, and the HTTP endpoints ([`http`]) on the same port.
 pub async fn serve_clients(node: Arc<Node>, listeners: Vec<crate::server::listen::Listener>) -> anyhow::Result<()> {
     let health = health::service(node.clone());
     let make = || {
-        Server::builder()
-            .add_service(health.clone())
+        let mut grpc = Routes::builder();
+        grpc.add_service(health.clone())
             .add_service(kv::KvService::server(node.clone()))
             .add_service(auth::AuthService::server(node.clone()))
             .add_service(cluster::ClusterService::server(node.clone()))
@@ -58,7 +62,23 @@ pub async fn serve_clients(node: Arc<Node>, listeners: Vec<crate::server::listen
             .add_service(watch::WatchService::server(node.clone(), node.watch_progress_interval))
             .add_service(lock::LockService::server(node.clone()))
             .add_service(lock::ElectionService::server(node.clone()))
-            .add_service(native_lock::LocksService::server(node.clone()))
+            .add_service(native_lock::LocksService::server(node.clone()));
+        let routes = grpc.routes().into_axum_router().merge(http::routes(node.clone()));
+        Server::builder()
+            .accept_http1(true)
+            .max_concurrent_streams(Some(node.max_concurrent_streams))
+            .add_routes(Routes::from(routes))
     };
+    crate::server::listen::serve(listeners, make, node.stopping()).await
+}
+
+/// Serve only the HTTP endpoints ([`http`]) on `listeners`
+/// (`--listen-metrics-urls`) until the node shuts down.
+pub async fn serve_metrics(node: Arc<Node>, listeners: Vec<crate::server::listen::Listener>) -> anyhow::Result<()> {
+    if listeners.is_empty() {
+        node.stopping().stopped().await;
+        return Ok(());
+    }
+    let make = || Server::builder().accept_http1(true).add_routes(Routes::from(http::routes(node.clone())));
     crate::server::listen::serve(listeners, make, node.stopping()).await
 }

@@ -53,8 +53,8 @@ pub struct LocksService {
 }
 
 impl LocksService {
-    pub fn server(node: Arc<Node>) -> super::limits::Limited<LocksServer<LocksService>> {
-        super::limits::Limited(
+    pub fn server(node: Arc<Node>) -> super::served::Served<LocksServer<LocksService>> {
+        super::served::Served(
             LocksServer::new(LocksService { node }).max_decoding_message_size(super::MAX_GRPC_MESSAGE_BYTES),
         )
     }
@@ -63,6 +63,7 @@ impl LocksService {
 #[tonic::async_trait]
 impl Locks for LocksService {
     async fn acquire(&self, req: Request<pb::AcquireRequest>) -> Result<Response<pb::AcquireResponse>, Status> {
+        let arrived = std::time::Instant::now();
         let caller = auth::caller(&self.node, &req).await?;
         let req = req.into_inner();
         super::check_request_size(&req)?;
@@ -82,13 +83,16 @@ impl Locks for LocksService {
             .await
             .map_err(error::native_recipe)?;
         let response = match outcome {
-            Acquired::Granted { kv, revision } => pb::AcquireResponse {
-                header: header(&self.node, revision),
-                acquired: true,
-                token: kv.create_revision,
-                key: kv.key,
-                holders: vec![],
-            },
+            Acquired::Granted { kv, revision } => {
+                super::lock::granted(&self.node, "native", arrived, &kv.key, kv.create_revision);
+                pb::AcquireResponse {
+                    header: header(&self.node, revision),
+                    acquired: true,
+                    token: kv.create_revision,
+                    key: kv.key,
+                    holders: vec![],
+                }
+            }
             Acquired::Refused { holders, revision } => pb::AcquireResponse {
                 header: header(&self.node, revision),
                 acquired: false,

@@ -58,9 +58,11 @@ pub struct WatchService {
 }
 
 impl WatchService {
-    pub fn server(node: Arc<Node>, progress_interval: Duration) -> WatchServer<WatchService> {
-        WatchServer::new(WatchService { node, progress_interval })
-            .max_decoding_message_size(super::MAX_GRPC_MESSAGE_BYTES)
+    pub fn server(node: Arc<Node>, progress_interval: Duration) -> super::served::Served<WatchServer<WatchService>> {
+        super::served::Served(
+            WatchServer::new(WatchService { node, progress_interval })
+                .max_decoding_message_size(super::MAX_GRPC_MESSAGE_BYTES),
+        )
     }
 }
 

@@ -28,6 +28,7 @@
 pub mod election;
 pub mod fenced;
 pub mod mutex;
+pub mod stats;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -217,6 +218,7 @@ pub async fn wait_for_turn(
     permits: usize,
     deadline: Option<Instant>,
 ) -> Result<KeyValue, RecipeError> {
+    let _waiting = stats::Waiting::start();
     // The key may have been queued through another member; see it here first.
     node.wait_revision(mine.mod_revision).await?;
     let mut stopping = node.stopping();

@@ -217,6 +217,29 @@ pub async fn bootstrap(raft: &Raft, members: std::collections::BTreeMap<u64, Mem
     }
 }
 
+/// Make a new member's data directory `data_dir` (state store and empty
+/// WAL) hold a backup `image` as applied at the start of a new cluster of
+/// `members` (see `crate::restore`); returns the image's revision.
+pub async fn restore_member(
+    data_dir: &std::path::Path,
+    image: &[u8],
+    members: std::collections::BTreeMap<u64, MemberNode>,
+    id: u64,
+) -> anyhow::Result<crate::mvcc::Revision> {
+    use anyhow::Context;
+    std::fs::create_dir_all(data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
+    let db = crate::storage::StateStore::open(&data_dir.join("state")).context("creating the state store")?;
+    // One position for every restored member: index 1, before any term
+    // (as openraft's own bootstrap entry is), so any leader's term is later.
+    let applied = LogId::new(openraft::CommittedLeaderId::new(0, 0), 1);
+    let revision = state_machine::restore_backup(db.clone(), image, applied, members)?;
+    db.sync().context("syncing the state store")?;
+    let log = log_store::LogStore::open(&data_dir.join("wal"), crate::storage::wal::DEFAULT_SEGMENT_BYTES, db, id)
+        .context("creating the WAL")?;
+    drop(log);
+    Ok(revision)
+}
+
 /// Why a wait for this member to apply an index ended without it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WaitError {

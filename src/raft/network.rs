@@ -102,13 +102,19 @@ impl PeerConnection {
         E: std::error::Error + DeserializeOwned,
     {
         let mut client = self.clients.client(&self.url).map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;
-        let mut request = tonic::Request::new(RaftPayload { data: encode(req) });
+        let data = encode(req);
+        let to = format!("{:x}", self.target);
+        let m = crate::metrics::metrics();
+        m.peer_sent_bytes.with_label_values(&[&to]).inc_by(data.len() as u64);
+        let mut request = tonic::Request::new(RaftPayload { data });
         request.set_timeout(option.hard_ttl());
+        let sent_at = Instant::now();
         let response = match rpc {
             RaftRpc::AppendEntries => client.append_entries(request).await,
             RaftRpc::Vote => client.vote(request).await,
             RaftRpc::InstallSnapshot => client.install_snapshot(request).await,
         };
+        m.peer_round_trip.with_label_values(&[&to]).observe(sent_at.elapsed().as_secs_f64());
         let payload = response.map_err(|status| {
             if status.code() == tonic::Code::Unavailable {
                 RPCError::Unreachable(Unreachable::new(&status))
@@ -140,6 +146,7 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
                     rpc.vote,
                     rpc.prev_log_id,
                     rpc.leader_commit,
+                    self.target,
                 )
             });
         }

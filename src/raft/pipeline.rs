@@ -159,10 +159,11 @@ impl Pipe {
         vote: Vote<u64>,
         matched: Option<LogId>,
         commit: Option<LogId>,
+        to: u64,
     ) -> Pipe {
         let (wants, wants_rx) = watch::channel(Wants { commit, heartbeats: 0 });
         let (progress_tx, progress) = watch::channel(Progress::default());
-        let sender = Sender { log, durable, vote, sent: matched, sent_commit: None, heartbeats_sent: 0 };
+        let sender = Sender { log, durable, vote, sent: matched, sent_commit: None, heartbeats_sent: 0, to };
         let task = tokio::spawn(async move {
             let stopped = sender.run(client, wants_rx, &progress_tx).await;
             tracing::debug!(reason = %stopped.reason, "replication pipe stopped");
@@ -242,6 +243,8 @@ struct Sender {
     /// The commit index of the last request sent.
     sent_commit: Option<LogId>,
     heartbeats_sent: u64,
+    /// The follower's member ID (the metrics' label).
+    to: u64,
 }
 
 type AppendResult = Result<AppendEntriesResponse<u64>, RaftError<u64>>;
@@ -266,6 +269,9 @@ impl Sender {
             }
         };
         let mut last_index = self.log.last_index();
+        let to = format!("{:x}", self.to);
+        let round_trip = crate::metrics::metrics().peer_round_trip.with_label_values(&[&to]);
+        let sent_bytes = crate::metrics::metrics().peer_sent_bytes.with_label_values(&[&to]);
         let mut in_flight: VecDeque<InFlight> = VecDeque::with_capacity(MAX_IN_FLIGHT);
         loop {
             while in_flight.len() < MAX_IN_FLIGHT {
@@ -284,7 +290,9 @@ impl Sender {
                 self.sent_commit = request.leader_commit;
                 self.heartbeats_sent = wanted.heartbeats;
                 // Never blocks: the channel holds MAX_IN_FLIGHT requests.
-                if requests.send(RaftPayload { data: encode(&request) }).await.is_err() {
+                let data = encode(&request);
+                sent_bytes.inc_by(data.len() as u64);
+                if requests.send(RaftPayload { data }).await.is_err() {
                     return Stopped::because("the stream closed");
                 }
                 in_flight.push_back(entry);
@@ -302,6 +310,7 @@ impl Sender {
                     let Some(answered) = in_flight.pop_front() else {
                         return Stopped::because("an answer to no request");
                     };
+                    round_trip.observe(answered.sent_at.elapsed().as_secs_f64());
                     match decode::<AppendResult>(&payload.data) {
                         Ok(Ok(AppendEntriesResponse::Success)) => progress.send_modify(|p| {
                             p.acked = p.acked.max(answered.last);

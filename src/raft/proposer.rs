@@ -77,6 +77,11 @@ impl Proposer {
         Proposer { batcher }
     }
 
+    /// Commands waiting for a batch.
+    pub fn queued(&self) -> usize {
+        self.batcher.queued()
+    }
+
     /// Propose `cmd` on this member and wait for its apply result.
     pub async fn propose(&self, cmd: Command) -> Result<CommandResult, ProposeError> {
         match self.batcher.call(cmd).await {
@@ -109,6 +114,9 @@ async fn propose_batch(raft: &Raft, cmds: Vec<Command>) -> Vec<Result<CommandRes
             assert_eq!(n, 1, "a batch must answer with a batch result");
             vec![Ok(result)]
         }
-        Err(e) => vec![Err(e); n],
+        Err(e) => {
+            crate::metrics::metrics().proposals_failed.inc();
+            vec![Err(e); n]
+        }
     }
 }

@@ -45,7 +45,7 @@ pub async fn admin(raft: &Raft, req: ControlRequest, max_pause: Duration) -> boo
             true
         }
         ControlRequest::Campaign => raft.trigger().elect().await.is_ok(),
-        ControlRequest::Published { .. } => false,
+        ControlRequest::Published { .. } | ControlRequest::HashKv { .. } => false,
         ControlRequest::Removed { id } => {
             let m = raft.metrics().borrow().clone();
             m.current_leader == Some(m.id) && super::removal_applied(&m, id)

@@ -31,6 +31,8 @@ use tokio::time::Instant;
 
 mod auth;
 mod compactor;
+mod corruption;
+pub mod disk;
 pub mod lease_keeper;
 mod leases;
 pub mod listen;
@@ -120,6 +122,23 @@ const READ_BARRIER_LIMITS: crate::batcher::Limits = crate::batcher::Limits {
     max_queued_weight: u64::MAX,
 };
 
+/// Count leader changes (`etcd_server_leader_changes_seen_total`): every
+/// time the leader this member knows becomes another one.
+async fn count_leader_changes(mut raft_metrics: tokio::sync::watch::Receiver<RaftMetrics>, mut stopping: Stopping) {
+    let mut known = None;
+    loop {
+        let leader = raft_metrics.borrow_and_update().current_leader;
+        if leader.is_some() && leader != known {
+            crate::metrics::metrics().leader_changes.inc();
+            known = leader;
+        }
+        tokio::select! {
+            changed = raft_metrics.changed() => if changed.is_err() { return },
+            _ = stopping.stopped() => return,
+        }
+    }
+}
+
 /// How long a stop waits for tasks and streams to end (see `crate::shutdown`).
 const STOP_WAIT: Duration = Duration::from_secs(5);
 
@@ -138,6 +157,13 @@ pub struct Node {
     pub min_lease_ttl: i64,
     /// The space quota in bytes (`None`: none), checked by [`write`].
     quota: Option<u64>,
+    /// This member's disk has less free space than its reserve (see
+    /// [`disk`]): writes that add data are refused here at once.
+    disk_low: std::sync::atomic::AtomicBool,
+    /// `--max-concurrent-streams`, for the client port.
+    pub max_concurrent_streams: u32,
+    /// Grants made through this member, for the holders metric.
+    lock_grants: crate::locks::stats::Grants,
     /// How often watchers that asked for it get a progress notification.
     pub watch_progress_interval: Duration,
     /// The least read index this member hands out while it leads (see raft::read_index).
@@ -175,6 +201,7 @@ impl Node {
         if fresh && members.len() > 1 {
             members::refuse_if_bootstrapped(&peers, id, &config.name, &members, &data_dir).await?;
         }
+        disk::wait_for_space(&data_dir, config.disk_space_reserve_bytes / 2).await;
         std::fs::create_dir_all(&data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
 
         let state_store = StateStore::open(&data_dir.join("state")).context("opening the state store")?;
@@ -237,6 +264,9 @@ impl Node {
                 lease_keeper: LeaseKeeper::default(),
                 min_lease_ttl: (config.election_timeout * 3).div_ceil(2 * 1000).max(1) as i64,
                 quota: config.quota_bytes(),
+                max_concurrent_streams: config.max_concurrent_streams,
+                disk_low: Default::default(),
+                lock_grants: Default::default(),
                 watch_progress_interval: Duration::from_millis(config.watch_progress_notify_interval),
                 state,
                 peers,
@@ -252,6 +282,8 @@ impl Node {
         let attrs = MemberAttrs { name: config.name.clone(), client_urls: config.advertise_client_urls() };
         tokio::spawn(node.clone().publish(attrs, node.stopping()));
         tokio::spawn(lease_keeper::run(node.clone(), node.stopping()));
+        tokio::spawn(count_leader_changes(node.raft.metrics(), node.stopping()));
+        tokio::spawn(disk::watch(node.clone(), data_dir, config.disk_space_reserve_bytes, node.stopping()));
         if let Some(policy) = config.auto_compaction()? {
             tokio::spawn(compactor::run(node.clone(), policy, node.stopping()));
         }
@@ -277,6 +309,42 @@ impl Node {
             .router()
         };
         listen::serve(listeners, make, self.stopping()).await
+    }
+
+    /// The space quota in bytes (`None`: none).
+    pub fn quota_bytes(&self) -> Option<u64> {
+        self.quota
+    }
+
+    /// Resolves if Raft stops for good (a storage failure: a WAL write or
+    /// sync failed), with why: the member must stop serving, rather than
+    /// answer reads from a state that no longer moves.
+    pub async fn failed(&self) -> String {
+        let mut metrics = self.raft.metrics();
+        loop {
+            if let Err(fatal) = &metrics.borrow_and_update().running_state {
+                return fatal.to_string();
+            }
+            if metrics.changed().await.is_err() {
+                return "raft stopped".to_string();
+            }
+        }
+    }
+
+    /// Client commands waiting for a proposal batch on this member.
+    pub fn pending_proposals(&self) -> usize {
+        self.proposer.queued()
+    }
+
+    /// Lock grants made through this member (its lock APIs) whose owner
+    /// key still exists.
+    pub fn lock_holders(&self) -> usize {
+        self.lock_grants.held(&self.state)
+    }
+
+    /// Note a grant made through this member, for [`Node::lock_holders`].
+    pub fn lock_granted(&self, key: &[u8], token: i64) {
+        self.lock_grants.granted(key, token, &self.state);
     }
 
     pub fn state(&self) -> &AppliedState {

@@ -150,6 +150,9 @@ impl Node {
     /// is against this member's applied state, which may trail the log: the
     /// quota can be passed by what is in flight, never for long.
     async fn check_quota(&self, cost: u64) -> Result<(), WriteError> {
+        if self.disk_low.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(MvccError::NoSpace.into());
+        }
         let Some(quota) = self.quota else { return Ok(()) };
         if self.state.size_bytes().saturating_add(cost) <= quota {
             return Ok(());
@@ -162,6 +165,11 @@ impl Node {
             }
         }
         Err(MvccError::NoSpace.into())
+    }
+
+    /// Whether the state weighs more than the quota.
+    pub(super) fn over_quota(&self) -> bool {
+        self.quota.is_some_and(|quota| self.state.size_bytes() > quota)
     }
 
     /// Announce this member's client URLs through the log (etcd's publish).

@@ -189,12 +189,17 @@ fn write_loop((tree, large): (sled::Tree, sled::Tree), queue: Arc<StateQueue>) {
             (std::mem::take(&mut pending.batches), std::mem::take(&mut pending.barriers))
         };
         let (merged, large_values) = split(batches);
-        let written = if large_values.is_empty() {
-            tree.apply_batch(merged).map_err(|e| e.to_string())
-        } else {
-            write_both(&tree, &large, &merged, &[], &large_values)
-        };
+        let written = crate::metrics::timed(&crate::metrics::metrics().backend_commit, || {
+            if large_values.is_empty() {
+                tree.apply_batch(merged).map_err(|e| e.to_string())
+            } else {
+                write_both(&tree, &large, &merged, &[], &large_values)
+            }
+        });
         if let Err(e) = written {
+            // sled fails every write after one has failed: only a restart
+            // (which replays the log) can go on. After a full disk, the next
+            // start waits for space (`server::disk`).
             tracing::error!(error = %e, "state store write failed; aborting so that the log is replayed");
             std::process::abort();
         }

@@ -64,6 +64,8 @@ pub struct Cluster {
     /// How the harness's clients connect (TLS for an https cluster).
     connect: Option<etcd_client::ConnectOptions>,
     scheme: &'static str,
+    /// Environment variables every member is started with.
+    pub env: Vec<(String, String)>,
 }
 
 /// A port for a member to listen on. Not the OS's "any free port": it may
@@ -130,12 +132,47 @@ impl Cluster {
         let initial_cluster =
             members.iter().map(|m| format!("{}={}", m.name, m.peer_url())).collect::<Vec<_>>().join(",");
         let extra_args = extra_args.iter().map(|a| a.to_string()).collect();
-        let mut cluster = Cluster { members, initial_cluster, extra_args, dir: Some(dir), connect, scheme };
+        let mut cluster =
+            Cluster { members, initial_cluster, extra_args, dir: Some(dir), connect, scheme, env: Vec::new() };
         for i in 0..n {
             cluster.spawn(i);
         }
         cluster.wait_ready().await;
         cluster
+    }
+
+    /// `n` members with their ports and data directories chosen, none
+    /// started: for a test that prepares their data directories first.
+    pub fn unstarted(n: usize) -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cluster = Cluster {
+            members: Vec::new(),
+            initial_cluster: String::new(),
+            extra_args: Vec::new(),
+            dir: Some(dir),
+            connect: None,
+            scheme: "http",
+            env: Vec::new(),
+        };
+        for _ in 0..n {
+            cluster.new_member();
+        }
+        cluster.initial_cluster =
+            cluster.members.iter().map(|m| format!("{}={}", m.name, m.peer_url())).collect::<Vec<_>>().join(",");
+        cluster
+    }
+
+    /// Flags every member of an [`Cluster::unstarted`] cluster gets.
+    pub fn add_args(&mut self, args: &[&str]) {
+        self.extra_args.extend(args.iter().map(|a| a.to_string()));
+    }
+
+    /// Start every member of an [`Cluster::unstarted`] cluster.
+    pub async fn start_all(&mut self) {
+        for i in 0..self.members.len() {
+            self.spawn(i);
+        }
+        self.wait_ready().await;
     }
 
     /// A member that is not started yet (ports and data directory chosen);
@@ -189,6 +226,7 @@ impl Cluster {
             .args(["--heartbeat-interval", &HEARTBEAT_MS.to_string()])
             .args(["--election-timeout", &ELECTION_MS.to_string()])
             .args(&self.extra_args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)

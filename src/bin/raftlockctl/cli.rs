@@ -197,6 +197,35 @@ pub(crate) enum MemberCmd {
 pub(crate) enum SnapshotCmd {
     /// Stream one member's state (the first endpoint's) to a file.
     Save { file: std::path::PathBuf },
+    /// Make a new member's data directory from a saved file (offline; every
+    /// member of the new cluster is restored from the same file with the same
+    /// --initial-cluster and --initial-cluster-token, then started with them).
+    Restore(RestoreArgs),
+}
+
+/// etcdutl's `snapshot restore` flags.
+#[derive(clap::Args)]
+pub(crate) struct RestoreArgs {
+    /// The file `snapshot save` wrote.
+    pub file: std::path::PathBuf,
+    /// The member's name.
+    #[arg(long, default_value = "default")]
+    pub name: String,
+    /// The new cluster's members, `name=peer-url,...` [default: this member alone].
+    #[arg(long)]
+    pub initial_cluster: Option<String>,
+    /// The new cluster's token (member IDs derive from it).
+    #[arg(long, default_value = "raftlock-cluster")]
+    pub initial_cluster_token: String,
+    /// This member's peer URLs.
+    #[arg(long, default_value = "http://127.0.0.1:2380")]
+    pub initial_advertise_peer_urls: String,
+    /// The data directory to make [default: ./<name>.raftlock]; it must not exist.
+    #[arg(long)]
+    pub data_dir: Option<std::path::PathBuf>,
+    /// Restore even if the file's SHA-256 trailer does not match.
+    #[arg(long)]
+    pub skip_hash_check: bool,
 }
 
 #[derive(Subcommand)]

@@ -131,6 +131,9 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             (None, None) => anyhow::bail!("--user {user} needs a password: --user {user}:PASSWORD or --password"),
         }),
     };
+    if let Cmd::Snapshot(SnapshotCmd::Restore(args)) = &cli.command {
+        return commands::snapshot_restore(args, cli.write_out).await;
+    }
     if let Cmd::Bench(args) = &cli.command {
         let token = match &credentials {
             Some(_) => {
@@ -292,6 +295,6 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::Endpoint(EndpointCmd::Status) => commands::endpoint_status(&ctl).await,
         Cmd::Endpoint(EndpointCmd::Health) => commands::endpoint_health(&ctl).await,
         Cmd::Snapshot(SnapshotCmd::Save { file }) => commands::snapshot_save(&ctl, &file).await,
-        Cmd::Bench(_) => unreachable!("handled above"),
+        Cmd::Bench(_) | Cmd::Snapshot(SnapshotCmd::Restore(_)) => unreachable!("handled above"),
     }
 }

@@ -208,6 +208,17 @@ impl PeerClients {
         reply(self.connect(url)?.admin(request(req, timeout)).await?)
     }
 
+    /// Ask the member at `url` for its HashKV at `revision` (see
+    /// `ControlRequest::HashKv`): its hash and compact revision, or why not.
+    pub async fn hash_kv(
+        &self,
+        url: &str,
+        revision: i64,
+        timeout: Duration,
+    ) -> Result<Result<(u32, i64), String>, tonic::Status> {
+        reply(self.connect(url)?.admin(request(&ControlRequest::HashKv { revision }, timeout)).await?)
+    }
+
     /// The client for `url`, failing as an RPC would.
     fn connect(&self, url: &str) -> Result<PeerStub, tonic::Status> {
         self.client(url).map_err(|e| tonic::Status::unavailable(e.to_string()))

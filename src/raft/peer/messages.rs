@@ -72,6 +72,13 @@ pub enum ControlRequest {
     IsMember {
         id: u64,
     },
+    /// etcd's HashKV of your key-value history up to `revision`: answered
+    /// with `Result<(hash, compact revision), error text>` (not a bool), by
+    /// any member from its own state. Asked by a member checking itself
+    /// against its peers at start (`--experimental-initial-corrupt-check`).
+    HashKv {
+        revision: i64,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

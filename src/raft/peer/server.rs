@@ -217,6 +217,13 @@ impl Peer for PeerService {
                 };
                 reply(&(leads && self.state.members().contains_key(&id)))
             }
+            ControlRequest::HashKv { revision } => {
+                let state = self.state.clone();
+                let hashed = tokio::task::spawn_blocking(move || state.mvcc().hash_kv(revision))
+                    .await
+                    .map_err(|e| Status::internal(e.to_string()))?;
+                reply(&hashed.map_err(|e| e.to_string()))
+            }
             admin => reply(&transfer::admin(&self.raft, admin, self.max_election_pause).await),
         }
     }

@@ -81,6 +81,13 @@ impl<'a> Apply<'a> {
             return CommandResult::Rejected { error: MvccError::NoSpace, revision: self.state.mvcc().revision() };
         }
         let state = self.state;
+        let m = crate::metrics::metrics();
+        match &cmd {
+            Command::Put(_) => m.puts.inc(),
+            Command::DeleteRange(_) => m.deletes.inc(),
+            Command::Txn(_) => m.txns.inc(),
+            _ => {}
+        }
         let mut mvcc = state.mvcc_mut();
         let rejected = |error, mvcc: &MvccStore| CommandResult::Rejected { error, revision: mvcc.revision() };
         match cmd {

@@ -121,6 +121,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         if let (Some(durable), Some(last)) = (&mut self.durable_log, entries.last()) {
             durable.wait_for(last.log_id.index).await.map_err(|e| StorageIOError::write_logs(&e))?;
         }
+        let started = std::time::Instant::now();
         let mut apply = Apply::new(&self.state);
         let mut results = Vec::with_capacity(entries.len());
         for entry in entries {
@@ -144,6 +145,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         if !published.is_empty() {
             let revision = self.state.mvcc().revision();
             self.state.publish(AppliedChanges { revision, changes: published, resync: false });
+        }
+        if started.elapsed() > crate::metrics::SLOW_APPLY {
+            crate::metrics::metrics().slow_apply.inc();
         }
         Ok(results)
     }
@@ -228,6 +232,34 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             Some(Snapshot { meta, snapshot: Box::new(Cursor::new(data)) });
         Ok(snapshot)
     }
+}
+
+/// Make `db` (a new member's empty state store) hold the state of a backup
+/// (a Maintenance.Snapshot image, as `snapshot save` wrote it), applied up to
+/// `applied` under the configuration `members`: the start of a new cluster
+/// whose members are all restored from the same backup. The old cluster's
+/// published member attributes and its alarms (about members that are not in
+/// the new cluster) are left out. Returns the image's revision.
+pub fn restore_backup(
+    db: StateStore,
+    image: &[u8],
+    applied: LogId,
+    members: std::collections::BTreeMap<u64, MemberNode>,
+) -> anyhow::Result<crate::mvcc::Revision> {
+    let mut image = SnapshotImage::decode(image).map_err(|e| anyhow::anyhow!("decoding the snapshot: {e}"))?;
+    image.members.clear();
+    image.alarms = Default::default();
+    let revision = image.revision;
+    let state = Arc::new(AppliedState::default());
+    let mut sm = StateMachine::open(db, state.clone())?;
+    anyhow::ensure!(sm.position.last_applied.is_none(), "the state store is not empty");
+    image.install(&state);
+    let voters = members.keys().copied().collect::<std::collections::BTreeSet<u64>>();
+    let membership = openraft::Membership::new(vec![voters], members);
+    sm.position =
+        Position { last_applied: Some(applied), membership: StoredMembership::new(Some(applied), membership) };
+    sm.persisted.replace_all(&state, &sm.position)?;
+    Ok(revision)
 }
 
 #[cfg(test)]

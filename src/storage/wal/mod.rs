@@ -317,7 +317,8 @@ impl Wal {
             return Err(io::Error::other("wal: an earlier write failed; the node must restart"));
         }
         let result = writer.write(&records, sync, &self.stats);
-        if result.is_err() {
+        if let Err(e) = &result {
+            tracing::error!(error = %e, sync, "wal: a write failed");
             writer.failed = true;
         }
         publish(&self.shared, &writer);
@@ -363,7 +364,7 @@ fn flusher(shared: &Shared, stats: &WalStats) {
         }
         let (seq, index, file) = (writer.written, writer.last_index, writer.file.clone());
         drop(writer);
-        let result = file.sync_data();
+        let result = crate::metrics::timed(&crate::metrics::metrics().wal_fsync, || file.sync_data());
         writer = lock(&shared.writer);
         match result {
             Ok(()) => {

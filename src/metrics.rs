@@ -1,0 +1,227 @@
+//! Prometheus metrics, under etcd's names where etcd has one (so that its
+//! dashboards and alerts work unchanged), and raftlock's own for locks.
+//!
+//! One registry per process ([`metrics`]): a process runs one member, and
+//! every layer records into it without threading handles through (the WAL's
+//! fsyncs, the state store's commits, the peer network, apply, the gRPC
+//! services, the lock recipes). Values that are a view of the state (has a
+//! leader, revisions, sizes, keys) are set when the registry is scraped
+//! ([`Metrics::refresh`] from `api::http`), not kept up to date on every write.
+//!
+//! Caveats: gRPC message counts are exact for unary calls; a stream counts
+//! one message each way when it starts. `etcd_network_peer_round_trip_time_seconds`
+//! times the peer calls openraft makes (votes, snapshots, append entries
+//! outside the pipelines) and the pipelines' heartbeat round trips.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use prometheus::{
+    exponential_buckets, Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
+    Registry, TextEncoder,
+};
+
+/// Every metric this member exports.
+pub struct Metrics {
+    registry: Registry,
+    // Server.
+    pub has_leader: IntGauge,
+    pub is_leader: IntGauge,
+    pub leader_changes: IntCounter,
+    pub proposals_committed: IntGauge,
+    pub proposals_applied: IntGauge,
+    pub proposals_pending: IntGauge,
+    pub proposals_failed: IntCounter,
+    pub slow_apply: IntCounter,
+    pub quota_backend_bytes: IntGauge,
+    // Disk.
+    pub wal_fsync: Histogram,
+    pub backend_commit: Histogram,
+    // Network.
+    pub peer_round_trip: HistogramVec,
+    pub peer_sent_bytes: IntCounterVec,
+    // MVCC.
+    pub db_total_size: IntGauge,
+    pub db_size_in_use: IntGauge,
+    pub puts: IntCounter,
+    pub ranges: IntCounter,
+    pub deletes: IntCounter,
+    pub txns: IntCounter,
+    pub keys: IntGauge,
+    pub current_revision: IntGauge,
+    pub compact_revision: IntGauge,
+    // gRPC.
+    pub grpc_started: IntCounterVec,
+    pub grpc_handled: IntCounterVec,
+    pub grpc_received: IntCounterVec,
+    pub grpc_sent: IntCounterVec,
+    // Locks (raftlock's own).
+    pub lock_waiters: IntGauge,
+    pub lock_holders: IntGauge,
+    pub lock_grant: HistogramVec,
+}
+
+/// The process's metrics.
+pub fn metrics() -> &'static Metrics {
+    static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
+    &METRICS
+}
+
+/// The labels of a gRPC call, as go-grpc-prometheus names them.
+const GRPC_CALL: &[&str] = &["grpc_type", "grpc_service", "grpc_method"];
+
+impl Metrics {
+    fn new() -> Metrics {
+        let registry = Registry::new();
+        let gauge = |name: &str, help: &str| {
+            let g = IntGauge::new(name, help).expect("a valid metric");
+            registry.register(Box::new(g.clone())).expect("registered once");
+            g
+        };
+        let counter = |name: &str, help: &str| {
+            let c = IntCounter::new(name, help).expect("a valid metric");
+            registry.register(Box::new(c.clone())).expect("registered once");
+            c
+        };
+        let counters = |name: &str, help: &str, labels: &[&str]| {
+            let c = IntCounterVec::new(Opts::new(name, help), labels).expect("a valid metric");
+            registry.register(Box::new(c.clone())).expect("registered once");
+            c
+        };
+        // etcd's disk histograms: 1 ms doubling, 14 buckets (to about 8 s).
+        let disk_buckets = exponential_buckets(0.001, 2.0, 14).expect("valid buckets");
+        let histogram = |name: &str, help: &str| {
+            let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(disk_buckets.clone()))
+                .expect("a valid metric");
+            registry.register(Box::new(h.clone())).expect("registered once");
+            h
+        };
+        let histograms = |name: &str, help: &str, labels: &[&str], buckets: Vec<f64>| {
+            let h = HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets), labels).expect("a valid metric");
+            registry.register(Box::new(h.clone())).expect("registered once");
+            h
+        };
+        let metrics = Metrics {
+            has_leader: gauge("etcd_server_has_leader", "Whether or not a leader exists. 1 is existence, 0 is not."),
+            is_leader: gauge("etcd_server_is_leader", "Whether or not this member is a leader. 1 if is, 0 otherwise."),
+            leader_changes: counter("etcd_server_leader_changes_seen_total", "The number of leader changes seen."),
+            proposals_committed: gauge(
+                "etcd_server_proposals_committed_total",
+                "The total number of consensus proposals committed.",
+            ),
+            proposals_applied: gauge(
+                "etcd_server_proposals_applied_total",
+                "The total number of consensus proposals applied.",
+            ),
+            proposals_pending: gauge(
+                "etcd_server_proposals_pending",
+                "The current number of pending proposals to commit.",
+            ),
+            proposals_failed: counter(
+                "etcd_server_proposals_failed_total",
+                "The total number of failed proposals seen.",
+            ),
+            slow_apply: counter("etcd_server_slow_apply_total", "The total number of slow apply requests."),
+            quota_backend_bytes: gauge(
+                "etcd_server_quota_backend_bytes",
+                "Current backend storage quota size in bytes.",
+            ),
+            wal_fsync: histogram(
+                "etcd_disk_wal_fsync_duration_seconds",
+                "The latency distributions of fsync called by WAL.",
+            ),
+            backend_commit: histogram(
+                "etcd_disk_backend_commit_duration_seconds",
+                "The latency distributions of commit called by backend.",
+            ),
+            peer_round_trip: histograms(
+                "etcd_network_peer_round_trip_time_seconds",
+                "Round-Trip-Time histogram between peers",
+                &["To"],
+                exponential_buckets(0.0001, 2.0, 16).expect("valid buckets"),
+            ),
+            peer_sent_bytes: counters(
+                "etcd_network_peer_sent_bytes_total",
+                "The total number of bytes sent to peers.",
+                &["To"],
+            ),
+            db_total_size: gauge(
+                "etcd_mvcc_db_total_size_in_bytes",
+                "Total size of the underlying database physically allocated in bytes.",
+            ),
+            db_size_in_use: gauge(
+                "etcd_mvcc_db_total_size_in_use_in_bytes",
+                "Total size of the underlying database logically in use in bytes.",
+            ),
+            puts: counter("etcd_mvcc_put_total", "Total number of puts seen by this member."),
+            ranges: counter("etcd_mvcc_range_total", "Total number of ranges seen by this member."),
+            deletes: counter("etcd_mvcc_delete_total", "Total number of deletes seen by this member."),
+            txns: counter("etcd_mvcc_txn_total", "Total number of txns seen by this member."),
+            keys: gauge("etcd_debugging_mvcc_keys_total", "Total number of keys."),
+            current_revision: gauge("etcd_debugging_mvcc_current_revision", "The current revision of store."),
+            compact_revision: gauge(
+                "etcd_debugging_mvcc_compact_revision",
+                "The revision of the last compaction in store.",
+            ),
+            grpc_started: counters(
+                "grpc_server_started_total",
+                "Total number of RPCs started on the server.",
+                GRPC_CALL,
+            ),
+            grpc_handled: counters(
+                "grpc_server_handled_total",
+                "Total number of RPCs completed on the server, regardless of success or failure.",
+                &["grpc_type", "grpc_service", "grpc_method", "grpc_code"],
+            ),
+            grpc_received: counters(
+                "grpc_server_msg_received_total",
+                "Total number of RPC stream messages received on the server.",
+                GRPC_CALL,
+            ),
+            grpc_sent: counters(
+                "grpc_server_msg_sent_total",
+                "Total number of gRPC stream messages sent by the server.",
+                GRPC_CALL,
+            ),
+            lock_waiters: gauge(
+                "raftlock_lock_waiters",
+                "Lock, semaphore and election requests waiting for their turn on this member.",
+            ),
+            lock_holders: gauge(
+                "raftlock_lock_holders",
+                "Grants made through this member whose owner key still exists (native locks, v3lock Lock, Campaign).",
+            ),
+            lock_grant: histograms(
+                "raftlock_lock_grant_duration_seconds",
+                "Time from a lock request's arrival to its grant, by API.",
+                &["api"],
+                exponential_buckets(0.0005, 2.0, 20).expect("valid buckets"),
+            ),
+            registry,
+        };
+        #[cfg(target_os = "linux")]
+        {
+            let process = prometheus::process_collector::ProcessCollector::for_self();
+            metrics.registry.register(Box::new(process)).expect("registered once");
+        }
+        metrics
+    }
+
+    /// The registry in Prometheus' text format.
+    pub fn encode(&self) -> String {
+        let mut out = Vec::new();
+        TextEncoder::new().encode(&self.registry.gather(), &mut out).expect("text encoding cannot fail");
+        String::from_utf8(out).expect("the text format is UTF-8")
+    }
+}
+
+/// Time `f`, recording its duration in `histogram`.
+pub fn timed<T>(histogram: &Histogram, f: impl FnOnce() -> T) -> T {
+    let start = std::time::Instant::now();
+    let out = f();
+    histogram.observe(start.elapsed().as_secs_f64());
+    out
+}
+
+/// An apply call slower than this counts as slow (etcd's 100 ms).
+pub const SLOW_APPLY: Duration = Duration::from_millis(100);
