@@ -135,6 +135,7 @@ memory() { # kind [extra raftlock flags...]: one row of the memory table
   local kind=$1 label=$1; shift
   [ $# -gt 0 ] && label="$kind $*"
   extra_args=("$@")
+  rm -rf "$work/$kind"-n*
   start_cluster "$kind" $([ "$kind" = etcd ] && echo 23790 || echo 24790)
   local writes=$((300000/scale)) report
   # Past a quota the bench reports its refused requests: keep the report.

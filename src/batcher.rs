@@ -95,7 +95,8 @@ impl<T: Send + 'static, R: Send + 'static> Batcher<T, R> {
                 let Ok(permit) = in_flight.clone().acquire_owned().await else {
                     return;
                 };
-                let first = match carried.take() {
+                // (A carried item whose caller left meanwhile is dropped too.)
+                let first = match carried.take().filter(|item| !item.2.is_closed()) {
                     Some(item) => item,
                     None => loop {
                         let Some(item) = rx.recv().await else { return };

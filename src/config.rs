@@ -44,9 +44,11 @@ pub struct Config {
     /// Comma-separated client URLs to advertise to the cluster [default: the listen URLs].
     #[arg(long, env = "RAFTLOCK_ADVERTISE_CLIENT_URLS")]
     pub advertise_client_urls: Option<String>,
-    /// The most concurrent gRPC streams (calls) on one client connection;
-    /// a client over it waits for a stream to end.
-    #[arg(long, env = "RAFTLOCK_MAX_CONCURRENT_STREAMS", default_value_t = 1024)]
+    /// The most concurrent gRPC streams (calls) on one client connection; a
+    /// client over it waits for a stream to end. etcd's default (no bound to
+    /// speak of): a waiting Lock holds a stream, and a bound can leave the
+    /// holder's Unlock waiting behind the waiters on the same connection.
+    #[arg(long, env = "RAFTLOCK_MAX_CONCURRENT_STREAMS", default_value_t = u32::MAX)]
     pub max_concurrent_streams: u32,
     /// Disk space this member keeps free: below it, it refuses writes that
     /// add data and raises its NOSPACE alarm; it takes them again once twice

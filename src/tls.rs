@@ -106,7 +106,13 @@ impl ServerTls {
             .with_client_cert_verifier(verifier)
             .with_single_cert(read_certs(&cert)?, read_key(&key)?)
             .with_context(|| format!("{} and {} do not make a certificate", cert.display(), key.display()))?;
-        config.alpn_protocols = vec![b"h2".to_vec()];
+        // The client port also serves /metrics and the health endpoints to
+        // HTTP/1.1 clients (curl --http1.1, Python's requests); the peer port
+        // speaks HTTP/2 only.
+        config.alpn_protocols = match flag {
+            "" => vec![b"h2".to_vec(), b"http/1.1".to_vec()],
+            _ => vec![b"h2".to_vec()],
+        };
         Ok(Some(ServerTls { acceptor: TlsAcceptor::from(Arc::new(config)), allowed_cn: files.allowed_cn.clone() }))
     }
 

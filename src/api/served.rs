@@ -3,10 +3,13 @@
 //! metrics go-grpc-prometheus exports for etcd (`grpc_server_started_total`,
 //! `grpc_server_handled_total{grpc_code}`, messages received and sent).
 //!
-//! A call is counted as handled once its status is known: from the headers
-//! of a trailers-only answer (an error before any message), else from the
-//! trailers at the end of the response body; a body dropped before its
-//! trailers (the client went away) counts as `Canceled`.
+//! A call is counted as started when its answer begins (a unary call's when
+//! it ends), and as handled once its status is known: from the headers of a
+//! trailers-only answer (an error before any message), else from the trailers
+//! at the end of the response body; a body dropped before its trailers (the
+//! client went away) counts as `Canceled`. A method the service does not have
+//! (tonic's bare Unimplemented) is labelled `unknown`, so that made-up method
+//! names cannot grow the registry.
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -47,9 +50,6 @@ where
 
     fn call(&mut self, req: http::Request<Body>) -> Self::Future {
         let call = Call::of(req.uri().path());
-        let m = metrics();
-        m.grpc_started.with_label_values(&call.labels()).inc();
-        m.grpc_received.with_label_values(&call.labels()).inc();
         self.0.call(req).map_ok(Box::new(move |answer| call.answered(as_etcd_answers_too_large(answer))))
     }
 }
@@ -73,8 +73,14 @@ impl Call {
 
     /// Count the answer, now if its status is already known, else when its
     /// body ends.
-    fn answered(self, answer: Answer) -> Answer {
+    fn answered(mut self, answer: Answer) -> Answer {
         let status = answer.headers().get("grpc-status").and_then(|s| s.to_str().ok()?.parse::<i32>().ok());
+        if status == Some(12) && !answer.headers().contains_key("grpc-message") {
+            self.method = "unknown".to_string();
+        }
+        let m = metrics();
+        m.grpc_started.with_label_values(&self.labels()).inc();
+        m.grpc_received.with_label_values(&self.labels()).inc();
         match status {
             Some(code) => {
                 self.handled(code);

@@ -1,19 +1,20 @@
 //! Auto compaction (`--auto-compaction-mode`, `--auto-compaction-retention`),
 //! with etcd's semantics, run by the leader only:
 //!
-//! - periodic, retention `P`: every `min(P, 1h) / 10` the leader notes the
-//!   store's revision; once it has led for `P`, and then every `min(P, 1h)`,
-//!   it compacts to the newest revision it noted at least `P` ago — so about
-//!   `P` of history is kept.
+//! - periodic, retention `P`: every `min(P, 1h) / 10` every member notes the
+//!   store's revision; once it has noted for `P`, and then every `min(P, 1h)`,
+//!   the leader compacts to the newest revision noted at least `P` ago — so
+//!   about `P` of history is kept. Every member samples, so that leadership
+//!   moving (a rolling restart) does not start the period over.
 //! - revision, retention `N`: every check interval (etcd's: 5 minutes) it
 //!   compacts to `current revision - N`, if that moved since the last time.
 //!
 //! A compaction is an ordinary write (`Node::compact`) replicated to every
 //! member. Invariants: only a leader proposes one; a revision already
 //! compacted is never proposed again (a refusal — another compaction got
-//! there first — is logged and forgotten). Caveat: the revisions noted are
-//! forgotten when leadership moves, so a new leader waits out a whole `P`
-//! before its first periodic compaction, as etcd's does.
+//! there first — is logged and forgotten). Caveat: a restarted member has
+//! noted nothing, so as leader it waits out a whole `P` before its first
+//! periodic compaction.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -45,15 +46,16 @@ pub async fn run(node: Arc<Node>, policy: AutoCompaction, mut stopping: Stopping
             _ = stopping.stopped() => return,
             _ = ticks.tick() => {}
         }
-        if !node.is_leader() {
-            schedule = Schedule::default();
-            continue;
-        }
         let (current, compacted) = {
             let mvcc = node.state().mvcc();
             (mvcc.revision(), mvcc.compact_revision())
         };
-        let Some(target) = schedule.next(policy, Instant::now(), current) else { continue };
+        let now = Instant::now();
+        schedule.sample(policy, now, current);
+        if !node.is_leader() {
+            continue;
+        }
+        let Some(target) = schedule.next(policy, now, current) else { continue };
         if target <= compacted {
             continue;
         }
@@ -64,10 +66,10 @@ pub async fn run(node: Arc<Node>, policy: AutoCompaction, mut stopping: Stopping
     }
 }
 
-/// What the compactor remembers between ticks, while this member leads.
+/// What the compactor remembers between ticks.
 #[derive(Default)]
 struct Schedule {
-    /// Since when this member has been taking samples (it leads).
+    /// Since when this member has been taking samples.
     since: Option<Instant>,
     /// Revisions noted (periodic), oldest first.
     samples: VecDeque<(Instant, Revision)>,
@@ -76,7 +78,19 @@ struct Schedule {
 }
 
 impl Schedule {
-    /// The revision to compact to now, if one is due.
+    /// Note the store's revision (periodic mode), on every member.
+    fn sample(&mut self, policy: AutoCompaction, now: Instant, current: Revision) {
+        self.since.get_or_insert(now);
+        if let AutoCompaction::Periodic(period) = policy {
+            self.samples.push_back((now, current));
+            // Keep what the next compaction may need: the newest sample at
+            // least `period` old, and everything after it.
+            let old = self.samples.iter().rposition(|(at, _)| now.duration_since(*at) >= period).unwrap_or(0);
+            self.samples.drain(..old);
+        }
+    }
+
+    /// The revision the leader compacts to now, if one is due.
     fn next(&mut self, policy: AutoCompaction, now: Instant, current: Revision) -> Option<Revision> {
         let since = *self.since.get_or_insert(now);
         match policy {
@@ -89,7 +103,6 @@ impl Schedule {
                 })
             }
             AutoCompaction::Periodic(period) => {
-                self.samples.push_back((now, current));
                 let due = match self.last {
                     None => now.duration_since(since) >= period,
                     Some((at, _)) => now.duration_since(at) >= period.min(MAX_PERIODIC_INTERVAL),
@@ -121,14 +134,28 @@ mod tests {
         let mut s = Schedule::default();
         let at = |secs: u64| start + Duration::from_secs(secs);
         // A sample a second, the revision growing by 100 a second.
-        for t in 0..10 {
-            assert_eq!(s.next(policy, at(t), 100 * t as i64 + 1), None, "not led for a period yet ({t}s)");
+        let tick = |s: &mut Schedule, t: u64, leads: bool| {
+            let rev = 100 * t as i64 + 1;
+            s.sample(policy, at(t), rev);
+            if leads {
+                s.next(policy, at(t), rev)
+            } else {
+                None
+            }
+        };
+        // Sampled as a follower for 7 s, then leader: the period counts from
+        // the first sample, not from the leadership.
+        for t in 0..7 {
+            tick(&mut s, t, false);
         }
-        assert_eq!(s.next(policy, at(10), 1001), Some(1), "the revision of 10 s ago");
+        for t in 7..10 {
+            assert_eq!(tick(&mut s, t, true), None, "not sampled for a period yet ({t}s)");
+        }
+        assert_eq!(tick(&mut s, 10, true), Some(1), "the revision of 10 s ago");
         for t in 11..20 {
-            assert_eq!(s.next(policy, at(t), 100 * t as i64 + 1), None, "one compaction a period");
+            assert_eq!(tick(&mut s, t, true), None, "one compaction a period");
         }
-        assert_eq!(s.next(policy, at(20), 2001), Some(1001));
+        assert_eq!(tick(&mut s, 20, true), Some(1001));
     }
 
     #[test]

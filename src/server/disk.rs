@@ -30,6 +30,9 @@ use super::Node;
 use crate::alarm::{AlarmAction, AlarmKind};
 use crate::shutdown::Stopping;
 
+/// The file that says this member's NOSPACE alarm is the disk's (see [`watch`]).
+const DISK_ALARM_MARKER: &str = "nospace-alarm-raised-for-disk";
+
 /// How often the free space is looked at.
 pub const CHECK_INTERVAL: Duration = Duration::from_millis(500);
 
@@ -88,8 +91,11 @@ pub async fn wait_for_space(data_dir: &Path, reserve: u64) {
 /// Watch the data directory's free space until the node stops (see the
 /// module doc).
 pub async fn watch(node: Arc<Node>, data_dir: PathBuf, reserve: u64, mut stopping: Stopping) {
-    // Whether the alarm this member holds is one it raised for the disk.
-    let mut raised_here = false;
+    // Whether the alarm this member holds is one it raised for the disk: a
+    // file in the data directory, so that it is known after a restart (the
+    // full-disk path goes through one), written before the alarm is asked for.
+    let marker = data_dir.join(DISK_ALARM_MARKER);
+    let mut raised_here = marker.exists();
     loop {
         tokio::select! {
             _ = stopping.stopped() => return,
@@ -106,19 +112,21 @@ pub async fn watch(node: Arc<Node>, data_dir: PathBuf, reserve: u64, mut stoppin
         let raised = node.state().alarms().list().contains(&(node.id, AlarmKind::NoSpace));
         if low && !raised {
             tracing::warn!(free, reserve, "disk space below the reserve; raising alarm NOSPACE");
-            match node.alarm(AlarmAction::Activate, node.id, AlarmKind::NoSpace).await {
-                Ok(_) => raised_here = true,
-                Err(e) => tracing::warn!(error = %e, "raising alarm NOSPACE (tried again shortly)"),
+            // Even the marker may not fit: then the alarm, once raised, is
+            // left to an operator to disarm.
+            raised_here = std::fs::write(&marker, b"").is_ok();
+            if let Err(e) = node.alarm(AlarmAction::Activate, node.id, AlarmKind::NoSpace).await {
+                tracing::warn!(error = %e, "raising alarm NOSPACE (tried again shortly)");
             }
         } else if recovered && raised && raised_here && !node.over_quota() {
             tracing::info!(free, "disk space is back; disarming the NOSPACE alarm this member raised");
-            match node.alarm(AlarmAction::Deactivate, node.id, AlarmKind::NoSpace).await {
-                Ok(_) => raised_here = false,
-                Err(e) => tracing::warn!(error = %e, "disarming alarm NOSPACE (tried again shortly)"),
+            if let Err(e) = node.alarm(AlarmAction::Deactivate, node.id, AlarmKind::NoSpace).await {
+                tracing::warn!(error = %e, "disarming alarm NOSPACE (tried again shortly)");
             }
-        } else if !raised {
-            // Disarmed by an operator meanwhile.
+        } else if !raised && raised_here && !low {
+            // Disarmed (by this member or an operator), or never raised.
             raised_here = false;
+            let _ = std::fs::remove_file(&marker);
         }
     }
 }

@@ -85,7 +85,15 @@ fn io_err(e: sled::Error) -> io::Error {
 
 impl StateStore {
     pub fn open(dir: &Path) -> io::Result<StateStore> {
-        let db = sled::Config::new().path(dir).flush_every_ms(Some(500)).open().map_err(io_err)?;
+        // sled caches up to 1 GiB of pages by default; the state store is
+        // written, and read only at start (restore), so a small cache does:
+        // the pages the journal writes would otherwise stay in memory.
+        let db = sled::Config::new()
+            .path(dir)
+            .flush_every_ms(Some(500))
+            .cache_capacity(STATE_CACHE_BYTES)
+            .open()
+            .map_err(io_err)?;
         let tree = db.open_tree("state").map_err(io_err)?;
         let large = db.open_tree("large").map_err(io_err)?;
         let queue = Arc::new(StateQueue::default());
@@ -162,6 +170,9 @@ impl StateStore {
         self.db.size_on_disk().unwrap_or(0)
     }
 }
+
+/// sled's page cache for the state store (see `StateStore::open`).
+const STATE_CACHE_BYTES: u64 = 64 << 20;
 
 /// How long the writer gathers batches before it writes them to sled. Nothing
 /// waits on the state store (the WAL already holds every entry), and each sled
