@@ -146,8 +146,8 @@ memory() { # kind [extra raftlock flags...]: one row of the memory table
   local rev
   rev=$(ETCDCTL_API=3 "$etcd_dir/etcdctl" --endpoints="${endpoints%%,*}" endpoint status -w json \
     | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["Status"]["header"]["revision"])')
-  ETCDCTL_API=3 "$etcd_dir/etcdctl" --endpoints="$endpoints" compact "$rev" >/dev/null
-  ETCDCTL_API=3 "$etcd_dir/etcdctl" --endpoints="$endpoints" defrag >/dev/null
+  ETCDCTL_API=3 "$etcd_dir/etcdctl" --command-timeout=120s --endpoints="$endpoints" compact "$rev" >/dev/null
+  ETCDCTL_API=3 "$etcd_dir/etcdctl" --command-timeout=120s --endpoints="$endpoints" defrag >/dev/null
   sleep 3
   echo "{\"system\":\"$label\",\"writes\":$writes,\"rss_after_writes\":[$after_writes],\"rss_after_compaction\":[$(rss_mb)],\"bench\":${report:-null}}" \
     | tee -a "$work/memory.jsonl" >&2

@@ -78,6 +78,9 @@ pub enum LogMoved {
 #[derive(Default)]
 struct LogCache {
     entries: BTreeMap<u64, Entry>,
+    /// Each entry's encoded size (what the log holds in bytes, see
+    /// [`LogStore::bytes_between`]).
+    sizes: BTreeMap<u64, u64>,
     last_purged: Option<LogId>,
     vote: Option<Vote<u64>>,
 }
@@ -121,6 +124,7 @@ impl LogStore {
         for (index, bytes) in recovered.entries {
             let entry: Entry = decode(&bytes).map_err(|e| anyhow::anyhow!("wal entry {index}: {e}"))?;
             assert_eq!(entry.log_id.index, index, "wal entry index mismatch");
+            cache.sizes.insert(index, bytes.len() as u64);
             cache.entries.insert(index, entry);
         }
         let metas = &recovered.metas;
@@ -192,6 +196,29 @@ impl LogStore {
         Ok(taken.map(|(_, e)| e.clone()).collect())
     }
 
+    /// The encoded bytes of the entries held with index in `(after, upto]`.
+    pub fn bytes_between(&self, after: Option<u64>, upto: u64) -> u64 {
+        let from = after.map_or(0, |a| a + 1);
+        if from > upto {
+            return 0;
+        }
+        self.cache().sizes.range(from..=upto).map(|(_, s)| s).sum()
+    }
+
+    /// The lowest index `p` such that the entries in `(p, upto]` hold at
+    /// most `bytes` (`p = upto` when the entry at `upto` alone holds more).
+    pub fn keep_at_most(&self, upto: u64, bytes: u64) -> u64 {
+        let cache = self.cache();
+        let mut held = 0u64;
+        for (&index, &size) in cache.sizes.range(..=upto).rev() {
+            held += size;
+            if held > bytes {
+                return index;
+            }
+        }
+        cache.sizes.keys().next().map_or(upto, |first| first.saturating_sub(1))
+    }
+
     /// Follow the index of the log's last entry (`None`: the log holds no entry).
     pub fn last_index(&self) -> watch::Receiver<Option<u64>> {
         self.last_index.subscribe()
@@ -258,7 +285,15 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             // follower stores its leader's vote before it appends for it.
             cache.vote.is_some_and(|v| v.committed && v.leader_id.node_id == self.id)
         };
-        let records = entries.iter().map(|e| WalRecord::Entry { index: e.log_id.index, data: encode(e) }).collect();
+        let records: Vec<WalRecord> =
+            entries.iter().map(|e| WalRecord::Entry { index: e.log_id.index, data: encode(e) }).collect();
+        let sizes: Vec<(u64, u64)> = records
+            .iter()
+            .filter_map(|r| match r {
+                WalRecord::Entry { index, data } => Some((*index, data.len() as u64)),
+                _ => None,
+            })
+            .collect();
         let written = if own {
             // The leader's own entries: done once written (see the module doc).
             self.wal.write_deferred(records)
@@ -269,6 +304,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             // Readers (replication included) see an entry only once it is written.
             let mut cache = self.cache();
             cache.entries.extend(entries.into_iter().map(|e| (e.log_id.index, e)));
+            cache.sizes.extend(sizes);
             self.publish_last_index(&cache);
         }
         callback.log_io_completed(written);
@@ -279,6 +315,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         {
             let mut cache = self.cache();
             cache.entries.split_off(&log_id.index);
+            cache.sizes.split_off(&log_id.index);
             self.publish_last_index(&cache);
         }
         self.wal.write(vec![WalRecord::TruncateFrom(log_id.index)], true).map_err(|e| write_err(&e))
@@ -291,6 +328,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             let mut cache = self.cache();
             assert!(cache.last_purged.is_none_or(|p| p.index <= log_id.index), "purge must move forward");
             cache.entries = cache.entries.split_off(&(log_id.index + 1));
+            cache.sizes = cache.sizes.split_off(&(log_id.index + 1));
             cache.last_purged = Some(log_id);
             self.publish_last_index(&cache);
         }
@@ -340,6 +378,7 @@ mod tests {
         let mut cache = store.cache();
         for log_id in ids {
             cache.entries.insert(log_id.index, Entry { log_id, payload: openraft::EntryPayload::Blank });
+            cache.sizes.insert(log_id.index, 10);
         }
         store.publish_last_index(&cache);
     }
@@ -358,6 +397,12 @@ mod tests {
         put_entries(&store, (1..=5).map(|i| log_id(2, 1, i)));
         assert_eq!(indexes(store.entries_after(&ours, None, 64, u64::MAX)), Ok(vec![1, 2, 3, 4, 5]));
         assert_eq!(indexes(store.entries_after(&ours, Some(log_id(2, 1, 3)), 1, u64::MAX)), Ok(vec![4]));
+        // What the log holds in bytes (each entry here: 10), and where to
+        // purge to keep at most some bytes behind an index.
+        assert_eq!(store.bytes_between(None, 5), 50);
+        assert_eq!(store.bytes_between(Some(2), 4), 20);
+        assert_eq!(store.keep_at_most(5, 25), 3, "entries 4 and 5 fit in 25 bytes");
+        assert_eq!(store.keep_at_most(5, 100), 0, "everything fits: nothing to purge");
         // A byte bound (a blank entry weighs one byte) stops a request early,
         // but the first entry always travels.
         assert_eq!(indexes(store.entries_after(&ours, None, 64, 2)), Ok(vec![1, 2]));

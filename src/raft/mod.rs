@@ -240,6 +240,51 @@ pub async fn restore_member(
     Ok(revision)
 }
 
+/// Log bytes applied since the last snapshot that make the next one due.
+pub const SNAPSHOT_LOG_BYTES: u64 = 64 << 20;
+/// Log bytes kept behind a snapshot for members a little behind.
+pub const CATCHUP_LOG_BYTES: u64 = 64 << 20;
+/// How long a snapshot asked for may take before it is asked for again.
+const SNAPSHOT_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Bound the log held in memory in bytes, as openraft bounds it in entries
+/// (`--snapshot-count`, `--snapshot-catchup-entries`): one entry is a whole
+/// proposal batch (up to 2 MiB), so a count of entries alone lets a busy
+/// member hold hundreds of MiB of log. Every half second: once the entries
+/// applied since the last snapshot hold [`SNAPSHOT_LOG_BYTES`], ask for a
+/// snapshot; and purge behind the last snapshot all but the newest entries
+/// holding [`CATCHUP_LOG_BYTES`]. Runs until the node stops.
+pub async fn bound_log_memory(raft: Raft, log: log_store::LogStore, mut stopping: crate::shutdown::Stopping) {
+    let mut asked: Option<(u64, tokio::time::Instant)> = None;
+    loop {
+        tokio::select! {
+            _ = stopping.stopped() => return,
+            _ = tokio::time::sleep(std::time::Duration::from_millis(500)) => {}
+        }
+        let (snapshot, applied, purged) = {
+            let m = raft.metrics();
+            let m = m.borrow();
+            (m.snapshot.map(|l| l.index), m.last_applied.map(|l| l.index), m.purged.map(|l| l.index))
+        };
+        let Some(applied) = applied else { continue };
+        let waiting = asked
+            .is_some_and(|(at_index, at)| snapshot.is_none_or(|s| s < at_index) && at.elapsed() < SNAPSHOT_PATIENCE);
+        if !waiting && log.bytes_between(snapshot, applied) >= SNAPSHOT_LOG_BYTES {
+            tracing::debug!(applied, "the log since the last snapshot is large; snapshotting");
+            if raft.trigger().snapshot().await.is_err() {
+                return;
+            }
+            asked = Some((applied, tokio::time::Instant::now()));
+        }
+        if let Some(snapshot) = snapshot {
+            let upto = log.keep_at_most(snapshot, CATCHUP_LOG_BYTES);
+            if upto > 0 && purged.is_none_or(|p| upto > p) && raft.trigger().purge_log(upto).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
 /// Why a wait for this member to apply an index ended without it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WaitError {

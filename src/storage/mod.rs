@@ -270,10 +270,15 @@ fn write_both(
 fn fsync_tree(dir: &Path) -> io::Result<()> {
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
-        if entry.file_type()?.is_dir() {
-            fsync_tree(&entry.path())?;
-        } else {
-            std::fs::File::open(entry.path())?.sync_all()?;
+        let synced = match entry.file_type()?.is_dir() {
+            true => fsync_tree(&entry.path()),
+            false => std::fs::File::open(entry.path()).and_then(|f| f.sync_all()),
+        };
+        match synced {
+            // sled replaces its own files meanwhile (its snapshots): a file
+            // gone since the listing has nothing left to sync.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            other => other?,
         }
     }
     std::fs::File::open(dir)?.sync_all()

@@ -225,7 +225,9 @@ pub struct SnapshotBuilder {
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<u64>> {
         let (meta, image) = self.image.take().ok_or_else(|| sm_err("snapshot already built"))?;
-        let data = layout::encode_image(&image);
+        // Encoding the whole state takes long: not on the runtime's thread,
+        // where it would hold up heartbeats and requests.
+        let data = tokio::task::spawn_blocking(move || layout::encode_image(&image)).await.map_err(sm_err)?;
         tracing::info!(snapshot = %meta.snapshot_id, bytes = data.len(), "built a snapshot");
         let snapshot = Snapshot { meta: meta.clone(), snapshot: Box::new(Cursor::new(data.clone())) };
         *self.last.lock().expect("snapshot lock poisoned") =
