@@ -240,7 +240,8 @@ pub async fn restore_member(
     Ok(revision)
 }
 
-/// Log bytes applied since the last snapshot that make the next one due.
+/// Log bytes applied since the last snapshot that make the next one due
+/// (or the state's weight, if larger: see [`bound_log_memory`]).
 pub const SNAPSHOT_LOG_BYTES: u64 = 64 << 20;
 /// Log bytes kept behind a snapshot for members a little behind.
 pub const CATCHUP_LOG_BYTES: u64 = 64 << 20;
@@ -251,10 +252,19 @@ const SNAPSHOT_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60
 /// (`--snapshot-count`, `--snapshot-catchup-entries`): one entry is a whole
 /// proposal batch (up to 2 MiB), so a count of entries alone lets a busy
 /// member hold hundreds of MiB of log. Every half second: once the entries
-/// applied since the last snapshot hold [`SNAPSHOT_LOG_BYTES`], ask for a
-/// snapshot; and purge behind the last snapshot all but the newest entries
-/// holding [`CATCHUP_LOG_BYTES`]. Runs until the node stops.
-pub async fn bound_log_memory(raft: Raft, log: log_store::LogStore, mut stopping: crate::shutdown::Stopping) {
+/// applied since the last snapshot hold [`SNAPSHOT_LOG_BYTES`] or the state's
+/// weight, whichever is more, ask for a snapshot; and purge behind the last
+/// snapshot all but the newest entries holding [`CATCHUP_LOG_BYTES`]. A
+/// snapshot encodes the whole state, so waiting for as much log as the state
+/// weighs keeps its cost per byte written bounded however large the state
+/// (as checkpoints do, `state_machine::layout`); the log then holds at most
+/// about the state's weight. Runs until the node stops.
+pub async fn bound_log_memory(
+    raft: Raft,
+    log: log_store::LogStore,
+    state: std::sync::Arc<crate::applied::AppliedState>,
+    mut stopping: crate::shutdown::Stopping,
+) {
     let mut asked: Option<(u64, tokio::time::Instant)> = None;
     loop {
         tokio::select! {
@@ -269,7 +279,8 @@ pub async fn bound_log_memory(raft: Raft, log: log_store::LogStore, mut stopping
         let Some(applied) = applied else { continue };
         let waiting = asked
             .is_some_and(|(at_index, at)| snapshot.is_none_or(|s| s < at_index) && at.elapsed() < SNAPSHOT_PATIENCE);
-        if !waiting && log.bytes_between(snapshot, applied) >= SNAPSHOT_LOG_BYTES {
+        let due = SNAPSHOT_LOG_BYTES.max(state.size_bytes());
+        if !waiting && log.bytes_between(snapshot, applied) >= due {
             tracing::debug!(applied, "the log since the last snapshot is large; snapshotting");
             if raft.trigger().snapshot().await.is_err() {
                 return;

@@ -283,7 +283,9 @@ impl Node {
         tokio::spawn(node.clone().publish(attrs, node.stopping()));
         tokio::spawn(lease_keeper::run(node.clone(), node.stopping()));
         tokio::spawn(count_leader_changes(node.raft.metrics(), node.stopping()));
-        tokio::spawn(crate::raft::bound_log_memory(node.raft.clone(), log_store.clone(), node.stopping()));
+        let log_bound =
+            crate::raft::bound_log_memory(node.raft.clone(), log_store.clone(), node.state.clone(), node.stopping());
+        tokio::spawn(log_bound);
         tokio::spawn(disk::watch(node.clone(), data_dir, config.disk_space_reserve_bytes, node.stopping()));
         if let Some(policy) = config.auto_compaction()? {
             tokio::spawn(compactor::run(node.clone(), policy, node.stopping()));
