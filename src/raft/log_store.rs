@@ -99,14 +99,6 @@ pub struct LogStore {
     id: u64,
 }
 
-/// An entry's commands, in encoded bytes (0 for a blank or membership entry).
-fn entry_bytes(e: &Entry) -> u64 {
-    match &e.payload {
-        openraft::EntryPayload::Normal(cmd) => cmd.encoded_len(),
-        _ => 0,
-    }
-}
-
 fn write_err(e: &io::Error) -> StorageError<u64> {
     StorageIOError::write_logs(e).into()
 }
@@ -157,7 +149,7 @@ impl LogStore {
     }
 
     /// Up to `max` entries and (but for the first) `max_bytes` of encoded
-    /// commands after `prev`, for a leader that replicates under
+    /// entries after `prev`, for a leader that replicates under
     /// `vote` — provided the log still is that leader's: the stored vote is
     /// `vote`, and the log holds `prev` (it was not truncated or replaced
     /// since, nor purged past it). Checked under the lock that appends,
@@ -187,10 +179,12 @@ impl LogStore {
                 p.index + 1
             }
         };
+        // Each entry's encoded size was noted when it was written: no walk
+        // over its commands on every request.
         let mut bytes = 0u64;
-        let taken = cache.entries.range(from..).take(max).take_while(|(_, e)| {
+        let taken = cache.entries.range(from..).take(max).take_while(|(index, _)| {
             let first = bytes == 0;
-            bytes = bytes.saturating_add(entry_bytes(e).max(1));
+            bytes = bytes.saturating_add(cache.sizes.get(index).copied().unwrap_or(0).max(1));
             first || bytes <= max_bytes
         });
         Ok(taken.map(|(_, e)| e.clone()).collect())
@@ -403,9 +397,9 @@ mod tests {
         assert_eq!(store.bytes_between(Some(2), 4), 20);
         assert_eq!(store.keep_at_most(5, 25), 3, "entries 4 and 5 fit in 25 bytes");
         assert_eq!(store.keep_at_most(5, 100), 0, "everything fits: nothing to purge");
-        // A byte bound (a blank entry weighs one byte) stops a request early,
+        // A byte bound (each entry here: 10 bytes) stops a request early,
         // but the first entry always travels.
-        assert_eq!(indexes(store.entries_after(&ours, None, 64, 2)), Ok(vec![1, 2]));
+        assert_eq!(indexes(store.entries_after(&ours, None, 64, 20)), Ok(vec![1, 2]));
         assert_eq!(indexes(store.entries_after(&ours, None, 64, 0)), Ok(vec![1]));
         assert_eq!(indexes(store.entries_after(&ours, Some(log_id(2, 1, 5)), 64, u64::MAX)), Ok(vec![]));
 

@@ -90,7 +90,7 @@ use crate::storage::wal::Durable;
 pub const MAX_IN_FLIGHT: usize = 8;
 /// The most log entries in one request (each entry is a proposal batch).
 pub const MAX_REQUEST_ENTRIES: usize = 64;
-/// The most command bytes in one request, but for its first entry (which
+/// The most encoded entry bytes in one request, but for its first entry (which
 /// is at most `raft::proposer::MAX_BATCH_BYTES` plus one command): with
 /// [`MAX_IN_FLIGHT`] requests on a pipe, what a slow follower can have
 /// queued towards it stays bounded.
