@@ -71,6 +71,8 @@ pub struct AppliedState {
     alarms: RwLock<Alarms>,
     tokens: Tokens,
     feed: tokio::sync::broadcast::Sender<std::sync::Arc<AppliedChanges>>,
+    /// Woken when a compaction left versions to sweep (see `mvcc::history`).
+    sweep: tokio::sync::Notify,
 }
 
 impl Default for AppliedState {
@@ -90,6 +92,7 @@ impl AppliedState {
             alarms: RwLock::default(),
             tokens,
             feed: tokio::sync::broadcast::channel(CHANGE_FEED_CAPACITY).0,
+            sweep: tokio::sync::Notify::new(),
         }
     }
 
@@ -114,6 +117,16 @@ impl AppliedState {
     pub fn size_bytes(&self) -> u64 {
         let history = self.mvcc().size_bytes();
         history + self.leases().len() as u64 * LEASE_BYTES
+    }
+
+    /// A compaction was applied: wake the sweeper.
+    pub fn compacted(&self) {
+        self.sweep.notify_one();
+    }
+
+    /// Wait until a compaction may have left versions to sweep.
+    pub async fn sweep_requested(&self) {
+        self.sweep.notified().await
     }
 
     pub fn tokens(&self) -> &Tokens {

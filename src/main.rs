@@ -12,7 +12,12 @@ use tokio::signal::unix::{signal, SignalKind};
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-#[tokio::main(flavor = "current_thread")]
+/// A runtime with a worker per core: work that holds one thread for a while
+/// (applying a large batch, capturing the state for a checkpoint, a request
+/// that waits on the store's lock) leaves the others to send heartbeats and
+/// answer clients. With a single thread, any such moment stopped heartbeats
+/// with it (`scripts/bench.sh stall`).
+#[tokio::main(flavor = "multi_thread")]
 async fn main() -> anyhow::Result<()> {
     let config = Config::parse();
     tracing_subscriber::fmt()

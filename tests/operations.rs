@@ -206,6 +206,55 @@ async fn oversized_requests_get_etcds_errors_on_every_service() {
     assert_eq!(c.get("k", None).await.unwrap().kvs()[0].value(), b"small");
 }
 
+/// One watch stream holds at most 10,000 watchers: one more is created and
+/// canceled at once with a reason, and the stream and its watchers go on.
+#[tokio::test]
+async fn one_watch_stream_holds_a_bounded_number_of_watchers() {
+    let cluster = Cluster::start(1).await;
+    let mut c = cluster.client(0).await;
+    let mut stream = c.watch("w/0", None).await.unwrap();
+    for i in 1..=10_000 {
+        stream.watch(format!("w/{i}"), None).await.unwrap();
+    }
+    let mut created = 0;
+    let refused = loop {
+        let resp = stream.message().await.unwrap().expect("the stream is open");
+        if resp.canceled() {
+            break resp;
+        }
+        assert!(resp.created());
+        created += 1;
+    };
+    assert_eq!(created, 10_000);
+    assert!(refused.created() && refused.watch_id() == -1, "{refused:?}");
+    assert_eq!(refused.cancel_reason(), "etcdserver: too many watchers on this stream (at most 10000)");
+    // The watchers there are still deliver.
+    c.put("w/9999", "v", None).await.unwrap();
+    let resp = stream.message().await.unwrap().unwrap();
+    assert_eq!(resp.events()[0].kv().unwrap().key(), b"w/9999");
+}
+
+/// A physical compaction returns once the compacted history is gone from
+/// the member: the space counted has fallen by then.
+#[tokio::test]
+async fn a_physical_compaction_waits_for_the_history_to_go() {
+    let cluster = Cluster::start(1).await;
+    let mut c = cluster.client(0).await;
+    let value = vec![b'v'; 10_000];
+    for _ in 0..20 {
+        for k in 0..50 {
+            c.put(format!("h/{k}"), value.clone(), None).await.unwrap();
+        }
+    }
+    let size = |s: etcd_client::StatusResponse| s.raft_used_db_size();
+    let before = size(c.status().await.unwrap());
+    assert!(before > 20 * 50 * 10_000, "{before}");
+    let rev = c.get("h/0", None).await.unwrap().header().unwrap().revision();
+    c.compact(rev, Some(etcd_client::CompactionOptions::new().with_physical())).await.unwrap();
+    let after = size(c.status().await.unwrap());
+    assert!(after < 50 * 10_000 + 50 * 1_000, "only the last version of each key is counted: {after}");
+}
+
 /// A plain HTTP/1.1 GET; the status code and the body.
 async fn http_get(endpoint: &str, path: &str) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

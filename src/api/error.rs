@@ -106,6 +106,10 @@ pub fn mvcc(e: MvccError) -> Status {
         MvccError::LeaseNotFound => Status::not_found("etcdserver: requested lease not found"),
         MvccError::LeaseExists => Status::failed_precondition("etcdserver: lease already exists"),
         MvccError::NoSpace => Status::resource_exhausted("etcdserver: mvcc: database space exceeded"),
+        MvccError::ResponseTooLarge => Status::resource_exhausted(format!(
+            "etcdserver: mvcc: range response is too large (the limit is {} bytes; read it in pages with a limit)",
+            crate::mvcc::MAX_RANGE_RESPONSE_BYTES
+        )),
     }
 }
 

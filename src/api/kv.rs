@@ -100,6 +100,9 @@ impl Kv for KvService {
         let caller = auth::caller(&self.node, &req).await?;
         let req = req.into_inner();
         let revision = self.node.compact(req.revision, Some(&caller)).await.map_err(error::write)?;
+        if req.physical {
+            self.node.compaction_swept(req.revision).await;
+        }
         Ok(Response::new(pb::CompactionResponse { header: header(&self.node, revision) }))
     }
 }

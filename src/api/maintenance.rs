@@ -99,12 +99,14 @@ impl Maintenance for MaintenanceService {
     }
 
     /// sled has no file compaction to trigger (it reclaims space itself);
-    /// what remains to do is to push the state store to disk.
+    /// what remains to do is to finish removing compacted history and to
+    /// push the state store to disk.
     async fn defragment(
         &self,
         req: Request<pb::DefragmentRequest>,
     ) -> Result<Response<pb::DefragmentResponse>, Status> {
         auth::maintenance_admin(&self.node, &req).await?;
+        self.node.compaction_swept(0).await;
         let node = self.node.clone();
         tokio::task::spawn_blocking(move || node.sync_state())
             .await

@@ -40,7 +40,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::{auth, error, header, MAX_REQUEST_BYTES};
 use crate::auth::PermKind;
-use crate::mvcc::{KeyRange, KeyValue, MvccError, Revision};
+use crate::mvcc::{HistoryScan, KeyRange, KeyValue, MvccError, Revision};
 use crate::proto::etcdserverpb as pb;
 use crate::proto::etcdserverpb::watch_server::{Watch, WatchServer};
 use crate::proto::mvccpb;
@@ -49,8 +49,15 @@ use crate::watch::{by_revision, fragments, Event, Watcher};
 
 /// Responses queued for a client that is not reading, per stream.
 const OUTBOX: usize = 64;
-/// Revisions read from history per catch-up step.
-const CATCH_UP_REVISIONS: Revision = 1000;
+/// A catch-up reads history in scans of about this many bytes of events
+/// (`mvcc::HistoryScan`), then sends them before reading on.
+const CATCH_UP_BYTES: usize = 4 << 20;
+/// Watchers one stream may hold at once. Every applied batch is matched
+/// against each of them, and each holds its range: a client that wants more
+/// opens another stream.
+pub const MAX_WATCHERS_PER_STREAM: usize = 10_000;
+/// Keys a catch-up scan looks at per hold of the store's lock.
+const CATCH_UP_KEYS: usize = 4096;
 
 pub struct WatchService {
     node: Arc<Node>,
@@ -193,6 +200,9 @@ impl Session {
         if c.watch_id != 0 && self.watchers.contains_key(&c.watch_id) {
             refused = Some("mvcc: duplicate watch ID provided on the WatchStream");
         }
+        if refused.is_none() && self.watchers.len() >= MAX_WATCHERS_PER_STREAM {
+            refused = Some("etcdserver: too many watchers on this stream (at most 10000)");
+        }
         if let Some(reason) = refused {
             // As etcd: a refused watcher gets no ID (-1).
             let mut resp = self.response(-1, current);
@@ -246,19 +256,25 @@ impl Session {
         }
     }
 
-    /// Bring one watcher up to the store's revision from history.
+    /// Bring one watcher up to the store's revision from history: scans of
+    /// bounded size, each a few thousand keys per hold of the store's lock.
     async fn catch_up(&mut self, id: i64) -> Result<(), Gone> {
         loop {
-            let Some(w) = self.watchers.get_mut(&id) else { return Ok(()) };
-            let (read, current) = {
-                let mvcc = self.node.state().mvcc();
-                let current = mvcc.revision();
-                if w.next_revision > current {
-                    return Ok(());
+            let Some(w) = self.watchers.get(&id) else { return Ok(()) };
+            let current = self.node.state().mvcc().revision();
+            if w.next_revision > current {
+                return Ok(());
+            }
+            let mut scan = HistoryScan::new(w.range.clone(), w.next_revision, current, CATCH_UP_BYTES);
+            let read = loop {
+                let step = self.node.state().mvcc().scan_history(&mut scan, CATCH_UP_KEYS);
+                match step {
+                    Err(e) => break Err(e),
+                    Ok(()) if scan.finished() => break Ok(scan.into_changes()),
+                    Ok(()) => tokio::task::yield_now().await,
                 }
-                let to = current.min(w.next_revision + CATCH_UP_REVISIONS - 1);
-                (mvcc.changes_between(&w.range, w.next_revision, to).map(|c| (c, to)), current)
             };
+            let Some(w) = self.watchers.get_mut(&id) else { return Ok(()) };
             match read {
                 Ok((changes, to)) => {
                     let events = w.take(&changes, to);

@@ -33,6 +33,7 @@
 //! data set by RAM. raftlock stores locks and small coordination data, for which
 //! this is the right trade.
 
+mod history;
 mod txn;
 pub mod types;
 
@@ -40,6 +41,8 @@ use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::sync::Arc;
 
+use history::visible_from;
+pub use history::HistoryScan;
 pub use txn::LeaseView;
 pub use types::*;
 
@@ -61,9 +64,22 @@ pub struct MvccStore {
     /// The last compaction revision; -1 before the first compaction.
     compact_revision: Revision,
     /// What the versions weigh ([`version_bytes`]): the size the space
-    /// quota counts, the same on every member that applied the same log.
+    /// quota counts. It falls only as compacted versions are swept, so two
+    /// members may count differently for a moment after a compaction.
     bytes: u64,
+    /// Where the sweep of compacted versions resumes; `None` when every
+    /// version held is readable at the compaction revision or later.
+    sweep_resume: Option<Vec<u8>>,
+    /// [`MAX_RANGE_RESPONSE_BYTES`]; smaller in tests.
+    response_limit: usize,
 }
+
+/// The most key-value bytes one range returns (its keys, values and 64
+/// bytes each): a larger one fails with [`MvccError::ResponseTooLarge`]
+/// rather than copy that much of the store into one message. 256 MiB is far
+/// more than a lock service's ranges need, and well inside what a gRPC
+/// message may hold.
+pub const MAX_RANGE_RESPONSE_BYTES: usize = 256 << 20;
 
 /// What one version is counted as beyond its key and value: the memory it
 /// holds in the index (its entry, its shared key-value, the key's copy in the
@@ -77,7 +93,14 @@ fn version_bytes(key: &[u8], kv: Option<&KeyValue>) -> u64 {
 
 impl Default for MvccStore {
     fn default() -> Self {
-        MvccStore { index: BTreeMap::new(), revision: 1, compact_revision: -1, bytes: 0 }
+        MvccStore {
+            index: BTreeMap::new(),
+            revision: 1,
+            compact_revision: -1,
+            bytes: 0,
+            sweep_resume: None,
+            response_limit: MAX_RANGE_RESPONSE_BYTES,
+        }
     }
 }
 
@@ -131,6 +154,11 @@ impl MvccStore {
         self.revision
     }
 
+    #[cfg(test)]
+    fn with_response_limit(self, response_limit: usize) -> MvccStore {
+        MvccStore { response_limit, ..self }
+    }
+
     pub fn compact_revision(&self) -> Revision {
         self.compact_revision
     }
@@ -153,7 +181,14 @@ impl MvccStore {
         revision: Revision,
         compact_revision: Revision,
     ) -> MvccStore {
-        let mut store = MvccStore { index: BTreeMap::new(), revision, compact_revision, bytes: 0 };
+        let mut store = MvccStore {
+            index: BTreeMap::new(),
+            revision,
+            compact_revision,
+            bytes: 0,
+            sweep_resume: None,
+            response_limit: MAX_RANGE_RESPONSE_BYTES,
+        };
         for v in versions {
             assert!(v.kv.as_ref().is_none_or(|kv| kv.key == v.key), "a version's key-value carries its key");
             store.bytes += version_bytes(&v.key, v.kv.as_ref());
@@ -189,29 +224,9 @@ impl MvccStore {
     /// order, with the previous value of each key where history still has it:
     /// what a watcher that fell behind reads to catch up.
     pub fn changes_between(&self, range: &KeyRange, from: Revision, to: Revision) -> Result<Vec<Change>, MvccError> {
-        if from < self.compact_revision {
-            return Err(MvccError::Compacted);
-        }
-        let mut out = Vec::new();
-        for (key, versions) in self.histories(range) {
-            let start = versions.partition_point(|v| v.revision < from);
-            for i in start..versions.len() {
-                let v = &versions[i];
-                if v.revision > to {
-                    break;
-                }
-                let prev = if i > 0 { versions[i - 1].kv.as_deref().cloned() } else { None };
-                out.push(Change {
-                    revision: v.revision,
-                    sub: v.sub,
-                    key: key.clone(),
-                    kv: v.kv.as_deref().cloned(),
-                    prev,
-                });
-            }
-        }
-        out.sort_by_key(|c| (c.revision, c.sub));
-        Ok(out)
+        let mut scan = HistoryScan::new(range.clone(), from, to, usize::MAX);
+        self.scan_history(&mut scan, usize::MAX)?;
+        Ok(scan.into_changes().0)
     }
 
     /// Every live key that is attached to a lease, with its lease.
@@ -224,9 +239,19 @@ impl MvccStore {
             .collect()
     }
 
-    /// Every version the store holds, key by key: the content of a snapshot.
+    /// Every key's readable history (see [`history::visible_from`]): what
+    /// is exported or hashed, whatever the sweep has removed so far.
+    fn readable(&self) -> impl Iterator<Item = (&Vec<u8>, &[Version])> + '_ {
+        let compact_revision = self.compact_revision;
+        self.index.iter().filter_map(move |(key, versions)| {
+            let versions = &versions[visible_from(versions, compact_revision)..];
+            (!versions.is_empty()).then_some((key, versions))
+        })
+    }
+
+    /// Every readable version, key by key: the content of a snapshot.
     pub fn versions(&self) -> impl Iterator<Item = StoredVersion> + '_ {
-        self.index.iter().flat_map(|(key, versions)| {
+        self.readable().flat_map(|(key, versions)| {
             versions.iter().map(move |v| StoredVersion {
                 revision: v.revision,
                 sub: v.sub,
@@ -238,7 +263,7 @@ impl MvccStore {
 
     /// Every version, as [`MvccStore::versions`], sharing the key-values.
     pub fn shared_versions(&self) -> impl Iterator<Item = SharedVersion> + '_ {
-        self.index.iter().flat_map(|(key, versions)| {
+        self.readable().flat_map(|(key, versions)| {
             versions.iter().map(move |v| SharedVersion {
                 revision: v.revision,
                 sub: v.sub,
@@ -265,7 +290,7 @@ impl MvccStore {
             return Err(MvccError::Compacted);
         }
         let mut hash = crc32fast::Hasher::new();
-        for (key, versions) in &self.index {
+        for (key, versions) in self.readable() {
             for v in versions.iter().take_while(|v| v.revision <= upto) {
                 hash.update(&v.revision.to_be_bytes());
                 hash.update(&v.sub.to_be_bytes());
@@ -288,13 +313,16 @@ impl MvccStore {
     }
 
     /// A read at the store's current revision (or `req.revision`).
+    /// Fails with [`MvccError::ResponseTooLarge`] past the response limit.
     pub fn range(&self, req: &RangeRequest) -> Result<RangeResult, MvccError> {
-        self.range_at(req, self.revision)
+        self.range_at(req, self.revision, Some(self.response_limit))
     }
 
     /// A read as seen by a write in progress whose view is at `current`
     /// (the store's revision, or one more once the write has changed something).
-    fn range_at(&self, req: &RangeRequest, current: Revision) -> Result<RangeResult, MvccError> {
+    /// A range in a txn is not bounded here (a txn must not fail halfway):
+    /// `check_path` weighed it before the txn started ([`MvccStore::range_weight`]).
+    fn range_at(&self, req: &RangeRequest, current: Revision, bound: Option<usize>) -> Result<RangeResult, MvccError> {
         if req.revision > current {
             return Err(MvccError::FutureRevision);
         }
@@ -358,6 +386,9 @@ impl MvccStore {
             kvs.truncate(req.limit as usize);
             more = true;
         }
+        if bound.is_some_and(|bound| response_weight(req, &kvs) > bound) {
+            return Err(MvccError::ResponseTooLarge);
+        }
         let kvs = kvs
             .into_iter()
             .map(|kv| match req.keys_only {
@@ -366,6 +397,32 @@ impl MvccStore {
             })
             .collect();
         Ok(RangeResult { kvs, more, count, revision: current })
+    }
+
+    /// Whether a range in a txn is within the response limit, judged on the
+    /// store as it is before the txn runs: the live keys it matches, the
+    /// first `limit` of them in key order. (A txn's own writes can add to
+    /// its ranges at most what its request carries.)
+    pub(super) fn range_within_limit(&self, req: &RangeRequest) -> bool {
+        if req.count_only {
+            return true;
+        }
+        let rev = if req.revision <= 0 { self.revision } else { req.revision };
+        let range = KeyRange::new(&req.key, &req.range_end);
+        let (mut weight, mut seen) = (0usize, 0i64);
+        for (_, versions) in self.histories(&range) {
+            if req.limit > 0 && seen >= req.limit {
+                break;
+            }
+            if let Some(kv) = live_at(versions, rev) {
+                seen += 1;
+                weight += kv.key.len() + if req.keys_only { 0 } else { kv.value.len() } + 64;
+                if weight > self.response_limit {
+                    return false;
+                }
+            }
+        }
+        true
     }
 
     /// Calls `f` for every key in `range` that has a live value at `rev`, in key order.
@@ -410,34 +467,26 @@ impl MvccStore {
         versions.push(Version { revision, sub, kv: kv.map(Arc::new) });
     }
 
-    /// Drop history that no read at `rev` or later can see. Returns the
-    /// `(revision, sub)` pairs removed, for the persistent copy.
-    pub fn compact(&mut self, rev: Revision) -> Result<Vec<(Vec<u8>, Revision, i64)>, MvccError> {
+    /// Compact at `rev`: reads below it fail from now on, and the history
+    /// no read at `rev` or later can see is removed by [`MvccStore::sweep`]
+    /// steps (`sweep(usize::MAX)` removes it at once).
+    pub fn compact(&mut self, rev: Revision) -> Result<(), MvccError> {
         if rev <= self.compact_revision {
             return Err(MvccError::Compacted);
         }
         if rev > self.revision {
             return Err(MvccError::FutureRevision);
         }
-        let mut removed = Vec::new();
-        let mut bytes = self.bytes;
-        self.index.retain(|key, versions| {
-            let visible = versions.partition_point(|v| v.revision <= rev);
-            if visible == 0 {
-                return true;
-            }
-            // Keep the version a read at `rev` sees, unless it is a tombstone.
-            let keep_from = if versions[visible - 1].kv.is_some() { visible - 1 } else { visible };
-            for v in versions.drain(..keep_from) {
-                bytes -= version_bytes(key, v.kv.as_deref());
-                removed.push((key.clone(), v.revision, v.sub));
-            }
-            !versions.is_empty()
-        });
         self.compact_revision = rev;
-        self.bytes = bytes;
-        Ok(removed)
+        // Keys already swept for an earlier compaction need it again.
+        self.sweep_resume = Some(Vec::new());
+        Ok(())
     }
+}
+
+/// What a range response's key-values weigh (see [`MAX_RANGE_RESPONSE_BYTES`]).
+fn response_weight(req: &RangeRequest, kvs: &[Arc<KeyValue>]) -> usize {
+    kvs.iter().map(|kv| kv.key.len() + if req.keys_only { 0 } else { kv.value.len() } + 64).sum()
 }
 
 /// The value a read at `rev` sees in a key's history.

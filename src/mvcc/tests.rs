@@ -74,9 +74,22 @@ fn compaction_keeps_what_later_reads_see() {
     put(&mut s, "a", "2"); // 4
     s.delete_range(&DeleteRangeRequest { key: "b".into(), ..Default::default() }); // 5
     put(&mut s, "c", "1"); // 6
-    let removed = s.compact(5).unwrap();
+    let hash_before = s.hash_kv(0).unwrap().0;
+    s.compact(5).unwrap();
+    // What is exported and hashed is the same before and after the sweep.
+    let exported: Vec<_> = s.versions().collect();
+    assert_eq!(s.hash_kv(0).unwrap().0, {
+        let mut swept = MvccStore::restore(exported.clone(), s.revision(), s.compact_revision());
+        swept.sweep(usize::MAX);
+        swept.hash_kv(0).unwrap().0
+    });
+    assert_ne!(s.hash_kv(0).unwrap().0, hash_before);
     // a@2 is superseded; b@3 and its tombstone at 5 are both gone.
-    assert_eq!(removed.len(), 3);
+    assert_eq!(exported.len(), 5 - 3);
+    assert!(s.sweep_pending());
+    assert!(!s.sweep(usize::MAX));
+    assert!(!s.sweep_pending());
+    assert_eq!(s.versions().count(), 2);
     assert_eq!(get_at(&s, "a", 5).unwrap().unwrap().value, b"2");
     assert_eq!(get_at(&s, "a", 4), Err(MvccError::Compacted));
     assert_eq!(get_at(&s, "b", 5).unwrap(), None);
@@ -100,6 +113,8 @@ fn the_counted_size_follows_the_history() {
     let o = VERSION_OVERHEAD;
     assert_eq!(s.size_bytes(), (1 + 5 + o) + (1 + 3 + o) + (1 + o) + (2 + o));
     s.compact(4).unwrap();
+    assert_eq!(s.size_bytes(), (1 + 5 + o) + (1 + 3 + o) + (1 + o) + (2 + o), "nothing swept yet");
+    s.sweep(usize::MAX);
     assert_eq!(s.size_bytes(), 2 + o, "only bb's version is left");
     let restored = MvccStore::restore(s.versions().collect::<Vec<_>>(), s.revision(), s.compact_revision());
     assert_eq!(restored.size_bytes(), s.size_bytes());
@@ -238,4 +253,92 @@ fn decoding_refuses_lengths_beyond_the_input() {
     // claims far more bytes than follow.
     bytes[5..13].copy_from_slice(&(u64::MAX / 2).to_le_bytes());
     assert!(crate::raft::decode::<Command>(&bytes).is_err());
+}
+
+/// A sweep in small steps removes what one whole sweep does, and a new
+/// compaction in the middle of one starts it over.
+#[test]
+fn compaction_sweeps_in_steps() {
+    let mut s = MvccStore::default();
+    for round in 0..3 {
+        for k in 0..10 {
+            put(&mut s, &format!("k{k}"), &format!("v{round}"));
+        }
+    }
+    s.compact(12).unwrap(); // k0..k9 at round 0, then k0 of round 1
+    assert!(s.sweep(3), "3 of 10 keys swept");
+    s.compact(31).unwrap(); // everything but round 2
+    let mut steps = 0;
+    while s.sweep(3) {
+        steps += 1;
+    }
+    assert_eq!(steps, 3, "10 keys in steps of 3, from the first key again");
+    let mut whole = MvccStore::restore(s.versions().collect::<Vec<_>>(), s.revision(), s.compact_revision());
+    whole.sweep(usize::MAX);
+    assert_eq!(s.size_bytes(), whole.size_bytes());
+    assert_eq!(s.versions().count(), 10, "one version per key left");
+}
+
+/// A history scan in steps of a few keys finds what one read of all of it
+/// does; with a small budget it returns whole revisions up to where the
+/// budget ran out, and the next scan from there finds the rest.
+#[test]
+fn history_scans_in_steps_and_within_a_budget() {
+    let mut s = MvccStore::default();
+    for round in 0..4 {
+        for k in 0..8 {
+            put(&mut s, &format!("k{k}"), &format!("v{round}"));
+        }
+    }
+    let all = KeyRange::new(b"k", b"l");
+    let whole = s.changes_between(&all, 2, s.revision()).unwrap();
+    assert_eq!(whole.len(), 32);
+    let mut stepped = HistoryScan::new(all.clone(), 2, s.revision(), usize::MAX);
+    let mut steps = 0;
+    while !stepped.finished() {
+        s.scan_history(&mut stepped, 3).unwrap();
+        steps += 1;
+    }
+    assert_eq!(steps, 3);
+    assert_eq!(stepped.into_changes(), (whole.clone(), s.revision()));
+
+    let mut from = 2;
+    let mut pieces = Vec::new();
+    while from <= s.revision() {
+        let mut scan = HistoryScan::new(all.clone(), from, s.revision(), 300);
+        while !scan.finished() {
+            s.scan_history(&mut scan, 2).unwrap();
+        }
+        let (changes, to) = scan.into_changes();
+        assert!(!changes.is_empty() && to >= from);
+        assert!(changes.iter().all(|c| (from..=to).contains(&c.revision)));
+        pieces.push(changes.len());
+        from = to + 1;
+    }
+    assert!(pieces.len() > 2, "the budget cut the scan: {pieces:?}");
+    assert_eq!(pieces.iter().sum::<usize>(), 32);
+
+    // A compaction past the scan's start between two steps fails the next.
+    let mut scan = HistoryScan::new(all, 2, s.revision(), usize::MAX);
+    s.scan_history(&mut scan, 1).unwrap();
+    s.compact(10).unwrap();
+    assert_eq!(s.scan_history(&mut scan, 1), Err(MvccError::Compacted));
+}
+
+/// A range whose key-values weigh more than the response limit fails, alone
+/// or in a txn; with a limit, or keys only, it is served.
+#[test]
+fn a_range_too_large_is_refused() {
+    let mut s = MvccStore::default().with_response_limit(1000);
+    for k in 0..10 {
+        put(&mut s, &format!("k{k}"), &"v".repeat(100));
+    }
+    let all = RangeRequest { key: "k".into(), range_end: "l".into(), ..Default::default() };
+    assert_eq!(s.range(&all).unwrap_err(), MvccError::ResponseTooLarge);
+    let r = s.range(&RangeRequest { limit: 5, ..all.clone() }).unwrap();
+    assert_eq!((r.kvs.len(), r.more, r.count), (5, true, 10));
+    assert_eq!(s.range(&RangeRequest { keys_only: true, ..all.clone() }).unwrap().kvs.len(), 10);
+    assert_eq!(s.range(&RangeRequest { count_only: true, ..all.clone() }).unwrap().count, 10);
+    let txn = TxnRequest { compare: vec![], success: vec![RequestOp::Range(all)], failure: vec![] };
+    assert!(matches!(s.txn(&txn, &()), Err(MvccError::ResponseTooLarge)));
 }

@@ -92,7 +92,7 @@ impl WriteTxn<'_> {
     }
 
     fn range(&self, req: &RangeRequest) -> Result<RangeResult, MvccError> {
-        self.store.range_at(req, self.read_revision())
+        self.store.range_at(req, self.read_revision(), None)
     }
 
     fn txn(&mut self, req: &TxnRequest, path: &TxnPath) -> TxnResult {
@@ -185,7 +185,9 @@ impl MvccStore {
         let responses = ops
             .iter()
             .map(|op| match op {
-                RequestOp::Range(r) => ResponseOp::Range(self.range(r).expect("txn range was checked")),
+                RequestOp::Range(r) => {
+                    ResponseOp::Range(self.range_at(r, self.revision, None).expect("txn range was checked"))
+                }
                 RequestOp::Txn(t) => ResponseOp::Txn(self.read_path(t, nested.next().expect("path per txn"))),
                 RequestOp::Put(_) | RequestOp::DeleteRange(_) => unreachable!("checked read-only"),
             })
@@ -226,6 +228,9 @@ impl MvccStore {
         }
         if req.revision > 0 && req.revision < self.compact_revision {
             return Err(MvccError::Compacted);
+        }
+        if !self.range_within_limit(req) {
+            return Err(MvccError::ResponseTooLarge);
         }
         Ok(())
     }

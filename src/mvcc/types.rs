@@ -299,6 +299,10 @@ pub enum MvccError {
     /// the state past the space quota.
     #[error("mvcc: database space exceeded")]
     NoSpace,
+    /// A range (alone or in a txn) whose key-values would weigh more than
+    /// [`MAX_RANGE_RESPONSE_BYTES`](super::MAX_RANGE_RESPONSE_BYTES).
+    #[error("mvcc: range response is too large")]
+    ResponseTooLarge,
 }
 
 /// One change made by a write, in (main, sub) revision order: what the state

@@ -9,6 +9,11 @@
 //! - revision, retention `N`: every check interval (etcd's: 5 minutes) it
 //!   compacts to `current revision - N`, if that moved since the last time.
 //!
+//! This module also runs the sweeper ([`sweep`]): a compaction, once
+//! applied, only moves the compaction revision, and the sweeper then removes
+//! the unreadable versions a few thousand keys at a time, releasing the
+//! store's lock between steps so that no apply or read waits long behind it.
+//!
 //! A compaction is an ordinary write (`Node::compact`) replicated to every
 //! member. Invariants: only a leader proposes one; a revision already
 //! compacted is never proposed again (a refusal — another compaction got
@@ -29,6 +34,38 @@ use crate::shutdown::Stopping;
 
 /// The longest a periodic compactor waits between compactions (etcd's).
 const MAX_PERIODIC_INTERVAL: Duration = Duration::from_secs(3600);
+
+/// Keys the sweeper looks at per hold of the store's write lock: a few
+/// milliseconds of work.
+const SWEEP_KEYS: usize = 8192;
+
+/// Remove compacted versions whenever a compaction asks for it, until the
+/// node stops.
+pub async fn sweep(node: Arc<Node>, mut stopping: Stopping) {
+    loop {
+        // A compaction restored from the journal or a snapshot may have
+        // left work too: look before waiting.
+        while node.state().mvcc_mut().sweep(SWEEP_KEYS) {
+            tokio::task::yield_now().await;
+        }
+        tokio::select! {
+            _ = stopping.stopped() => return,
+            _ = node.state().sweep_requested() => {}
+        }
+    }
+}
+
+/// Wait until this member has applied a compaction at `revision` or later
+/// and every version it made unreadable is gone (etcd's `physical`
+/// compaction; Defragment, with 0).
+pub async fn swept(node: &Node, revision: Revision) {
+    while {
+        let mvcc = node.state().mvcc();
+        mvcc.compact_revision() < revision || mvcc.sweep_pending()
+    } {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
 
 /// Run auto compaction under `policy` until the node stops.
 pub async fn run(node: Arc<Node>, policy: AutoCompaction, mut stopping: Stopping) {

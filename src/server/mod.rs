@@ -282,6 +282,7 @@ impl Node {
         let attrs = MemberAttrs { name: config.name.clone(), client_urls: config.advertise_client_urls() };
         tokio::spawn(node.clone().publish(attrs, node.stopping()));
         tokio::spawn(lease_keeper::run(node.clone(), node.stopping()));
+        tokio::spawn(compactor::sweep(node.clone(), node.stopping()));
         tokio::spawn(count_leader_changes(node.raft.metrics(), node.stopping()));
         let log_bound =
             crate::raft::bound_log_memory(node.raft.clone(), log_store.clone(), node.state.clone(), node.stopping());
@@ -419,6 +420,13 @@ impl Node {
     /// This member's applied state, encoded (a backup), and its revision.
     pub fn snapshot(&self) -> (Vec<u8>, i64) {
         crate::raft::state_machine::encode_state(&self.state)
+    }
+
+    /// Wait until this member has applied the compaction at `revision` (or
+    /// a later one) and holds no version it made unreadable: a `physical`
+    /// compaction waits for it, and Defragment (with 0).
+    pub async fn compaction_swept(&self, revision: crate::mvcc::Revision) {
+        compactor::swept(self, revision).await
     }
 
     /// Push the state store to disk (Maintenance.Defragment).

@@ -141,7 +141,8 @@ impl<'a> Apply<'a> {
                 }
             }
             Command::Compact { revision } => match mvcc.compact(revision) {
-                Ok(_) => {
+                Ok(()) => {
+                    self.state.compacted();
                     self.journal.push(JournalOp::Compact(revision));
                     CommandResult::Compacted { revision: mvcc.revision() }
                 }

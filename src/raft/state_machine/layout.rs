@@ -279,6 +279,7 @@ impl Persisted {
                     JournalOp::Version(v) => mvcc.replay(v),
                     JournalOp::Compact(rev) => {
                         mvcc.compact(rev).map_err(|e| anyhow::anyhow!("journal: compaction at {rev}: {e}"))?;
+                        mvcc.sweep(usize::MAX);
                     }
                     JournalOp::Member(id, attrs) => {
                         members.insert(id, attrs);
