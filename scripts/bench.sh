@@ -13,6 +13,9 @@
 #   AUTH=1 scripts/bench.sh     # both systems with etcd's auth on (simple
 #                               # tokens); the client is a user whose role
 #                               # may read and write the bench's keys
+#   scripts/bench.sh stall      # no stalls instead: 16 clients put while
+#                               # heavy work runs on a 1M-key store (see
+#                               # stall() below)
 #   scripts/bench.sh memory     # memory instead: RSS per member after 300k
 #                               # puts of 1 KiB (100k keys, so 2/3 of it is
 #                               # history), then after compaction + defrag;
@@ -61,22 +64,25 @@ pids=(); extra_args=()
 stop_all() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pids=(); }
 trap stop_all EXIT
 
+start_member() { # kind base_port i: starts member i (again, after a kill) as pids[i]
+  local kind=$1 base=$2 i=$3 cluster="" j
+  for j in 0 1 2; do cluster+="${cluster:+,}n$j=$scheme://127.0.0.1:$((base+10+j))"; done
+  member_tls "$i"
+  local args=(--name "n$i" --data-dir "$work/$kind-n$i"
+    --listen-client-urls "$scheme://127.0.0.1:$((base+i))" --advertise-client-urls "$scheme://127.0.0.1:$((base+i))"
+    --listen-peer-urls "$scheme://127.0.0.1:$((base+10+i))" --initial-advertise-peer-urls "$scheme://127.0.0.1:$((base+10+i))"
+    --initial-cluster "$cluster" --initial-cluster-state new "${tls_args[@]}" "${extra_args[@]}")
+  if [ "$kind" = etcd ]; then
+    "$etcd_dir/etcd" "${args[@]}" --log-level error >>"$work/$kind-n$i.log" 2>&1 &
+  else
+    "$bin/raftlock" "${args[@]}" >>"$work/$kind-n$i.log" 2>&1 &
+  fi
+  pids[$i]=$!
+}
+
 start_cluster() { # kind base_port
-  local kind=$1 base=$2 cluster="" i
-  for i in 0 1 2; do cluster+="${cluster:+,}n$i=$scheme://127.0.0.1:$((base+10+i))"; done
-  for i in 0 1 2; do
-    member_tls "$i"
-    local args=(--name "n$i" --data-dir "$work/$kind-n$i"
-      --listen-client-urls "$scheme://127.0.0.1:$((base+i))" --advertise-client-urls "$scheme://127.0.0.1:$((base+i))"
-      --listen-peer-urls "$scheme://127.0.0.1:$((base+10+i))" --initial-advertise-peer-urls "$scheme://127.0.0.1:$((base+10+i))"
-      --initial-cluster "$cluster" --initial-cluster-state new "${tls_args[@]}" "${extra_args[@]}")
-    if [ "$kind" = etcd ]; then
-      "$etcd_dir/etcd" "${args[@]}" --log-level error >"$work/$kind-n$i.log" 2>&1 &
-    else
-      "$bin/raftlock" "${args[@]}" >"$work/$kind-n$i.log" 2>&1 &
-    fi
-    pids+=($!)
-  done
+  local kind=$1 base=$2 i
+  for i in 0 1 2; do start_member "$kind" "$base" "$i"; done
   endpoints="$scheme://127.0.0.1:$base,$scheme://127.0.0.1:$((base+1)),$scheme://127.0.0.1:$((base+2))"
   for _ in $(seq 100); do
     "$ctl" --endpoints "$endpoints" bench put --total 3 >/dev/null 2>&1 && return 0
@@ -153,6 +159,104 @@ memory() { # kind [extra raftlock flags...]: one row of the memory table
     | tee -a "$work/memory.jsonl" >&2
   stop_all; extra_args=()
 }
+
+# The no-stall run: 1M keys written twice (so half the versions are history),
+# then 16 clients put for 15 s while, 3 s in, one piece of heavy work runs:
+# none (the baseline), a watch reading all history back, a backup
+# (Maintenance.Snapshot, which encodes the whole state as a checkpoint
+# does), a compaction of all history, and a member restarted after the log
+# it missed was purged, so that it is sent a snapshot. For that last one,
+# both clusters restart with snapshots far more frequent than by default
+# (etcd every 10,000 entries, raftlock every 20,000: its entries are
+# proposal batches) and a follower misses 30,000 puts of one client. Each
+# row gives the writers' figures in that window and the elections (raft term
+# changes) during it.
+status_field() { # endpoint field: one field of etcdctl's endpoint status
+  ETCDCTL_API=3 "$etcd_dir/etcdctl" --endpoints="$1" endpoint status -w json 2>/dev/null \
+    | python3 -c "import json,sys; s=json.load(sys.stdin)[0]['Status']; print(s['$2'] if '$2' in s else s['header']['$2'])"
+}
+max_term() { local ep t max=0
+  for ep in ${endpoints//,/ }; do t=$(status_field "$ep" raft_term || echo 0); [ "$t" -gt "$max" ] && max=$t; done
+  echo "$max"; }
+
+stall() { # kind
+  local kind=$1 base keys=$((1000000/scale)) leader_i follower_i
+  base=$([ "$kind" = etcd ] && echo 23790 || echo 24790)
+  rm -rf "$work/$kind"-n*
+  start_cluster "$kind" "$base"
+  echo "== $kind: writing $keys keys twice" >&2
+  for _ in 1 2; do
+    "$ctl" --endpoints "$endpoints" bench put --sequential --total "$keys" --key-space "$keys" --value-size 100 \
+      --clients 64 --conns 8 >/dev/null
+  done
+  find_leader() { local i
+    for i in 0 1 2; do
+      if is_leader "$scheme://127.0.0.1:$((base+i))"; then leader_i=$i; else follower_i=$i; fi
+    done; }
+  find_leader
+  window() { # event command...: the event runs 3 s into 15 s of writes
+    local event=$1; shift
+    local before after started took
+    before=$(max_term)
+    "$ctl" --endpoints "${window_eps:-$endpoints}" -w json bench put --clients 16 --conns 4 --seconds 15 --total 1000000000 \
+      --key-space "$keys" --value-size 100 >"$work/window.json" &
+    local writer=$!
+    sleep 3
+    started=$(date +%s.%N)
+    "$@" >"$work/event.out" 2>&1 || echo "$event: the event failed: $(tail -2 "$work/event.out")" >&2
+    took=$(python3 -c "import time; print(round(time.time() - $started, 2))")
+    wait "$writer" || true # a report with failed requests is kept
+    after=$(max_term)
+    echo "{\"system\":\"$kind\",\"event\":\"$event\",\"event_seconds\":$took,\"elections\":$((after - before)),\"r\":$(cat "$work/window.json")}" \
+      | tee -a "$work/stall.jsonl" >&2
+  }
+  catch_up() { # restart the killed follower; wait until it has the leader's revision
+    start_member "$kind" "$base" "$follower_i"
+    local target; target=$(status_field "$scheme://127.0.0.1:$((base+leader_i))" revision)
+    for _ in $(seq 600); do
+      [ "$(status_field "$scheme://127.0.0.1:$((base+follower_i))" revision 2>/dev/null || echo 0)" -ge "$target" ] && return 0
+      sleep 0.1
+    done
+    return 1
+  }
+  window none true
+  window watch-history "$ctl" --endpoints "$scheme://127.0.0.1:$((base+follower_i))" bench watch-history \
+    --start-revision 2 --seconds 11
+  window backup env ETCDCTL_API=3 "$etcd_dir/etcdctl" --command-timeout=120s \
+    --endpoints="$scheme://127.0.0.1:$((base+leader_i))" snapshot save "$work/backup.db"
+  local rev; rev=$(status_field "$scheme://127.0.0.1:$((base+leader_i))" revision)
+  window compact env ETCDCTL_API=3 "$etcd_dir/etcdctl" --command-timeout=120s --endpoints="$endpoints" \
+    compact "$rev" --physical
+
+  stop_all
+  if [ "$kind" = etcd ]; then extra_args=(--snapshot-count 10000)
+  else extra_args=(--snapshot-count 20000 --snapshot-catchup-entries 100); fi
+  start_cluster "$kind" "$base"
+  for _ in $(seq 100); do "$ctl" --endpoints "$endpoints" bench put --total 3 >/dev/null 2>&1 && break; sleep 0.2; done
+  find_leader
+  kill -9 "${pids[$follower_i]}"; wait "${pids[$follower_i]}" 2>/dev/null || true
+  "$ctl" --endpoints "$scheme://127.0.0.1:$((base+leader_i))" bench put --clients 1 --total $((30000/scale)) \
+    --key-space "$keys" --value-size 100 >/dev/null
+  local i; window_eps=""
+  for i in 0 1 2; do [ "$i" = "$follower_i" ] || window_eps+="${window_eps:+,}$scheme://127.0.0.1:$((base+i))"; done
+  window lagging-member catch_up
+  stop_all; extra_args=(); window_eps=""
+}
+
+if [ "${1:-}" = stall ]; then
+  stall etcd
+  stall raftlock
+  python3 - "$work/stall.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+print(f"{'event':<16} {'system':<9} {'event s':>8} {'elections':>9} {'puts/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'errors':>6}")
+for r in sorted(rows, key=lambda r: (r["event"], r["system"])):
+    b = r["r"]
+    print(f"{r['event']:<16} {r['system']:<9} {r['event_seconds']:>8.2f} {r['elections']:>9} {b['ops_per_sec']:>8.0f}"
+          f" {b['p50_ms']:>8.2f} {b['p99_ms']:>8.2f} {b['max_ms']:>8.1f} {b['errors']:>6}")
+PY
+  exit 0
+fi
 
 if [ "${1:-}" = memory ]; then
   memory etcd

@@ -39,6 +39,11 @@ pub enum Workload {
     /// raftlock's native API: Acquire (waiting) then fenced Release, one op per
     /// cycle, on the same locks as `lock`.
     NativeLock,
+    /// One watch over every key the bench writes (`bench/...`), from
+    /// `--start-revision` to the revision current when it starts: reading
+    /// history back. The report counts events, not requests, and its
+    /// latencies are the gaps between two responses.
+    WatchHistory,
 }
 
 #[derive(Clone, Debug, clap::Args)]
@@ -67,6 +72,17 @@ pub struct BenchArgs {
     /// client contends for one lock, measuring handoffs).
     #[arg(long, default_value_t = 1)]
     pub lock_names: usize,
+    /// Write keys in order (request n uses key n % key-space) instead of at
+    /// random: `--sequential --total K --key-space K` writes every key once.
+    #[arg(long)]
+    pub sequential: bool,
+    /// Stop after this many seconds even if `--total` requests were not all
+    /// issued (0: no time limit).
+    #[arg(long, default_value_t = 0.0)]
+    pub seconds: f64,
+    /// watch-history: the revision the watch starts at.
+    #[arg(long, default_value_t = 1)]
+    pub start_revision: i64,
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -195,6 +211,7 @@ async fn one_request(d: &mut Driver, args: &BenchArgs, n: u64, value: &[u8]) -> 
             }
             locks.release(native::ReleaseRequest { key: granted.key, token: granted.token }).await?;
         }
+        Workload::WatchHistory => unreachable!("a watch is not a request loop"),
     }
     Ok(())
 }
@@ -216,6 +233,9 @@ pub async fn run(
         channels.push(InterceptedService::new(channel, token.clone()));
     }
     let value = vec![b'v'; args.value_size];
+    if args.workload == Workload::WatchHistory {
+        return watch_history(channels[0].clone(), args).await;
+    }
 
     if matches!(args.workload, Workload::Get | Workload::GetSerializable) {
         // Reads need something to read.
@@ -238,8 +258,13 @@ pub async fn run(
         tasks.push(tokio::spawn(async move {
             let mut keys = Keys(0x9E37_79B9_7F4A_7C15 ^ (c as u64 + 1));
             let mut latencies = Vec::new();
-            while issued.fetch_add(1, Ordering::Relaxed) < args.total {
-                let n = keys.next();
+            let deadline = (args.seconds > 0.0).then(|| start + Duration::from_secs_f64(args.seconds));
+            loop {
+                let i = issued.fetch_add(1, Ordering::Relaxed);
+                if i >= args.total || deadline.is_some_and(|d| Instant::now() >= d) {
+                    break;
+                }
+                let n = if args.sequential { i } else { keys.next() };
                 let t = Instant::now();
                 if one_request(&mut driver, &args, n, &value).await.is_err() {
                     errors.fetch_add(1, Ordering::Relaxed);
@@ -260,6 +285,54 @@ pub async fn run(
     for d in drivers {
         d.finish().await;
     }
+    Ok(report(args, latencies, errors.load(Ordering::Relaxed), elapsed))
+}
+
+/// Read history back through one watch (see [`Workload::WatchHistory`]).
+async fn watch_history(channel: Service, args: &BenchArgs) -> anyhow::Result<BenchReport> {
+    use raftlock::proto::etcdserverpb::watch_client::WatchClient;
+    let current = KvClient::new(channel.clone())
+        .range(pb::RangeRequest { key: b"bench/".to_vec(), count_only: true, ..Default::default() })
+        .await?
+        .into_inner()
+        .header
+        .map_or(0, |h| h.revision);
+    let create = pb::WatchRequest {
+        request_union: Some(pb::watch_request::RequestUnion::CreateRequest(pb::WatchCreateRequest {
+            key: b"bench/".to_vec(),
+            range_end: b"bench0".to_vec(),
+            start_revision: args.start_revision,
+            ..Default::default()
+        })),
+    };
+    // The request stream stays open (a closed one ends the watch).
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tx.send(create).await?;
+    let start = Instant::now();
+    let mut stream =
+        WatchClient::new(channel).watch(tokio_stream::wrappers::ReceiverStream::new(rx)).await?.into_inner();
+    let (mut events, mut gaps, mut last) = (0u64, Vec::new(), Instant::now());
+    while let Some(resp) = stream.message().await? {
+        anyhow::ensure!(!resp.canceled, "the watch was canceled: {}", resp.cancel_reason);
+        gaps.push(last.elapsed());
+        last = Instant::now();
+        events += resp.events.len() as u64;
+        if resp.events.last().and_then(|e| e.kv.as_ref()).is_some_and(|kv| kv.mod_revision >= current) {
+            break;
+        }
+        if args.seconds > 0.0 && start.elapsed().as_secs_f64() >= args.seconds {
+            break;
+        }
+    }
+    drop(tx);
+    let elapsed = start.elapsed().as_secs_f64();
+    let mut r = report(args, gaps, 0, elapsed);
+    r.total = events;
+    r.ops_per_sec = events as f64 / elapsed;
+    Ok(r)
+}
+
+fn report(args: &BenchArgs, mut latencies: Vec<Duration>, errors: u64, elapsed: f64) -> BenchReport {
     latencies.sort_unstable();
     let pct = |p: f64| -> f64 {
         if latencies.is_empty() {
@@ -268,19 +341,19 @@ pub async fn run(
         let i = ((latencies.len() as f64 * p).ceil() as usize).clamp(1, latencies.len()) - 1;
         latencies[i].as_secs_f64() * 1e3
     };
-    Ok(BenchReport {
+    BenchReport {
         workload: match args.workload {
             Workload::Lock | Workload::NativeLock => format!("{:?}/{}", args.workload, args.lock_names).to_lowercase(),
             other => format!("{other:?}").to_lowercase(),
         },
         clients: args.clients,
         total: latencies.len() as u64,
-        errors: errors.load(Ordering::Relaxed),
+        errors,
         seconds: elapsed,
         ops_per_sec: latencies.len() as f64 / elapsed,
         p50_ms: pct(0.50),
         p90_ms: pct(0.90),
         p99_ms: pct(0.99),
         max_ms: pct(1.0),
-    })
+    }
 }
