@@ -101,7 +101,7 @@ impl Kv for KvService {
         let req = req.into_inner();
         let revision = self.node.compact(req.revision, Some(&caller)).await.map_err(error::write)?;
         if req.physical {
-            self.node.compaction_swept(req.revision).await;
+            self.node.compaction_swept(Some(req.revision)).await;
         }
         Ok(Response::new(pb::CompactionResponse { header: header(&self.node, revision) }))
     }

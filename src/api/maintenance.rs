@@ -106,7 +106,7 @@ impl Maintenance for MaintenanceService {
         req: Request<pb::DefragmentRequest>,
     ) -> Result<Response<pb::DefragmentResponse>, Status> {
         auth::maintenance_admin(&self.node, &req).await?;
-        self.node.compaction_swept(0).await;
+        self.node.compaction_swept(None).await;
         let node = self.node.clone();
         tokio::task::spawn_blocking(move || node.sync_state())
             .await

@@ -56,12 +56,13 @@ pub async fn sweep(node: Arc<Node>, mut stopping: Stopping) {
 }
 
 /// Wait until this member has applied a compaction at `revision` or later
-/// and every version it made unreadable is gone (etcd's `physical`
-/// compaction; Defragment, with 0).
-pub async fn swept(node: &Node, revision: Revision) {
+/// (if one is named) and every version a compaction made unreadable is
+/// gone: etcd's `physical` compaction waits with its revision, Defragment
+/// with none.
+pub async fn swept(node: &Node, revision: Option<Revision>) {
     while {
         let mvcc = node.state().mvcc();
-        mvcc.compact_revision() < revision || mvcc.sweep_pending()
+        revision.is_some_and(|r| mvcc.compact_revision() < r) || mvcc.sweep_pending()
     } {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }

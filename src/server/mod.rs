@@ -423,9 +423,9 @@ impl Node {
     }
 
     /// Wait until this member has applied the compaction at `revision` (or
-    /// a later one) and holds no version it made unreadable: a `physical`
-    /// compaction waits for it, and Defragment (with 0).
-    pub async fn compaction_swept(&self, revision: crate::mvcc::Revision) {
+    /// a later one; any, with `None`) and holds no version a compaction made
+    /// unreadable: a `physical` compaction waits for it, and Defragment.
+    pub async fn compaction_swept(&self, revision: Option<crate::mvcc::Revision>) {
         compactor::swept(self, revision).await
     }
 
