@@ -5,7 +5,9 @@
 # watches), faults injected for a while, then every history checked. Prints a
 # table per nemesis: operations, faults injected, anomalies (must be 0).
 #
-#   scripts/faults.sh                      # the short pass CI runs (~7 min)
+#   scripts/faults.sh                      # the short pass CI runs (~7 min),
+#                                          # then the election checks
+#                                          # (pre-vote, check-quorum: ~1 min)
 #   scripts/faults.sh --minutes 10         # a long run: 10 min per nemesis
 #   scripts/faults.sh --nemesis pause-leader-long,bridge --members 5 --seed 42
 #
@@ -24,6 +26,8 @@ cargo build --quiet -p raftlock -p raftlock-faults --bins
 # Cargo's target directory: ./target unless CARGO_TARGET_DIR or a config moves it.
 target=$(cargo metadata --format-version 1 --no-deps |
   python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
-args=("$@")
-[ ${#args[@]} -gt 0 ] || args=(--minutes 0.25)
-exec "$target/debug/raftlock-faults" "${args[@]}"
+if [ $# -gt 0 ]; then
+  exec "$target/debug/raftlock-faults" "$@"
+fi
+"$target/debug/raftlock-faults" --minutes 0.25
+exec "$target/debug/raftlock-faults" --elections

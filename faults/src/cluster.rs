@@ -53,11 +53,13 @@ pub struct Cluster {
     initial_cluster: String,
 }
 
-/// What one member said of the cluster: its ID and the leader it knows.
+/// What one member said of the cluster: its ID, the leader it knows (0:
+/// none) and its Raft term.
 #[derive(Clone, Copy, Debug)]
 pub struct View {
     pub member_id: u64,
     pub leader: u64,
+    pub term: u64,
 }
 
 impl Cluster {
@@ -218,7 +220,7 @@ impl Cluster {
         let ask = async {
             let mut c = self.client(i).await.ok()?;
             let s = c.status().await.ok()?;
-            Some(View { member_id: s.header()?.member_id(), leader: s.leader() })
+            Some(View { member_id: s.header()?.member_id(), leader: s.leader(), term: s.raft_term() })
         };
         tokio::time::timeout(Duration::from_secs(1), ask).await.ok().flatten()
     }

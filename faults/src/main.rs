@@ -4,7 +4,11 @@
 //!
 //! ```text
 //!   raftlock-faults [--minutes M] [--nemesis a,b] [--members 3|5] [--seed S]
+//!   raftlock-faults --elections
 //! ```
+//!
+//! `--elections` runs the election checks of `elections` instead (pre-vote
+//! and check-quorum under partitions).
 //!
 //! Prints one row per nemesis — operations, faults injected, anomalies
 //! (must be 0), histories the linearizability checker could not decide —
@@ -16,6 +20,7 @@
 //! beside this binary, as cargo builds both).
 
 mod cluster;
+mod elections;
 mod nemesis;
 mod net;
 mod workload;
@@ -64,6 +69,9 @@ struct Args {
     /// Keep data, logs and histories of clean runs too.
     #[arg(long)]
     keep: bool,
+    /// Run the election checks (pre-vote, check-quorum) instead of nemeses.
+    #[arg(long)]
+    elections: bool,
 }
 
 /// The linearizability checker's budget of search steps per key.
@@ -98,6 +106,15 @@ async fn main() -> anyhow::Result<()> {
     };
     anyhow::ensure!(binary.exists(), "no raftlock binary at {} (build it, or pass --raftlock)", binary.display());
     let run_dir = args.dir.join(format!("run-{seed}"));
+    if args.elections {
+        let dir = run_dir.join("elections");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        println!("raftlock election checks: 3 members, data under {}", dir.display());
+        elections::run(&binary, &dir).await?;
+        let _ = std::fs::remove_dir_all(&run_dir);
+        return Ok(());
+    }
     println!(
         "raftlock fault suite: {} members, {:.1} min per nemesis, seed {seed}, data under {}",
         args.members,

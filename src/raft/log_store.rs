@@ -213,6 +213,13 @@ impl LogStore {
         cache.sizes.keys().next().map_or(upto, |first| first.saturating_sub(1))
     }
 
+    /// The id of the log's last entry, or of the last one purged when the
+    /// log holds none: how far this member's log goes, as a vote judges it.
+    pub fn last_log_id(&self) -> Option<LogId> {
+        let cache = self.cache();
+        cache.entries.values().next_back().map(|e| e.log_id).or(cache.last_purged)
+    }
+
     /// Follow the index of the log's last entry (`None`: the log holds no entry).
     pub fn last_index(&self) -> watch::Receiver<Option<u64>> {
         self.last_index.subscribe()

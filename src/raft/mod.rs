@@ -48,6 +48,7 @@
 //! - Peer RPCs are not authenticated: the peer URL must only be reachable by
 //!   members.
 
+pub mod election;
 pub mod log_store;
 pub mod membership;
 pub mod network;
@@ -176,8 +177,6 @@ pub struct RaftSettings {
     /// `--initial-cluster-token`.
     pub cluster_token: String,
     pub heartbeat_ms: u64,
-    /// The least election timeout; each election waits up to twice this.
-    pub election_timeout_ms: u64,
     /// A snapshot is taken every this many applied entries.
     pub snapshot_count: u64,
     /// Entries kept in the log behind a snapshot for slow followers.
@@ -192,11 +191,13 @@ pub async fn start(
     state_machine: state_machine::StateMachine,
     network: network::PeerNetwork,
 ) -> anyhow::Result<Raft> {
+    // openraft's elections are off: `election` runs them (see its doc).
+    let (election_timeout_min, election_timeout_max) = election::openraft_timeouts(settings.heartbeat_ms);
     let config = RaftConfig {
         cluster_name: settings.cluster_token.clone(),
         heartbeat_interval: settings.heartbeat_ms,
-        election_timeout_min: settings.election_timeout_ms,
-        election_timeout_max: settings.election_timeout_ms * 2,
+        election_timeout_min,
+        election_timeout_max,
         snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(settings.snapshot_count),
         max_in_snapshot_log_to_keep: settings.snapshot_catchup_entries,
         ..Default::default()

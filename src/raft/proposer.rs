@@ -23,6 +23,7 @@
 
 use openraft::error::{ClientWriteError, RaftError};
 
+use super::election::Elections;
 use super::Raft;
 use crate::batcher::{Batcher, CallError, Limits};
 use crate::command::{Command, CommandResult};
@@ -68,11 +69,20 @@ pub struct Proposer {
 }
 
 impl Proposer {
-    /// Start the batching task for `raft`. It ends when every handle is dropped.
-    pub fn start(raft: Raft) -> Proposer {
-        let batcher = Batcher::start(LIMITS, Command::encoded_len, move |cmds| {
-            let raft = raft.clone();
-            async move { propose_batch(&raft, cmds).await }
+    /// Start the batching task for `raft`. It ends when every handle is
+    /// dropped. Nothing is proposed while `elections` says this member does
+    /// not act as leader (check-quorum: it answers `NotLeader`, leader
+    /// unknown, at once).
+    pub fn start(raft: Raft, elections: std::sync::Arc<Elections>) -> Proposer {
+        let batcher = Batcher::start(LIMITS, Command::encoded_len, move |cmds: Vec<Command>| {
+            let (raft, elections) = (raft.clone(), elections.clone());
+            async move {
+                let me = raft.metrics().borrow().id;
+                if raft.metrics().borrow().current_leader == Some(me) && elections.acting_leader().is_none() {
+                    return vec![Err(ProposeError::NotLeader { leader: None }); cmds.len()];
+                }
+                propose_batch(&raft, cmds).await
+            }
         });
         Proposer { batcher }
     }

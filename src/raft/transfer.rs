@@ -1,50 +1,51 @@
 //! Leader transfer (etcd's MoveLeader) on openraft 0.9, which has no transfer
 //! of its own.
 //!
-//! openraft's voters refuse to vote while their leader lease (the maximum
-//! election timeout since they last heard from the leader) lasts, so the
-//! transfer starves the lease and lets only the target campaign:
+//! openraft's voters refuse to vote while their leader lease (two heartbeats
+//! since they last heard from the leader, see `raft::election`) lasts, so the
+//! transfer lets that lease run out and lets only the target campaign:
 //! 1. the target must be a voter whose log matches the leader's;
-//! 2. every other voter, the leader included, stops starting elections, and
-//!    the leader stops sending heartbeats;
-//! 3. the target is told to campaign, and campaigns again on its own election
-//!    timer until the others' leases have run out and it wins;
+//! 2. every other voter, the leader included, starts no election, and the
+//!    leader stops sending heartbeats;
+//! 3. the target is told to campaign (skipping pre-vote, as etcd's
+//!    `TimeoutNow`), and again every [`CAMPAIGN_EVERY`] until it leads;
 //! 4. everyone's elections and heartbeats are switched back on, whatever the
 //!    outcome.
 //!
 //! Caveats: writes go on during the transfer, and each one replicated renews
-//! the followers' leases, so a transfer under a steady stream of writes may
-//! not finish in time (it is then refused as timed out, and the old leader
-//! stays). The transfer takes about two election timeouts.
+//! the followers' leases, so under a steady stream of writes the target wins
+//! only once the leader's vote is enough, or once a gap between writes
+//! outlasts the lease; a transfer that runs out of time is refused as timed
+//! out, and the old leader stays. Each campaign that fails raises the
+//! target's term by one.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::election::Elections;
 use super::peer::client::PeerClients;
 use super::peer::messages::ControlRequest;
 use super::Raft;
 
+/// How often the target of a transfer campaigns until it leads.
+const CAMPAIGN_EVERY: Duration = Duration::from_millis(50);
+
 /// Run an admin request on this member. Elections are paused for at most
 /// `max_pause` whatever the asker says: a transfer takes no longer than a
 /// request, and no peer may silence this member for longer.
-pub async fn admin(raft: &Raft, req: ControlRequest, max_pause: Duration) -> bool {
+pub async fn admin(raft: &Raft, elections: &Elections, req: ControlRequest, max_pause: Duration) -> bool {
     match req {
         ControlRequest::PauseElections { ms } => {
-            raft.runtime_config().elect(false);
-            let raft = raft.clone();
-            let pause = Duration::from_millis(ms).min(max_pause);
-            tokio::spawn(async move {
-                tokio::time::sleep(pause).await;
-                raft.runtime_config().elect(true);
-            });
+            elections.pause(Duration::from_millis(ms).min(max_pause));
             true
         }
         ControlRequest::ResumeElections => {
-            raft.runtime_config().elect(true);
+            elections.resume();
             true
         }
-        ControlRequest::Campaign => raft.trigger().elect().await.is_ok(),
+        ControlRequest::Campaign => elections.campaign().await,
+        ControlRequest::PreVote { term, last_log } => elections.pre_vote(term, last_log),
         ControlRequest::Published { .. } | ControlRequest::HashKv { .. } => false,
         ControlRequest::Removed { id } => {
             let m = raft.metrics().borrow().clone();
@@ -69,7 +70,13 @@ pub enum TransferError {
 /// Make `target` the leader; this member must lead. Returns once `target`
 /// leads, or fails by `deadline`. Run it to the end (in a task of its own):
 /// stopping it halfway would leave this member without heartbeats.
-pub async fn transfer(raft: &Raft, peers: &PeerClients, target: u64, deadline: Instant) -> Result<(), TransferError> {
+pub async fn transfer(
+    raft: &Raft,
+    elections: &Elections,
+    peers: &PeerClients,
+    target: u64,
+    deadline: Instant,
+) -> Result<(), TransferError> {
     let metrics = raft.metrics().borrow().clone();
     if metrics.current_leader != Some(metrics.id) {
         return Err(TransferError::NotLeader);
@@ -94,7 +101,7 @@ pub async fn transfer(raft: &Raft, peers: &PeerClients, target: u64, deadline: I
     caught_up(raft, target, deadline).await?;
 
     // 2. Only the target may campaign; the leader stops renewing leases.
-    raft.runtime_config().elect(false);
+    elections.pause(deadline.saturating_duration_since(Instant::now()));
     raft.runtime_config().heartbeat(false);
     let pause =
         ControlRequest::PauseElections { ms: deadline.saturating_duration_since(Instant::now()).as_millis() as u64 };
@@ -106,7 +113,7 @@ pub async fn transfer(raft: &Raft, peers: &PeerClients, target: u64, deadline: I
         let mut metrics = raft.metrics();
         loop {
             let _ = peers.admin(&target_url, &ControlRequest::Campaign, Duration::from_millis(500)).await;
-            let until = Instant::now() + Duration::from_millis(300);
+            let until = Instant::now() + CAMPAIGN_EVERY;
             while Instant::now() < until {
                 if metrics.borrow().current_leader == Some(target) {
                     return Ok(());
@@ -121,7 +128,7 @@ pub async fn transfer(raft: &Raft, peers: &PeerClients, target: u64, deadline: I
     .await;
     // 4. Back to normal, whatever happened.
     raft.runtime_config().heartbeat(true);
-    raft.runtime_config().elect(true);
+    elections.resume();
     for (_, url) in &others {
         let _ = peers.admin(url, &ControlRequest::ResumeElections, Duration::from_secs(1)).await;
     }

@@ -136,8 +136,8 @@ impl Node {
     /// be stopped halfway if the caller goes away.
     pub async fn move_leader(&self, target: u64) -> Result<(), TransferError> {
         let deadline = Instant::now() + self.request_timeout;
-        let (raft, peers) = (self.raft.clone(), self.peers.clone());
-        let task = tokio::spawn(async move { transfer(&raft, &peers, target, deadline).await });
+        let (raft, elections, peers) = (self.raft.clone(), self.elections.clone(), self.peers.clone());
+        let task = tokio::spawn(async move { transfer(&raft, &elections, &peers, target, deadline).await });
         transfer_outcome(task.await)
     }
 
@@ -163,8 +163,8 @@ impl Node {
         };
         let Some(target) = target else { return Ok(None) };
         let deadline = Instant::now() + self.election_timeout * 3;
-        let (raft, peers) = (self.raft.clone(), self.peers.clone());
-        let task = tokio::spawn(async move { transfer(&raft, &peers, target, deadline).await });
+        let (raft, elections, peers) = (self.raft.clone(), self.elections.clone(), self.peers.clone());
+        let task = tokio::spawn(async move { transfer(&raft, &elections, &peers, target, deadline).await });
         transfer_outcome(task.await)?;
         Ok(Some(target))
     }

@@ -48,6 +48,7 @@ pub use write::WriteError;
 use crate::applied::{AppliedState, MemberAttrs};
 use crate::batcher::Batcher;
 use crate::config::{ClusterState, Config};
+use crate::raft::election::Elections;
 use crate::raft::log_store::LogStore;
 use crate::raft::network::PeerNetwork;
 use crate::raft::peer::client::PeerClients;
@@ -178,6 +179,8 @@ pub struct Node {
     request_timeout: Duration,
     /// `--election-timeout`: bounds a leadership hand-over at stop.
     election_timeout: Duration,
+    /// The election timer, pre-vote and check-quorum (`raft::election`).
+    elections: Arc<Elections>,
     /// `--bcrypt-cost` for the passwords this member hashes.
     bcrypt_cost: u32,
     /// `--client-cert-auth`: a verified client certificate names the user.
@@ -217,7 +220,6 @@ impl Node {
         let settings = RaftSettings {
             cluster_token: config.initial_cluster_token.clone(),
             heartbeat_ms: config.heartbeat_interval,
-            election_timeout_ms: config.election_timeout,
             snapshot_count: config.snapshot_count,
             snapshot_catchup_entries: config.snapshot_catchup_entries,
         };
@@ -234,7 +236,14 @@ impl Node {
         }
 
         let shutdown = Shutdown::new();
-        let proposer = Proposer::start(raft.clone());
+        let elections = Arc::new(Elections::new(
+            raft.clone(),
+            log_store.clone(),
+            peers.clone(),
+            config.election_timeout(),
+            Duration::from_millis(config.heartbeat_interval),
+        ));
+        let proposer = Proposer::start(raft.clone(), elections.clone());
         let request_timeout = Duration::from_secs(5) + config.election_timeout() * 2;
         let forwarder = Forwarder::start(peers.clone(), request_timeout);
         let peer_gate = PeerGate::new(cluster_id, members.keys().copied(), raft.clone(), peers.clone());
@@ -274,6 +283,7 @@ impl Node {
                 state_store,
                 request_timeout,
                 election_timeout: config.election_timeout(),
+                elections,
                 bcrypt_cost: config.bcrypt_cost,
                 client_cert_auth: config.client_cert_auth,
                 shutdown,
@@ -281,6 +291,7 @@ impl Node {
         });
         let attrs = MemberAttrs { name: config.name.clone(), client_urls: config.advertise_client_urls() };
         tokio::spawn(node.clone().publish(attrs, node.stopping()));
+        tokio::spawn(node.elections.clone().run(node.stopping()));
         tokio::spawn(lease_keeper::run(node.clone(), node.stopping()));
         tokio::spawn(compactor::sweep(node.clone(), node.stopping()));
         tokio::spawn(count_leader_changes(node.raft.metrics(), node.stopping()));
@@ -309,6 +320,7 @@ impl Node {
                 stopping: self.stopping(),
                 gate: self.peer_gate.clone(),
                 max_election_pause: self.request_timeout,
+                elections: self.elections.clone(),
             }
             .router()
         };
@@ -380,25 +392,18 @@ impl Node {
     }
 
     /// The term this member leads, if it leads.
+    /// A leader that no quorum has acknowledged for an election timeout does
+    /// not count (check-quorum, see `raft::election`).
     pub fn leading_term(&self) -> Option<u64> {
-        let m = self.raft.metrics();
-        let m = m.borrow();
-        (m.current_leader == Some(self.id)).then_some(m.current_term)
+        let term = self.raft.metrics().borrow().current_term;
+        (self.elections.acting_leader() == Some(self.id)).then_some(term)
     }
 
     /// Whether this member knows a leader it can count on: another member
     /// it follows, or itself while a quorum keeps acknowledging it (a leader
     /// cut off from the others stops counting after an election timeout).
     pub fn has_leader(&self) -> bool {
-        let m = self.raft.metrics();
-        let m = m.borrow();
-        match m.current_leader {
-            None => false,
-            Some(leader) if leader == self.id => {
-                m.millis_since_quorum_ack.is_none_or(|ms| ms < self.election_timeout.as_millis() as u64)
-            }
-            Some(_) => true,
-        }
+        self.elections.acting_leader().is_some()
     }
 
     /// Resolves once this member has been without a leader (see
@@ -437,7 +442,7 @@ impl Node {
     pub fn status(&self) -> NodeStatus {
         let m = self.metrics();
         NodeStatus {
-            leader: m.current_leader.unwrap_or(0),
+            leader: self.elections.acting_leader().unwrap_or(0),
             raft_term: m.current_term,
             raft_index: m.last_log_index.unwrap_or(0),
             applied_index: m.last_applied.map_or(0, |l| l.index),

@@ -67,11 +67,12 @@ impl Node {
         }
     }
 
-    /// The leader's ID and peer URL, if there is a leader.
+    /// The leader's ID and peer URL, if there is a leader (this member only
+    /// while a quorum acknowledges it: check-quorum).
     fn leader(&self) -> Option<(u64, String)> {
+        let leader = self.elections.acting_leader()?;
         let m = self.raft.metrics();
         let m = m.borrow();
-        let leader = m.current_leader?;
         let url = m.membership_config.membership().get_node(&leader).map(|n| n.peer_url.clone())?;
         Some((leader, url))
     }

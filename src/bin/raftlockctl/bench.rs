@@ -97,13 +97,16 @@ pub struct BenchReport {
     pub p90_ms: f64,
     pub p99_ms: f64,
     pub max_ms: f64,
+    /// The longest time between two requests that succeeded (any clients):
+    /// how long the service was unavailable, during a failover.
+    pub max_gap_ms: f64,
 }
 
 impl std::fmt::Display for BenchReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{:<16} clients={:<3} ops={} errors={} time={:.2}s  {:>9.0} ops/s  p50={:.3}ms p90={:.3}ms p99={:.3}ms max={:.3}ms",
+            "{:<16} clients={:<3} ops={} errors={} time={:.2}s  {:>9.0} ops/s  p50={:.3}ms p90={:.3}ms p99={:.3}ms max={:.3}ms max-gap={:.1}ms",
             self.workload,
             self.clients,
             self.total,
@@ -113,7 +116,8 @@ impl std::fmt::Display for BenchReport {
             self.p50_ms,
             self.p90_ms,
             self.p99_ms,
-            self.max_ms
+            self.max_ms,
+            self.max_gap_ms
         )
     }
 }
@@ -258,6 +262,7 @@ pub async fn run(
         tasks.push(tokio::spawn(async move {
             let mut keys = Keys(0x9E37_79B9_7F4A_7C15 ^ (c as u64 + 1));
             let mut latencies = Vec::new();
+            let mut succeeded = Vec::new();
             let deadline = (args.seconds > 0.0).then(|| start + Duration::from_secs_f64(args.seconds));
             loop {
                 let i = issued.fetch_add(1, Ordering::Relaxed);
@@ -268,24 +273,32 @@ pub async fn run(
                 let t = Instant::now();
                 if one_request(&mut driver, &args, n, &value).await.is_err() {
                     errors.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    succeeded.push(Instant::now());
                 }
                 latencies.push(t.elapsed());
             }
-            (latencies, driver)
+            (latencies, succeeded, driver)
         }));
     }
     let mut latencies: Vec<Duration> = Vec::with_capacity(args.total as usize);
     let mut drivers = Vec::new();
+    let mut succeeded = Vec::new();
     for t in tasks {
-        let (l, driver) = t.await?;
+        let (l, s, driver) = t.await?;
         latencies.extend(l);
+        succeeded.extend(s);
         drivers.push(driver);
     }
+    succeeded.sort_unstable();
+    let max_gap = succeeded.windows(2).map(|w| w[1] - w[0]).max().unwrap_or_default();
     let elapsed = start.elapsed().as_secs_f64();
     for d in drivers {
         d.finish().await;
     }
-    Ok(report(args, latencies, errors.load(Ordering::Relaxed), elapsed))
+    let mut r = report(args, latencies, errors.load(Ordering::Relaxed), elapsed);
+    r.max_gap_ms = max_gap.as_secs_f64() * 1e3;
+    Ok(r)
 }
 
 /// Read history back through one watch (see [`Workload::WatchHistory`]).
@@ -326,7 +339,9 @@ async fn watch_history(channel: Service, args: &BenchArgs) -> anyhow::Result<Ben
     }
     drop(tx);
     let elapsed = start.elapsed().as_secs_f64();
+    let max_gap = gaps.iter().max().copied().unwrap_or_default();
     let mut r = report(args, gaps, 0, elapsed);
+    r.max_gap_ms = max_gap.as_secs_f64() * 1e3;
     r.total = events;
     r.ops_per_sec = events as f64 / elapsed;
     Ok(r)
@@ -355,5 +370,6 @@ fn report(args: &BenchArgs, mut latencies: Vec<Duration>, errors: u64, elapsed: 
         p90_ms: pct(0.90),
         p99_ms: pct(0.99),
         max_ms: pct(1.0),
+        max_gap_ms: 0.0,
     }
 }

@@ -79,6 +79,13 @@ pub enum ControlRequest {
     HashKv {
         revision: i64,
     },
+    /// Would you vote for me, a voter at `term` whose log ends at
+    /// `last_log`? Changes nothing on either side; asked before an election
+    /// (see `raft::election`).
+    PreVote {
+        term: u64,
+        last_log: Option<super::super::LogId>,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -24,7 +24,7 @@
 //! recursed into.
 
 use futures::StreamExt;
-use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
+use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, VoteRequest};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tonic::transport::server::Router;
@@ -37,6 +37,7 @@ use super::messages::{ControlRequest, ForwardError, LeaseAnswer, LeaseQuery, Mem
 use crate::command::{Command, CommandResult};
 use crate::proto::raftlock::peer::peer_server::{Peer, PeerServer};
 use crate::proto::raftlock::peer::{RaftPayload, ReadIndexRequest, ReadIndexResponse};
+use crate::raft::election::Elections;
 use crate::raft::pipeline;
 use crate::raft::proposer::{ProposeError, Proposer};
 use crate::raft::read_index::{read_index, ReadFloor, ReadIndexError};
@@ -67,6 +68,8 @@ pub struct PeerService {
     pub gate: PeerGate,
     /// The longest a peer may pause this member's elections.
     pub max_election_pause: std::time::Duration,
+    /// This member's election timer: told when a leader is heard from.
+    pub elections: std::sync::Arc<Elections>,
 }
 
 impl PeerService {
@@ -102,7 +105,11 @@ impl Peer for PeerService {
     async fn append_entries(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
         self.gate.admit(&req).await?;
         let rpc: AppendEntriesRequest<TypeConfig> = payload(req)?;
-        reply(&self.raft.append_entries(rpc).await)
+        let answer = self.raft.append_entries(rpc).await;
+        if from_leader(&answer) {
+            self.elections.heard_from_leader();
+        }
+        reply(&answer)
     }
 
     type ReplicateStream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<RaftPayload, Status>> + Send>>;
@@ -111,6 +118,7 @@ impl Peer for PeerService {
         self.gate.admit(&req).await?;
         let mut incoming = req.into_inner();
         let raft = self.raft.clone();
+        let elections = self.elections.clone();
         let mut stopping = self.stopping.clone();
         let (answers, outgoing) = mpsc::channel(pipeline::MAX_IN_FLIGHT);
         tokio::spawn(async move {
@@ -137,7 +145,11 @@ impl Peer for PeerService {
                     }
                 }
                 for (request, count) in pipeline::merge(requests) {
-                    let answer = RaftPayload { data: encode(&raft.append_entries(request).await) };
+                    let answer = raft.append_entries(request).await;
+                    if from_leader(&answer) {
+                        elections.heard_from_leader();
+                    }
+                    let answer = RaftPayload { data: encode(&answer) };
                     for _ in 0..count {
                         if answers.send(Ok(answer.clone())).await.is_err() {
                             return;
@@ -152,13 +164,21 @@ impl Peer for PeerService {
     async fn vote(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
         self.gate.admit(&req).await?;
         let rpc: VoteRequest<u64> = payload(req)?;
-        reply(&self.raft.vote(rpc).await)
+        let answer = self.raft.vote(rpc).await;
+        if answer.as_ref().is_ok_and(|a| a.vote_granted) {
+            self.elections.heard_from_leader();
+        }
+        reply(&answer)
     }
 
     async fn install_snapshot(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
         self.gate.admit(&req).await?;
         let rpc: InstallSnapshotRequest<TypeConfig> = payload(req)?;
-        reply(&self.raft.install_snapshot(rpc).await)
+        let answer = self.raft.install_snapshot(rpc).await;
+        if answer.is_ok() {
+            self.elections.heard_from_leader();
+        }
+        reply(&answer)
     }
 
     async fn forward(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
@@ -224,7 +244,7 @@ impl Peer for PeerService {
                     .map_err(|e| Status::internal(e.to_string()))?;
                 reply(&hashed.map_err(|e| e.to_string()))
             }
-            admin => reply(&transfer::admin(&self.raft, admin, self.max_election_pause).await),
+            admin => reply(&transfer::admin(&self.raft, &self.elections, admin, self.max_election_pause).await),
         }
     }
 
@@ -236,4 +256,10 @@ impl Peer for PeerService {
             Err(e) => Err(Status::unavailable(e.to_string())),
         }
     }
+}
+
+/// Whether an AppendEntries answered so came from the leader this member
+/// follows: any answer but "my vote is newer" (see `raft::election`).
+fn from_leader(answer: &Result<AppendEntriesResponse<u64>, openraft::error::RaftError<u64>>) -> bool {
+    matches!(answer, Ok(a) if !matches!(a, AppendEntriesResponse::HigherVote(_)))
 }

@@ -1,0 +1,266 @@
+//! When a member starts an election, and whether a leader still counts as
+//! one: pre-vote, the election timer and check-quorum, which openraft 0.9
+//! does not have.
+//!
+//! ## Why not openraft's timer
+//! openraft 0.9 lets a follower campaign once its leader lease (the maximum
+//! election timeout) *and* its own random election timeout have both passed
+//! since it last heard from the leader, and its voters refuse to vote for a
+//! whole leader lease. With `--election-timeout 1000` that was 3-4 s without
+//! writes after a leader died (etcd: 1-2 s). And it has no pre-vote: a member
+//! cut off from the others raises its term at every timeout, and once the
+//! link heals, its higher term deposes a healthy leader.
+//!
+//! ## How
+//! openraft's own elections are switched off at start; [`Elections::run`]
+//! decides instead:
+//! - A voter that has heard nothing from a leader for its election timeout
+//!   (drawn at random in `[E, 1.25 E)`, `E` = `--election-timeout`, anew
+//!   after each election it starts) asks the other voters for a *pre-vote*
+//!   ([`Elections::pre_vote`]): "would you vote for me?", which changes
+//!   nothing on either side. Only once a majority of every configuration
+//!   (itself included) says yes does it ask openraft for an election, which
+//!   raises its term. A refused pre-vote is asked again a heartbeat later.
+//! - A member grants a pre-vote when it has not heard from a leader for
+//!   `E - heartbeat` itself (a leader: when no quorum has acknowledged it for
+//!   `E`), the asker's term is at least its own, and the asker's log is at
+//!   least as long as its own (by last log id, as a vote is judged). So while
+//!   a majority hears from a leader, nobody's term moves: a member cut off
+//!   and healed does not disturb a healthy leader.
+//! - openraft's follower lease, which refuses real votes, is made two
+//!   heartbeats long: pre-vote already kept everyone from campaigning while
+//!   a leader lives, and a short lease lets a leader transfer finish in a
+//!   few heartbeats.
+//! - Check-quorum ([`Elections::acting_leader`]): a leader that no quorum
+//!   has acknowledged for `E` stops acting as leader: it routes no request
+//!   to itself and proposes nothing, so its clients are told there is no
+//!   leader and go elsewhere. openraft keeps its leader state until it hears
+//!   of a newer term, and it takes up again if the quorum comes back first.
+//!   Likewise a follower that has heard nothing from its leader for `E`
+//!   counts on no leader (it reports none, and routes nothing to it).
+//!
+//! ## Invariants
+//! - Only [`Elections::run`] and a leader transfer (`raft::transfer`, whose
+//!   target campaigns at once, as etcd's `TimeoutNow`) start elections.
+//! - Safety never depends on these timers: a vote is still judged by
+//!   openraft (terms and logs), reads confirm leadership with a quorum, and
+//!   lease expiry is confirmed by a quorum (`server::lease_keeper`).
+//!
+//! ## Caveats
+//! - Two voters whose timers fire within a round trip of each other split the
+//!   vote; each tries again after a new random timeout (rare: the timers are
+//!   spread over a quarter of `E`).
+//! - Members of an older version answer a pre-vote with an error, counted as
+//!   a refusal: finish a rolling upgrade before relying on elections.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use rand::Rng;
+use tokio::time::Instant;
+
+use super::log_store::LogStore;
+use super::peer::client::PeerClients;
+use super::peer::messages::ControlRequest;
+use super::{LogId, Raft};
+use crate::shutdown::Stopping;
+
+/// openraft's timing for `heartbeat`: its elections are off, so its election
+/// timeout only sets how long a vote request may take (the minimum) and the
+/// follower lease in which votes are refused (the maximum).
+pub fn openraft_timeouts(heartbeat_ms: u64) -> (u64, u64) {
+    (heartbeat_ms * 3 / 2, heartbeat_ms * 2)
+}
+
+/// A member's election timer, its pre-vote answers and its check-quorum.
+pub struct Elections {
+    raft: Raft,
+    log: LogStore,
+    peers: PeerClients,
+    id: u64,
+    /// `--election-timeout`.
+    timeout: Duration,
+    /// `--heartbeat-interval`.
+    heartbeat: Duration,
+    /// std Mutex: held only to read or set an instant.
+    clock: Mutex<Clock>,
+}
+
+struct Clock {
+    /// When this member last heard from a leader it follows (or led, or
+    /// started an election, or started).
+    heard: Instant,
+    /// No election is started before this (a leader transfer in progress).
+    paused_until: Option<Instant>,
+}
+
+impl Elections {
+    pub fn new(raft: Raft, log: LogStore, peers: PeerClients, timeout: Duration, heartbeat: Duration) -> Elections {
+        let id = raft.metrics().borrow().id;
+        // openraft must not start elections of its own (see the module doc).
+        raft.runtime_config().elect(false);
+        let clock = Mutex::new(Clock { heard: Instant::now(), paused_until: None });
+        Elections { raft, log, peers, id, timeout, heartbeat, clock }
+    }
+
+    fn clock(&self) -> std::sync::MutexGuard<'_, Clock> {
+        self.clock.lock().expect("election clock lock poisoned")
+    }
+
+    /// A leader's AppendEntries or snapshot was accepted here, or this
+    /// member granted a vote: the election timer starts over (as etcd's).
+    pub fn heard_from_leader(&self) {
+        self.clock().heard = Instant::now();
+    }
+
+    /// Start no election for `pause` (a leader transfer; it ends by itself,
+    /// so that a transfer cut short cannot leave this member mute).
+    pub fn pause(&self, pause: Duration) {
+        self.clock().paused_until = Some(Instant::now() + pause);
+    }
+
+    pub fn resume(&self) {
+        self.clock().paused_until = None;
+    }
+
+    /// Campaign now, skipping pre-vote (the target of a leader transfer).
+    pub async fn campaign(&self) -> bool {
+        self.heard_from_leader();
+        self.raft.trigger().elect().await.is_ok()
+    }
+
+    /// The leader this member counts on: openraft's, except that a leader no
+    /// quorum has acknowledged for an election timeout does not count itself
+    /// (check-quorum, see the module doc), and a follower that has not heard
+    /// from its leader for an election timeout counts on none (as etcd's
+    /// follower, which then looks for a new leader).
+    pub fn acting_leader(&self) -> Option<u64> {
+        let (leader, quorum_ms) = {
+            let m = self.raft.metrics();
+            let m = m.borrow();
+            (m.current_leader?, m.millis_since_quorum_ack)
+        };
+        let lost = if leader == self.id {
+            quorum_ms.is_some_and(|ms| ms >= self.timeout.as_millis() as u64)
+        } else {
+            self.clock().heard.elapsed() >= self.timeout
+        };
+        (!lost).then_some(leader)
+    }
+
+    /// Whether to grant a pre-vote to a voter whose term is `term` and whose
+    /// last log entry is `last_log` (see the module doc).
+    pub fn pre_vote(&self, term: u64, last_log: Option<LogId>) -> bool {
+        if self.clock().paused_until.is_some_and(|t| Instant::now() < t) {
+            return false;
+        }
+        let (leads, quorum_ms, my_term) = {
+            let m = self.raft.metrics();
+            let m = m.borrow();
+            (m.current_leader == Some(self.id), m.millis_since_quorum_ack, m.current_term)
+        };
+        let live_leader = if leads {
+            quorum_ms.is_none_or(|ms| ms < self.timeout.as_millis() as u64)
+        } else {
+            self.clock().heard.elapsed() < self.timeout.saturating_sub(self.heartbeat)
+        };
+        !live_leader && term >= my_term && last_log >= self.log.last_log_id()
+    }
+
+    /// A random election timeout in `[E, 1.25 E)`.
+    fn next_timeout(&self) -> Duration {
+        let e = self.timeout.as_millis() as u64;
+        Duration::from_millis(rand::thread_rng().gen_range(e..e + e / 4 + 1))
+    }
+
+    /// The election timer, until the member stops (see the module doc).
+    pub async fn run(self: std::sync::Arc<Self>, mut stopping: Stopping) {
+        let mut timeout = self.next_timeout();
+        loop {
+            let due = self.clock().heard + timeout;
+            tokio::select! {
+                _ = stopping.stopped() => return,
+                _ = tokio::time::sleep_until(due.min(Instant::now() + self.heartbeat)) => {}
+            }
+            let m = self.raft.metrics().borrow().clone();
+            if m.running_state.is_err() {
+                return;
+            }
+            let membership = m.membership_config.membership().clone();
+            let voter = membership.voter_ids().any(|v| v == self.id);
+            let paused = self.clock().paused_until.is_some_and(|t| Instant::now() < t);
+            if m.current_leader == Some(self.id) || !voter || paused {
+                // A leader's timer starts afresh when it stops leading.
+                self.heard_from_leader();
+                continue;
+            }
+            if membership.voter_ids().count() == 1 {
+                // The only voter: no one to ask.
+                let _ = self.raft.trigger().elect().await;
+                self.heard_from_leader();
+                continue;
+            }
+            if Instant::now() < self.clock().heard + timeout {
+                continue;
+            }
+            let asked_at = Instant::now();
+            let granted = self.ask_pre_votes(&m).await;
+            // Heard from a leader or voted meanwhile: an election is under
+            // way or over, and this one would only disturb it.
+            let overtaken =
+                self.clock().heard > asked_at || self.raft.metrics().borrow().current_term != m.current_term;
+            if granted && !overtaken {
+                tracing::info!(
+                    term = m.current_term + 1,
+                    "no leader heard from; a majority granted a pre-vote: campaigning"
+                );
+                self.heard_from_leader();
+                timeout = self.next_timeout();
+                let _ = self.raft.trigger().elect().await;
+            } else {
+                // Ask again a heartbeat later at the earliest (the loop
+                // sleeps at most a heartbeat), the term unchanged meanwhile.
+                tracing::debug!(granted, overtaken, "no election started");
+            }
+        }
+    }
+
+    /// Ask every other voter for a pre-vote; whether a majority of every
+    /// configuration (this member included) granted it. Decided as soon as
+    /// the answers so far settle it: a voter that cannot be reached does not
+    /// hold the election up.
+    async fn ask_pre_votes(&self, m: &openraft::RaftMetrics<u64, super::MemberNode>) -> bool {
+        use futures::StreamExt;
+        let membership = m.membership_config.membership();
+        let configs = membership.get_joint_config();
+        let ask = ControlRequest::PreVote { term: m.current_term, last_log: self.log.last_log_id() };
+        let mut answers: futures::stream::FuturesUnordered<_> = membership
+            .voter_ids()
+            .filter(|id| *id != self.id)
+            .filter_map(|id| {
+                let url = membership.get_node(&id)?.peer_url.clone();
+                let ask = ask.clone();
+                Some(async move { (id, self.peers.admin(&url, &ask, self.heartbeat * 2).await.unwrap_or(false)) })
+            })
+            .collect();
+        let (mut granted, mut refused) =
+            (std::collections::BTreeSet::from([self.id]), std::collections::BTreeSet::new());
+        loop {
+            let majority = |set: &std::collections::BTreeSet<u64>| {
+                configs.iter().all(|c| c.iter().filter(|id| set.contains(id)).count() * 2 > c.len())
+            };
+            if majority(&granted) {
+                return true;
+            }
+            // Lost once some configuration can no longer reach a majority.
+            if configs.iter().any(|c| c.iter().filter(|id| refused.contains(*id)).count() * 2 >= c.len()) {
+                return false;
+            }
+            match answers.next().await {
+                Some((id, true)) => granted.insert(id),
+                Some((id, false)) => refused.insert(id),
+                None => return false,
+            };
+        }
+    }
+}
