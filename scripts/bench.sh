@@ -16,6 +16,12 @@
 #   scripts/bench.sh stall      # no stalls instead: 16 clients put while
 #                               # heavy work runs on a 1M-key store (see
 #                               # stall() below)
+#   scripts/bench.sh failover   # failover instead: rounds of kill -9, then of
+#                               # SIGTERM, of the leader while one client
+#                               # writes through each follower; the longest
+#                               # gap between two acknowledged writes, for
+#                               # the client on the new leader and the other
+#                               # (FAILOVER_ROUNDS, default 10 and 5)
 #   scripts/bench.sh memory     # memory instead: RSS per member after 300k
 #                               # puts of 1 KiB (100k keys, so 2/3 of it is
 #                               # history), then after compaction + defrag;
@@ -242,6 +248,68 @@ stall() { # kind
   window lagging-member catch_up
   stop_all; extra_args=(); window_eps=""
 }
+
+# The failover run: each round, one client puts in a loop through each
+# follower (one request at a time, 6 s); 2 s in, the leader is killed with
+# the signal; the round records each client's longest gap between two
+# acknowledged writes, and whether its member is the new leader. The member
+# is restarted, and the cluster given 3 s, before the next round.
+leader_index() { local i; for i in 0 1 2; do is_leader "$scheme://127.0.0.1:$(($1+i))" && { echo "$i"; return 0; }; done; return 1; }
+failover() { # kind
+  local kind=$1 base sig rounds r i leader_i new_leader writers
+  base=$([ "$kind" = etcd ] && echo 25790 || echo 26790)
+  rm -rf "$work/$kind"-n*
+  start_cluster "$kind" "$base"
+  for sig in KILL TERM; do
+    rounds=${FAILOVER_ROUNDS:-$([ "$sig" = KILL ] && echo 10 || echo 5)}
+    for r in $(seq "$rounds"); do
+      for _ in $(seq 50); do leader_i=$(leader_index "$base") && break; sleep 0.2; done
+      writers=()
+      for i in 0 1 2; do
+        [ "$i" = "$leader_i" ] && continue
+        "$ctl" --endpoints "$scheme://127.0.0.1:$((base+i))" -w json bench put --clients 1 --conns 1 --seconds 6 \
+          --total 1000000000 "${user_args[@]}" >"$work/failover-$i.json" 2>/dev/null &
+        writers+=($!)
+      done
+      sleep 2
+      kill -"$sig" "${pids[$leader_i]}"
+      wait "${pids[$leader_i]}" 2>/dev/null || true
+      wait "${writers[@]}" || true
+      new_leader=$(leader_index "$base" || echo -1)
+      for i in 0 1 2; do
+        [ "$i" = "$leader_i" ] && continue
+        python3 - "$work/failover-$i.json" "$kind" "$sig" "$r" "$([ "$i" = "$new_leader" ] && echo successor || echo follower)" \
+          >>"$work/failover.jsonl" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+print(json.dumps({"system": sys.argv[2], "signal": sys.argv[3], "round": int(sys.argv[4]), "client": sys.argv[5],
+                  "gap_ms": r["max_gap_ms"], "puts": r["total"], "errors": r["errors"]}))
+PY
+      done
+      tail -2 "$work/failover.jsonl" >&2
+      start_member "$kind" "$base" "$leader_i"
+      for _ in $(seq 100); do "$ctl" --endpoints "$endpoints" bench put --total 3 >/dev/null 2>&1 && break; sleep 0.2; done
+      sleep 3
+    done
+  done
+  stop_all
+}
+
+if [ "${1:-}" = failover ]; then
+  failover etcd
+  failover raftlock
+  python3 - "$work/failover.jsonl" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+print(f"{'signal':<7} {'client on':<10} {'system':<9} {'rounds':>6} {'median gap ms':>14} {'worst gap ms':>13}  every round")
+keys = sorted({(r["signal"], r["client"], r["system"]) for r in rows})
+for sig, client, system in keys:
+    gaps = [r["gap_ms"] for r in rows if (r["signal"], r["client"], r["system"]) == (sig, client, system)]
+    print(f"{sig:<7} {client:<10} {system:<9} {len(gaps):>6} {statistics.median(gaps):>14.0f} {max(gaps):>13.0f}  "
+          + " ".join(f"{g:.0f}" for g in gaps))
+PY
+  exit 0
+fi
 
 if [ "${1:-}" = stall ]; then
   stall etcd
