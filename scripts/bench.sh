@@ -102,18 +102,30 @@ is_leader() { # endpoint: asks with etcdctl whether it leads
     | python3 -c 'import json,sys; s=json.load(sys.stdin)[0]["Status"]; sys.exit(0 if s["leader"]==s["header"]["member_id"] else 1)'
 }
 
+status_field() { # endpoint field: one field of etcdctl's endpoint status
+  ETCDCTL_API=3 "$etcd_dir/etcdctl" --endpoints="$1" endpoint status -w json 2>/dev/null \
+    | python3 -c "import json,sys; s=json.load(sys.stdin)[0]['Status']; print(s['$2'] if '$2' in s else s['header']['$2'])"
+}
+max_term() { local ep t max=0
+  for ep in ${endpoints//,/ }; do t=$(status_field "$ep" raft_term || echo 0); [ "$t" -gt "$max" ] && max=$t; done
+  echo "$max"; }
+
 suite() { # kind
   local kind=$1
   # Each result also records the share of CPU time the hypervisor took from
   # this VM meanwhile (steal): a run with much of it measured a busy host.
+  # And the elections during it (the highest Raft term's rise): a loaded
+  # cluster must not change leaders.
   run_on() { local eps=$1 label=$2; shift 2
-    local before after result
+    local before after result term_before
+    term_before=$(max_term)
     before=$(head -1 /proc/stat)
     result=$("$ctl" --endpoints "$eps" "${user_args[@]}" -w json bench "$@")
     after=$(head -1 /proc/stat)
-    local steal
+    local steal elections
     steal=$(python3 -c 'import sys; a, b = ([int(x) for x in s.split()[1:]] for s in sys.argv[1:]); d = [y - x for x, y in zip(a, b)]; print(round(100 * d[7] / max(sum(d), 1), 1))' "$before" "$after")
-    echo "{\"system\":\"$kind\",\"args\":\"$*$label\",\"steal_pct\":$steal,\"r\":$result}" | tee -a "$work/results.jsonl" >&2; }
+    elections=$(($(max_term) - term_before))
+    echo "{\"system\":\"$kind\",\"args\":\"$*$label\",\"steal_pct\":$steal,\"elections\":$elections,\"r\":$result}" | tee -a "$work/results.jsonl" >&2; }
   run() { run_on "$endpoints" "" "$@"; }
   # One client, on the leader and on a follower: the follower forwards.
   local leader follower ep
@@ -177,14 +189,6 @@ memory() { # kind [extra raftlock flags...]: one row of the memory table
 # proposal batches) and a follower misses 30,000 puts of one client. Each
 # row gives the writers' figures in that window and the elections (raft term
 # changes) during it.
-status_field() { # endpoint field: one field of etcdctl's endpoint status
-  ETCDCTL_API=3 "$etcd_dir/etcdctl" --endpoints="$1" endpoint status -w json 2>/dev/null \
-    | python3 -c "import json,sys; s=json.load(sys.stdin)[0]['Status']; print(s['$2'] if '$2' in s else s['header']['$2'])"
-}
-max_term() { local ep t max=0
-  for ep in ${endpoints//,/ }; do t=$(status_field "$ep" raft_term || echo 0); [ "$t" -gt "$max" ] && max=$t; done
-  echo "$max"; }
-
 stall() { # kind
   local kind=$1 base keys=$((1000000/scale)) leader_i follower_i
   base=$([ "$kind" = etcd ] && echo 23790 || echo 24790)
@@ -355,8 +359,8 @@ import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 by = {}
 for r in rows:
-    by.setdefault(r["args"], {})[r["system"]] = dict(r["r"], steal=r.get("steal_pct", 0.0))
-print(f"{'workload':<48} {'etcd ops/s':>10} {'raftlock':>10} {'ratio':>6}   {'etcd p50':>9} {'raftlock':>9}   {'etcd p99':>9} {'raftlock':>9}   {'steal % (etcd/raftlock)':>23}")
+    by.setdefault(r["args"], {})[r["system"]] = dict(r["r"], steal=r.get("steal_pct", 0.0), elections=r.get("elections", 0))
+print(f"{'workload':<48} {'etcd ops/s':>10} {'raftlock':>10} {'ratio':>6}   {'etcd p50':>9} {'raftlock':>9}   {'etcd p99':>9} {'raftlock':>9}   {'steal % (etcd/raftlock)':>23}   {'elections':>9}")
 for args, s in by.items():
     e, r = s.get("etcd"), s.get("raftlock")
     if not r: continue
@@ -366,5 +370,5 @@ for args, s in by.items():
     if not e: continue
     print(f"{args:<48} {e['ops_per_sec']:>10.0f} {r['ops_per_sec']:>10.0f} {r['ops_per_sec']/e['ops_per_sec']:>5.2f}x"
           f"   {e['p50_ms']:>7.3f}ms {r['p50_ms']:>7.3f}ms   {e['p99_ms']:>7.3f}ms {r['p99_ms']:>7.3f}ms"
-          f"   {e['steal']:>11.1f} / {r['steal']:<9.1f}")
+          f"   {e['steal']:>11.1f} / {r['steal']:<9.1f}   {e['elections']:>4} / {r['elections']:<4}")
 PY
