@@ -253,10 +253,11 @@ stall() { # kind
   stop_all; extra_args=(); window_eps=""
 }
 
-# The failover run: each round, one client puts in a loop through each
-# follower (one request at a time, 6 s); 2 s in, the leader is killed with
-# the signal; the round records each client's longest gap between two
-# acknowledged writes, and whether its member is the new leader. The member
+# The failover run: each round, one client puts and one reads (linearizable
+# gets) in a loop through each follower (one request at a time, 6 s); 2 s
+# in, the leader is killed with the signal; the round records each client's
+# longest gap between two successful requests, and whether its member is the
+# new leader. The member
 # is restarted, and the cluster given 3 s, before the next round.
 leader_index() { local i; for i in 0 1 2; do is_leader "$scheme://127.0.0.1:$(($1+i))" && { echo "$i"; return 0; }; done; return 1; }
 failover() { # kind
@@ -271,9 +272,11 @@ failover() { # kind
       writers=()
       for i in 0 1 2; do
         [ "$i" = "$leader_i" ] && continue
-        "$ctl" --endpoints "$scheme://127.0.0.1:$((base+i))" -w json bench put --clients 1 --conns 1 --seconds 6 \
-          --total 1000000000 "${user_args[@]}" >"$work/failover-$i.json" 2>/dev/null &
-        writers+=($!)
+        for op in put get; do
+          "$ctl" --endpoints "$scheme://127.0.0.1:$((base+i))" -w json bench "$op" --clients 1 --conns 1 --seconds 6 \
+            --key-space 10 --total 1000000000 "${user_args[@]}" >"$work/failover-$op-$i.json" 2>/dev/null &
+          writers+=($!)
+        done
       done
       sleep 2
       kill -"$sig" "${pids[$leader_i]}"
@@ -282,15 +285,17 @@ failover() { # kind
       new_leader=$(leader_index "$base" || echo -1)
       for i in 0 1 2; do
         [ "$i" = "$leader_i" ] && continue
-        python3 - "$work/failover-$i.json" "$kind" "$sig" "$r" "$([ "$i" = "$new_leader" ] && echo successor || echo follower)" \
-          >>"$work/failover.jsonl" <<'PY'
+        for op in put get; do
+          python3 - "$work/failover-$op-$i.json" "$kind" "$sig" "$r" "$([ "$i" = "$new_leader" ] && echo successor || echo follower)" "$op" \
+            >>"$work/failover.jsonl" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 print(json.dumps({"system": sys.argv[2], "signal": sys.argv[3], "round": int(sys.argv[4]), "client": sys.argv[5],
-                  "gap_ms": r["max_gap_ms"], "puts": r["total"], "errors": r["errors"]}))
+                  "op": sys.argv[6], "gap_ms": r["max_gap_ms"], "ops": r["total"], "errors": r["errors"]}))
 PY
+        done
       done
-      tail -2 "$work/failover.jsonl" >&2
+      tail -4 "$work/failover.jsonl" >&2
       start_member "$kind" "$base" "$leader_i"
       for _ in $(seq 100); do "$ctl" --endpoints "$endpoints" bench put --total 3 >/dev/null 2>&1 && break; sleep 0.2; done
       sleep 3
@@ -305,11 +310,11 @@ if [ "${1:-}" = failover ]; then
   python3 - "$work/failover.jsonl" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-print(f"{'signal':<7} {'client on':<10} {'system':<9} {'rounds':>6} {'median gap ms':>14} {'worst gap ms':>13}  every round")
-keys = sorted({(r["signal"], r["client"], r["system"]) for r in rows})
-for sig, client, system in keys:
-    gaps = [r["gap_ms"] for r in rows if (r["signal"], r["client"], r["system"]) == (sig, client, system)]
-    print(f"{sig:<7} {client:<10} {system:<9} {len(gaps):>6} {statistics.median(gaps):>14.0f} {max(gaps):>13.0f}  "
+print(f"{'signal':<7} {'op':<4} {'client on':<10} {'system':<9} {'rounds':>6} {'median gap ms':>14} {'worst gap ms':>13}  every round")
+keys = sorted({(r["signal"], r["op"], r["client"], r["system"]) for r in rows}, key=lambda k: (k[0] != "KILL", k[1] != "put", k[2], k[3]))
+for sig, op, client, system in keys:
+    gaps = [r["gap_ms"] for r in rows if (r["signal"], r["op"], r["client"], r["system"]) == (sig, op, client, system)]
+    print(f"{sig:<7} {op:<4} {client:<10} {system:<9} {len(gaps):>6} {statistics.median(gaps):>14.0f} {max(gaps):>13.0f}  "
           + " ".join(f"{g:.0f}" for g in gaps))
 PY
   exit 0

@@ -23,10 +23,11 @@
 //!   raises its term. A refused pre-vote is asked again a heartbeat later.
 //! - A member grants a pre-vote when it has not heard from a leader for
 //!   `E - heartbeat` itself (a leader: when no quorum has acknowledged it for
-//!   `E`), the asker's term is at least its own, and the asker's log is at
-//!   least as long as its own (by last log id, as a vote is judged). So while
-//!   a majority hears from a leader, nobody's term moves: a member cut off
-//!   and healed does not disturb a healthy leader.
+//!   `E`) and the asker's log is at least as long as its own (by last log
+//!   id, as a vote is judged). So while a majority hears from a leader,
+//!   nobody's term moves: a member cut off and healed does not disturb a
+//!   healthy leader. The asker's term is not judged (see `pre_vote`: judging
+//!   it could leave no member able to win).
 //! - openraft's follower lease, which refuses real votes, is made two
 //!   heartbeats long: pre-vote already kept everyone from campaigning while
 //!   a leader lives, and a short lease lets a leader transfer finish in a
@@ -84,6 +85,9 @@ pub struct Elections {
     heartbeat: Duration,
     /// std Mutex: held only to read or set an instant.
     clock: Mutex<Clock>,
+    /// This member leads and is handing leadership over: it proposes nothing
+    /// meanwhile (see `raft::transfer`).
+    transferring: std::sync::atomic::AtomicBool,
 }
 
 struct Clock {
@@ -100,7 +104,7 @@ impl Elections {
         // openraft must not start elections of its own (see the module doc).
         raft.runtime_config().elect(false);
         let clock = Mutex::new(Clock { heard: Instant::now(), paused_until: None });
-        Elections { raft, log, peers, id, timeout, heartbeat, clock }
+        Elections { raft, log, peers, id, timeout, heartbeat, clock, transferring: Default::default() }
     }
 
     fn clock(&self) -> std::sync::MutexGuard<'_, Clock> {
@@ -121,6 +125,25 @@ impl Elections {
 
     pub fn resume(&self) {
         self.clock().paused_until = None;
+    }
+
+    /// A leader transfer from this member begins (`true`) or ends.
+    pub fn set_transferring(&self, transferring: bool) {
+        self.transferring.store(transferring, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether this member is handing leadership over: it neither proposes
+    /// nor hands out read indexes meanwhile, since the heartbeats that confirm
+    /// a read index would renew the followers' leases and keep the target
+    /// from winning.
+    pub fn transferring(&self) -> bool {
+        self.transferring.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Whether this member may propose: it leads, a quorum acknowledges it
+    /// (check-quorum), and it is not handing leadership over.
+    pub fn may_propose(&self) -> bool {
+        !self.transferring() && self.acting_leader() == Some(self.id)
     }
 
     /// Campaign now, skipping pre-vote (the target of a leader transfer).
@@ -154,17 +177,23 @@ impl Elections {
         if self.clock().paused_until.is_some_and(|t| Instant::now() < t) {
             return false;
         }
-        let (leads, quorum_ms, my_term) = {
+        let (leads, quorum_ms) = {
             let m = self.raft.metrics();
             let m = m.borrow();
-            (m.current_leader == Some(self.id), m.millis_since_quorum_ack, m.current_term)
+            (m.current_leader == Some(self.id), m.millis_since_quorum_ack)
         };
         let live_leader = if leads {
             quorum_ms.is_none_or(|ms| ms < self.timeout.as_millis() as u64)
         } else {
             self.clock().heard.elapsed() < self.timeout.saturating_sub(self.heartbeat)
         };
-        !live_leader && term >= my_term && last_log >= self.log.last_log_id()
+        // The asker's term is not judged: one behind a higher term would
+        // be refused by everyone whose log it matches, and one with a higher
+        // term and a shorter log by everyone else — no one could win. Let it
+        // campaign: a real vote at too low a term fails, and openraft takes
+        // the higher term from the refusal for its next try.
+        let _ = term;
+        !live_leader && last_log >= self.log.last_log_id()
     }
 
     /// A random election timeout in `[E, 1.25 E)`.

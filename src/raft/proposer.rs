@@ -70,15 +70,16 @@ pub struct Proposer {
 
 impl Proposer {
     /// Start the batching task for `raft`. It ends when every handle is
-    /// dropped. Nothing is proposed while `elections` says this member does
-    /// not act as leader (check-quorum: it answers `NotLeader`, leader
-    /// unknown, at once).
+    /// dropped. A leader that `elections` says may not propose (no quorum
+    /// acknowledges it, or it is handing leadership over) answers
+    /// `NotLeader`, leader unknown, at once: nothing was proposed, and the
+    /// caller tries again once there is news of a leader.
     pub fn start(raft: Raft, elections: std::sync::Arc<Elections>) -> Proposer {
         let batcher = Batcher::start(LIMITS, Command::encoded_len, move |cmds: Vec<Command>| {
             let (raft, elections) = (raft.clone(), elections.clone());
             async move {
                 let me = raft.metrics().borrow().id;
-                if raft.metrics().borrow().current_leader == Some(me) && elections.acting_leader().is_none() {
+                if raft.metrics().borrow().current_leader == Some(me) && !elections.may_propose() {
                     return vec![Err(ProposeError::NotLeader { leader: None }); cmds.len()];
                 }
                 propose_batch(&raft, cmds).await

@@ -18,6 +18,7 @@ use std::sync::Mutex;
 
 use openraft::error::{CheckIsLeaderError, RaftError};
 
+use super::election::Elections;
 use super::Raft;
 
 /// Why no read index was handed out.
@@ -52,8 +53,12 @@ impl ReadFloor {
 }
 
 /// Confirm leadership with a quorum and return the index a linearizable read
-/// must wait for (see the module doc).
-pub async fn read_index(raft: &Raft, floor: &ReadFloor) -> Result<u64, ReadIndexError> {
+/// must wait for (see the module doc). None while this member hands its
+/// leadership over (`raft::election::Elections::transferring`).
+pub async fn read_index(raft: &Raft, floor: &ReadFloor, elections: &Elections) -> Result<u64, ReadIndexError> {
+    if elections.transferring() {
+        return Err(ReadIndexError::NotLeader);
+    }
     let (read_log_id, _applied) = raft.get_read_log_id().await.map_err(|e| match e {
         RaftError::APIError(CheckIsLeaderError::ForwardToLeader(_)) => ReadIndexError::NotLeader,
         RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_)) => ReadIndexError::NoQuorum,

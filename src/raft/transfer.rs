@@ -4,7 +4,9 @@
 //! openraft's voters refuse to vote while their leader lease (two heartbeats
 //! since they last heard from the leader, see `raft::election`) lasts, so the
 //! transfer lets that lease run out and lets only the target campaign:
-//! 1. the target must be a voter whose log matches the leader's;
+//! 1. the target must be a voter whose log matches the leader's, and the
+//!    leader proposes nothing more (callers are told it does not lead, and
+//!    try the new leader);
 //! 2. every other voter, the leader included, starts no election, and the
 //!    leader stops sending heartbeats;
 //! 3. the target is told to campaign (skipping pre-vote, as etcd's
@@ -12,12 +14,10 @@
 //! 4. everyone's elections and heartbeats are switched back on, whatever the
 //!    outcome.
 //!
-//! Caveats: writes go on during the transfer, and each one replicated renews
-//! the followers' leases, so under a steady stream of writes the target wins
-//! only once the leader's vote is enough, or once a gap between writes
-//! outlasts the lease; a transfer that runs out of time is refused as timed
-//! out, and the old leader stays. Each campaign that fails raises the
-//! target's term by one.
+//! Caveats: writes wait for the transfer (their callers retry with the new
+//! leader, or with this one if the transfer fails); a transfer that runs out
+//! of time is refused as timed out, and the old leader stays. Each campaign
+//! that fails raises the target's term by one.
 
 use std::time::Duration;
 
@@ -97,8 +97,15 @@ pub async fn transfer(
     let target_url =
         urls.iter().find(|(id, _)| *id == target).map(|(_, u)| u.clone()).ok_or(TransferError::BadTransferee)?;
 
-    // 1. The target must have everything the leader has.
-    caught_up(raft, target, deadline).await?;
+    // 1. The target must have everything the leader has: nothing new is
+    //    proposed from now on (as etcd drops proposals during a transfer),
+    //    else the leader's log runs ahead of the target's and keeps the
+    //    followers' leases alive.
+    elections.set_transferring(true);
+    if let Err(e) = caught_up(raft, target, deadline).await {
+        elections.set_transferring(false);
+        return Err(e);
+    }
 
     // 2. Only the target may campaign; the leader stops renewing leases.
     elections.pause(deadline.saturating_duration_since(Instant::now()));
@@ -129,6 +136,7 @@ pub async fn transfer(
     // 4. Back to normal, whatever happened.
     raft.runtime_config().heartbeat(true);
     elections.resume();
+    elections.set_transferring(false);
     for (_, url) in &others {
         let _ = peers.admin(url, &ControlRequest::ResumeElections, Duration::from_secs(1)).await;
     }

@@ -71,7 +71,8 @@ impl Node {
     /// tick decides again. Apply ignores the expiry if its entry is not of
     /// `term`.
     pub(crate) async fn expire_leases(&self, term: u64, ids: &[i64]) -> Result<(), ServerError> {
-        let confirmed = tokio::time::timeout(self.request_timeout, read_index(&self.raft, &self.read_floor)).await;
+        let confirmed =
+            tokio::time::timeout(self.request_timeout, read_index(&self.raft, &self.read_floor, &self.elections)).await;
         if !matches!(confirmed, Ok(Ok(_))) || self.leading_term() != Some(term) {
             return Err(ServerError::LeaderChanged);
         }

@@ -38,12 +38,15 @@ impl Node {
     /// request's deadline (for the wait that follows).
     async fn read_index_attempt(&self, route: Route, deadline: Instant) -> Attempt<(u64, Instant), ServerError> {
         match route {
-            Route::Here => match tokio::time::timeout_at(deadline, read_index(&self.raft, &self.read_floor)).await {
-                Err(_) => Attempt::Done(Err(ServerError::Timeout)),
-                Ok(Ok(index)) => Attempt::Done(Ok((index, deadline))),
-                Ok(Err(ReadIndexError::NotLeader | ReadIndexError::NoQuorum)) => Attempt::Retry,
-                Ok(Err(ReadIndexError::Stopped(_))) => Attempt::Done(Err(ServerError::Stopped)),
-            },
+            Route::Here => {
+                match tokio::time::timeout_at(deadline, read_index(&self.raft, &self.read_floor, &self.elections)).await
+                {
+                    Err(_) => Attempt::Done(Err(ServerError::Timeout)),
+                    Ok(Ok(index)) => Attempt::Done(Ok((index, deadline))),
+                    Ok(Err(ReadIndexError::NotLeader | ReadIndexError::NoQuorum)) => Attempt::Retry,
+                    Ok(Err(ReadIndexError::Stopped(_))) => Attempt::Done(Err(ServerError::Stopped)),
+                }
+            }
             // Safe to ask again, as lease questions are.
             Route::Leader { id, url } => {
                 let remaining = deadline.saturating_duration_since(Instant::now());

@@ -97,8 +97,9 @@ pub struct BenchReport {
     pub p90_ms: f64,
     pub p99_ms: f64,
     pub max_ms: f64,
-    /// The longest time between two requests that succeeded (any clients):
-    /// how long the service was unavailable, during a failover.
+    /// The longest time without a successful request (any clients), from
+    /// the start of the run to its end: how long the service was
+    /// unavailable, during a failover.
     pub max_gap_ms: f64,
 }
 
@@ -290,6 +291,9 @@ pub async fn run(
         succeeded.extend(s);
         drivers.push(driver);
     }
+    // From the start, and up to the end: a request that hangs until the run
+    // is over (say, one a dead leader never answers) is unavailability too.
+    succeeded.extend([start, Instant::now()]);
     succeeded.sort_unstable();
     let max_gap = succeeded.windows(2).map(|w| w[1] - w[0]).max().unwrap_or_default();
     let elapsed = start.elapsed().as_secs_f64();

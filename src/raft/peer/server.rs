@@ -250,7 +250,7 @@ impl Peer for PeerService {
 
     async fn read_index(&self, req: Request<ReadIndexRequest>) -> Result<Response<ReadIndexResponse>, Status> {
         self.gate.admit(&req).await?;
-        match read_index(&self.raft, &self.read_floor).await {
+        match read_index(&self.raft, &self.read_floor, &self.elections).await {
             Ok(index) => Ok(Response::new(ReadIndexResponse { index })),
             Err(ReadIndexError::NotLeader) => Err(Status::failed_precondition("not leader")),
             Err(e) => Err(Status::unavailable(e.to_string())),
