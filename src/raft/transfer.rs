@@ -5,8 +5,9 @@
 //! since they last heard from the leader, see `raft::election`) lasts, so the
 //! transfer lets that lease run out and lets only the target campaign:
 //! 1. the target must be a voter whose log matches the leader's, and the
-//!    leader proposes nothing more (callers are told it does not lead, and
-//!    try the new leader);
+//!    leader proposes nothing more and confirms no read (the heartbeats that
+//!    confirm one would renew the followers' leases); callers are told it
+//!    does not lead, and try the new leader;
 //! 2. every other voter, the leader included, starts no election, and the
 //!    leader stops sending heartbeats;
 //! 3. the target is told to campaign (skipping pre-vote, as etcd's
