@@ -321,7 +321,8 @@ impl MvccStore {
     /// A read as seen by a write in progress whose view is at `current`
     /// (the store's revision, or one more once the write has changed something).
     /// A range in a txn is not bounded here (a txn must not fail halfway):
-    /// `check_path` weighed it before the txn started ([`MvccStore::range_weight`]).
+    /// `check_path` weighed it before the txn started
+    /// ([`MvccStore::range_within_limit`]).
     fn range_at(&self, req: &RangeRequest, current: Revision, bound: Option<usize>) -> Result<RangeResult, MvccError> {
         if req.revision > current {
             return Err(MvccError::FutureRevision);
@@ -386,7 +387,7 @@ impl MvccStore {
             kvs.truncate(req.limit as usize);
             more = true;
         }
-        if bound.is_some_and(|bound| response_weight(req, &kvs) > bound) {
+        if bound.is_some_and(|bound| kvs.iter().map(|kv| response_weight(req, kv)).sum::<usize>() > bound) {
             return Err(MvccError::ResponseTooLarge);
         }
         let kvs = kvs
@@ -416,7 +417,7 @@ impl MvccStore {
             }
             if let Some(kv) = live_at(versions, rev) {
                 seen += 1;
-                weight += kv.key.len() + if req.keys_only { 0 } else { kv.value.len() } + 64;
+                weight += response_weight(req, kv);
                 if weight > self.response_limit {
                     return false;
                 }
@@ -484,9 +485,10 @@ impl MvccStore {
     }
 }
 
-/// What a range response's key-values weigh (see [`MAX_RANGE_RESPONSE_BYTES`]).
-fn response_weight(req: &RangeRequest, kvs: &[Arc<KeyValue>]) -> usize {
-    kvs.iter().map(|kv| kv.key.len() + if req.keys_only { 0 } else { kv.value.len() } + 64).sum()
+/// What one key-value weighs in the response to `req` (see
+/// [`MAX_RANGE_RESPONSE_BYTES`]).
+fn response_weight(req: &RangeRequest, kv: &KeyValue) -> usize {
+    kv.key.len() + if req.keys_only { 0 } else { kv.value.len() } + 64
 }
 
 /// The value a read at `rev` sees in a key's history.

@@ -140,10 +140,12 @@ impl Elections {
         self.transferring.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    /// Whether this member may propose: it leads, a quorum acknowledges it
-    /// (check-quorum), and it is not handing leadership over.
-    pub fn may_propose(&self) -> bool {
-        !self.transferring() && self.acting_leader() == Some(self.id)
+    /// Whether openraft has this member lead but it must propose nothing:
+    /// no quorum has acknowledged it for an election timeout (check-quorum),
+    /// or it is handing leadership over.
+    pub fn holds_proposals(&self) -> bool {
+        let (leader, quiet) = self.leader_view();
+        leader == Some(self.id) && (self.transferring() || quiet >= self.timeout)
     }
 
     /// Campaign now, skipping pre-vote (the target of a leader transfer).
@@ -152,48 +154,53 @@ impl Elections {
         self.raft.trigger().elect().await.is_ok()
     }
 
+    /// The leader openraft knows, and how long this member has gone without
+    /// proof of a leader: for itself, since a quorum acknowledged it; else
+    /// since it heard from a leader (or voted, or campaigned).
+    fn leader_view(&self) -> (Option<u64>, Duration) {
+        let (leader, quorum_ms) = {
+            let m = self.raft.metrics();
+            let m = m.borrow();
+            (m.current_leader, m.millis_since_quorum_ack)
+        };
+        let quiet = if leader == Some(self.id) {
+            Duration::from_millis(quorum_ms.unwrap_or(0))
+        } else {
+            self.clock().heard.elapsed()
+        };
+        (leader, quiet)
+    }
+
+    fn paused(&self) -> bool {
+        self.clock().paused_until.is_some_and(|t| Instant::now() < t)
+    }
+
     /// The leader this member counts on: openraft's, except that a leader no
     /// quorum has acknowledged for an election timeout does not count itself
     /// (check-quorum, see the module doc), and a follower that has not heard
     /// from its leader for an election timeout counts on none (as etcd's
     /// follower, which then looks for a new leader).
     pub fn acting_leader(&self) -> Option<u64> {
-        let (leader, quorum_ms) = {
-            let m = self.raft.metrics();
-            let m = m.borrow();
-            (m.current_leader?, m.millis_since_quorum_ack)
-        };
-        let lost = if leader == self.id {
-            quorum_ms.is_some_and(|ms| ms >= self.timeout.as_millis() as u64)
-        } else {
-            self.clock().heard.elapsed() >= self.timeout
-        };
-        (!lost).then_some(leader)
+        let (leader, quiet) = self.leader_view();
+        leader.filter(|_| quiet < self.timeout)
     }
 
-    /// Whether to grant a pre-vote to a voter whose term is `term` and whose
-    /// last log entry is `last_log` (see the module doc).
-    pub fn pre_vote(&self, term: u64, last_log: Option<LogId>) -> bool {
-        if self.clock().paused_until.is_some_and(|t| Instant::now() < t) {
+    /// Whether to grant a pre-vote to a voter whose log ends at `last_log`
+    /// (see the module doc). The asker's term, which the request carries
+    /// too, is not judged: one behind a higher term would be refused by
+    /// everyone whose log it matches, and one with a higher term and a
+    /// shorter log by everyone else — no one could win. Let it campaign: a
+    /// real vote at too low a term fails, and openraft takes the higher term
+    /// from the refusal for its next try.
+    pub fn pre_vote(&self, last_log: Option<LogId>) -> bool {
+        if self.paused() {
             return false;
         }
-        let (leads, quorum_ms) = {
-            let m = self.raft.metrics();
-            let m = m.borrow();
-            (m.current_leader == Some(self.id), m.millis_since_quorum_ack)
-        };
-        let live_leader = if leads {
-            quorum_ms.is_none_or(|ms| ms < self.timeout.as_millis() as u64)
-        } else {
-            self.clock().heard.elapsed() < self.timeout.saturating_sub(self.heartbeat)
-        };
-        // The asker's term is not judged: one behind a higher term would
-        // be refused by everyone whose log it matches, and one with a higher
-        // term and a shorter log by everyone else — no one could win. Let it
-        // campaign: a real vote at too low a term fails, and openraft takes
-        // the higher term from the refusal for its next try.
-        let _ = term;
-        !live_leader && last_log >= self.log.last_log_id()
+        let (leader, quiet) = self.leader_view();
+        // A follower grants a heartbeat early: the asker's timer and its own
+        // ran from about the same last heartbeat.
+        let lease = if leader == Some(self.id) { self.timeout } else { self.timeout.saturating_sub(self.heartbeat) };
+        quiet >= lease && last_log >= self.log.last_log_id()
     }
 
     /// A random election timeout in `[E, 1.25 E)`.
@@ -217,8 +224,7 @@ impl Elections {
             }
             let membership = m.membership_config.membership().clone();
             let voter = membership.voter_ids().any(|v| v == self.id);
-            let paused = self.clock().paused_until.is_some_and(|t| Instant::now() < t);
-            if m.current_leader == Some(self.id) || !voter || paused {
+            if m.current_leader == Some(self.id) || !voter || self.paused() {
                 // A leader's timer starts afresh when it stops leading.
                 self.heard_from_leader();
                 continue;

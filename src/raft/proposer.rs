@@ -78,8 +78,7 @@ impl Proposer {
         let batcher = Batcher::start(LIMITS, Command::encoded_len, move |cmds: Vec<Command>| {
             let (raft, elections) = (raft.clone(), elections.clone());
             async move {
-                let me = raft.metrics().borrow().id;
-                if raft.metrics().borrow().current_leader == Some(me) && !elections.may_propose() {
+                if elections.holds_proposals() {
                     return vec![Err(ProposeError::NotLeader { leader: None }); cmds.len()];
                 }
                 propose_batch(&raft, cmds).await

@@ -46,7 +46,7 @@ pub async fn admin(raft: &Raft, elections: &Elections, req: ControlRequest, max_
             true
         }
         ControlRequest::Campaign => elections.campaign().await,
-        ControlRequest::PreVote { term, last_log } => elections.pre_vote(term, last_log),
+        ControlRequest::PreVote { last_log, .. } => elections.pre_vote(last_log),
         ControlRequest::Published { .. } | ControlRequest::HashKv { .. } => false,
         ControlRequest::Removed { id } => {
             let m = raft.metrics().borrow().clone();
@@ -102,11 +102,8 @@ pub async fn transfer(
     //    proposed from now on (as etcd drops proposals during a transfer),
     //    else the leader's log runs ahead of the target's and keeps the
     //    followers' leases alive.
-    elections.set_transferring(true);
-    if let Err(e) = caught_up(raft, target, deadline).await {
-        elections.set_transferring(false);
-        return Err(e);
-    }
+    let _transferring = Transferring::begin(elections);
+    caught_up(raft, target, deadline).await?;
 
     // 2. Only the target may campaign; the leader stops renewing leases.
     elections.pause(deadline.saturating_duration_since(Instant::now()));
@@ -137,11 +134,27 @@ pub async fn transfer(
     // 4. Back to normal, whatever happened.
     raft.runtime_config().heartbeat(true);
     elections.resume();
-    elections.set_transferring(false);
     for (_, url) in &others {
         let _ = peers.admin(url, &ControlRequest::ResumeElections, Duration::from_secs(1)).await;
     }
     outcome
+}
+
+/// While it lives, this member is handing leadership over (it proposes
+/// nothing and confirms no read); however the transfer ends.
+struct Transferring<'a>(&'a Elections);
+
+impl<'a> Transferring<'a> {
+    fn begin(elections: &'a Elections) -> Transferring<'a> {
+        elections.set_transferring(true);
+        Transferring(elections)
+    }
+}
+
+impl Drop for Transferring<'_> {
+    fn drop(&mut self) {
+        self.0.set_transferring(false);
+    }
 }
 
 /// Wait until `target`'s log matches the leader's.

@@ -400,8 +400,8 @@ impl Node {
     }
 
     /// Whether this member knows a leader it can count on: another member
-    /// it follows, or itself while a quorum keeps acknowledging it (a leader
-    /// cut off from the others stops counting after an election timeout).
+    /// it has heard from within an election timeout, or itself while a
+    /// quorum keeps acknowledging it (see `raft::election`).
     pub fn has_leader(&self) -> bool {
         self.elections.acting_leader().is_some()
     }
