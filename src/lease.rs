@@ -143,7 +143,7 @@ mod tests {
             revision: 2,
             sub: 0,
             key: key.into(),
-            kv: Some(KeyValue { key: key.into(), lease, ..Default::default() }),
+            kv: Some(std::sync::Arc::new(KeyValue { key: key.into(), lease, ..Default::default() })),
             prev: None,
         }
     }

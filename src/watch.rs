@@ -10,22 +10,25 @@
 //! Invariant: `next_revision` only grows; a change with a revision below it is
 //! never delivered again.
 
+use std::sync::Arc;
+
 use crate::mvcc::{Change, KeyRange, KeyValue, Revision};
 
-/// One event as a watcher receives it.
+/// One event as a watcher receives it. Its key-values are shared with the
+/// change it comes from (many watchers may take the same change).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Event {
     pub revision: Revision,
     /// `None` for a deletion; then `key` names the key.
-    pub kv: Option<KeyValue>,
+    pub kv: Option<Arc<KeyValue>>,
     pub key: Vec<u8>,
-    pub prev_kv: Option<KeyValue>,
+    pub prev_kv: Option<Arc<KeyValue>>,
 }
 
 impl Event {
     /// Bytes this event adds to a response (for fragmenting; an estimate).
     pub fn size(&self) -> usize {
-        let kv = |kv: &Option<KeyValue>| kv.as_ref().map_or(0, |kv| kv.key.len() + kv.value.len() + 48);
+        let kv = |kv: &Option<Arc<KeyValue>>| kv.as_ref().map_or(0, |kv| kv.key.len() + kv.value.len() + 48);
         self.key.len() + kv(&self.kv) + kv(&self.prev_kv) + 16
     }
 }
@@ -103,7 +106,7 @@ mod tests {
     use super::*;
 
     fn change(rev: Revision, key: &str, put: bool) -> Change {
-        let kv = KeyValue { key: key.into(), mod_revision: rev, ..Default::default() };
+        let kv = Arc::new(KeyValue { key: key.into(), mod_revision: rev, ..Default::default() });
         Change { revision: rev, sub: 0, key: key.into(), kv: put.then(|| kv.clone()), prev: Some(kv) }
     }
 

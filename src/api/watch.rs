@@ -367,11 +367,11 @@ impl Session {
 fn event(e: Event) -> mvccpb::Event {
     use mvccpb::event::EventType;
     let (kind, kv) = match e.kv {
-        Some(kv) => (EventType::Put, super::kv::key_value(kv)),
+        Some(kv) => (EventType::Put, super::kv::key_value(Arc::unwrap_or_clone(kv))),
         None => (
             EventType::Delete,
             super::kv::key_value(KeyValue { key: e.key, mod_revision: e.revision, ..Default::default() }),
         ),
     };
-    mvccpb::Event { r#type: kind as i32, kv: Some(kv), prev_kv: e.prev_kv.map(super::kv::key_value) }
+    mvccpb::Event { r#type: kind as i32, kv: Some(kv), prev_kv: e.prev_kv.map(|kv| super::kv::key_value(Arc::unwrap_or_clone(kv))) }
 }

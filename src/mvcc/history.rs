@@ -80,7 +80,7 @@ impl HistoryScan {
 }
 
 fn change_bytes(c: &Change) -> usize {
-    let kv = |kv: &Option<super::KeyValue>| kv.as_ref().map_or(0, |kv| kv.key.len() + kv.value.len() + 48);
+    let kv = |kv: &Option<std::sync::Arc<super::KeyValue>>| kv.as_ref().map_or(0, |kv| kv.key.len() + kv.value.len() + 48);
     c.key.len() + kv(&c.kv) + kv(&c.prev) + 16
 }
 
@@ -122,9 +122,8 @@ impl MvccStore {
                 if v.revision > to {
                     break;
                 }
-                let prev = if i > 0 { versions[i - 1].kv.as_deref().cloned() } else { None };
-                let change =
-                    Change { revision: v.revision, sub: v.sub, key: key.clone(), kv: v.kv.as_deref().cloned(), prev };
+                let prev = if i > 0 { versions[i - 1].kv.clone() } else { None };
+                let change = Change { revision: v.revision, sub: v.sub, key: key.clone(), kv: v.kv.clone(), prev };
                 scan.bytes += change_bytes(&change);
                 scan.changes.push(change);
             }

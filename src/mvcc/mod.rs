@@ -209,7 +209,7 @@ impl MvccStore {
     /// Re-apply one persisted version on top of the store, in the order it was
     /// first made (journal replay after a restart). Moves the revision with it.
     pub fn replay(&mut self, v: StoredVersion) {
-        self.push_version(&v.key, v.revision, v.sub, v.kv);
+        self.push_version(&v.key, v.revision, v.sub, v.kv.map(Arc::new));
         self.revision = self.revision.max(v.revision);
     }
 
@@ -456,8 +456,8 @@ impl MvccStore {
     }
 
     /// Record a new version of `key` at `(revision, sub)`.
-    fn push_version(&mut self, key: &[u8], revision: Revision, sub: i64, kv: Option<KeyValue>) {
-        self.bytes += version_bytes(key, kv.as_ref());
+    fn push_version(&mut self, key: &[u8], revision: Revision, sub: i64, kv: Option<Arc<KeyValue>>) {
+        self.bytes += version_bytes(key, kv.as_deref());
         let versions = self.index.entry(key.to_vec()).or_default();
         if let Some(last) = versions.last() {
             assert!((last.revision, last.sub) < (revision, sub), "versions of a key must increase");
@@ -465,7 +465,7 @@ impl MvccStore {
             assert!(kv.is_some(), "a key's history cannot start with a tombstone");
         }
         assert!(kv.as_ref().is_none_or(|kv| kv.key == key), "a version's key-value carries its key");
-        versions.push(Version { revision, sub, kv: kv.map(Arc::new) });
+        versions.push(Version { revision, sub, kv });
     }
 
     /// Compact at `rev`: reads below it fail from now on, and the history

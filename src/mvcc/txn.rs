@@ -54,7 +54,7 @@ impl WriteTxn<'_> {
     }
 
     fn put(&mut self, req: &PutRequest) -> PutResult {
-        let prev = self.store.get_live(&req.key).map(|kv| kv.as_ref().clone());
+        let prev = self.store.get_live(&req.key).cloned();
         let revision = self.begin + 1;
         let (create_revision, version) = match &prev {
             Some(p) => (p.create_revision, p.version + 1),
@@ -68,10 +68,10 @@ impl WriteTxn<'_> {
             (Some(p), true) => p.lease,
             _ => req.lease,
         };
-        let kv = KeyValue { key: req.key.clone(), create_revision, mod_revision: revision, version, value, lease };
+        let kv = Arc::new(KeyValue { key: req.key.clone(), create_revision, mod_revision: revision, version, value, lease });
         let sub = self.changes.len() as i64;
         self.store.push_version(&req.key, revision, sub, Some(kv.clone()));
-        let prev_kv = if req.prev_kv { prev.clone() } else { None };
+        let prev_kv = if req.prev_kv { prev.as_deref().cloned() } else { None };
         self.changes.push(Change { revision, sub, key: req.key.clone(), kv: Some(kv), prev });
         PutResult { revision, prev_kv }
     }
@@ -84,7 +84,7 @@ impl WriteTxn<'_> {
         for kv in &doomed {
             let sub = self.changes.len() as i64;
             self.store.push_version(&kv.key, revision, sub, None);
-            self.changes.push(Change { revision, sub, key: kv.key.clone(), kv: None, prev: Some(kv.as_ref().clone()) });
+            self.changes.push(Change { revision, sub, key: kv.key.clone(), kv: None, prev: Some(kv.clone()) });
         }
         let deleted = doomed.len() as i64;
         let prev_kvs = if req.prev_kv { doomed.iter().map(|kv| kv.as_ref().clone()).collect() } else { Vec::new() };

@@ -10,6 +10,8 @@
 //! match its target reads as zero), the conversion reproduces them so that this
 //! module only deals with plain values.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 /// A main revision: one per write request that changes something. The store
@@ -307,13 +309,18 @@ pub enum MvccError {
 
 /// One change made by a write, in (main, sub) revision order: what the state
 /// machine persists and what watchers see as an event.
+///
+/// The key-values are shared with the store's versions, not copied: the
+/// change feed keeps many recent apply calls for slow watchers, and with
+/// copies it held each written value twice more (value and previous value)
+/// beside the store's own.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Change {
     pub revision: Revision,
     pub sub: i64,
     pub key: Vec<u8>,
     /// The new value, or `None` for a deletion (tombstone).
-    pub kv: Option<KeyValue>,
+    pub kv: Option<Arc<KeyValue>>,
     /// The key's value just before this change, if it had one.
-    pub prev: Option<KeyValue>,
+    pub prev: Option<Arc<KeyValue>>,
 }

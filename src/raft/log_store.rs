@@ -350,7 +350,7 @@ mod tests {
     #[tokio::test]
     async fn a_member_that_led_does_not_lead_the_same_term_after_a_restart() {
         let dir = tempfile::tempdir().unwrap();
-        let db = StateStore::open(&dir.path().join("state")).unwrap();
+        let db = StateStore::open(&dir.path().join("state"), &dir.path().join("images")).unwrap();
         let wal_dir = dir.path().join("wal");
         {
             let mut store = LogStore::open(&wal_dir, 1 << 20, db.clone(), 7).unwrap();
@@ -391,7 +391,7 @@ mod tests {
     #[tokio::test]
     async fn a_deposed_leader_reads_nothing_more_to_replicate() {
         let dir = tempfile::tempdir().unwrap();
-        let db = StateStore::open(&dir.path().join("state")).unwrap();
+        let db = StateStore::open(&dir.path().join("state"), &dir.path().join("images")).unwrap();
         let mut store = LogStore::open(&dir.path().join("wal"), 1 << 20, db, 1).unwrap();
         let ours = Vote::new_committed(2, 1);
         store.save_vote(&ours).await.unwrap();

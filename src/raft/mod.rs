@@ -59,8 +59,6 @@ pub mod read_index;
 pub mod state_machine;
 pub mod transfer;
 
-use std::io::Cursor;
-
 use serde::{Deserialize, Serialize};
 
 use crate::command::{Command, CommandResult};
@@ -87,7 +85,7 @@ openraft::declare_raft_types!(
         NodeId = u64,
         Node = MemberNode,
         Entry = openraft::Entry<TypeConfig>,
-        SnapshotData = Cursor<Vec<u8>>,
+        SnapshotData = tokio::fs::File,
 );
 
 pub type Raft = openraft::Raft<TypeConfig>;
@@ -119,16 +117,6 @@ pub const FORMAT_V1: u8 = 1;
 /// Encode with the format byte in front.
 pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     encode_into(Vec::new(), value)
-}
-
-/// [`encode`] for a value of many megabytes (a whole-state image): the buffer
-/// is sized first, so that it is allocated and faulted in once, at its final
-/// size, instead of doubling its way there.
-pub fn encode_large<T: Serialize>(value: &T) -> Vec<u8> {
-    let size = bincode::serialized_size(value).expect("sizing in memory cannot fail") as usize;
-    let out = encode_into(Vec::with_capacity(1 + size), value);
-    debug_assert_eq!(out.len(), 1 + size, "bincode sized what it then wrote");
-    out
 }
 
 fn encode_into<T: Serialize>(mut out: Vec<u8>, value: &T) -> Vec<u8> {
@@ -229,7 +217,7 @@ pub async fn restore_member(
 ) -> anyhow::Result<crate::mvcc::Revision> {
     use anyhow::Context;
     std::fs::create_dir_all(data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
-    let db = crate::storage::StateStore::open(&data_dir.join("state")).context("creating the state store")?;
+    let db = crate::storage::StateStore::open(&data_dir.join("state"), &data_dir.join("images")).context("creating the state store")?;
     // One position for every restored member: index 1, before any term
     // (as openraft's own bootstrap entry is), so any leader's term is later.
     let applied = LogId::new(openraft::CommittedLeaderId::new(0, 0), 1);

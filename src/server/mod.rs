@@ -207,7 +207,7 @@ impl Node {
         disk::wait_for_space(&data_dir, config.disk_space_reserve_bytes / 2).await;
         std::fs::create_dir_all(&data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
 
-        let state_store = StateStore::open(&data_dir.join("state")).context("opening the state store")?;
+        let state_store = StateStore::open(&data_dir.join("state"), &data_dir.join("images")).context("opening the state store")?;
         let log_store = LogStore::open(&data_dir.join("wal"), DEFAULT_SEGMENT_BYTES, state_store.clone(), id)
             .context("opening the WAL")?;
         let state = Arc::new(AppliedState::with_tokens(crate::auth::Tokens::new(config.auth_tokens()?)));

@@ -21,15 +21,24 @@
 //! apply that caused it; the process aborts, and restarts from the log.
 //!
 //! Keys and values here are opaque bytes; the state machine chooses the layout.
-//! Values computed on the writer thread ([`StateBatch::deferred`], the large
-//! ones: checkpoints) live in a tree of their own. sled rewrites a whole leaf
-//! node when it consolidates one, and a leaf holding a checkpoint next to
-//! keys written on every apply had its checkpoint rewritten over and over.
+//!
+//! ## Files beside sled
+//! Whole-state encodings (checkpoints) are not sled values but files in a
+//! directory of their own, written on the writer thread and streamed there
+//! ([`StateBatch::files`]): as a sled value, one was encoded whole into memory
+//! first (a buffer as large as the state) and then held in sled's cache, and
+//! sled rewrote it whenever it consolidated its leaf. A batch's files are
+//! durable (written, synced, renamed into place) before any of its keys is
+//! in sled, so a key that names a file never outlives it; files a batch
+//! retires are removed only once that batch is durable in sled. Stores
+//! written by an older raftlock kept such values in a second sled tree
+//! (`large`); they are still read, and removed by the first batch that
+//! deletes their key.
 
 pub mod wal;
 
-use std::io;
-use std::path::Path;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 
 /// The persistent copy of the state machine. Clones share one store.
@@ -37,9 +46,13 @@ use std::sync::{Arc, Condvar, Mutex};
 pub struct StateStore {
     db: sled::Db,
     tree: sled::Tree,
-    /// The deferred (large) values.
-    large: sled::Tree,
-    dir: std::path::PathBuf,
+    /// Large values of older raftlocks (see the module doc): read, and
+    /// emptied as their keys are deleted.
+    legacy_large: sled::Tree,
+    /// sled's directory.
+    dir: PathBuf,
+    /// The directory of the store's files.
+    files: PathBuf,
     queue: Arc<StateQueue>,
 }
 
@@ -67,14 +80,17 @@ struct Pending {
 pub struct StateBatch {
     pub puts: Vec<(Vec<u8>, Vec<u8>)>,
     pub deletes: Vec<Vec<u8>>,
-    /// Puts whose value the writer thread computes (after `puts`): costly
-    /// encodings that must not hold up the caller. They are kept apart from
-    /// the other keys (see the module doc); a key is always written one way.
-    pub deferred: Vec<(Vec<u8>, DeferredValue)>,
+    /// Files (name, content) the writer thread writes into the store's file
+    /// directory, durably, before the keys: costly encodings that must not
+    /// hold up the caller (see the module doc).
+    pub files: Vec<(String, FileContent)>,
+    /// Files removed once this batch is durable.
+    pub retired_files: Vec<String>,
 }
 
-/// A value computed on the writer thread.
-pub type DeferredValue = Box<dyn FnOnce() -> Vec<u8> + Send>;
+/// What a file holds: written into a buffered file, it returns the bytes
+/// it wrote.
+pub type FileContent = Box<dyn FnOnce(&mut dyn Write) -> io::Result<u64> + Send>;
 
 fn io_err(e: sled::Error) -> io::Error {
     match e {
@@ -84,7 +100,9 @@ fn io_err(e: sled::Error) -> io::Error {
 }
 
 impl StateStore {
-    pub fn open(dir: &Path) -> io::Result<StateStore> {
+    /// Open the store: sled in `dir`, its files in `files` (both made if
+    /// missing). A file left half-written by a crash is removed.
+    pub fn open(dir: &Path, files: &Path) -> io::Result<StateStore> {
         // sled caches up to 1 GiB of pages by default; the state store is
         // written, and read only at start (restore), so a small cache does:
         // the pages the journal writes would otherwise stay in memory.
@@ -95,13 +113,34 @@ impl StateStore {
             .open()
             .map_err(io_err)?;
         let tree = db.open_tree("state").map_err(io_err)?;
-        let large = db.open_tree("large").map_err(io_err)?;
+        let legacy_large = db.open_tree("large").map_err(io_err)?;
+        std::fs::create_dir_all(files)?;
+        for entry in std::fs::read_dir(files)? {
+            let path = entry?.path();
+            if path.extension().is_some_and(|e| e == "tmp") {
+                std::fs::remove_file(&path)?;
+            }
+        }
         let queue = Arc::new(StateQueue::default());
-        let (writer_trees, writer_queue) = ((tree.clone(), large.clone()), queue.clone());
-        std::thread::Builder::new()
-            .name("raftlock-state".into())
-            .spawn(move || write_loop(writer_trees, writer_queue))?;
-        Ok(StateStore { db, tree, large, dir: dir.to_path_buf(), queue })
+        let store =
+            StateStore { db, tree, legacy_large, dir: dir.to_path_buf(), files: files.to_path_buf(), queue };
+        let writer = store.clone();
+        std::thread::Builder::new().name("raftlock-state".into()).spawn(move || write_loop(writer))?;
+        Ok(store)
+    }
+
+    /// The directory of the store's files.
+    pub fn files_dir(&self) -> &Path {
+        &self.files
+    }
+
+    /// The names of the store's files.
+    pub fn file_names(&self) -> io::Result<Vec<String>> {
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(&self.files)? {
+            names.extend(entry?.file_name().into_string().ok());
+        }
+        Ok(names)
     }
 
     /// Queue a batch. Batches reach sled in order, each atomically (possibly
@@ -128,13 +167,11 @@ impl StateStore {
         rx.recv().map_err(|_| io::Error::other("state store writer stopped"))
     }
 
-    /// A key's value, written either way. (A deferred value in the main tree
-    /// was written by a raftlock that kept them there; the next deferred write
-    /// of the key moves it.)
+    /// A key's value (in an older store, possibly one of its large values).
     pub fn get(&self, key: &[u8]) -> io::Result<Option<Vec<u8>>> {
         match self.tree.get(key).map_err(io_err)? {
             Some(v) => Ok(Some(v.to_vec())),
-            None => Ok(self.large.get(key).map_err(io_err)?.map(|v| v.to_vec())),
+            None => Ok(self.legacy_large.get(key).map_err(io_err)?.map(|v| v.to_vec())),
         }
     }
 
@@ -150,17 +187,35 @@ impl StateStore {
         self.drain()?;
         let keys = |tree: &sled::Tree| tree.iter().keys().collect::<Result<Vec<_>, _>>().map_err(io_err);
         let old = StateBatch { deletes: keys(&self.tree)?.iter().map(|k| k.to_vec()).collect(), ..Default::default() };
-        let old_large = keys(&self.large)?;
-        let (main, large_values) = split(vec![old, batch]);
-        write_both(&self.tree, &self.large, &main, &old_large, &large_values)
+        let merged = Merged::of(vec![old, batch]);
+        for (name, content) in merged.files {
+            write_file(&self.files, &name, content, true)?;
+        }
+        let old_large = keys(&self.legacy_large)?;
+        write_both(&self.tree, &self.legacy_large, &merged.main, &old_large)
             .map_err(|e| io::Error::other(format!("replacing the state store: {e}")))?;
-        self.sync()
+        self.sync()?;
+        self.remove_files(&merged.retired_files)
+    }
+
+    fn remove_files(&self, names: &[String]) -> io::Result<()> {
+        for name in names {
+            match std::fs::remove_file(self.files.join(name)) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+        }
+        Ok(())
     }
 
     /// Push everything to disk: sled's flush, then a real fsync of its files
     /// (sled's own flush is not a durable sync).
     pub fn sync(&self) -> io::Result<()> {
         self.drain()?;
+        self.flush_sled()
+    }
+
+    fn flush_sled(&self) -> io::Result<()> {
         self.db.flush().map_err(io_err)?;
         fsync_tree(&self.dir)
     }
@@ -182,8 +237,9 @@ const STATE_WRITE_WINDOW: std::time::Duration = std::time::Duration::from_millis
 
 /// The writer thread (it lives as long as the process): every window, merge all queued batches into one sled
 /// batch (later writes to a key replace earlier ones, as applying them in turn
-/// would) and apply it; answer barriers at once.
-fn write_loop((tree, large): (sled::Tree, sled::Tree), queue: Arc<StateQueue>) {
+/// would) and apply it, after writing their files; answer barriers at once.
+fn write_loop(store: StateStore) {
+    let queue = &store.queue;
     loop {
         let (batches, barriers) = {
             let mut pending = queue.pending.lock().expect("state queue lock poisoned");
@@ -199,15 +255,24 @@ fn write_loop((tree, large): (sled::Tree, sled::Tree), queue: Arc<StateQueue>) {
             }
             (std::mem::take(&mut pending.batches), std::mem::take(&mut pending.barriers))
         };
-        let (merged, large_values) = split(batches);
+        let merged = Merged::of(batches);
         let written = crate::metrics::timed(&crate::metrics::metrics().backend_commit, || {
-            if large_values.is_empty() {
-                tree.apply_batch(merged).map_err(|e| e.to_string())
+            for (name, content) in merged.files {
+                write_file(&store.files, &name, content, true).map_err(|e| format!("writing {name}: {e}"))?;
+            }
+            if merged.legacy_deletes.is_empty() || store.legacy_large.is_empty() {
+                store.tree.apply_batch(merged.main).map_err(|e| e.to_string())
             } else {
-                write_both(&tree, &large, &merged, &[], &large_values)
+                write_both(&store.tree, &store.legacy_large, &merged.main, &merged.legacy_deletes)
             }
         });
-        if let Err(e) = written {
+        // Retired files go once the batch that retired them is durable.
+        let retired = match written {
+            Ok(()) if merged.retired_files.is_empty() => Ok(()),
+            Ok(()) => store.flush_sled().and_then(|()| store.remove_files(&merged.retired_files)).map_err(|e| e.to_string()),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = retired {
             // sled fails every write after one has failed: only a restart
             // (which replays the log) can go on. After a full disk, the next
             // start waits for space (`server::disk`).
@@ -220,36 +285,65 @@ fn write_loop((tree, large): (sled::Tree, sled::Tree), queue: Arc<StateQueue>) {
     }
 }
 
-/// Merge `batches`, in order, into one batch for the main tree (later writes
-/// to a key replace earlier ones, as applying them in turn would) and the
-/// deferred values, computed here, for the tree of large values.
-fn split(batches: Vec<StateBatch>) -> (sled::Batch, Vec<(Vec<u8>, sled::IVec)>) {
-    let mut merged = sled::Batch::default();
-    let mut large_values = Vec::new();
-    for batch in batches {
-        for k in batch.deletes {
-            merged.remove(k);
-        }
-        for (k, v) in batch.puts {
-            merged.insert(k, v);
-        }
-        for (k, value) in batch.deferred {
-            // A key is written one way; this also moves a value that an
-            // earlier raftlock kept in the main tree.
-            merged.remove(k.as_slice());
-            large_values.push((k, sled::IVec::from(value())));
-        }
-    }
-    (merged, large_values)
+/// Queued batches merged into one.
+struct Merged {
+    /// For the main tree: later writes to a key replace earlier ones, as
+    /// applying the batches in turn would.
+    main: sled::Batch,
+    /// Every key deleted, for the legacy tree of large values.
+    legacy_deletes: Vec<sled::IVec>,
+    files: Vec<(String, FileContent)>,
+    retired_files: Vec<String>,
 }
 
-/// Write to both trees in one sled transaction: after a crash, all or none.
+impl Merged {
+    fn of(batches: Vec<StateBatch>) -> Merged {
+        let mut merged = Merged {
+            main: sled::Batch::default(),
+            legacy_deletes: Vec::new(),
+            files: Vec::new(),
+            retired_files: Vec::new(),
+        };
+        for batch in batches {
+            for k in batch.deletes {
+                merged.legacy_deletes.push(sled::IVec::from(k.as_slice()));
+                merged.main.remove(k);
+            }
+            for (k, v) in batch.puts {
+                merged.main.insert(k, v);
+            }
+            merged.files.extend(batch.files);
+            merged.retired_files.extend(batch.retired_files);
+        }
+        merged
+    }
+}
+
+/// Write file `name` in `dir` whole: into a temporary file that is synced
+/// (when `durable`) and then renamed into place, so that the name only ever
+/// stands for a complete file. Returns the bytes written.
+pub fn write_file(dir: &Path, name: &str, content: FileContent, durable: bool) -> io::Result<u64> {
+    let tmp = dir.join(format!("{name}.tmp"));
+    let mut out = io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&tmp)?);
+    let bytes = content(&mut out)?;
+    let file = out.into_inner().map_err(|e| e.into_error())?;
+    if durable {
+        file.sync_data()?;
+    }
+    std::fs::rename(&tmp, dir.join(name))?;
+    if durable {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(bytes)
+}
+
+/// Apply `main` to the main tree and remove `large_removes` from the legacy
+/// tree in one sled transaction: after a crash, all or none.
 fn write_both(
     tree: &sled::Tree,
     large: &sled::Tree,
     main: &sled::Batch,
     large_removes: &[sled::IVec],
-    large_values: &[(Vec<u8>, sled::IVec)],
 ) -> Result<(), String> {
     use sled::Transactional;
     (tree, large)
@@ -257,9 +351,6 @@ fn write_both(
             tree.apply_batch(main)?;
             for k in large_removes {
                 large.remove(k)?;
-            }
-            for (k, v) in large_values {
-                large.insert(k.as_slice(), v.clone())?;
             }
             Ok::<(), sled::transaction::ConflictableTransactionError<()>>(())
         })

@@ -8,14 +8,18 @@
 //! boundary, and openraft applies the later log entries again — the same
 //! results, since apply is deterministic.
 //!
-//! Keys (sled; `c` is written deferred, so it lives in the state store's tree
-//! of large values — in the main one in older stores):
+//! Keys (sled) and files (the state store's file directory):
 //! ```text
 //!   j<seq:8 BE>    -> [JournalOp]      what apply call `seq` changed, in order
-//!   c              -> SnapshotImage    a checkpoint: the whole state after call
-//!   m/checkpoint   -> seq              ... number `seq`; older journal records are gone
+//!   m/checkpoint   -> seq              the last checkpoint: the whole state after call `seq`,
+//!   file checkpoint-<seq:016x>.image   ... a SnapshotImage; older journal records are gone
 //!   m/applied, m/membership, m/revision, m/compact, m/seq     counters
+//!   c              -> SnapshotImage    the checkpoint as older raftlocks kept it (read,
+//!                                      then deleted by the next checkpoint)
 //! ```
+//! A checkpoint is streamed into its file on the state store's writer
+//! thread (never encoded whole into memory), and that file is durable
+//! before the batch that names it (see `storage`).
 //! Why a journal and not one sled key per MVCC version: sled's cost is per key
 //! written, and one record per apply call (which carries a whole proposal
 //! batch) cut a member's write CPU by about a quarter. Restart = load the
@@ -42,6 +46,7 @@
 //! often).
 
 use std::collections::BTreeMap;
+use std::io::{self, Read, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -53,7 +58,7 @@ use crate::applied::{AppliedState, MemberAttrs};
 use crate::auth::AuthStore;
 use crate::lease::LeaseTable;
 use crate::mvcc::{MvccStore, Revision, SharedVersion, StoredVersion};
-use crate::raft::{decode, decode_tagged, encode, encode_large, DecodeError, LogId, MemberNode, FORMAT_V1};
+use crate::raft::{decode, encode, DecodeError, LogId, MemberNode, FORMAT_V1};
 use crate::storage::{StateBatch, StateStore};
 
 const APPLIED: &[u8] = b"m/applied";
@@ -62,7 +67,8 @@ const REVISION: &[u8] = b"m/revision";
 const COMPACT: &[u8] = b"m/compact";
 const SEQ: &[u8] = b"m/seq";
 const CHECKPOINT_SEQ: &[u8] = b"m/checkpoint";
-const CHECKPOINT: &[u8] = b"c";
+/// Where older raftlocks kept the checkpoint (see the module doc).
+const LEGACY_CHECKPOINT: &[u8] = b"c";
 const JOURNAL_PREFIX: u8 = b'j';
 
 /// The fewest journal bytes between two checkpoints (see the module doc).
@@ -138,11 +144,44 @@ pub(super) const IMAGE_WITH_AUTH: u8 = 2;
 /// The first byte of an image that also holds the alarms: the current format.
 pub(super) const IMAGE_WITH_ALARMS: u8 = 3;
 
-/// Encode a captured image, tagged as the current format.
+/// Encode a captured image, tagged as the current format, into one buffer
+/// (sized first, so that it is allocated once).
 pub(super) fn encode_image(image: &CapturedImage) -> Vec<u8> {
-    let mut bytes = encode_large(image);
-    bytes[0] = IMAGE_WITH_ALARMS;
+    let size = bincode::serialized_size(image).expect("sizing in memory cannot fail") as usize;
+    let mut bytes = Vec::with_capacity(1 + size);
+    write_image(image, &mut bytes).expect("writing to memory cannot fail");
     bytes
+}
+
+/// Stream a captured image, tagged as the current format, into `out`;
+/// returns the bytes written.
+pub(super) fn write_image(image: &CapturedImage, out: &mut dyn Write) -> io::Result<u64> {
+    struct Counting<'a> {
+        out: &'a mut dyn Write,
+        bytes: u64,
+    }
+    impl Write for Counting<'_> {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            let n = self.out.write(buf)?;
+            self.bytes += n as u64;
+            Ok(n)
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            self.out.flush()
+        }
+    }
+    let mut counting = Counting { out, bytes: 0 };
+    counting.write_all(&[IMAGE_WITH_ALARMS])?;
+    bincode::serialize_into(&mut counting, image).map_err(|e| match *e {
+        bincode::ErrorKind::Io(e) => e,
+        other => io::Error::other(other),
+    })?;
+    Ok(counting.bytes)
+}
+
+/// The name of the file holding the checkpoint after apply call `seq`.
+fn checkpoint_file(seq: u64) -> String {
+    format!("checkpoint-{seq:016x}.image")
 }
 
 /// The state captured on the apply path: the versions share their
@@ -156,10 +195,24 @@ impl SnapshotImage {
     /// decodes with auth off and no users — and must then be whole, so that
     /// an image of the current format is never taken for one of the first.
     pub fn decode(bytes: &[u8]) -> Result<SnapshotImage, DecodeError> {
-        match bytes.first() {
-            Some(&IMAGE_WITH_ALARMS) => decode_tagged(bytes, IMAGE_WITH_ALARMS, false),
-            Some(&IMAGE_WITH_AUTH) => {
-                let old: ImageWithoutAlarms = decode_tagged(bytes, IMAGE_WITH_AUTH, false)?;
+        Self::read(bytes, bytes.len() as u64)
+    }
+
+    /// [`SnapshotImage::decode`] from a reader of `len` bytes (a file),
+    /// streamed: the image is never held encoded in memory. Bounded as
+    /// `raft::decode` is: no length inside may claim more than `len`.
+    pub fn read(mut reader: impl Read, len: u64) -> Result<SnapshotImage, DecodeError> {
+        use bincode::Options;
+        let mut tag = [0u8];
+        reader.read_exact(&mut tag).map_err(|e| match e.kind() {
+            io::ErrorKind::UnexpectedEof => DecodeError::Empty,
+            _ => DecodeError::Malformed(Box::new(bincode::ErrorKind::Io(e))),
+        })?;
+        let options = || bincode::DefaultOptions::new().with_fixint_encoding().with_limit(len.saturating_sub(1));
+        match tag[0] {
+            IMAGE_WITH_ALARMS => Ok(options().deserialize_from(reader)?),
+            IMAGE_WITH_AUTH => {
+                let old: ImageWithoutAlarms = options().deserialize_from(reader)?;
                 Ok(SnapshotImage {
                     revision: old.revision,
                     compact_revision: old.compact_revision,
@@ -170,8 +223,15 @@ impl SnapshotImage {
                     alarms: Alarms::default(),
                 })
             }
-            _ => {
-                let old: ImageWithoutAuth = decode_tagged(bytes, FORMAT_V1, true)?;
+            FORMAT_V1 => {
+                let old: ImageWithoutAuth = options().deserialize_from(&mut reader)?;
+                // Whole, and nothing after it (see above).
+                let mut rest = [0u8];
+                if reader.read(&mut rest).map_err(|e| DecodeError::Malformed(Box::new(bincode::ErrorKind::Io(e))))? != 0 {
+                    return Err(DecodeError::Malformed(Box::new(bincode::ErrorKind::Custom(
+                        "bytes left after an image of the first format".into(),
+                    ))));
+                }
                 Ok(SnapshotImage {
                     revision: old.revision,
                     compact_revision: old.compact_revision,
@@ -182,7 +242,15 @@ impl SnapshotImage {
                     alarms: Alarms::default(),
                 })
             }
+            other => Err(DecodeError::UnknownFormat(other)),
         }
+    }
+
+    /// Read the image in file `path`.
+    pub fn read_file(path: &std::path::Path) -> anyhow::Result<SnapshotImage> {
+        let file = std::fs::File::open(path)?;
+        let len = file.metadata()?.len();
+        Ok(SnapshotImage::read(io::BufReader::with_capacity(1 << 20, file), len)?)
     }
 
     /// Make `state` this image, all at once (in the state's lock order): no
@@ -250,11 +318,25 @@ impl Persisted {
         let seq: u64 = get(&db, SEQ)?.unwrap_or(0);
         let checkpoint_seq: u64 = get(&db, CHECKPOINT_SEQ)?.unwrap_or(0);
 
-        let checkpoint = db.get(CHECKPOINT)?;
-        let checkpoint_bytes = checkpoint.as_ref().map_or(0, |b| b.len() as u64);
+        // The checkpoint: its file, or where an older raftlock kept it. A
+        // file of no checkpoint (an older one, or a snapshot's) is stale.
+        let file = checkpoint_file(checkpoint_seq);
+        for name in db.file_names()? {
+            if name != file {
+                std::fs::remove_file(db.files_dir().join(name))?;
+            }
+        }
+        let path = db.files_dir().join(&file);
+        let (checkpoint, checkpoint_bytes) = if path.exists() {
+            (Some(SnapshotImage::read_file(&path)?), std::fs::metadata(&path)?.len())
+        } else if let Some(b) = db.get(LEGACY_CHECKPOINT)? {
+            (Some(SnapshotImage::decode(&b)?), b.len() as u64)
+        } else {
+            anyhow::ensure!(checkpoint_seq == 0, "state store: checkpoint {checkpoint_seq} is missing ({file})");
+            (None, 0)
+        };
         let (mut mvcc, mut members, mut leases, mut auth, mut alarms) = match checkpoint {
-            Some(b) => {
-                let image = SnapshotImage::decode(&b)?;
+            Some(image) => {
                 (
                     MvccStore::restore(image.versions, image.revision, image.compact_revision),
                     image.members.into_iter().collect(),
@@ -322,6 +404,11 @@ impl Persisted {
         Ok((persisted, Position { last_applied, membership }))
     }
 
+    /// The state store's file directory (snapshots are kept there too).
+    pub fn files_dir(&self) -> &std::path::Path {
+        self.db.files_dir()
+    }
+
     /// Stretch the checkpoint interval by `member_id`'s share (see
     /// `StateMachine::staggering_checkpoints`).
     pub fn stagger(&mut self, member_id: u64) {
@@ -365,24 +452,28 @@ impl Persisted {
     }
 
     /// Add to `batch` a checkpoint of the current state that replaces every
-    /// journal record since the previous checkpoint. The state is copied here
-    /// and encoded on the state store's writer thread, off the apply path.
+    /// journal record since the previous checkpoint, and the previous
+    /// checkpoint. The state is captured here (sharing its key-values) and
+    /// streamed into the checkpoint's file on the state store's writer
+    /// thread, off the apply path.
     fn checkpoint(&mut self, state: &AppliedState, batch: &mut StateBatch) {
         let image = image_of(state);
         let seq = self.seq;
         let size = self.checkpoint_bytes.clone();
-        batch.deferred.push((
-            CHECKPOINT.to_vec(),
-            Box::new(move || {
+        batch.files.push((
+            checkpoint_file(seq),
+            Box::new(move |out| {
                 let started = std::time::Instant::now();
-                let bytes = encode_image(&image);
+                let bytes = write_image(&image, out)?;
                 let ms = started.elapsed().as_millis() as u64;
-                tracing::info!(seq, bytes = bytes.len(), encode_ms = ms, "checkpoint encoded");
-                size.store(bytes.len() as u64, Ordering::Relaxed);
-                bytes
+                tracing::info!(seq, bytes, write_ms = ms, "checkpoint written");
+                size.store(bytes, Ordering::Relaxed);
+                Ok(bytes)
             }),
         ));
         batch.puts.push((CHECKPOINT_SEQ.to_vec(), encode(&self.seq)));
+        batch.retired_files.push(checkpoint_file(self.checkpoint_seq));
+        batch.deletes.push(LEGACY_CHECKPOINT.to_vec());
         batch.deletes.extend((self.checkpoint_seq + 1..=self.seq).map(journal_key));
         self.checkpoint_seq = self.seq;
         self.journal_bytes = 0;

@@ -14,20 +14,25 @@
 //! An entry is applied only once it is durable in the local log: the leader
 //! syncs its own appends while it replicates them (see `raft::log_store`).
 //!
-//! Snapshots are the whole state (every version, leases, members) encoded in
-//! one buffer. openraft asks for one every `--snapshot-count` entries: the
-//! state is copied on the apply path and encoded in openraft's snapshot task,
-//! and the result is kept in memory as the snapshot sent to members that the
-//! purged log can no longer catch up. Checkpoints are likewise captured on the
-//! apply path and encoded on the state store's writer thread. The capture
-//! shares the store's key-values (no copy of keys or values), but it still
-//! walks every version on the apply path; and encoding and writing the whole
-//! state at once shows in the latency of that moment.
+//! Snapshots are the whole state (every version, leases, members), streamed
+//! into a file, `snapshot-<id>.image`, in the state store's file directory.
+//! openraft asks for one when the log since the last is large (see
+//! `raft::log_bounds`): the state is captured on the apply path and written
+//! on a blocking thread, and the file is what is sent, chunk by chunk, to
+//! members that the purged log can no longer catch up; a snapshot received
+//! is written to a file the same way, then read from it. Only the newest
+//! snapshot's file is kept, and none survives a restart (the first one asked
+//! for after it is built anew). Checkpoints are likewise captured on the
+//! apply path and streamed into their file on the state store's writer
+//! thread. No whole-state image is held in memory: the capture shares the
+//! store's key-values (no copy of keys or values), but it still walks every
+//! version on the apply path, and writing the whole state shows in the
+//! latency of that moment.
 
 mod apply;
 mod layout;
 
-use std::io::Cursor;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use openraft::storage::{RaftStateMachine, Snapshot, SnapshotMeta};
@@ -49,13 +54,48 @@ pub struct StateMachine {
     persisted: Persisted,
     /// The last entry applied and the configuration.
     position: Position,
-    /// The last snapshot built, encoded: what is sent to members that are
-    /// too far behind for the log.
-    last_snapshot: Arc<std::sync::Mutex<Option<Snapshot<TypeConfig>>>>,
+    /// The last snapshot built or received, and its file: what is sent to
+    /// members that are too far behind for the log.
+    last_snapshot: Arc<std::sync::Mutex<Option<SnapshotFile>>>,
     /// When set, an entry is applied only once it is durable in the local log
     /// (the leader syncs its own appends while it replicates them: see
     /// `raft::log_store`).
     durable_log: Option<Durable>,
+}
+
+/// A snapshot kept as a file (see the module doc).
+struct SnapshotFile {
+    meta: SnapshotMeta<u64, MemberNode>,
+    path: PathBuf,
+}
+
+/// The name of the file that a snapshot with id `id` is kept in.
+fn snapshot_file(id: &str) -> String {
+    format!("snapshot-{id}.image")
+}
+
+/// The file a snapshot being received is written to.
+const INCOMING_SNAPSHOT: &str = "snapshot-incoming.tmp";
+
+/// Make `file` the member's current snapshot, and remove the file of the one
+/// it replaces (a reader that has it open reads on: the file goes with its
+/// last handle).
+fn keep_snapshot(last: &std::sync::Mutex<Option<SnapshotFile>>, file: SnapshotFile) {
+    let path = file.path.clone();
+    let old = last.lock().expect("snapshot lock poisoned").replace(file);
+    // A snapshot built again under the same id replaced its file already.
+    if let Some(old) = old.filter(|old| old.path != path) {
+        if let Err(e) = std::fs::remove_file(&old.path) {
+            tracing::warn!(error = %e, path = %old.path.display(), "removing an old snapshot's file");
+        }
+    }
+}
+
+async fn open_snapshot(file: &SnapshotFile) -> Result<Snapshot<TypeConfig>, StorageError<u64>> {
+    let data = tokio::fs::File::open(&file.path)
+        .await
+        .map_err(|e| StorageError::from(StorageIOError::read_snapshot(Some(file.meta.signature()), &e)))?;
+    Ok(Snapshot { meta: file.meta.clone(), snapshot: Box::new(data) })
 }
 
 fn sm_err(e: impl std::fmt::Display) -> StorageError<u64> {
@@ -153,23 +193,49 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     }
 
     async fn get_snapshot_builder(&mut self) -> SnapshotBuilder {
-        // Copy the state here, on the apply path; encode it in the builder,
-        // which openraft runs in a task of its own, while apply goes on.
+        // Capture the state here, on the apply path; write it in the
+        // builder, which openraft runs in a task of its own, while apply goes on.
         let image = image_of(&self.state);
         let meta = self.snapshot_meta(&image);
-        SnapshotBuilder { image: Some((meta, image)), last: self.last_snapshot.clone() }
+        SnapshotBuilder {
+            image: Some((meta, image)),
+            dir: self.persisted.files_dir().to_path_buf(),
+            last: self.last_snapshot.clone(),
+        }
     }
 
-    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError<u64>> {
-        Ok(Box::new(Cursor::new(Vec::new())))
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<tokio::fs::File>, StorageError<u64>> {
+        // One snapshot is received at a time: a new one replaces an
+        // abandoned one's file.
+        let path = self.persisted.files_dir().join(INCOMING_SNAPSHOT);
+        let file = tokio::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .await
+            .map_err(|e| StorageError::from(StorageIOError::write_snapshot(None, &e)))?;
+        Ok(Box::new(file))
     }
 
     async fn install_snapshot(
         &mut self,
         meta: &SnapshotMeta<u64, MemberNode>,
-        snapshot: Box<Cursor<Vec<u8>>>,
+        snapshot: Box<tokio::fs::File>,
     ) -> Result<(), StorageError<u64>> {
-        let image = SnapshotImage::decode(snapshot.get_ref()).map_err(sm_err)?;
+        // Read on a blocking thread: decoding the whole state takes long.
+        let file = snapshot.into_std().await;
+        let image = tokio::task::spawn_blocking(move || -> anyhow::Result<SnapshotImage> {
+            use std::io::Seek;
+            let mut file = file;
+            file.seek(std::io::SeekFrom::Start(0))?;
+            let len = file.metadata()?.len();
+            Ok(SnapshotImage::read(std::io::BufReader::with_capacity(1 << 20, file), len)?)
+        })
+        .await
+        .map_err(sm_err)?
+        .map_err(sm_err)?;
         let revision = image.revision;
         let before = self.state.mvcc().revision();
         image.install(&self.state);
@@ -197,16 +263,23 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         }
         tracing::info!(snapshot = %meta.snapshot_id, revision, "installed a snapshot from the leader");
         // It is this member's snapshot now, should it have to send one.
-        let data = snapshot.into_inner();
-        *self.last_snapshot.lock().expect("snapshot lock poisoned") =
-            Some(Snapshot { meta: meta.clone(), snapshot: Box::new(Cursor::new(data)) });
+        let dir = self.persisted.files_dir();
+        let path = dir.join(snapshot_file(&meta.snapshot_id));
+        match std::fs::rename(dir.join(INCOMING_SNAPSHOT), &path) {
+            Ok(()) => keep_snapshot(&self.last_snapshot, SnapshotFile { meta: meta.clone(), path }),
+            // Not kept: the next one asked for is built.
+            Err(e) => tracing::warn!(error = %e, "keeping a received snapshot's file"),
+        }
         Ok(())
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError<u64>> {
-        if let Some(s) = self.last_snapshot.lock().expect("snapshot lock poisoned").as_ref() {
-            let data = s.snapshot.get_ref().clone();
-            return Ok(Some(Snapshot { meta: s.meta.clone(), snapshot: Box::new(Cursor::new(data)) }));
+        let current = self.last_snapshot.lock().expect("snapshot lock poisoned").as_ref().map(|f| SnapshotFile {
+            meta: f.meta.clone(),
+            path: f.path.clone(),
+        });
+        if let Some(file) = current {
+            return open_snapshot(&file).await.map(Some);
         }
         // None built since this member started (its log may be purged all the
         // same): build one now, on the apply path. Rare: once per restart.
@@ -215,23 +288,34 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     }
 }
 
-/// Encodes the state captured when the builder was made, and keeps the result
-/// as the member's current snapshot.
+/// Writes the state captured when the builder was made into a file, and
+/// keeps it as the member's current snapshot.
 pub struct SnapshotBuilder {
     image: Option<(SnapshotMeta<u64, MemberNode>, CapturedImage)>,
-    last: Arc<std::sync::Mutex<Option<Snapshot<TypeConfig>>>>,
+    /// Where snapshot files go.
+    dir: PathBuf,
+    last: Arc<std::sync::Mutex<Option<SnapshotFile>>>,
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<u64>> {
         let (meta, image) = self.image.take().ok_or_else(|| sm_err("snapshot already built"))?;
-        // Encoding the whole state takes long: not on the runtime's thread,
-        // where it would hold up heartbeats and requests.
-        let data = tokio::task::spawn_blocking(move || layout::encode_image(&image)).await.map_err(sm_err)?;
-        tracing::info!(snapshot = %meta.snapshot_id, bytes = data.len(), "built a snapshot");
-        let snapshot = Snapshot { meta: meta.clone(), snapshot: Box::new(Cursor::new(data.clone())) };
-        *self.last.lock().expect("snapshot lock poisoned") =
-            Some(Snapshot { meta, snapshot: Box::new(Cursor::new(data)) });
+        // Writing the whole state takes long: not on the runtime's threads,
+        // where it would hold up heartbeats and requests. Not synced: a
+        // snapshot's file is not read after a crash.
+        let (dir, name) = (self.dir.clone(), snapshot_file(&meta.snapshot_id));
+        let path = dir.join(&name);
+        let written = tokio::task::spawn_blocking(move || {
+            crate::storage::write_file(&dir, &name, Box::new(move |out| layout::write_image(&image, out)), false)
+        })
+        .await
+        .map_err(sm_err)?;
+        let bytes =
+            written.map_err(|e| StorageError::from(StorageIOError::write_snapshot(Some(meta.signature()), &e)))?;
+        tracing::info!(snapshot = %meta.snapshot_id, bytes, "built a snapshot");
+        let file = SnapshotFile { meta, path };
+        let snapshot = open_snapshot(&file).await?;
+        keep_snapshot(&self.last, file);
         Ok(snapshot)
     }
 }
@@ -288,14 +372,31 @@ mod tests {
         (mvcc.versions().collect(), mvcc.revision(), mvcc.compact_revision())
     }
 
+    /// The directory of a test's store: when it goes, the store's writer
+    /// first finishes what it was given (a checkpoint file written into a
+    /// directory removed meanwhile would fail, and abort the process).
+    struct StoreDir(tempfile::TempDir, StateStore);
+
+    impl Drop for StoreDir {
+        fn drop(&mut self) {
+            self.1.sync().unwrap();
+        }
+    }
+
+    impl StoreDir {
+        fn path(&self) -> &std::path::Path {
+            self.0.path()
+        }
+    }
+
     /// A state machine over a fresh store; the store's directory lives as
     /// long as the returned guard.
-    fn fresh(checkpoint_min: u64) -> (tempfile::TempDir, StateStore, Arc<AppliedState>, StateMachine) {
+    fn fresh(checkpoint_min: u64) -> (StoreDir, StateStore, Arc<AppliedState>, StateMachine) {
         let dir = tempfile::tempdir().unwrap();
-        let db = StateStore::open(dir.path()).unwrap();
+        let db = StateStore::open(&dir.path().join("state"), &dir.path().join("images")).unwrap();
         let state = Arc::new(AppliedState::default());
         let sm = StateMachine::open_with(db.clone(), state.clone(), checkpoint_min).unwrap();
-        (dir, db, state, sm)
+        (StoreDir(dir, db.clone()), db, state, sm)
     }
 
     #[tokio::test]
@@ -419,8 +520,11 @@ mod tests {
         }
         let before = dump(&state);
         let applied = sm.position.last_applied;
-        assert!(sm.persisted.checkpoint_seq > 0, "a checkpoint was written");
+        assert!(sm.persisted.checkpoint_seq > 1, "checkpoints were written");
         db.sync().unwrap();
+        // Only the last checkpoint's file is kept.
+        let seq = sm.persisted.checkpoint_seq;
+        assert_eq!(db.file_names().unwrap(), vec![format!("checkpoint-{seq:016x}.image")]);
         drop(sm);
 
         let restored = Arc::new(AppliedState::default());
@@ -429,6 +533,85 @@ mod tests {
         assert_eq!(sm.position.last_applied, applied);
         let all = RangeRequest { key: vec![0], range_end: vec![0], ..Default::default() };
         assert_eq!(restored.mvcc().range(&all).unwrap().count, 5);
+    }
+
+    /// A snapshot is built into a file, sent from it, received into a file
+    /// and installed from it; a newer snapshot's file replaces the older's.
+    #[tokio::test]
+    async fn snapshots_are_files_sent_and_installed() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (_dir, db, state, mut sm) = fresh(1 << 20);
+        for i in 1..=20u64 {
+            sm.apply([entry(i, put(&format!("k{}", i % 3), &format!("v{i}")))]).await.unwrap();
+        }
+        let first = sm.get_snapshot_builder().await.build_snapshot().await.unwrap();
+        sm.apply([entry(21, put("late", "x"))]).await.unwrap();
+        let mut sent = sm.get_snapshot_builder().await.build_snapshot().await.unwrap();
+        let names = db.file_names().unwrap();
+        assert_eq!(names, vec![format!("snapshot-{}.image", sent.meta.snapshot_id)], "the older file is gone");
+        drop(first);
+
+        let (_dir2, db2, received_state, mut receiver) = fresh(1 << 20);
+        let mut incoming = receiver.begin_receiving_snapshot().await.unwrap();
+        let mut bytes = Vec::new();
+        sent.snapshot.read_to_end(&mut bytes).await.unwrap();
+        for chunk in bytes.chunks(7) {
+            incoming.write_all(chunk).await.unwrap();
+        }
+        incoming.shutdown().await.unwrap();
+        receiver.install_snapshot(&sent.meta, incoming).await.unwrap();
+        assert_eq!(dump(&received_state), dump(&state));
+        assert_eq!(receiver.position.last_applied.map(|l| l.index), Some(21));
+        // The receiver keeps it as its own snapshot (and a checkpoint of it).
+        let again = receiver.get_current_snapshot().await.unwrap().expect("a current snapshot");
+        assert_eq!(again.meta.snapshot_id, sent.meta.snapshot_id);
+        let mut names = db2.file_names().unwrap();
+        names.sort();
+        assert_eq!(names.len(), 2, "{names:?}");
+        assert!(names[0].starts_with("checkpoint-") && names[1] == format!("snapshot-{}.image", sent.meta.snapshot_id));
+    }
+
+    /// A store whose checkpoint an older raftlock kept in sled restores from
+    /// it, and its next checkpoint (a file) replaces it.
+    #[tokio::test]
+    async fn a_checkpoint_kept_in_sled_is_read_and_replaced() {
+        let (dir, db, state, mut sm) = fresh(1 << 20);
+        for i in 1..=10u64 {
+            sm.apply([entry(i, put(&format!("k{i}"), "v"))]).await.unwrap();
+        }
+        let before = dump(&state);
+        let applied = sm.position.last_applied;
+        drop(sm);
+        // What an older raftlock left: the checkpoint as a sled value, the
+        // journal it covers gone.
+        db.sync().unwrap();
+        let mut batch = crate::storage::StateBatch::default();
+        batch.puts.push((b"c".to_vec(), layout::encode_image(&image_of(&state))));
+        batch.puts.push((b"m/checkpoint".to_vec(), encode(&10u64)));
+        batch.deletes.extend((1..=10u64).map(|seq| [&[b'j'][..], &seq.to_be_bytes()].concat()));
+        db.commit(batch);
+        db.sync().unwrap();
+
+        let restored = Arc::new(AppliedState::default());
+        let mut sm = StateMachine::open_with(db.clone(), restored.clone(), 1).unwrap();
+        assert_eq!(dump(&restored), before);
+        assert_eq!(sm.position.last_applied, applied);
+        // Enough journal after it for the next checkpoint.
+        let mut index = 10;
+        while sm.persisted.checkpoint_seq == 10 {
+            index += 1;
+            assert!(index < 1000, "no checkpoint after {index} puts");
+            sm.apply([entry(index, put(&format!("after{index}"), "v"))]).await.unwrap();
+        }
+        db.sync().unwrap();
+        assert!(db.get(b"c").unwrap().is_none(), "the sled checkpoint is gone");
+        assert_eq!(db.file_names().unwrap().len(), 1);
+        let expected = dump(&restored);
+        drop(sm);
+        let again = Arc::new(AppliedState::default());
+        StateMachine::open_with(db.clone(), again.clone(), 1).unwrap();
+        assert_eq!(dump(&again), expected);
+        drop(dir);
     }
 
     #[tokio::test]
