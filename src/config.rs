@@ -100,6 +100,15 @@ pub struct Config {
         default_value_t = 5_000
     )]
     pub snapshot_catchup_entries: u64,
+    /// The bytes of newest log entries a member keeps decoded in memory;
+    /// older ones are read back from the WAL when a lagging follower (or
+    /// apply) needs them. Small values make the tests read the WAL back.
+    #[arg(
+        long,
+        env = "RAFTLOCK_EXPERIMENTAL_LOG_MEMORY_BYTES",
+        default_value_t = crate::raft::log_store::HOT_LOG_BYTES
+    )]
+    pub experimental_log_memory_bytes: u64,
     /// How often watchers that asked for progress notifications get one, in ms
     /// (etcd's default is ten minutes).
     #[arg(long, env = "RAFTLOCK_WATCH_PROGRESS_NOTIFY_INTERVAL", default_value_t = 600_000)]

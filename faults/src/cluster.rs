@@ -25,6 +25,8 @@ const TOKEN: &str = "raftlock-cluster";
 /// Raft timing of the members under test: etcd's defaults.
 pub const HEARTBEAT_MS: u64 = 100;
 pub const ELECTION_MS: u64 = 1000;
+/// `--experimental-log-memory-bytes` of every member (the default is 32 MiB).
+const LOG_MEMORY_BYTES: u64 = 64 << 10;
 
 pub struct Member {
     pub name: String,
@@ -97,6 +99,9 @@ impl Cluster {
             .args(["--initial-cluster-state", if m.joins { "existing" } else { "new" }])
             .args(["--heartbeat-interval", &HEARTBEAT_MS.to_string()])
             .args(["--election-timeout", &ELECTION_MS.to_string()])
+            // Keep little of the log in memory, so that every member catching
+            // up after a fault is sent entries read back from the WAL.
+            .args(["--experimental-log-memory-bytes", &LOG_MEMORY_BYTES.to_string()])
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)

@@ -373,5 +373,9 @@ fn event(e: Event) -> mvccpb::Event {
             super::kv::key_value(KeyValue { key: e.key, mod_revision: e.revision, ..Default::default() }),
         ),
     };
-    mvccpb::Event { r#type: kind as i32, kv: Some(kv), prev_kv: e.prev_kv.map(|kv| super::kv::key_value(Arc::unwrap_or_clone(kv))) }
+    mvccpb::Event {
+        r#type: kind as i32,
+        kv: Some(kv),
+        prev_kv: e.prev_kv.map(|kv| super::kv::key_value(Arc::unwrap_or_clone(kv))),
+    }
 }

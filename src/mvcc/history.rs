@@ -80,7 +80,8 @@ impl HistoryScan {
 }
 
 fn change_bytes(c: &Change) -> usize {
-    let kv = |kv: &Option<std::sync::Arc<super::KeyValue>>| kv.as_ref().map_or(0, |kv| kv.key.len() + kv.value.len() + 48);
+    let kv =
+        |kv: &Option<std::sync::Arc<super::KeyValue>>| kv.as_ref().map_or(0, |kv| kv.key.len() + kv.value.len() + 48);
     c.key.len() + kv(&c.kv) + kv(&c.prev) + 16
 }
 

@@ -68,7 +68,8 @@ impl WriteTxn<'_> {
             (Some(p), true) => p.lease,
             _ => req.lease,
         };
-        let kv = Arc::new(KeyValue { key: req.key.clone(), create_revision, mod_revision: revision, version, value, lease });
+        let kv =
+            Arc::new(KeyValue { key: req.key.clone(), create_revision, mod_revision: revision, version, value, lease });
         let sub = self.changes.len() as i64;
         self.store.push_version(&req.key, revision, sub, Some(kv.clone()));
         let prev_kv = if req.prev_kv { prev.as_deref().cloned() } else { None };

@@ -1,8 +1,13 @@
 //! The Raft log store: openraft's `RaftLogStorage` over raftlock's WAL.
 //!
-//! Entries are kept in an in-memory map (replication and apply read from it) and
-//! written to the WAL; an entry enters the map only once it is written, so
-//! nothing reads (and replicates) an entry that a failed write did not keep.
+//! Entries are written to the WAL, and the newest of them (about
+//! [`HOT_LOG_BYTES`]) are also kept decoded in memory, where replication and
+//! apply find them; an older entry is read back from the WAL when asked for
+//! (a follower far behind, apply far behind). The log's memory is so bounded
+//! whatever its length: how much log the WAL keeps is the snapshot policy's
+//! business (`raft::bound_log`). An entry becomes readable only once it is
+//! written, so nothing reads (and replicates) an entry that a failed write
+//! did not keep.
 //! The vote is written through the same WAL, so vote and log writes are
 //! durable in the order they were made, as openraft requires.
 //!
@@ -41,7 +46,10 @@
 //! it from the leader within a heartbeat and then applies what it is missing.
 //!
 //! Invariants:
-//! - the in-memory entries are contiguous and all above `last_purged`;
+//! - the entries held are contiguous and all above `last_purged`;
+//! - the entries kept in memory are a suffix of the entries held;
+//! - an entry's place in the WAL is read only under the log's lock, which a
+//!   purge takes before it lets the WAL remove the entry's segment;
 //! - a purge first makes the state store durable (`StateStore::sync`), since the
 //!   state store may otherwise be behind the entries being dropped.
 
@@ -56,7 +64,7 @@ use openraft::{OptionalSend, RaftLogReader, StorageError, StorageIOError, Vote};
 use tokio::sync::watch;
 
 use super::{decode, encode, Entry, LogId, TypeConfig};
-use crate::storage::wal::{Durable, Wal, WalRecord};
+use crate::storage::wal::{Durable, EntryAt, Wal, WalRecord};
 use crate::storage::StateStore;
 
 const META_VOTE: u8 = 1;
@@ -73,16 +81,84 @@ pub enum LogMoved {
     Diverged,
     #[error("the log is purged past that entry: the follower needs a snapshot")]
     Purged,
+    #[error("an entry could not be read back from the WAL")]
+    Unreadable,
 }
 
-#[derive(Default)]
-struct LogCache {
-    entries: BTreeMap<u64, Entry>,
-    /// Each entry's encoded size (what the log holds in bytes, see
+/// The bytes of encoded entries kept decoded in memory, at most (but the
+/// last entry, which always is): far more than a follower or apply that
+/// keeps up is behind (a proposal batch is at most 2 MiB).
+pub const HOT_LOG_BYTES: u64 = 32 << 20;
+
+/// What the log knows of an entry it holds.
+#[derive(Clone, Copy)]
+struct Held {
+    log_id: LogId,
+    /// Its encoded size (what the log holds in bytes, see
     /// [`LogStore::bytes_between`]).
-    sizes: BTreeMap<u64, u64>,
+    size: u64,
+    at: EntryAt,
+}
+
+struct LogCache {
+    /// Every entry the log holds.
+    held: BTreeMap<u64, Held>,
+    /// The newest entries, decoded: a suffix of `held` holding at most
+    /// `hot_limit` bytes, but for its last entry.
+    hot: BTreeMap<u64, Entry>,
+    hot_bytes: u64,
+    hot_limit: u64,
     last_purged: Option<LogId>,
     vote: Option<Vote<u64>>,
+}
+
+impl LogCache {
+    fn new() -> LogCache {
+        LogCache {
+            held: BTreeMap::new(),
+            hot: BTreeMap::new(),
+            hot_bytes: 0,
+            hot_limit: HOT_LOG_BYTES,
+            last_purged: None,
+            vote: None,
+        }
+    }
+
+    /// Hold `entry`, written at `at`, after every entry held.
+    fn push(&mut self, entry: Entry, size: u64, at: EntryAt) {
+        let index = entry.log_id.index;
+        self.held.insert(index, Held { log_id: entry.log_id, size, at });
+        self.hot.insert(index, entry);
+        self.hot_bytes += size;
+        self.evict();
+    }
+
+    /// Drop the oldest entries kept in memory beyond `hot_limit`.
+    fn evict(&mut self) {
+        while self.hot_bytes > self.hot_limit && self.hot.len() > 1 {
+            let (oldest, _) = self.hot.pop_first().expect("more than one hot entry");
+            self.hot_bytes -= self.held[&oldest].size;
+        }
+    }
+
+    /// Drop the entries at `index` and above.
+    fn truncate(&mut self, index: u64) {
+        let dropped = self.hot.split_off(&index);
+        self.hot_bytes -= dropped.keys().map(|i| self.held[i].size).sum::<u64>();
+        self.held.split_off(&index);
+    }
+
+    /// Drop the entries at `index` and below.
+    fn purge(&mut self, index: u64) {
+        let kept = self.hot.split_off(&(index + 1));
+        let dropped = std::mem::replace(&mut self.hot, kept);
+        self.hot_bytes -= dropped.keys().map(|i| self.held[i].size).sum::<u64>();
+        self.held = self.held.split_off(&(index + 1));
+    }
+
+    fn last_log_id(&self) -> Option<LogId> {
+        self.held.values().next_back().map(|h| h.log_id).or(self.last_purged)
+    }
 }
 
 /// The log store; clones share one log (the clone is the log reader).
@@ -104,6 +180,17 @@ fn write_err(e: &io::Error) -> StorageError<u64> {
 }
 
 impl LogStore {
+    /// Keep at most `bytes` of the newest entries decoded in memory (but the
+    /// last one); [`HOT_LOG_BYTES`] unless told.
+    pub fn keeping_in_memory(self, bytes: u64) -> LogStore {
+        {
+            let mut cache = self.cache();
+            cache.hot_limit = bytes;
+            cache.evict();
+        }
+        self
+    }
+
     /// Open the WAL in `dir` and load what it holds.
     pub fn open(
         dir: &std::path::Path,
@@ -112,12 +199,11 @@ impl LogStore {
         id: u64,
     ) -> anyhow::Result<LogStore> {
         let (wal, recovered) = Wal::open(dir, segment_bytes)?;
-        let mut cache = LogCache::default();
+        let mut cache = LogCache::new();
         for (index, bytes) in recovered.entries {
             let entry: Entry = decode(&bytes).map_err(|e| anyhow::anyhow!("wal entry {index}: {e}"))?;
             assert_eq!(entry.log_id.index, index, "wal entry index mismatch");
-            cache.sizes.insert(index, bytes.len() as u64);
-            cache.entries.insert(index, entry);
+            cache.push(entry, bytes.len() as u64, recovered.places[&index]);
         }
         let metas = &recovered.metas;
         if let Some(b) = metas.get(&META_VOTE) {
@@ -137,7 +223,7 @@ impl LogStore {
         if let Some(b) = metas.get(&META_PURGED) {
             cache.last_purged = decode(b).map_err(anyhow::Error::msg)?;
         }
-        let indexes: Vec<u64> = cache.entries.keys().copied().collect();
+        let indexes: Vec<u64> = cache.held.keys().copied().collect();
         assert!(indexes.windows(2).all(|w| w[1] == w[0] + 1), "wal entries are not contiguous");
         let (last_index, _) = watch::channel(indexes.last().copied());
         Ok(LogStore { cache: Arc::new(Mutex::new(cache)), last_index: Arc::new(last_index), wal, state_store, id })
@@ -169,8 +255,8 @@ impl LogStore {
             None if cache.last_purged.is_some() => return Err(LogMoved::Purged),
             None => 0,
             Some(p) => {
-                match cache.entries.get(&p.index) {
-                    Some(e) if e.log_id == p => {}
+                match cache.held.get(&p.index) {
+                    Some(h) if h.log_id == p => {}
                     Some(_) => return Err(LogMoved::Diverged),
                     None if cache.last_purged == Some(p) => {}
                     None if cache.last_purged.is_some_and(|l| p.index <= l.index) => return Err(LogMoved::Purged),
@@ -182,12 +268,31 @@ impl LogStore {
         // Each entry's encoded size was noted when it was written: no walk
         // over its commands on every request.
         let mut bytes = 0u64;
-        let taken = cache.entries.range(from..).take(max).take_while(|(index, _)| {
+        let taken = cache.held.range(from..).take(max).take_while(|(_, held)| {
             let first = bytes == 0;
-            bytes = bytes.saturating_add(cache.sizes.get(index).copied().unwrap_or(0).max(1));
+            bytes = bytes.saturating_add(held.size.max(1));
             first || bytes <= max_bytes
         });
-        Ok(taken.map(|(_, e)| e.clone()).collect())
+        let indexes: Vec<u64> = taken.map(|(index, _)| *index).collect();
+        indexes.into_iter().map(|index| self.read(&cache, index)).collect::<io::Result<_>>().map_err(|e| {
+            tracing::error!(error = %e, "reading the log back from the WAL");
+            LogMoved::Unreadable
+        })
+    }
+
+    /// The entry at `index`, which the log holds: from memory, or read back
+    /// from the WAL (under the log's lock: see the invariants).
+    fn read(&self, cache: &LogCache, index: u64) -> io::Result<Entry> {
+        if let Some(entry) = cache.hot.get(&index) {
+            return Ok(entry.clone());
+        }
+        let held = cache.held.get(&index).ok_or_else(|| io::Error::other(format!("log entry {index} is not held")))?;
+        let bytes = self.wal.read_entry(index, held.at)?;
+        let entry: Entry = decode(&bytes).map_err(|e| io::Error::other(format!("wal entry {index}: {e}")))?;
+        if entry.log_id != held.log_id {
+            return Err(io::Error::other(format!("wal entry {index} reads back as {}", entry.log_id)));
+        }
+        Ok(entry)
     }
 
     /// The encoded bytes of the entries held with index in `(after, upto]`.
@@ -196,7 +301,7 @@ impl LogStore {
         if from > upto {
             return 0;
         }
-        self.cache().sizes.range(from..=upto).map(|(_, s)| s).sum()
+        self.cache().held.range(from..=upto).map(|(_, h)| h.size).sum()
     }
 
     /// The lowest index `p` such that the entries in `(p, upto]` hold at
@@ -204,20 +309,19 @@ impl LogStore {
     pub fn keep_at_most(&self, upto: u64, bytes: u64) -> u64 {
         let cache = self.cache();
         let mut held = 0u64;
-        for (&index, &size) in cache.sizes.range(..=upto).rev() {
-            held += size;
+        for (&index, h) in cache.held.range(..=upto).rev() {
+            held += h.size;
             if held > bytes {
                 return index;
             }
         }
-        cache.sizes.keys().next().map_or(upto, |first| first.saturating_sub(1))
+        cache.held.keys().next().map_or(upto, |first| first.saturating_sub(1))
     }
 
     /// The id of the log's last entry, or of the last one purged when the
     /// log holds none: how far this member's log goes, as a vote judges it.
     pub fn last_log_id(&self) -> Option<LogId> {
-        let cache = self.cache();
-        cache.entries.values().next_back().map(|e| e.log_id).or(cache.last_purged)
+        self.cache().last_log_id()
     }
 
     /// Follow the index of the log's last entry (`None`: the log holds no entry).
@@ -227,7 +331,7 @@ impl LogStore {
 
     /// Publish the log's last index after a change.
     fn publish_last_index(&self, cache: &LogCache) {
-        let last = cache.entries.keys().next_back().copied();
+        let last = cache.held.keys().next_back().copied();
         self.last_index.send_if_modified(|l| std::mem::replace(l, last) != last);
     }
 
@@ -241,7 +345,12 @@ impl RaftLogReader<TypeConfig> for LogStore {
         &mut self,
         range: RB,
     ) -> Result<Vec<Entry>, StorageError<u64>> {
-        Ok(self.cache().entries.range(range).map(|(_, e)| e.clone()).collect())
+        let cache = self.cache();
+        let indexes: Vec<u64> = cache.held.range(range).map(|(index, _)| *index).collect();
+        indexes.into_iter().map(|index| self.read(&cache, index)).collect::<io::Result<_>>().map_err(|e| {
+            tracing::error!(error = %e, "reading the log back from the WAL");
+            StorageIOError::read_logs(&e).into()
+        })
     }
 }
 
@@ -250,8 +359,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError<u64>> {
         let cache = self.cache();
-        let last_log_id = cache.entries.values().next_back().map(|e| e.log_id).or(cache.last_purged);
-        Ok(LogState { last_purged_log_id: cache.last_purged, last_log_id })
+        Ok(LogState { last_purged_log_id: cache.last_purged, last_log_id: cache.last_log_id() })
     }
 
     async fn get_log_reader(&mut self) -> Self::LogReader {
@@ -277,7 +385,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let entries: Vec<Entry> = entries.into_iter().collect();
         let own = {
             let cache = self.cache();
-            let mut next = cache.entries.keys().next_back().map(|last| last + 1);
+            let mut next = cache.held.keys().next_back().map(|last| last + 1);
             for entry in &entries {
                 assert!(next.is_none_or(|n| n == entry.log_id.index), "log entries must be contiguous");
                 next = Some(entry.log_id.index + 1);
@@ -288,10 +396,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         };
         let records: Vec<WalRecord> =
             entries.iter().map(|e| WalRecord::Entry { index: e.log_id.index, data: encode(e) }).collect();
-        let sizes: Vec<(u64, u64)> = records
+        let sizes: Vec<u64> = records
             .iter()
             .filter_map(|r| match r {
-                WalRecord::Entry { index, data } => Some((*index, data.len() as u64)),
+                WalRecord::Entry { data, .. } => Some(data.len() as u64),
                 _ => None,
             })
             .collect();
@@ -299,15 +407,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             // The leader's own entries: done once written (see the module doc).
             self.wal.write_deferred(records)
         } else {
-            self.wal.write(records, true)
+            self.wal.write_placed(records, true)
         };
-        if written.is_ok() {
+        let written = written.map(|placed| {
             // Readers (replication included) see an entry only once it is written.
             let mut cache = self.cache();
-            cache.entries.extend(entries.into_iter().map(|e| (e.log_id.index, e)));
-            cache.sizes.extend(sizes);
+            for ((entry, size), (_, at)) in entries.into_iter().zip(sizes).zip(placed) {
+                cache.push(entry, size, at);
+            }
             self.publish_last_index(&cache);
-        }
+        });
         callback.log_io_completed(written);
         Ok(())
     }
@@ -315,8 +424,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError<u64>> {
         {
             let mut cache = self.cache();
-            cache.entries.split_off(&log_id.index);
-            cache.sizes.split_off(&log_id.index);
+            cache.truncate(log_id.index);
             self.publish_last_index(&cache);
         }
         self.wal.write(vec![WalRecord::TruncateFrom(log_id.index)], true).map_err(|e| write_err(&e))
@@ -328,8 +436,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         {
             let mut cache = self.cache();
             assert!(cache.last_purged.is_none_or(|p| p.index <= log_id.index), "purge must move forward");
-            cache.entries = cache.entries.split_off(&(log_id.index + 1));
-            cache.sizes = cache.sizes.split_off(&(log_id.index + 1));
+            cache.purge(log_id.index);
             cache.last_purged = Some(log_id);
             self.publish_last_index(&cache);
         }
@@ -374,18 +481,68 @@ mod tests {
         LogId::new(openraft::CommittedLeaderId::new(term, leader), index)
     }
 
-    /// Puts blank entries into the log as an append would once written.
+    /// Puts blank entries into the log as an append does: written to the
+    /// WAL, then held (each counted as 10 bytes).
     fn put_entries(store: &LogStore, ids: impl IntoIterator<Item = LogId>) {
+        let entries: Vec<Entry> =
+            ids.into_iter().map(|log_id| Entry { log_id, payload: openraft::EntryPayload::Blank }).collect();
+        let records = entries.iter().map(|e| WalRecord::Entry { index: e.log_id.index, data: encode(e) }).collect();
+        let placed = store.wal.write_placed(records, true).unwrap();
         let mut cache = store.cache();
-        for log_id in ids {
-            cache.entries.insert(log_id.index, Entry { log_id, payload: openraft::EntryPayload::Blank });
-            cache.sizes.insert(log_id.index, 10);
+        for (entry, (_, at)) in entries.into_iter().zip(placed) {
+            cache.push(entry, 10, at);
         }
         store.publish_last_index(&cache);
     }
 
     fn indexes(read: Result<Vec<Entry>, LogMoved>) -> Result<Vec<u64>, LogMoved> {
         read.map(|entries| entries.iter().map(|e| e.log_id.index).collect())
+    }
+
+    /// Only the newest entries stay in memory; older ones are read back
+    /// from the WAL, by replication and by openraft alike, until purged.
+    #[tokio::test]
+    async fn entries_beyond_the_memory_bound_are_read_back_from_the_wal() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = StateStore::open(&dir.path().join("state"), &dir.path().join("images")).unwrap();
+        // Small segments, so that a purge removes some.
+        let mut store = LogStore::open(&dir.path().join("wal"), 4096, db.clone(), 1).unwrap();
+        let ours = Vote::new_committed(2, 1);
+        store.save_vote(&ours).await.unwrap();
+        store.cache().hot_limit = 30;
+        put_entries(&store, (1..=100).map(|i| log_id(2, 1, i)));
+        {
+            let cache = store.cache();
+            assert_eq!(cache.hot.keys().copied().collect::<Vec<_>>(), vec![98, 99, 100], "30 bytes: three entries");
+            assert_eq!(cache.hot_bytes, 30);
+        }
+        let all: Vec<u64> = (1..=100).collect();
+        assert_eq!(indexes(store.entries_after(&ours, None, 1000, u64::MAX)), Ok(all.clone()));
+        let read = store.try_get_log_entries(1..=100).await.unwrap();
+        assert_eq!(
+            read.iter().map(|e| e.log_id).collect::<Vec<_>>(),
+            all.iter().map(|&i| log_id(2, 1, i)).collect::<Vec<_>>()
+        );
+        // A restart holds the same entries, the newest in memory.
+        drop(store);
+        let mut store = LogStore::open(&dir.path().join("wal"), 4096, db, 1).unwrap();
+        assert_eq!(store.cache().hot.len(), 100, "the default bound holds them all");
+        store.cache().hot_limit = 0;
+        put_entries(&store, [log_id(2, 1, 101)]);
+        assert_eq!(store.cache().hot.keys().copied().collect::<Vec<_>>(), vec![101], "the last entry always stays");
+        // Truncated and purged entries are gone, memory and disk alike.
+        store.truncate(log_id(2, 1, 90)).await.unwrap();
+        store.purge(log_id(2, 1, 60)).await.unwrap();
+        assert_eq!(store.cache().hot_bytes, 0);
+        let read = store.try_get_log_entries(0..).await.unwrap();
+        assert_eq!(read.iter().map(|e| e.log_id.index).collect::<Vec<_>>(), (61..=89).collect::<Vec<_>>());
+        // (A member that led does not lead the same term after a restart.)
+        let again = Vote::new_committed(3, 1);
+        store.save_vote(&again).await.unwrap();
+        assert_eq!(
+            indexes(store.entries_after(&again, Some(log_id(2, 1, 70)), 5, u64::MAX)),
+            Ok(vec![71, 72, 73, 74, 75])
+        );
     }
 
     #[tokio::test]

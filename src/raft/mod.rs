@@ -43,8 +43,9 @@
 //! - Serializable: served at once from the node's applied state; may be stale.
 //!
 //! ## Caveats
-//! - Log entries are kept in memory until purged. Purging follows snapshots,
-//!   taken every `--snapshot-count` applied entries (see `state_machine`).
+//! - Log entries are kept in the WAL until purged, and the newest of them in
+//!   memory too (`log_store::HOT_LOG_BYTES`). Purging follows snapshots,
+//!   taken when the log since the last one is large ([`bound_log`]).
 //! - Peer RPCs are not authenticated: the peer URL must only be reachable by
 //!   members.
 
@@ -217,7 +218,8 @@ pub async fn restore_member(
 ) -> anyhow::Result<crate::mvcc::Revision> {
     use anyhow::Context;
     std::fs::create_dir_all(data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
-    let db = crate::storage::StateStore::open(&data_dir.join("state"), &data_dir.join("images")).context("creating the state store")?;
+    let db = crate::storage::StateStore::open(&data_dir.join("state"), &data_dir.join("images"))
+        .context("creating the state store")?;
     // One position for every restored member: index 1, before any term
     // (as openraft's own bootstrap entry is), so any leader's term is later.
     let applied = LogId::new(openraft::CommittedLeaderId::new(0, 0), 1);
@@ -230,25 +232,26 @@ pub async fn restore_member(
 }
 
 /// Log bytes applied since the last snapshot that make the next one due
-/// (or the state's weight, if larger: see [`bound_log_memory`]).
+/// (or the state's weight, if larger: see [`bound_log`]).
 pub const SNAPSHOT_LOG_BYTES: u64 = 64 << 20;
 /// Log bytes kept behind a snapshot for members a little behind.
 pub const CATCHUP_LOG_BYTES: u64 = 64 << 20;
 /// How long a snapshot asked for may take before it is asked for again.
 const SNAPSHOT_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// Bound the log held in memory in bytes, as openraft bounds it in entries
+/// Bound the log the WAL keeps in bytes, as openraft bounds it in entries
 /// (`--snapshot-count`, `--snapshot-catchup-entries`): one entry is a whole
 /// proposal batch (up to 2 MiB), so a count of entries alone lets a busy
-/// member hold hundreds of MiB of log. Every half second: once the entries
+/// member keep hundreds of MiB of log to replay. (What the log holds in
+/// memory is bounded apart: see `log_store`.) Every half second: once the entries
 /// applied since the last snapshot hold [`SNAPSHOT_LOG_BYTES`] or the state's
 /// weight, whichever is more, ask for a snapshot; and purge behind the last
 /// snapshot all but the newest entries holding [`CATCHUP_LOG_BYTES`]. A
 /// snapshot encodes the whole state, so waiting for as much log as the state
 /// weighs keeps its cost per byte written bounded however large the state
-/// (as checkpoints do, `state_machine::layout`); the log then holds at most
-/// about the state's weight. Runs until the node stops.
-pub async fn bound_log_memory(
+/// (as checkpoints do, `state_machine::layout`); the WAL then keeps at most
+/// about the state's weight of log. Runs until the node stops.
+pub async fn bound_log(
     raft: Raft,
     log: log_store::LogStore,
     state: std::sync::Arc<crate::applied::AppliedState>,

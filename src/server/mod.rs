@@ -207,8 +207,10 @@ impl Node {
         disk::wait_for_space(&data_dir, config.disk_space_reserve_bytes / 2).await;
         std::fs::create_dir_all(&data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
 
-        let state_store = StateStore::open(&data_dir.join("state"), &data_dir.join("images")).context("opening the state store")?;
+        let state_store =
+            StateStore::open(&data_dir.join("state"), &data_dir.join("images")).context("opening the state store")?;
         let log_store = LogStore::open(&data_dir.join("wal"), DEFAULT_SEGMENT_BYTES, state_store.clone(), id)
+            .map(|log| log.keeping_in_memory(config.experimental_log_memory_bytes))
             .context("opening the WAL")?;
         let state = Arc::new(AppliedState::with_tokens(crate::auth::Tokens::new(config.auth_tokens()?)));
         let state_machine = StateMachine::open(state_store.clone(), state.clone())
@@ -296,7 +298,7 @@ impl Node {
         tokio::spawn(compactor::sweep(node.clone(), node.stopping()));
         tokio::spawn(count_leader_changes(node.raft.metrics(), node.stopping()));
         let log_bound =
-            crate::raft::bound_log_memory(node.raft.clone(), log_store.clone(), node.state.clone(), node.stopping());
+            crate::raft::bound_log(node.raft.clone(), log_store.clone(), node.state.clone(), node.stopping());
         tokio::spawn(log_bound);
         tokio::spawn(disk::watch(node.clone(), data_dir, config.disk_space_reserve_bytes, node.stopping()));
         if let Some(policy) = config.auto_compaction()? {

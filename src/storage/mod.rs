@@ -122,8 +122,7 @@ impl StateStore {
             }
         }
         let queue = Arc::new(StateQueue::default());
-        let store =
-            StateStore { db, tree, legacy_large, dir: dir.to_path_buf(), files: files.to_path_buf(), queue };
+        let store = StateStore { db, tree, legacy_large, dir: dir.to_path_buf(), files: files.to_path_buf(), queue };
         let writer = store.clone();
         std::thread::Builder::new().name("raftlock-state".into()).spawn(move || write_loop(writer))?;
         Ok(store)
@@ -269,7 +268,9 @@ fn write_loop(store: StateStore) {
         // Retired files go once the batch that retired them is durable.
         let retired = match written {
             Ok(()) if merged.retired_files.is_empty() => Ok(()),
-            Ok(()) => store.flush_sled().and_then(|()| store.remove_files(&merged.retired_files)).map_err(|e| e.to_string()),
+            Ok(()) => {
+                store.flush_sled().and_then(|()| store.remove_files(&merged.retired_files)).map_err(|e| e.to_string())
+            }
             Err(e) => Err(e),
         };
         if let Err(e) = retired {

@@ -205,7 +205,12 @@ impl<'a> Apply<'a> {
     fn record(&mut self, changes: Vec<Change>) {
         self.state.leases_mut().track(&changes);
         self.journal.extend(changes.iter().map(|c| {
-            JournalOp::Version(StoredVersion { revision: c.revision, sub: c.sub, key: c.key.clone(), kv: c.kv.as_deref().cloned() })
+            JournalOp::Version(StoredVersion {
+                revision: c.revision,
+                sub: c.sub,
+                key: c.key.clone(),
+                kv: c.kv.as_deref().cloned(),
+            })
         }));
         self.published.extend(changes);
     }

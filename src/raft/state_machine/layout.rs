@@ -227,7 +227,8 @@ impl SnapshotImage {
                 let old: ImageWithoutAuth = options().deserialize_from(&mut reader)?;
                 // Whole, and nothing after it (see above).
                 let mut rest = [0u8];
-                if reader.read(&mut rest).map_err(|e| DecodeError::Malformed(Box::new(bincode::ErrorKind::Io(e))))? != 0 {
+                if reader.read(&mut rest).map_err(|e| DecodeError::Malformed(Box::new(bincode::ErrorKind::Io(e))))? != 0
+                {
                     return Err(DecodeError::Malformed(Box::new(bincode::ErrorKind::Custom(
                         "bytes left after an image of the first format".into(),
                     ))));
@@ -336,15 +337,13 @@ impl Persisted {
             (None, 0)
         };
         let (mut mvcc, mut members, mut leases, mut auth, mut alarms) = match checkpoint {
-            Some(image) => {
-                (
-                    MvccStore::restore(image.versions, image.revision, image.compact_revision),
-                    image.members.into_iter().collect(),
-                    image.leases.into_iter().collect(),
-                    image.auth,
-                    image.alarms,
-                )
-            }
+            Some(image) => (
+                MvccStore::restore(image.versions, image.revision, image.compact_revision),
+                image.members.into_iter().collect(),
+                image.leases.into_iter().collect(),
+                image.auth,
+                image.alarms,
+            ),
             None => (MvccStore::default(), BTreeMap::new(), BTreeMap::new(), AuthStore::default(), Alarms::default()),
         };
         let mut journal_bytes = 0;

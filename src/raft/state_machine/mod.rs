@@ -274,10 +274,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError<u64>> {
-        let current = self.last_snapshot.lock().expect("snapshot lock poisoned").as_ref().map(|f| SnapshotFile {
-            meta: f.meta.clone(),
-            path: f.path.clone(),
-        });
+        let current = self
+            .last_snapshot
+            .lock()
+            .expect("snapshot lock poisoned")
+            .as_ref()
+            .map(|f| SnapshotFile { meta: f.meta.clone(), path: f.path.clone() });
         if let Some(file) = current {
             return open_snapshot(&file).await.map(Some);
         }
@@ -375,17 +377,14 @@ mod tests {
     /// The directory of a test's store: when it goes, the store's writer
     /// first finishes what it was given (a checkpoint file written into a
     /// directory removed meanwhile would fail, and abort the process).
-    struct StoreDir(tempfile::TempDir, StateStore);
+    struct StoreDir {
+        _dir: tempfile::TempDir,
+        db: StateStore,
+    }
 
     impl Drop for StoreDir {
         fn drop(&mut self) {
-            self.1.sync().unwrap();
-        }
-    }
-
-    impl StoreDir {
-        fn path(&self) -> &std::path::Path {
-            self.0.path()
+            self.db.sync().unwrap();
         }
     }
 
@@ -396,7 +395,7 @@ mod tests {
         let db = StateStore::open(&dir.path().join("state"), &dir.path().join("images")).unwrap();
         let state = Arc::new(AppliedState::default());
         let sm = StateMachine::open_with(db.clone(), state.clone(), checkpoint_min).unwrap();
-        (StoreDir(dir, db.clone()), db, state, sm)
+        (StoreDir { _dir: dir, db: db.clone() }, db, state, sm)
     }
 
     #[tokio::test]

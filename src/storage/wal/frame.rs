@@ -2,7 +2,7 @@
 //! replayed, and how a torn write is told from damage (see the module above
 //! for the layout and the recovery rules).
 
-use super::{Recovered, WalRecord};
+use super::{EntryAt, Recovered, WalRecord};
 
 const KIND_ENTRY: u8 = 1;
 const KIND_META: u8 = 2;
@@ -54,7 +54,7 @@ pub(super) struct SegmentReplay {
 
 /// Apply every valid frame of a segment to `rec`, and say where the valid
 /// frames end, the highest entry index and the meta keys seen.
-pub(super) fn replay_segment(bytes: &[u8], rec: &mut Recovered) -> SegmentReplay {
+pub(super) fn replay_segment(bytes: &[u8], seq: u64, rec: &mut Recovered) -> SegmentReplay {
     let mut pos = 0;
     let mut max_index = None;
     let mut meta_keys = Vec::new();
@@ -73,6 +73,8 @@ pub(super) fn replay_segment(bytes: &[u8], rec: &mut Recovered) -> SegmentReplay
             WalRecord::Entry { index, data } => {
                 if rec.purged_upto.is_none_or(|p| index > p) {
                     rec.entries.insert(index, data);
+                    let at = EntryAt { seq, offset: pos as u64, len: (FRAME_HEADER + len) as u32 };
+                    rec.places.insert(index, at);
                 }
                 max_index = Some(max_index.map_or(index, |m: u64| m.max(index)));
             }
@@ -84,15 +86,25 @@ pub(super) fn replay_segment(bytes: &[u8], rec: &mut Recovered) -> SegmentReplay
             }
             WalRecord::TruncateFrom(index) => {
                 rec.entries.split_off(&index);
+                rec.places.split_off(&index);
             }
             WalRecord::PurgeUpto(index) => {
                 rec.purged_upto = Some(rec.purged_upto.map_or(index, |p| p.max(index)));
                 rec.entries = rec.entries.split_off(&(index + 1));
+                rec.places = rec.places.split_off(&(index + 1));
             }
         }
         pos += FRAME_HEADER + len;
     }
     SegmentReplay { end: pos, max_index, meta_keys }
+}
+
+/// The record of one whole frame (header included), if its checksum holds.
+pub(super) fn decode_frame(frame: &[u8]) -> Option<WalRecord> {
+    let len = u32::from_le_bytes(frame.get(..4)?.try_into().ok()?) as usize;
+    let crc = u32::from_le_bytes(frame.get(4..8)?.try_into().ok()?);
+    let body = frame.get(FRAME_HEADER..FRAME_HEADER + len)?;
+    (crc32fast::hash(body) == crc).then(|| decode(body))?
 }
 
 fn decode(body: &[u8]) -> Option<WalRecord> {

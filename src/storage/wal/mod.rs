@@ -118,10 +118,22 @@ pub enum WalRecord {
     PurgeUpto(u64),
 }
 
+/// Where an entry's frame lies in the WAL: its segment, and the frame's
+/// offset and length there (header included). It stays readable
+/// ([`Wal::read_entry`]) until a purge past the entry removes its segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EntryAt {
+    seq: u64,
+    offset: u64,
+    len: u32,
+}
+
 /// What replay found.
 #[derive(Debug, Default)]
 pub struct Recovered {
     pub entries: BTreeMap<u64, Vec<u8>>,
+    /// Where each of `entries` lies.
+    pub places: BTreeMap<u64, EntryAt>,
     pub metas: HashMap<u8, Vec<u8>>,
     pub purged_upto: Option<u64>,
 }
@@ -201,6 +213,7 @@ struct Shared {
 /// thread stops when the last handle is dropped.
 #[derive(Clone)]
 pub struct Wal {
+    dir: std::path::PathBuf,
     shared: Arc<Shared>,
     stats: Arc<WalStats>,
     _flusher: Arc<FlusherStop>,
@@ -243,7 +256,7 @@ impl Wal {
         for (i, &seq) in seqs.iter().enumerate() {
             let path = segment_path(dir, seq);
             let bytes = fs::read(&path)?;
-            let SegmentReplay { end, max_index, meta_keys } = replay_segment(&bytes, &mut recovered);
+            let SegmentReplay { end, max_index, meta_keys } = replay_segment(&bytes, seq, &mut recovered);
             let is_last = i + 1 == seqs.len();
             if end < bytes.len() && !is_zero(&bytes[end..]) {
                 let why = if !is_last {
@@ -305,13 +318,18 @@ impl Wal {
             std::thread::Builder::new().name("raftlock-wal".into()).spawn(move || flusher(&shared, &stats))?;
         }
         let stop = Arc::new(FlusherStop(shared.clone()));
-        Ok((Wal { shared, stats, _flusher: stop }, recovered))
+        Ok((Wal { dir: dir.to_path_buf(), shared, stats, _flusher: stop }, recovered))
     }
 
     /// Write `records` in order; with `sync`, return only once they (and
     /// everything written before them) are durable. After an I/O error every
     /// later write fails: the node must restart and recover from the files.
     pub fn write(&self, records: Vec<WalRecord>, sync: bool) -> io::Result<()> {
+        self.write_placed(records, sync).map(drop)
+    }
+
+    /// [`Wal::write`], and where each entry written lies (in `records`' order).
+    pub fn write_placed(&self, records: Vec<WalRecord>, sync: bool) -> io::Result<Vec<(u64, EntryAt)>> {
         let mut writer = lock(&self.shared.writer);
         if writer.failed {
             return Err(io::Error::other("wal: an earlier write failed; the node must restart"));
@@ -327,10 +345,27 @@ impl Wal {
 
     /// Write `records` in order and return; the flusher thread makes them
     /// durable soon after ([`Durable`] tells when).
-    pub fn write_deferred(&self, records: Vec<WalRecord>) -> io::Result<()> {
-        self.write(records, false)?;
+    pub fn write_deferred(&self, records: Vec<WalRecord>) -> io::Result<Vec<(u64, EntryAt)>> {
+        let placed = self.write_placed(records, false)?;
         self.shared.flush_wanted.notify_one();
-        Ok(())
+        Ok(placed)
+    }
+
+    /// Read back the data of the entry at `at` (what its record carried),
+    /// checked against its checksum and index. Fails once a purge removed
+    /// its segment.
+    pub fn read_entry(&self, index: u64, at: EntryAt) -> io::Result<Vec<u8>> {
+        use std::os::unix::fs::FileExt;
+        let file = fs::File::open(writer::segment_path(&self.dir, at.seq))?;
+        let mut frame = vec![0u8; at.len as usize];
+        file.read_exact_at(&mut frame, at.offset)?;
+        match frame::decode_frame(&frame) {
+            Some(WalRecord::Entry { index: found, data }) if found == index => Ok(data),
+            _ => Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("wal: entry {index} does not read back at {at:?}"),
+            )),
+        }
     }
 
     /// How far the log is durable.

@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::frame::encode;
-use super::{WalRecord, WalStats, ZEROES, ZERO_AHEAD};
+use super::{EntryAt, WalRecord, WalStats, ZEROES, ZERO_AHEAD};
 
 pub(super) struct Segment {
     pub seq: u64,
@@ -86,15 +86,25 @@ impl Writer {
         self.synced_index = self.last_index;
     }
 
-    pub(super) fn write(&mut self, records: &[WalRecord], sync: bool, stats: &WalStats) -> io::Result<()> {
+    /// Write `records`; returns where each entry among them lies.
+    pub(super) fn write(
+        &mut self,
+        records: &[WalRecord],
+        sync: bool,
+        stats: &WalStats,
+    ) -> io::Result<Vec<(u64, EntryAt)>> {
         let mut buf = Vec::new();
         let mut purge = None;
         let mut batch_max = None;
         let mut last_index = self.last_index;
+        // (index, the frame's start and length in `buf`)
+        let mut frames = Vec::new();
         for record in records {
+            let start = buf.len();
             encode(record, &mut buf);
             match record {
                 WalRecord::Entry { index, .. } => {
+                    frames.push((*index, start, buf.len() - start));
                     batch_max = Some(batch_max.map_or(*index, |m: u64| m.max(*index)));
                     last_index = Some(*index);
                 }
@@ -115,6 +125,12 @@ impl Writer {
             let seg = self.segments.last_mut().expect("a current segment");
             seg.max_index = Some(seg.max_index.map_or(max, |m| m.max(max)));
         }
+        let placed = frames
+            .into_iter()
+            .map(|(index, start, len)| {
+                (index, EntryAt { seq: self.seq, offset: self.offset + start as u64, len: len as u32 })
+            })
+            .collect();
         self.zero_ahead(self.offset + buf.len() as u64)?;
         self.file.write_all_at(&buf, self.offset)?;
         self.offset += buf.len() as u64;
@@ -131,7 +147,7 @@ impl Writer {
         if let Some(upto) = purge {
             self.remove_purged(upto)?;
         }
-        Ok(())
+        Ok(placed)
     }
 
     /// Called before an append that ends at `end`: unless the segment is
