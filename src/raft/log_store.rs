@@ -3,9 +3,10 @@
 //! Entries are written to the WAL, and the newest of them (about
 //! [`HOT_LOG_BYTES`]) are also kept decoded in memory, where replication and
 //! apply find them; an older entry is read back from the WAL when asked for
-//! (a follower far behind, apply far behind). The log's memory is so bounded
-//! whatever its length: how much log the WAL keeps is the snapshot policy's
-//! business (`raft::bound_log`). An entry becomes readable only once it is
+//! (a follower far behind, apply far behind). What the log holds in memory
+//! while it serves is so bounded whatever its length (at start, the WAL's
+//! replay still reads all of it once); how much log the WAL keeps is the
+//! snapshot policy's business (`raft::bound_log`). An entry becomes readable only once it is
 //! written, so nothing reads (and replicates) an entry that a failed write
 //! did not keep.
 //! The vote is written through the same WAL, so vote and log writes are
@@ -48,8 +49,9 @@
 //! Invariants:
 //! - the entries held are contiguous and all above `last_purged`;
 //! - the entries kept in memory are a suffix of the entries held;
-//! - an entry's place in the WAL is read only under the log's lock, which a
-//!   purge takes before it lets the WAL remove the entry's segment;
+//! - an entry's place in the WAL is taken under the log's lock and read after
+//!   it; a purge may remove the segment meanwhile, and such a read then
+//!   fails as NotFound, which readers take as the entry having been purged;
 //! - a purge first makes the state store durable (`StateStore::sync`), since the
 //!   state store may otherwise be behind the entries being dropped.
 
@@ -273,20 +275,40 @@ impl LogStore {
             bytes = bytes.saturating_add(held.size.max(1));
             first || bytes <= max_bytes
         });
-        let indexes: Vec<u64> = taken.map(|(index, _)| *index).collect();
-        indexes.into_iter().map(|index| self.read(&cache, index)).collect::<io::Result<_>>().map_err(|e| {
-            tracing::error!(error = %e, "reading the log back from the WAL");
-            LogMoved::Unreadable
-        })
+        let wanted: Vec<(u64, Held)> = taken.map(|(index, held)| (*index, *held)).collect();
+        let slots = Self::slots(&cache, wanted);
+        drop(cache);
+        let mut entries = Vec::with_capacity(slots.len());
+        for slot in slots {
+            match self.fill(slot) {
+                Ok(entry) => entries.push(entry),
+                // Purged meanwhile: its segment is gone (see `fill`).
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(LogMoved::Purged),
+                Err(e) => {
+                    tracing::error!(error = %e, "reading the log back from the WAL");
+                    return Err(LogMoved::Unreadable);
+                }
+            }
+        }
+        Ok(entries)
     }
 
-    /// The entry at `index`, which the log holds: from memory, or read back
-    /// from the WAL (under the log's lock: see the invariants).
-    fn read(&self, cache: &LogCache, index: u64) -> io::Result<Entry> {
-        if let Some(entry) = cache.hot.get(&index) {
-            return Ok(entry.clone());
-        }
-        let held = cache.held.get(&index).ok_or_else(|| io::Error::other(format!("log entry {index} is not held")))?;
+    /// What the log holds of `wanted` (indexes it holds, in order): the
+    /// entries kept in memory, and where the others are in the WAL.
+    fn slots(cache: &LogCache, wanted: Vec<(u64, Held)>) -> Vec<Result<Entry, (u64, Held)>> {
+        wanted.into_iter().map(|(index, held)| cache.hot.get(&index).cloned().ok_or((index, held))).collect()
+    }
+
+    /// The entry of a slot: kept in memory, or read back from the WAL. Read
+    /// without the log's lock, so that appends never wait for the disk: a
+    /// purge meanwhile may remove the entry's segment, and the read then
+    /// fails with NotFound (a truncation removes no segment; its entries
+    /// still read back, as they would have been read a moment earlier).
+    fn fill(&self, slot: Result<Entry, (u64, Held)>) -> io::Result<Entry> {
+        let (index, held) = match slot {
+            Ok(entry) => return Ok(entry),
+            Err(cold) => cold,
+        };
         let bytes = self.wal.read_entry(index, held.at)?;
         let entry: Entry = decode(&bytes).map_err(|e| io::Error::other(format!("wal entry {index}: {e}")))?;
         if entry.log_id != held.log_id {
@@ -345,12 +367,25 @@ impl RaftLogReader<TypeConfig> for LogStore {
         &mut self,
         range: RB,
     ) -> Result<Vec<Entry>, StorageError<u64>> {
-        let cache = self.cache();
-        let indexes: Vec<u64> = cache.held.range(range).map(|(index, _)| *index).collect();
-        indexes.into_iter().map(|index| self.read(&cache, index)).collect::<io::Result<_>>().map_err(|e| {
-            tracing::error!(error = %e, "reading the log back from the WAL");
-            StorageIOError::read_logs(&e).into()
-        })
+        let slots = {
+            let cache = self.cache();
+            let wanted = cache.held.range(range).map(|(index, held)| (*index, *held)).collect();
+            Self::slots(&cache, wanted)
+        };
+        let mut entries = Vec::with_capacity(slots.len());
+        for slot in slots {
+            match self.fill(slot) {
+                Ok(entry) => entries.push(entry),
+                // Purged meanwhile: as if asked after the purge, which
+                // removes a prefix, so what is read stays contiguous.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => entries.clear(),
+                Err(e) => {
+                    tracing::error!(error = %e, "reading the log back from the WAL");
+                    return Err(StorageIOError::read_logs(&e).into());
+                }
+            }
+        }
+        Ok(entries)
     }
 }
 

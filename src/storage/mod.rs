@@ -7,8 +7,7 @@
 //!   acknowledged write survive a crash.
 //! - [`StateStore`] (sled) holds the applied state machine. Batches are handed to a
 //!   writer thread that merges every batch waiting into one atomic sled write
-//!   (a batch, or a transaction over both trees when it holds a deferred
-//!   value), in order; sled flushes lazily. After a crash the store may therefore be
+//!   (after writing their files, see below), in order; sled flushes lazily. After a crash the store may therefore be
 //!   behind the log, at a batch boundary, and the log entries after its last
 //!   applied id are applied again on restart. That is safe because apply is
 //!   deterministic and each batch carries the applied id of its own effects.
@@ -114,7 +113,13 @@ impl StateStore {
             .map_err(io_err)?;
         let tree = db.open_tree("state").map_err(io_err)?;
         let legacy_large = db.open_tree("large").map_err(io_err)?;
-        std::fs::create_dir_all(files)?;
+        if !files.exists() {
+            std::fs::create_dir_all(files)?;
+            // The new directory's entry must survive a crash too.
+            if let Some(parent) = files.parent() {
+                std::fs::File::open(parent)?.sync_all()?;
+            }
+        }
         for entry in std::fs::read_dir(files)? {
             let path = entry?.path();
             if path.extension().is_some_and(|e| e == "tmp") {
@@ -320,11 +325,14 @@ impl Merged {
     }
 }
 
-/// Write file `name` in `dir` whole: into a temporary file that is synced
-/// (when `durable`) and then renamed into place, so that the name only ever
-/// stands for a complete file. Returns the bytes written.
+/// Write file `name` in `dir` whole: into a temporary file of its own (two
+/// writers of one name never share one) that is synced (when `durable`) and
+/// then renamed into place, so that the name only ever stands for a
+/// complete file. Returns the bytes written.
 pub fn write_file(dir: &Path, name: &str, content: FileContent, durable: bool) -> io::Result<u64> {
-    let tmp = dir.join(format!("{name}.tmp"));
+    static TEMPORARY: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = TEMPORARY.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!("{name}.{n}.tmp"));
     let mut out = io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&tmp)?);
     let bytes = content(&mut out)?;
     let file = out.into_inner().map_err(|e| e.into_error())?;

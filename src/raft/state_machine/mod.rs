@@ -17,7 +17,7 @@
 //! Snapshots are the whole state (every version, leases, members), streamed
 //! into a file, `snapshot-<id>.image`, in the state store's file directory.
 //! openraft asks for one when the log since the last is large (see
-//! `raft::log_bounds`): the state is captured on the apply path and written
+//! `raft::bound_log`): the state is captured on the apply path and written
 //! on a blocking thread, and the file is what is sent, chunk by chunk, to
 //! members that the purged log can no longer catch up; a snapshot received
 //! is written to a file the same way, then read from it. Only the newest
@@ -57,6 +57,8 @@ pub struct StateMachine {
     /// The last snapshot built or received, and its file: what is sent to
     /// members that are too far behind for the log.
     last_snapshot: Arc<std::sync::Mutex<Option<SnapshotFile>>>,
+    /// Snapshot streams begun, to name each one's file.
+    incoming_count: u64,
     /// When set, an entry is applied only once it is durable in the local log
     /// (the leader syncs its own appends while it replicates them: see
     /// `raft::log_store`).
@@ -74,28 +76,38 @@ fn snapshot_file(id: &str) -> String {
     format!("snapshot-{id}.image")
 }
 
-/// The file a snapshot being received is written to.
-const INCOMING_SNAPSHOT: &str = "snapshot-incoming.tmp";
+/// The files snapshots being received are written to start so; one is
+/// named for each stream begun, and only the newest is kept.
+const INCOMING_SNAPSHOT: &str = "snapshot-incoming-";
 
-/// Make `file` the member's current snapshot, and remove the file of the one
-/// it replaces (a reader that has it open reads on: the file goes with its
-/// last handle).
+/// Make `file` the member's current snapshot, unless the current one is at
+/// least as new (a build that finished late), and remove the file of the one
+/// not kept. A reader that has that file open reads on: the file goes with
+/// its last handle.
 fn keep_snapshot(last: &std::sync::Mutex<Option<SnapshotFile>>, file: SnapshotFile) {
-    let path = file.path.clone();
-    let old = last.lock().expect("snapshot lock poisoned").replace(file);
-    // A snapshot built again under the same id replaced its file already.
-    if let Some(old) = old.filter(|old| old.path != path) {
-        if let Err(e) = std::fs::remove_file(&old.path) {
-            tracing::warn!(error = %e, path = %old.path.display(), "removing an old snapshot's file");
+    let dropped = {
+        let mut current = last.lock().expect("snapshot lock poisoned");
+        match current.as_ref() {
+            Some(c) if c.path == file.path => None, // built again under its id: the file was replaced
+            Some(c) if c.meta.last_log_id > file.meta.last_log_id => Some(file.path),
+            _ => current.replace(file).map(|old| old.path),
+        }
+    };
+    if let Some(path) = dropped {
+        if let Err(e) = std::fs::remove_file(&path) {
+            tracing::warn!(error = %e, path = %path.display(), "removing an old snapshot's file");
         }
     }
 }
 
-async fn open_snapshot(file: &SnapshotFile) -> Result<Snapshot<TypeConfig>, StorageError<u64>> {
-    let data = tokio::fs::File::open(&file.path)
-        .await
+/// Open the current snapshot's file, under the lock that replacing it takes
+/// (so that it is not removed between choosing and opening it).
+fn open_current(last: &std::sync::Mutex<Option<SnapshotFile>>) -> Result<Option<Snapshot<TypeConfig>>, StorageError<u64>> {
+    let current = last.lock().expect("snapshot lock poisoned");
+    let Some(file) = current.as_ref() else { return Ok(None) };
+    let data = std::fs::File::open(&file.path)
         .map_err(|e| StorageError::from(StorageIOError::read_snapshot(Some(file.meta.signature()), &e)))?;
-    Ok(Snapshot { meta: file.meta.clone(), snapshot: Box::new(data) })
+    Ok(Some(Snapshot { meta: file.meta.clone(), snapshot: Box::new(tokio::fs::File::from_std(data)) }))
 }
 
 fn sm_err(e: impl std::fmt::Display) -> StorageError<u64> {
@@ -111,7 +123,14 @@ impl StateMachine {
 
     fn open_with(db: StateStore, state: Arc<AppliedState>, checkpoint_min: u64) -> anyhow::Result<StateMachine> {
         let (persisted, position) = Persisted::restore(db, &state, checkpoint_min)?;
-        Ok(StateMachine { state, persisted, position, last_snapshot: Default::default(), durable_log: None })
+        Ok(StateMachine {
+            state,
+            persisted,
+            position,
+            last_snapshot: Default::default(),
+            incoming_count: 0,
+            durable_log: None,
+        })
     }
 
     /// Stretch this member's checkpoint interval by a share derived from its
@@ -205,17 +224,26 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     }
 
     async fn begin_receiving_snapshot(&mut self) -> Result<Box<tokio::fs::File>, StorageError<u64>> {
-        // One snapshot is received at a time: a new one replaces an
-        // abandoned one's file.
-        let path = self.persisted.files_dir().join(INCOMING_SNAPSHOT);
+        // A file of its own per stream: an older stream's file (abandoned,
+        // or still to be installed, which reads it through its handle) is
+        // unlinked, never truncated.
+        let dir = self.persisted.files_dir();
+        let err = |e: std::io::Error| StorageError::from(StorageIOError::write_snapshot(None, &e));
+        for entry in std::fs::read_dir(dir).map_err(err)? {
+            let entry = entry.map_err(err)?;
+            if entry.file_name().to_string_lossy().starts_with(INCOMING_SNAPSHOT) {
+                std::fs::remove_file(entry.path()).map_err(err)?;
+            }
+        }
+        self.incoming_count += 1;
+        let path = dir.join(format!("{INCOMING_SNAPSHOT}{}.tmp", self.incoming_count));
         let file = tokio::fs::OpenOptions::new()
             .read(true)
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
             .open(&path)
             .await
-            .map_err(|e| StorageError::from(StorageIOError::write_snapshot(None, &e)))?;
+            .map_err(err)?;
         Ok(Box::new(file))
     }
 
@@ -226,6 +254,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     ) -> Result<(), StorageError<u64>> {
         // Read on a blocking thread: decoding the whole state takes long.
         let file = snapshot.into_std().await;
+        let inode = {
+            use std::os::unix::fs::MetadataExt;
+            file.metadata().map_err(sm_err)?.ino()
+        };
         let image = tokio::task::spawn_blocking(move || -> anyhow::Result<SnapshotImage> {
             use std::io::Seek;
             let mut file = file;
@@ -262,26 +294,28 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             }
         }
         tracing::info!(snapshot = %meta.snapshot_id, revision, "installed a snapshot from the leader");
-        // It is this member's snapshot now, should it have to send one.
+        // It is this member's snapshot now, should it have to send one: its
+        // file, found by its inode (a newer stream may have begun meanwhile),
+        // unless that stream unlinked it. Not kept, the next one asked for
+        // is built.
         let dir = self.persisted.files_dir();
         let path = dir.join(snapshot_file(&meta.snapshot_id));
-        match std::fs::rename(dir.join(INCOMING_SNAPSHOT), &path) {
-            Ok(()) => keep_snapshot(&self.last_snapshot, SnapshotFile { meta: meta.clone(), path }),
-            // Not kept: the next one asked for is built.
-            Err(e) => tracing::warn!(error = %e, "keeping a received snapshot's file"),
+        let received = std::fs::read_dir(dir).ok().into_iter().flatten().flatten().find(|entry| {
+            use std::os::unix::fs::MetadataExt;
+            entry.file_name().to_string_lossy().starts_with(INCOMING_SNAPSHOT)
+                && entry.metadata().is_ok_and(|m| m.ino() == inode)
+        });
+        match received.map(|entry| std::fs::rename(entry.path(), &path)) {
+            Some(Ok(())) => keep_snapshot(&self.last_snapshot, SnapshotFile { meta: meta.clone(), path }),
+            Some(Err(e)) => tracing::warn!(error = %e, "keeping a received snapshot's file"),
+            None => {}
         }
         Ok(())
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError<u64>> {
-        let current = self
-            .last_snapshot
-            .lock()
-            .expect("snapshot lock poisoned")
-            .as_ref()
-            .map(|f| SnapshotFile { meta: f.meta.clone(), path: f.path.clone() });
-        if let Some(file) = current {
-            return open_snapshot(&file).await.map(Some);
+        if let Some(snapshot) = open_current(&self.last_snapshot)? {
+            return Ok(Some(snapshot));
         }
         // None built since this member started (its log may be purged all the
         // same): build one now, on the apply path. Rare: once per restart.
@@ -315,9 +349,12 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         let bytes =
             written.map_err(|e| StorageError::from(StorageIOError::write_snapshot(Some(meta.signature()), &e)))?;
         tracing::info!(snapshot = %meta.snapshot_id, bytes, "built a snapshot");
-        let file = SnapshotFile { meta, path };
-        let snapshot = open_snapshot(&file).await?;
-        keep_snapshot(&self.last, file);
+        // Opened before it is kept: a newer one kept meanwhile removes it,
+        // and this handle reads on.
+        let data = std::fs::File::open(&path)
+            .map_err(|e| StorageError::from(StorageIOError::read_snapshot(Some(meta.signature()), &e)))?;
+        let snapshot = Snapshot { meta: meta.clone(), snapshot: Box::new(tokio::fs::File::from_std(data)) };
+        keep_snapshot(&self.last, SnapshotFile { meta, path });
         Ok(snapshot)
     }
 }
