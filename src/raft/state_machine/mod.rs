@@ -102,11 +102,10 @@ fn keep_snapshot(last: &std::sync::Mutex<Option<SnapshotFile>>, file: SnapshotFi
 
 /// Open the current snapshot's file, under the lock that replacing it takes
 /// (so that it is not removed between choosing and opening it).
-fn open_current(last: &std::sync::Mutex<Option<SnapshotFile>>) -> Result<Option<Snapshot<TypeConfig>>, StorageError<u64>> {
+fn open_current(last: &std::sync::Mutex<Option<SnapshotFile>>) -> std::io::Result<Option<Snapshot<TypeConfig>>> {
     let current = last.lock().expect("snapshot lock poisoned");
     let Some(file) = current.as_ref() else { return Ok(None) };
-    let data = std::fs::File::open(&file.path)
-        .map_err(|e| StorageError::from(StorageIOError::read_snapshot(Some(file.meta.signature()), &e)))?;
+    let data = std::fs::File::open(&file.path)?;
     Ok(Some(Snapshot { meta: file.meta.clone(), snapshot: Box::new(tokio::fs::File::from_std(data)) }))
 }
 
@@ -237,13 +236,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         }
         self.incoming_count += 1;
         let path = dir.join(format!("{INCOMING_SNAPSHOT}{}.tmp", self.incoming_count));
-        let file = tokio::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .await
-            .map_err(err)?;
+        let file =
+            tokio::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&path).await.map_err(err)?;
         Ok(Box::new(file))
     }
 
@@ -314,7 +308,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError<u64>> {
-        if let Some(snapshot) = open_current(&self.last_snapshot)? {
+        let current = open_current(&self.last_snapshot)
+            .map_err(|e| StorageError::from(StorageIOError::read_snapshot(None, &e)))?;
+        if let Some(snapshot) = current {
             return Ok(Some(snapshot));
         }
         // None built since this member started (its log may be purged all the
