@@ -191,7 +191,7 @@ impl StateStore {
         self.drain()?;
         let keys = |tree: &sled::Tree| tree.iter().keys().collect::<Result<Vec<_>, _>>().map_err(io_err);
         let old = StateBatch { deletes: keys(&self.tree)?.iter().map(|k| k.to_vec()).collect(), ..Default::default() };
-        let merged = Merged::of(vec![old, batch]);
+        let merged = Merged::of(vec![old, batch], false);
         for (name, content) in merged.files {
             write_file(&self.files, &name, content, true)?;
         }
@@ -259,12 +259,12 @@ fn write_loop(store: StateStore) {
             }
             (std::mem::take(&mut pending.batches), std::mem::take(&mut pending.barriers))
         };
-        let merged = Merged::of(batches);
+        let merged = Merged::of(batches, !store.legacy_large.is_empty());
         let written = crate::metrics::timed(&crate::metrics::metrics().backend_commit, || {
             for (name, content) in merged.files {
                 write_file(&store.files, &name, content, true).map_err(|e| format!("writing {name}: {e}"))?;
             }
-            if merged.legacy_deletes.is_empty() || store.legacy_large.is_empty() {
+            if merged.legacy_deletes.is_empty() {
                 store.tree.apply_batch(merged.main).map_err(|e| e.to_string())
             } else {
                 write_both(&store.tree, &store.legacy_large, &merged.main, &merged.legacy_deletes)
@@ -296,14 +296,16 @@ struct Merged {
     /// For the main tree: later writes to a key replace earlier ones, as
     /// applying the batches in turn would.
     main: sled::Batch,
-    /// Every key deleted, for the legacy tree of large values.
+    /// Every key deleted, for the legacy tree of large values (when it
+    /// holds any).
     legacy_deletes: Vec<sled::IVec>,
     files: Vec<(String, FileContent)>,
     retired_files: Vec<String>,
 }
 
 impl Merged {
-    fn of(batches: Vec<StateBatch>) -> Merged {
+    /// Merge `batches`; with `legacy`, note the keys deleted for the legacy tree.
+    fn of(batches: Vec<StateBatch>, legacy: bool) -> Merged {
         let mut merged = Merged {
             main: sled::Batch::default(),
             legacy_deletes: Vec::new(),
@@ -312,7 +314,9 @@ impl Merged {
         };
         for batch in batches {
             for k in batch.deletes {
-                merged.legacy_deletes.push(sled::IVec::from(k.as_slice()));
+                if legacy {
+                    merged.legacy_deletes.push(sled::IVec::from(k.as_slice()));
+                }
                 merged.main.remove(k);
             }
             for (k, v) in batch.puts {

@@ -247,9 +247,10 @@ impl SnapshotImage {
         }
     }
 
-    /// Read the image in file `path`.
-    pub fn read_file(path: &std::path::Path) -> anyhow::Result<SnapshotImage> {
-        let file = std::fs::File::open(path)?;
+    /// Read the image that `file` holds, from its start.
+    pub fn read_file(mut file: std::fs::File) -> anyhow::Result<SnapshotImage> {
+        use std::io::Seek;
+        file.seek(io::SeekFrom::Start(0))?;
         let len = file.metadata()?.len();
         Ok(SnapshotImage::read(io::BufReader::with_capacity(1 << 20, file), len)?)
     }
@@ -329,7 +330,7 @@ impl Persisted {
         }
         let path = db.files_dir().join(&file);
         let (checkpoint, checkpoint_bytes) = if path.exists() {
-            (Some(SnapshotImage::read_file(&path)?), std::fs::metadata(&path)?.len())
+            (Some(SnapshotImage::read_file(std::fs::File::open(&path)?)?), std::fs::metadata(&path)?.len())
         } else if let Some(b) = db.get(LEGACY_CHECKPOINT)? {
             (Some(SnapshotImage::decode(&b)?), b.len() as u64)
         } else {

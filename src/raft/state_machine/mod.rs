@@ -104,9 +104,15 @@ fn keep_snapshot(last: &std::sync::Mutex<Option<SnapshotFile>>, file: SnapshotFi
 /// (so that it is not removed between choosing and opening it).
 fn open_current(last: &std::sync::Mutex<Option<SnapshotFile>>) -> std::io::Result<Option<Snapshot<TypeConfig>>> {
     let current = last.lock().expect("snapshot lock poisoned");
-    let Some(file) = current.as_ref() else { return Ok(None) };
-    let data = std::fs::File::open(&file.path)?;
-    Ok(Some(Snapshot { meta: file.meta.clone(), snapshot: Box::new(tokio::fs::File::from_std(data)) }))
+    current.as_ref().map(SnapshotFile::open).transpose()
+}
+
+impl SnapshotFile {
+    /// The snapshot, read from its file.
+    fn open(&self) -> std::io::Result<Snapshot<TypeConfig>> {
+        let data = std::fs::File::open(&self.path)?;
+        Ok(Snapshot { meta: self.meta.clone(), snapshot: Box::new(tokio::fs::File::from_std(data)) })
+    }
 }
 
 fn sm_err(e: impl std::fmt::Display) -> StorageError<u64> {
@@ -252,16 +258,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             use std::os::unix::fs::MetadataExt;
             file.metadata().map_err(sm_err)?.ino()
         };
-        let image = tokio::task::spawn_blocking(move || -> anyhow::Result<SnapshotImage> {
-            use std::io::Seek;
-            let mut file = file;
-            file.seek(std::io::SeekFrom::Start(0))?;
-            let len = file.metadata()?.len();
-            Ok(SnapshotImage::read(std::io::BufReader::with_capacity(1 << 20, file), len)?)
-        })
-        .await
-        .map_err(sm_err)?
-        .map_err(sm_err)?;
+        let image = tokio::task::spawn_blocking(move || SnapshotImage::read_file(file))
+            .await
+            .map_err(sm_err)?
+            .map_err(sm_err)?;
         let revision = image.revision;
         let before = self.state.mvcc().revision();
         image.install(&self.state);
@@ -347,10 +347,11 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         tracing::info!(snapshot = %meta.snapshot_id, bytes, "built a snapshot");
         // Opened before it is kept: a newer one kept meanwhile removes it,
         // and this handle reads on.
-        let data = std::fs::File::open(&path)
-            .map_err(|e| StorageError::from(StorageIOError::read_snapshot(Some(meta.signature()), &e)))?;
-        let snapshot = Snapshot { meta: meta.clone(), snapshot: Box::new(tokio::fs::File::from_std(data)) };
-        keep_snapshot(&self.last, SnapshotFile { meta, path });
+        let file = SnapshotFile { meta, path };
+        let snapshot = file
+            .open()
+            .map_err(|e| StorageError::from(StorageIOError::read_snapshot(Some(file.meta.signature()), &e)))?;
+        keep_snapshot(&self.last, file);
         Ok(snapshot)
     }
 }
