@@ -267,16 +267,7 @@ impl LogStore {
                 p.index + 1
             }
         };
-        // Each entry's encoded size was noted when it was written: no walk
-        // over its commands on every request.
-        let mut bytes = 0u64;
-        let taken = cache.held.range(from..).take(max).take_while(|(_, held)| {
-            let first = bytes == 0;
-            bytes = bytes.saturating_add(held.size.max(1));
-            first || bytes <= max_bytes
-        });
-        let wanted: Vec<(u64, Held)> = taken.map(|(index, held)| (*index, *held)).collect();
-        let slots = Self::slots(&cache, wanted);
+        let slots = Self::slots(&cache, within(cache.held.range(from..).take(max), max_bytes));
         drop(cache);
         let mut entries = Vec::with_capacity(slots.len());
         for slot in slots {
@@ -287,6 +278,28 @@ impl LogStore {
                 Err(e) => {
                     tracing::error!(error = %e, "reading the log back from the WAL");
                     return Err(LogMoved::Unreadable);
+                }
+            }
+        }
+        Ok(entries)
+    }
+
+    /// Entries held in `range`, at most `max_bytes` of them but for the
+    /// first, read as openraft reads (an entry purged meanwhile is left out
+    /// with those before it: a purge removes a prefix).
+    fn read_range(&self, range: impl RangeBounds<u64>, max_bytes: u64) -> Result<Vec<Entry>, StorageError<u64>> {
+        let slots = {
+            let cache = self.cache();
+            Self::slots(&cache, within(cache.held.range(range), max_bytes))
+        };
+        let mut entries = Vec::with_capacity(slots.len());
+        for slot in slots {
+            match self.fill(slot) {
+                Ok(entry) => entries.push(entry),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => entries.clear(),
+                Err(e) => {
+                    tracing::error!(error = %e, "reading the log back from the WAL");
+                    return Err(StorageIOError::read_logs(&e).into());
                 }
             }
         }
@@ -367,26 +380,30 @@ impl RaftLogReader<TypeConfig> for LogStore {
         &mut self,
         range: RB,
     ) -> Result<Vec<Entry>, StorageError<u64>> {
-        let slots = {
-            let cache = self.cache();
-            let wanted = cache.held.range(range).map(|(index, held)| (*index, *held)).collect();
-            Self::slots(&cache, wanted)
-        };
-        let mut entries = Vec::with_capacity(slots.len());
-        for slot in slots {
-            match self.fill(slot) {
-                Ok(entry) => entries.push(entry),
-                // Purged meanwhile: as if asked after the purge, which
-                // removes a prefix, so what is read stays contiguous.
-                Err(e) if e.kind() == io::ErrorKind::NotFound => entries.clear(),
-                Err(e) => {
-                    tracing::error!(error = %e, "reading the log back from the WAL");
-                    return Err(StorageIOError::read_logs(&e).into());
-                }
-            }
-        }
-        Ok(entries)
+        self.read_range(range, u64::MAX)
     }
+
+    /// openraft's own replication (when raftlock's pipe is not serving a
+    /// follower) reads at most as many bytes as a pipe request carries:
+    /// entries read back from the WAL for a follower far behind are not
+    /// all decoded into memory at once.
+    async fn limited_get_log_entries(&mut self, start: u64, end: u64) -> Result<Vec<Entry>, StorageError<u64>> {
+        self.read_range(start..end, super::pipeline::MAX_REQUEST_BYTES)
+    }
+}
+
+/// The entries of `held` (in index order) that fit in `max_bytes`, but for
+/// the first, which always does. Each entry's encoded size was noted when it
+/// was written: no walk over its commands on every request.
+fn within<'a>(held: impl Iterator<Item = (&'a u64, &'a Held)>, max_bytes: u64) -> Vec<(u64, Held)> {
+    let mut bytes = 0u64;
+    held.take_while(|(_, h)| {
+        let first = bytes == 0;
+        bytes = bytes.saturating_add(h.size.max(1));
+        first || bytes <= max_bytes
+    })
+    .map(|(index, h)| (*index, *h))
+    .collect()
 }
 
 impl RaftLogStorage<TypeConfig> for LogStore {
@@ -554,6 +571,8 @@ mod tests {
         let all: Vec<u64> = (1..=100).collect();
         assert_eq!(indexes(store.entries_after(&ours, None, 1000, u64::MAX)), Ok(all.clone()));
         let read = store.try_get_log_entries(1..=100).await.unwrap();
+        let limited = store.limited_get_log_entries(1, 101).await.unwrap();
+        assert_eq!(limited.len(), 100, "all fit in a request's bytes");
         assert_eq!(
             read.iter().map(|e| e.log_id).collect::<Vec<_>>(),
             all.iter().map(|&i| log_id(2, 1, i)).collect::<Vec<_>>()
