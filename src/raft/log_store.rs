@@ -287,7 +287,7 @@ impl LogStore {
     /// Entries held in `range`, at most `max_bytes` of them but for the
     /// first, read as openraft reads (an entry purged meanwhile is left out
     /// with those before it: a purge removes a prefix).
-    fn read_range(&self, range: impl RangeBounds<u64>, max_bytes: u64) -> Result<Vec<Entry>, StorageError<u64>> {
+    fn read_range(&self, range: impl RangeBounds<u64>, max_bytes: u64) -> io::Result<Vec<Entry>> {
         let slots = {
             let cache = self.cache();
             Self::slots(&cache, within(cache.held.range(range), max_bytes))
@@ -299,7 +299,7 @@ impl LogStore {
                 Err(e) if e.kind() == io::ErrorKind::NotFound => entries.clear(),
                 Err(e) => {
                     tracing::error!(error = %e, "reading the log back from the WAL");
-                    return Err(StorageIOError::read_logs(&e).into());
+                    return Err(e);
                 }
             }
         }
@@ -380,7 +380,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
         &mut self,
         range: RB,
     ) -> Result<Vec<Entry>, StorageError<u64>> {
-        self.read_range(range, u64::MAX)
+        self.read_range(range, u64::MAX).map_err(|e| StorageIOError::read_logs(&e).into())
     }
 
     /// openraft's own replication (when raftlock's pipe is not serving a
@@ -389,6 +389,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
     /// all decoded into memory at once.
     async fn limited_get_log_entries(&mut self, start: u64, end: u64) -> Result<Vec<Entry>, StorageError<u64>> {
         self.read_range(start..end, super::pipeline::MAX_REQUEST_BYTES)
+            .map_err(|e| StorageIOError::read_logs(&e).into())
     }
 }
 
