@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
 # Side-by-side benchmark: a 3-member etcd 3.5.1 cluster and a 3-member raftlock
 # cluster on this machine, one after the other in one run, measured by the same
-# client (`raftlockctl bench`). Prints each result and the raftlock/etcd ratios,
-# with the share of CPU time the hypervisor took meanwhile (steal).
+# clients: raftlockctl's own (`raftlockctl bench`) and the `etcd-client` crate
+# applications use (`raftlockctl bench --driver etcd-client`, each connection
+# balanced over all members). Prints each result and the raftlock/etcd ratios,
+# with the share of CPU time the hypervisor took meanwhile (steal); then the
+# same for five members; then sweeps 1, 4, 16, 64 and 256 clients (put, and
+# lock+unlock on distinct locks, etcd-client driver) and draws throughput and
+# p50/p99 latency against clients: .bench/results.txt holds the tables,
+# .bench/results.svg the picture.
 #
 #   scripts/bench.sh            # full run
 #   QUICK=1 scripts/bench.sh    # fewer requests, for a smoke test
@@ -70,9 +76,10 @@ pids=(); extra_args=()
 stop_all() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pids=(); }
 trap stop_all EXIT
 
+members=3 # the cluster size start_cluster starts
 start_member() { # kind base_port i: starts member i (again, after a kill) as pids[i]
   local kind=$1 base=$2 i=$3 cluster="" j
-  for j in 0 1 2; do cluster+="${cluster:+,}n$j=$scheme://127.0.0.1:$((base+10+j))"; done
+  for j in $(seq 0 $((members - 1))); do cluster+="${cluster:+,}n$j=$scheme://127.0.0.1:$((base+10+j))"; done
   member_tls "$i"
   local args=(--name "n$i" --data-dir "$work/$kind-n$i"
     --listen-client-urls "$scheme://127.0.0.1:$((base+i))" --advertise-client-urls "$scheme://127.0.0.1:$((base+i))"
@@ -88,8 +95,11 @@ start_member() { # kind base_port i: starts member i (again, after a kill) as pi
 
 start_cluster() { # kind base_port
   local kind=$1 base=$2 i
-  for i in 0 1 2; do start_member "$kind" "$base" "$i"; done
-  endpoints="$scheme://127.0.0.1:$base,$scheme://127.0.0.1:$((base+1)),$scheme://127.0.0.1:$((base+2))"
+  endpoints=""
+  for i in $(seq 0 $((members - 1))); do
+    start_member "$kind" "$base" "$i"
+    endpoints+="${endpoints:+,}$scheme://127.0.0.1:$((base+i))"
+  done
   for _ in $(seq 100); do
     "$ctl" --endpoints "$endpoints" bench put --total 3 >/dev/null 2>&1 && return 0
     sleep 0.2
@@ -110,23 +120,25 @@ max_term() { local ep t max=0
   for ep in ${endpoints//,/ }; do t=$(status_field "$ep" raft_term || echo 0); [ "$t" -gt "$max" ] && max=$t; done
   echo "$max"; }
 
+# run_on endpoints label bench-args...: one measured row, of the system
+# $kind (the caller's). Each result also records the share of CPU time the hypervisor took from
+# this VM meanwhile (steal): a run with much of it measured a busy host.
+# And the elections during it (the highest Raft term's rise): a loaded
+# cluster must not change leaders.
+run_on() { local eps=$1 label=$2; shift 2
+  local before after result term_before
+  term_before=$(max_term)
+  before=$(head -1 /proc/stat)
+  result=$("$ctl" --endpoints "$eps" "${user_args[@]}" -w json bench "$@")
+  after=$(head -1 /proc/stat)
+  local steal elections
+  steal=$(python3 -c 'import sys; a, b = ([int(x) for x in s.split()[1:]] for s in sys.argv[1:]); d = [y - x for x, y in zip(a, b)]; print(round(100 * d[7] / max(sum(d), 1), 1))' "$before" "$after")
+  elections=$(($(max_term) - term_before))
+  echo "{\"system\":\"$kind\",\"args\":\"$*$label\",\"steal_pct\":$steal,\"elections\":$elections,\"r\":$result}" | tee -a "$work/results.jsonl" >&2; }
+run() { run_on "$endpoints" "" "$@"; }
+
 suite() { # kind
   local kind=$1
-  # Each result also records the share of CPU time the hypervisor took from
-  # this VM meanwhile (steal): a run with much of it measured a busy host.
-  # And the elections during it (the highest Raft term's rise): a loaded
-  # cluster must not change leaders.
-  run_on() { local eps=$1 label=$2; shift 2
-    local before after result term_before
-    term_before=$(max_term)
-    before=$(head -1 /proc/stat)
-    result=$("$ctl" --endpoints "$eps" "${user_args[@]}" -w json bench "$@")
-    after=$(head -1 /proc/stat)
-    local steal elections
-    steal=$(python3 -c 'import sys; a, b = ([int(x) for x in s.split()[1:]] for s in sys.argv[1:]); d = [y - x for x, y in zip(a, b)]; print(round(100 * d[7] / max(sum(d), 1), 1))' "$before" "$after")
-    elections=$(($(max_term) - term_before))
-    echo "{\"system\":\"$kind\",\"args\":\"$*$label\",\"steal_pct\":$steal,\"elections\":$elections,\"r\":$result}" | tee -a "$work/results.jsonl" >&2; }
-  run() { run_on "$endpoints" "" "$@"; }
   # One client, on the leader and on a follower: the follower forwards.
   local leader follower ep
   for ep in ${endpoints//,/ }; do
@@ -148,6 +160,44 @@ suite() { # kind
     run_on "$leader" "" native-lock --clients 64 --conns 8 --lock-names 64 --total $((20000/scale))
     run_on "$leader" "" native-lock --clients 1 --conns 1 --lock-names 1 --total $((2000/scale))
   fi
+  # As applications see it: the etcd-client crate, 64 tasks sharing 4
+  # clients, each balanced over every member (so most requests reach a
+  # follower), one lease per task for locks.
+  local ec=(--driver etcd-client)
+  run_on "$leader" " (leader)" put "${ec[@]}" --clients 1 --conns 1 --total $((5000/scale))
+  run_on "$follower" " (follower)" put "${ec[@]}" --clients 1 --conns 1 --total $((5000/scale))
+  run put "${ec[@]}" --clients 64 --conns 4 --total $((60000/scale))
+  run put "${ec[@]}" --clients 64 --conns 4 --value-size 1024 --total $((60000/scale))
+  run txn "${ec[@]}" --clients 64 --conns 4 --total $((60000/scale))
+  run lock "${ec[@]}" --clients 16 --conns 4 --lock-names 1 --total $((4000/scale))
+  run lock "${ec[@]}" --clients 64 --conns 4 --lock-names 64 --total $((20000/scale))
+}
+
+# Five members: put and lock+unlock with 64 clients, both drivers, spread
+# over every member.
+suite_five() { # kind
+  local kind=$1
+  run_on "$endpoints" " (5 members)" put --clients 64 --conns 10 --total $((60000/scale))
+  run_on "$endpoints" " (5 members)" lock --clients 64 --conns 10 --lock-names 64 --total $((20000/scale))
+  run_on "$endpoints" " (5 members)" put --driver etcd-client --clients 64 --conns 4 --total $((60000/scale))
+  run_on "$endpoints" " (5 members)" lock --driver etcd-client --clients 64 --conns 4 --lock-names 64 \
+    --total $((20000/scale))
+}
+
+# The sweep for the picture: 1, 4, 16, 64 and 256 clients (etcd-client, at
+# most 4 clients balanced over every member), put and lock+unlock on
+# distinct locks, each point a fixed time.
+sweep() { # kind
+  local kind=$1 c conns seconds=$((scale == 1 ? 5 : 1)) result
+  for c in 1 4 16 64 256; do
+    conns=$((c < 4 ? c : 4))
+    for workload in put lock; do
+      result=$("$ctl" --endpoints "$endpoints" "${user_args[@]}" -w json bench "$workload" --driver etcd-client \
+        --clients "$c" --conns "$conns" --lock-names "$c" --seconds "$seconds" --total 1000000000)
+      echo "{\"system\":\"$kind\",\"workload\":\"$workload\",\"clients\":$c,\"r\":$result}" \
+        | tee -a "$work/sweep.jsonl" >&2
+    done
+  done
 }
 
 # RSS of each running member, in MB, comma-separated.
@@ -353,19 +403,30 @@ PY
 fi
 
 echo "== etcd 3.5.1, 3 members" >&2
-start_cluster etcd 23790; [ "${AUTH:-}" = 1 ] && enable_auth "$endpoints"; suite etcd; stop_all; user_args=()
+start_cluster etcd 23790; [ "${AUTH:-}" = 1 ] && enable_auth "$endpoints"; suite etcd; sweep etcd; stop_all
+user_args=()
 echo "== raftlock, 3 members" >&2
-start_cluster raftlock 24790; [ "${AUTH:-}" = 1 ] && enable_auth "$endpoints"; suite raftlock; stop_all
+start_cluster raftlock 24790; [ "${AUTH:-}" = 1 ] && enable_auth "$endpoints"; suite raftlock; sweep raftlock
+stop_all; user_args=()
+members=5
+echo "== etcd 3.5.1, 5 members" >&2
+rm -rf "$work"/etcd-n*
+start_cluster etcd 23790; [ "${AUTH:-}" = 1 ] && enable_auth "$endpoints"; suite_five etcd; stop_all; user_args=()
+echo "== raftlock, 5 members" >&2
+rm -rf "$work"/raftlock-n*
+start_cluster raftlock 24790; [ "${AUTH:-}" = 1 ] && enable_auth "$endpoints"; suite_five raftlock; stop_all
+members=3
 
+{
 [ "$scheme" = https ] && echo "TLS: client and peer ports with certificates required (mTLS), both systems"
 [ "${AUTH:-}" = 1 ] && echo "AUTH: etcd auth on, simple tokens, the client a non-root user with a prefix permission, both systems"
-python3 - "$work/results.jsonl" <<'PY'
+python3 - "$work/results.jsonl" "$work/sweep.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 by = {}
 for r in rows:
     by.setdefault(r["args"], {})[r["system"]] = dict(r["r"], steal=r.get("steal_pct", 0.0), elections=r.get("elections", 0))
-print(f"{'workload':<48} {'etcd ops/s':>10} {'raftlock':>10} {'ratio':>6}   {'etcd p50':>9} {'raftlock':>9}   {'etcd p99':>9} {'raftlock':>9}   {'steal % (etcd/raftlock)':>23}   {'elections':>9}")
+print(f"{'workload':<84} {'etcd ops/s':>10} {'raftlock':>10} {'ratio':>6}   {'etcd p50':>9} {'raftlock':>9}   {'etcd p99':>9} {'raftlock':>9}   {'steal % (etcd/raftlock)':>23}   {'elections':>9}")
 for args, s in by.items():
     e, r = s.get("etcd"), s.get("raftlock")
     if not r: continue
@@ -373,7 +434,23 @@ for args, s in by.items():
         e = by.get(args.replace("native-lock", "lock"), {}).get("etcd")
         args += " vs etcd lock"
     if not e: continue
-    print(f"{args:<48} {e['ops_per_sec']:>10.0f} {r['ops_per_sec']:>10.0f} {r['ops_per_sec']/e['ops_per_sec']:>5.2f}x"
+    print(f"{args:<84} {e['ops_per_sec']:>10.0f} {r['ops_per_sec']:>10.0f} {r['ops_per_sec']/e['ops_per_sec']:>5.2f}x"
           f"   {e['p50_ms']:>7.3f}ms {r['p50_ms']:>7.3f}ms   {e['p99_ms']:>7.3f}ms {r['p99_ms']:>7.3f}ms"
           f"   {e['steal']:>11.1f} / {r['steal']:<9.1f}   {e['elections']:>4} / {r['elections']:<4}")
+print()
+print("The sweep (etcd-client driver, every member): ops/s and p50/p99 ms")
+sweep = [json.loads(l) for l in open(sys.argv[2])]
+print(f"{'workload':<6} {'clients':>7}   {'etcd ops/s':>10} {'raftlock':>9} {'ratio':>6}   {'etcd p50/p99 ms':>16} {'raftlock p50/p99 ms':>20}")
+points = {(p["workload"], p["clients"], p["system"]): p["r"] for p in sweep}
+for (w, c) in sorted({(w, c) for (w, c, _) in points}):
+    e, r = points.get((w, c, "etcd")), points.get((w, c, "raftlock"))
+    if not (e and r): continue
+    print(f"{w:<6} {c:>7}   {e['ops_per_sec']:>10.0f} {r['ops_per_sec']:>9.0f} {r['ops_per_sec']/e['ops_per_sec']:>5.2f}x"
+          f"   {e['p50_ms']:>7.2f} / {e['p99_ms']:<7.2f} {r['p50_ms']:>9.2f} / {r['p99_ms']:<7.2f}")
 PY
+} | tee "$work/results.txt"
+plotter=$bin/bench-plot
+[ -x "$plotter" ] || plotter=$(BIN_DIR='' scripts/release-bins.sh)/bench-plot
+"$plotter" "$work/sweep.jsonl" "$work/results.svg" \
+  "raftlock and etcd 3.5.1, 3 members on one $(nproc)-core machine, etcd-client driver ($(date -u +%Y-%m-%d))"
+echo "tables: $work/results.txt, picture: $work/results.svg" >&2

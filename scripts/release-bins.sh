@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 if [ -n "${BIN_DIR:-}" ]; then
   cd "$BIN_DIR" && pwd
 else
-  cargo build --release --bins >&2
+  cargo build --release --bins -p raftlock -p bench-plot >&2
   # Cargo's target directory: ./target unless CARGO_TARGET_DIR or a config moves it.
   echo "$(cargo metadata --format-version 1 --no-deps |
     python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')/release"

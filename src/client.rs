@@ -124,7 +124,7 @@ impl ClientTls {
         Ok(ClientTls { ca: read(ca)?, cert: read(cert)?, key: read(key)? })
     }
 
-    fn config(&self) -> tonic::transport::ClientTlsConfig {
+    pub fn config(&self) -> tonic::transport::ClientTlsConfig {
         let mut config = tonic::transport::ClientTlsConfig::new();
         if let Some(ca) = &self.ca {
             config = config.ca_certificate(tonic::transport::Certificate::from_pem(ca));

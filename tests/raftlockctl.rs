@@ -208,3 +208,36 @@ async fn lock_stops_the_command_when_the_lease_is_lost_and_reports_a_command_tha
     std::io::Read::read_to_string(&mut holder.stderr.take().unwrap(), &mut err).unwrap();
     assert!(err.contains("lock job lost"), "{err}");
 }
+
+/// `raftlockctl bench` with both drivers (its own gRPC client and the
+/// etcd-client crate, balanced over every member): every request is counted
+/// and succeeds, the writes land, and the lock workload's leases are revoked
+/// at the end; a workload the etcd-client driver cannot run is refused.
+#[tokio::test]
+async fn bench_runs_with_both_drivers() {
+    let cluster = Cluster::start(3).await;
+    let endpoints = cluster.endpoints().join(",");
+    let e = endpoints.as_str();
+    let base = ["bench", "--clients", "8", "--conns", "2", "--total", "200", "--key-space", "50", "--sequential"];
+    for driver in ["raftlockctl", "etcd-client"] {
+        for workload in ["put", "txn", "get", "lock"] {
+            let mut args = base.to_vec();
+            args.insert(1, workload);
+            args.extend(["--driver", driver, "--lock-names", "3"]);
+            let r = json(e, &args);
+            assert_eq!(r["driver"], driver, "{r}");
+            assert_eq!(r["total"], 200, "{workload} with {driver}: {r}");
+            assert_eq!(r["errors"], 0, "{workload} with {driver}: {r}");
+            assert!(r["ops_per_sec"].as_f64().unwrap() > 0.0 && r["p99_ms"].as_f64().unwrap() > 0.0, "{r}");
+        }
+        // Sequential puts and txns wrote every key of the key space.
+        assert_eq!(ok(e, &["get", "bench/", "--prefix", "--count-only"]).trim(), "50");
+        assert_eq!(ok(e, &["del", "bench/", "--prefix"]).trim(), "50");
+        // Each lock client's lease is revoked when the run ends: no lease, no lock key left.
+        assert_eq!(ok(e, &["lease", "list"]).trim(), "found 0 leases", "{driver}");
+        assert_eq!(ok(e, &["get", "bench-lock/", "--prefix", "--count-only"]).trim(), "0", "{driver}");
+    }
+    let o = ctl(e, &["bench", "native-lock", "--driver", "etcd-client", "--total", "10"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--driver etcd-client runs put"), "{o:?}");
+}

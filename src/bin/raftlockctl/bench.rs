@@ -6,11 +6,18 @@
 //! until `total` requests have completed. Every request's latency is recorded;
 //! the report gives throughput and latency percentiles. A failed request is
 //! counted and reported, never silently dropped from the figures.
+//!
+//! Two drivers send the requests: raftlockctl's own gRPC client (the
+//! default; one connection per `--conns`, each to one endpoint) and the
+//! `etcd-client` crate (`--driver etcd-client`, `bench_etcd_client`), the
+//! client applications run, whose every connection balances over all
+//! endpoints.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::bench_etcd_client::{self, EtcdClientDriver};
 use anyhow::Context;
 use raftlock::client::{ClientTls, Service, TokenInterceptor};
 use tonic::service::interceptor::InterceptedService;
@@ -46,10 +53,24 @@ pub enum Workload {
     WatchHistory,
 }
 
+/// Which client code sends the requests (see the module doc).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DriverKind {
+    /// raftlockctl's own gRPC client: each connection to one endpoint.
+    #[default]
+    Raftlockctl,
+    /// The `etcd-client` crate: each connection balanced over all endpoints.
+    EtcdClient,
+}
+
 #[derive(Clone, Debug, clap::Args)]
 pub struct BenchArgs {
     #[arg(value_enum)]
     pub workload: Workload,
+    /// The client code that sends the requests.
+    #[arg(long, value_enum, default_value_t = DriverKind::Raftlockctl)]
+    pub driver: DriverKind,
     /// Concurrent request loops.
     #[arg(long, default_value_t = 1)]
     pub clients: usize,
@@ -88,6 +109,7 @@ pub struct BenchArgs {
 #[derive(Debug, serde::Serialize)]
 pub struct BenchReport {
     pub workload: String,
+    pub driver: DriverKind,
     pub clients: usize,
     pub total: u64,
     pub errors: u64,
@@ -107,8 +129,9 @@ impl std::fmt::Display for BenchReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{:<16} clients={:<3} ops={} errors={} time={:.2}s  {:>9.0} ops/s  p50={:.3}ms p90={:.3}ms p99={:.3}ms max={:.3}ms max-gap={:.1}ms",
+            "{:<16} driver={:?} clients={:<3} ops={} errors={} time={:.2}s  {:>9.0} ops/s  p50={:.3}ms p90={:.3}ms p99={:.3}ms max={:.3}ms max-gap={:.1}ms",
             self.workload,
+            self.driver,
             self.clients,
             self.total,
             self.errors,
@@ -142,8 +165,8 @@ impl Keys {
     }
 }
 
-/// One benchmark client's connection and identity.
-struct Driver {
+/// One request loop's connection and identity, raftlockctl's own client.
+struct OwnDriver {
     channel: Service,
     kv: KvClient<Service>,
     /// Lock workloads: the client's lease and lock name.
@@ -151,15 +174,14 @@ struct Driver {
     lock_name: Vec<u8>,
 }
 
-impl Driver {
-    async fn new(channel: Service, args: &BenchArgs, client: usize) -> Result<Driver, tonic::Status> {
+impl OwnDriver {
+    async fn new(channel: Service, args: &BenchArgs, lock_name: Vec<u8>) -> Result<OwnDriver, tonic::Status> {
         let mut lease = 0;
         if matches!(args.workload, Workload::Lock | Workload::NativeLock) {
             let grant = pb::LeaseGrantRequest { ttl: 300, id: 0 };
             lease = LeaseClient::new(channel.clone()).lease_grant(grant).await?.into_inner().id;
         }
-        let lock_name = format!("bench-lock/{}", client % args.lock_names.max(1)).into_bytes();
-        Ok(Driver { kv: KvClient::new(channel.clone()), channel, lease, lock_name })
+        Ok(OwnDriver { kv: KvClient::new(channel.clone()), channel, lease, lock_name })
     }
 
     /// Revoke the client's lease, if it has one.
@@ -171,8 +193,7 @@ impl Driver {
     }
 }
 
-async fn one_request(d: &mut Driver, args: &BenchArgs, n: u64, value: &[u8]) -> Result<(), tonic::Status> {
-    let key = key(args, n);
+async fn one_request(d: &mut OwnDriver, args: &BenchArgs, key: Vec<u8>, value: &[u8]) -> Result<(), tonic::Status> {
     let client = &mut d.kv;
     match args.workload {
         Workload::Put => {
@@ -221,41 +242,103 @@ async fn one_request(d: &mut Driver, args: &BenchArgs, n: u64, value: &[u8]) -> 
     Ok(())
 }
 
+/// A request loop's driver, of either kind.
+enum Driver {
+    Own(Box<OwnDriver>),
+    EtcdClient(Box<EtcdClientDriver>),
+}
+
+impl Driver {
+    async fn put(&mut self, key: Vec<u8>, value: &[u8]) -> anyhow::Result<()> {
+        match self {
+            Driver::Own(d) => {
+                d.kv.put(pb::PutRequest { key, value: value.to_vec(), ..Default::default() }).await?;
+            }
+            Driver::EtcdClient(d) => d.put(key, value).await?,
+        }
+        Ok(())
+    }
+
+    async fn request(&mut self, args: &BenchArgs, key: Vec<u8>, value: &[u8]) -> anyhow::Result<()> {
+        match self {
+            Driver::Own(d) => one_request(d, args, key, value).await?,
+            Driver::EtcdClient(d) => d.request(args, key, value).await?,
+        }
+        Ok(())
+    }
+
+    async fn finish(&mut self) {
+        match self {
+            Driver::Own(d) => d.finish().await,
+            Driver::EtcdClient(d) => d.finish().await,
+        }
+    }
+}
+
+/// The connections a run's request loops share, of the chosen driver.
+enum Connections {
+    Own(Vec<Service>),
+    EtcdClient(Vec<etcd_client::Client>),
+}
+
 /// Run one benchmark against `endpoints`; every request carries `token`'s
-/// auth token, if it has one.
+/// auth token, if it has one (the etcd-client driver authenticates itself
+/// with `credentials`).
 pub async fn run(
     endpoints: &[String],
     tls: Option<&ClientTls>,
     token: TokenInterceptor,
+    credentials: Option<&(String, String)>,
     args: &BenchArgs,
 ) -> anyhow::Result<BenchReport> {
     anyhow::ensure!(!endpoints.is_empty(), "no endpoints");
-    let mut channels = Vec::new();
-    for i in 0..args.conns.max(1) {
-        let url = &endpoints[i % endpoints.len()];
-        let channel =
-            raftlock::client::endpoint(url, tls)?.connect().await.with_context(|| format!("connecting to {url}"))?;
-        channels.push(InterceptedService::new(channel, token.clone()));
-    }
-    let value = vec![b'v'; args.value_size];
-    if args.workload == Workload::WatchHistory {
-        return watch_history(channels[0].clone(), args).await;
-    }
-
-    if matches!(args.workload, Workload::Get | Workload::GetSerializable) {
-        // Reads need something to read.
-        let mut c = KvClient::new(channels[0].clone());
-        for n in 0..args.key_space.min(args.total) {
-            c.put(pb::PutRequest { key: key(args, n), value: value.clone(), ..Default::default() }).await?;
+    let connections = match args.driver {
+        DriverKind::Raftlockctl => {
+            let mut channels = Vec::new();
+            for i in 0..args.conns.max(1) {
+                let url = &endpoints[i % endpoints.len()];
+                let channel = raftlock::client::endpoint(url, tls)?
+                    .connect()
+                    .await
+                    .with_context(|| format!("connecting to {url}"))?;
+                channels.push(InterceptedService::new(channel, token.clone()));
+            }
+            if args.workload == Workload::WatchHistory {
+                return watch_history(channels[0].clone(), args).await;
+            }
+            Connections::Own(channels)
         }
-    }
+        DriverKind::EtcdClient => {
+            let mut clients = Vec::new();
+            for _ in 0..args.conns.max(1) {
+                clients.push(bench_etcd_client::connect(endpoints, tls, credentials).await?);
+            }
+            Connections::EtcdClient(clients)
+        }
+    };
+    let value = vec![b'v'; args.value_size];
 
     let issued = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
     let mut drivers = Vec::new();
     for c in 0..args.clients.max(1) {
-        drivers.push(Driver::new(channels[c % channels.len()].clone(), args, c).await?);
+        let lock_name = format!("bench-lock/{}", c % args.lock_names.max(1)).into_bytes();
+        drivers.push(match &connections {
+            Connections::Own(channels) => {
+                Driver::Own(Box::new(OwnDriver::new(channels[c % channels.len()].clone(), args, lock_name).await?))
+            }
+            Connections::EtcdClient(clients) => {
+                let client = clients[c % clients.len()].clone();
+                Driver::EtcdClient(Box::new(EtcdClientDriver::new(client, args, lock_name).await?))
+            }
+        });
+    }
+    if matches!(args.workload, Workload::Get | Workload::GetSerializable) {
+        // Reads need something to read.
+        for n in 0..args.key_space.min(args.total) {
+            drivers[0].put(key(args, n), &value).await?;
+        }
     }
     let start = Instant::now();
     for (c, mut driver) in drivers.into_iter().enumerate() {
@@ -272,7 +355,7 @@ pub async fn run(
                 }
                 let n = if args.sequential { i } else { keys.next() };
                 let t = Instant::now();
-                if one_request(&mut driver, &args, n, &value).await.is_err() {
+                if driver.request(&args, key(&args, n), &value).await.is_err() {
                     errors.fetch_add(1, Ordering::Relaxed);
                 } else {
                     succeeded.push(Instant::now());
@@ -297,7 +380,7 @@ pub async fn run(
     succeeded.sort_unstable();
     let max_gap = succeeded.windows(2).map(|w| w[1] - w[0]).max().unwrap_or_default();
     let elapsed = start.elapsed().as_secs_f64();
-    for d in drivers {
+    for mut d in drivers {
         d.finish().await;
     }
     let mut r = report(args, latencies, errors.load(Ordering::Relaxed), elapsed);
@@ -361,6 +444,7 @@ fn report(args: &BenchArgs, mut latencies: Vec<Duration>, errors: u64, elapsed: 
         latencies[i].as_secs_f64() * 1e3
     };
     BenchReport {
+        driver: args.driver,
         workload: match args.workload {
             Workload::Lock | Workload::NativeLock => format!("{:?}/{}", args.workload, args.lock_names).to_lowercase(),
             other => format!("{other:?}").to_lowercase(),

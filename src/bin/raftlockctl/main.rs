@@ -8,6 +8,7 @@
 //! acquired within the wait; `lock NAME -- CMD` exits with CMD's code.
 
 mod bench;
+mod bench_etcd_client;
 mod cli;
 mod commands;
 mod hold;
@@ -141,7 +142,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             }
             None => Default::default(),
         };
-        let report = bench::run(&endpoints, tls.as_ref(), token, args).await?;
+        let report = bench::run(&endpoints, tls.as_ref(), token, credentials.as_ref(), args).await?;
         match cli.write_out {
             Format::Json => println!("{}", serde_json::to_string(&report)?),
             Format::Simple => println!("{report}"),

@@ -1,0 +1,94 @@
+//! The bench's second driver: the `etcd-client` crate, the Rust client
+//! applications use, so that both systems are also measured as an application
+//! sees them and not only through raftlockctl's own gRPC code.
+//!
+//! Each of the `--conns` clients is one `etcd_client::Client` connected to
+//! every endpoint: the crate balances each request over its members (tonic's
+//! balanced channel), so with three endpoints about two requests in three
+//! reach a follower, which forwards writes to the leader. The bench's request
+//! loops share those clients round-robin, as tasks of an application share
+//! its client.
+//!
+//! Caveat: the crate's balanced channel passes every request through a
+//! buffer task of its own; that cost is the client's and the same for both
+//! systems.
+
+use anyhow::Context;
+use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, LockOptions, Txn, TxnOp};
+use raftlock::client::ClientTls;
+
+use crate::bench::{BenchArgs, Workload};
+
+/// Connect one balanced client to all of `endpoints`.
+pub async fn connect(
+    endpoints: &[String],
+    tls: Option<&ClientTls>,
+    credentials: Option<&(String, String)>,
+) -> anyhow::Result<Client> {
+    let mut options = ConnectOptions::new();
+    if let Some(tls) = tls {
+        options = options.with_tls(tls.config());
+    }
+    if let Some((user, password)) = credentials {
+        options = options.with_user(user.clone(), password.clone());
+    }
+    Client::connect(endpoints, Some(options)).await.with_context(|| format!("connecting to {}", endpoints.join(",")))
+}
+
+/// One request loop's client and identity.
+pub struct EtcdClientDriver {
+    client: Client,
+    /// Lock workloads: the loop's lease and lock name.
+    lease: i64,
+    lock_name: Vec<u8>,
+}
+
+impl EtcdClientDriver {
+    pub async fn new(mut client: Client, args: &BenchArgs, lock_name: Vec<u8>) -> anyhow::Result<EtcdClientDriver> {
+        let lease = match args.workload {
+            Workload::Lock => client.lease_grant(300, None).await?.id(),
+            Workload::Put | Workload::Get | Workload::GetSerializable | Workload::Txn => 0,
+            Workload::NativeLock | Workload::WatchHistory => {
+                anyhow::bail!("--driver etcd-client runs put, get, get-serializable, txn and lock")
+            }
+        };
+        Ok(EtcdClientDriver { client, lease, lock_name })
+    }
+
+    pub async fn put(&mut self, key: Vec<u8>, value: &[u8]) -> anyhow::Result<()> {
+        self.client.put(key, value, None).await?;
+        Ok(())
+    }
+
+    pub async fn request(&mut self, args: &BenchArgs, key: Vec<u8>, value: &[u8]) -> anyhow::Result<()> {
+        match args.workload {
+            Workload::Put => self.put(key, value).await?,
+            Workload::Get => {
+                self.client.get(key, None).await?;
+            }
+            Workload::GetSerializable => {
+                self.client.get(key, Some(GetOptions::new().with_serializable())).await?;
+            }
+            Workload::Txn => {
+                let txn = Txn::new()
+                    .when([Compare::mod_revision(key.clone(), CompareOp::Greater, -1)])
+                    .and_then([TxnOp::put(key, value, None)]);
+                self.client.txn(txn).await?;
+            }
+            Workload::Lock => {
+                let options = LockOptions::new().with_lease(self.lease);
+                let held = self.client.lock(self.lock_name.clone(), Some(options)).await?;
+                self.client.unlock(held.key()).await?;
+            }
+            Workload::NativeLock | Workload::WatchHistory => unreachable!("refused by new()"),
+        }
+        Ok(())
+    }
+
+    /// Revoke the loop's lease, if it has one.
+    pub async fn finish(&mut self) {
+        if self.lease != 0 {
+            let _ = self.client.lease_revoke(self.lease).await;
+        }
+    }
+}
