@@ -85,6 +85,13 @@ pub struct StateBatch {
     pub files: Vec<(String, FileContent)>,
     /// Files removed once this batch is durable.
     pub retired_files: Vec<String>,
+    /// `(file, name)`: once the batch's files are in place, `name` becomes a
+    /// second name of `file` (a hard link, replacing any file so named), which
+    /// outlives the store's own retiring of `file`. Not synced: a name that
+    /// must survive a crash is a file of its own. A snapshot's file is its
+    /// checkpoint's this way (`raft::state_machine`). A link that cannot be
+    /// made is logged, and its name is missing.
+    pub links: Vec<(String, String)>,
 }
 
 /// What a file holds: written into a buffered file, it returns the bytes
@@ -159,8 +166,9 @@ impl StateStore {
         }
     }
 
-    /// Wait until every batch queued so far is in sled.
-    fn drain(&self) -> io::Result<()> {
+    /// Wait until every batch queued so far is in sled (its files written and
+    /// linked).
+    pub fn drain(&self) -> io::Result<()> {
         let (tx, rx) = std::sync::mpsc::channel();
         {
             let mut pending = self.queue.pending.lock().expect("state queue lock poisoned");
@@ -264,6 +272,11 @@ fn write_loop(store: StateStore) {
             for (name, content) in merged.files {
                 write_file(&store.files, &name, content, true).map_err(|e| format!("writing {name}: {e}"))?;
             }
+            for (file, name) in &merged.links {
+                if let Err(e) = link_file(&store.files, file, name) {
+                    tracing::warn!(error = %e, file, name, "linking a file");
+                }
+            }
             if merged.legacy_deletes.is_empty() {
                 store.tree.apply_batch(merged.main).map_err(|e| e.to_string())
             } else {
@@ -301,6 +314,7 @@ struct Merged {
     legacy_deletes: Vec<sled::IVec>,
     files: Vec<(String, FileContent)>,
     retired_files: Vec<String>,
+    links: Vec<(String, String)>,
 }
 
 impl Merged {
@@ -311,6 +325,7 @@ impl Merged {
             legacy_deletes: Vec::new(),
             files: Vec::new(),
             retired_files: Vec::new(),
+            links: Vec::new(),
         };
         for batch in batches {
             for k in batch.deletes {
@@ -324,6 +339,7 @@ impl Merged {
             }
             merged.files.extend(batch.files);
             merged.retired_files.extend(batch.retired_files);
+            merged.links.extend(batch.links);
         }
         merged
     }
@@ -348,6 +364,17 @@ pub fn write_file(dir: &Path, name: &str, content: FileContent, durable: bool) -
         std::fs::File::open(dir)?.sync_all()?;
     }
     Ok(bytes)
+}
+
+/// Make `name` in `dir` a second name of `file` (see [`StateBatch::links`]):
+/// a link under a temporary name, renamed over `name`, so that `name` always
+/// stands for a whole file.
+fn link_file(dir: &Path, file: &str, name: &str) -> io::Result<()> {
+    static TEMPORARY: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = TEMPORARY.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!("{name}.link{n}.tmp"));
+    std::fs::hard_link(dir.join(file), &tmp)?;
+    std::fs::rename(&tmp, dir.join(name))
 }
 
 /// Apply `main` to the main tree and remove `large_removes` from the legacy

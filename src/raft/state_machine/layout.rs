@@ -38,7 +38,12 @@
 //!
 //! The image a checkpoint holds is also the snapshot format (sent to a member
 //! the purged log cannot catch up) and the backup format (Maintenance.Snapshot,
-//! [`encode_state`]).
+//! [`encode_state`]). A snapshot openraft asks for *is* a checkpoint, taken
+//! then ([`Persisted::checkpoint_as_snapshot`]): its file gets the snapshot's
+//! name as a second name, so the state is written once for both, and the
+//! checkpoint resets the journal count, so the regular checkpoint rule rarely
+//! fires between snapshots (whose own rule, `raft::bound_log`, is the same
+//! size rule on the log).
 //!
 //! Caveat: a restart replays up to about 1.5 × max(64 MiB, the checkpoint's
 //! size) of journal after loading the checkpoint. For a small state that is far
@@ -429,6 +434,26 @@ impl Persisted {
         }
         self.counters(state, position, &mut batch);
         self.db.commit(batch);
+    }
+
+    /// Checkpoint now, in a batch of its own, and have the store name the
+    /// checkpoint's file `snapshot` too once it is written: a snapshot asked
+    /// for is this checkpoint, so one whole-state write serves both (and the
+    /// journal starts afresh, which puts the next checkpoint off). The
+    /// checkpoint is queued; [`StateStore::drain`] tells when `snapshot` is
+    /// there.
+    pub fn checkpoint_as_snapshot(&mut self, state: &AppliedState, position: &Position, snapshot: String) {
+        let mut batch = StateBatch::default();
+        self.seq += 1;
+        self.checkpoint(state, &mut batch);
+        self.counters(state, position, &mut batch);
+        batch.links.push((checkpoint_file(self.checkpoint_seq), snapshot));
+        self.db.commit(batch);
+    }
+
+    /// The state store.
+    pub fn db(&self) -> &StateStore {
+        &self.db
     }
 
     /// Replace the whole store with one checkpoint of `state` (just installed

@@ -14,20 +14,21 @@
 //! An entry is applied only once it is durable in the local log: the leader
 //! syncs its own appends while it replicates them (see `raft::log_store`).
 //!
-//! Snapshots are the whole state (every version, leases, members), streamed
-//! into a file, `snapshot-<id>.image`, in the state store's file directory.
-//! openraft asks for one when the log since the last is large (see
-//! `raft::bound_log`): the state is captured on the apply path and written
-//! on a blocking thread, and the file is what is sent, chunk by chunk, to
-//! members that the purged log can no longer catch up; a snapshot received
-//! is written to a file the same way, then read from it. Only the newest
-//! snapshot's file is kept, and none survives a restart (the first one asked
-//! for after it is built anew). Checkpoints are likewise captured on the
-//! apply path and streamed into their file on the state store's writer
-//! thread. No whole-state image is held in memory: the capture shares the
-//! store's key-values (no copy of keys or values), but it still walks every
-//! version on the apply path, and writing the whole state shows in the
-//! latency of that moment.
+//! Snapshots are the whole state (every version, leases, members) in a file,
+//! `snapshot-<id>.image`, in the state store's file directory. openraft asks
+//! for one when the log since the last is large (see `raft::bound_log`); a
+//! snapshot is then a checkpoint taken at that moment (`layout`): the state is
+//! captured on the apply path, streamed into the checkpoint's file on the
+//! state store's writer thread, and the file is given the snapshot's name as a
+//! second name (a hard link), so the whole state is written once for both.
+//! The snapshot's file is what is sent, chunk by chunk, to members that the
+//! purged log can no longer catch up; a snapshot received is written to a file
+//! of its own, then read from it. Only the newest snapshot's file is kept, and
+//! none survives a restart (the first one asked for after it is built anew).
+//! No whole-state image is held in memory: the capture shares the store's
+//! key-values (no copy of keys or values), but it still walks every version
+//! on the apply path, and writing the whole state shows in the latency of
+//! that moment.
 
 mod apply;
 mod layout;
@@ -46,7 +47,7 @@ use crate::storage::wal::Durable;
 use crate::storage::StateStore;
 use apply::Apply;
 pub use layout::{encode_state, CHECKPOINT_MIN_BYTES};
-use layout::{image_of, CapturedImage, Membership, Persisted, Position, SnapshotImage};
+use layout::{Membership, Persisted, Position, SnapshotImage};
 
 pub struct StateMachine {
     state: Arc<AppliedState>,
@@ -156,10 +157,10 @@ impl StateMachine {
         self
     }
 
-    fn snapshot_meta(&self, image: &CapturedImage) -> SnapshotMeta<u64, MemberNode> {
+    fn snapshot_meta(&self, revision: i64) -> SnapshotMeta<u64, MemberNode> {
         let id = match self.position.last_applied {
-            Some(l) => format!("{}-{}-{}", l.leader_id.term, l.index, image.revision),
-            None => format!("0-0-{}", image.revision),
+            Some(l) => format!("{}-{}-{}", l.leader_id.term, l.index, revision),
+            None => format!("0-0-{revision}"),
         };
         SnapshotMeta {
             last_log_id: self.position.last_applied,
@@ -217,12 +218,16 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     }
 
     async fn get_snapshot_builder(&mut self) -> SnapshotBuilder {
-        // Capture the state here, on the apply path; write it in the
-        // builder, which openraft runs in a task of its own, while apply goes on.
-        let image = image_of(&self.state);
-        let meta = self.snapshot_meta(&image);
+        // Capture the state here, on the apply path, as a checkpoint that
+        // the state store's writer streams into its file and names as the
+        // snapshot too; the builder, which openraft runs in a task of its
+        // own, waits for that while apply goes on.
+        let meta = self.snapshot_meta(self.state.mvcc().revision());
+        let name = snapshot_file(&meta.snapshot_id);
+        self.persisted.checkpoint_as_snapshot(&self.state, &self.position, name);
         SnapshotBuilder {
-            image: Some((meta, image)),
+            meta: Some(meta),
+            db: self.persisted.db().clone(),
             dir: self.persisted.files_dir().to_path_buf(),
             last: self.last_snapshot.clone(),
         }
@@ -323,7 +328,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 /// Writes the state captured when the builder was made into a file, and
 /// keeps it as the member's current snapshot.
 pub struct SnapshotBuilder {
-    image: Option<(SnapshotMeta<u64, MemberNode>, CapturedImage)>,
+    /// The snapshot whose checkpoint is queued.
+    meta: Option<SnapshotMeta<u64, MemberNode>>,
+    /// The state store whose writer makes the snapshot's file.
+    db: StateStore,
     /// Where snapshot files go.
     dir: PathBuf,
     last: Arc<std::sync::Mutex<Option<SnapshotFile>>>,
@@ -331,20 +339,14 @@ pub struct SnapshotBuilder {
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<u64>> {
-        let (meta, image) = self.image.take().ok_or_else(|| sm_err("snapshot already built"))?;
-        // Writing the whole state takes long: not on the runtime's threads,
-        // where it would hold up heartbeats and requests. Not synced: a
-        // snapshot's file is not read after a crash.
-        let (dir, name) = (self.dir.clone(), snapshot_file(&meta.snapshot_id));
-        let path = dir.join(&name);
-        let written = tokio::task::spawn_blocking(move || {
-            crate::storage::write_file(&dir, &name, Box::new(move |out| layout::write_image(&image, out)), false)
-        })
-        .await
-        .map_err(sm_err)?;
-        let bytes =
-            written.map_err(|e| StorageError::from(StorageIOError::write_snapshot(Some(meta.signature()), &e)))?;
-        tracing::info!(snapshot = %meta.snapshot_id, bytes, "built a snapshot");
+        let meta = self.meta.take().ok_or_else(|| sm_err("snapshot already built"))?;
+        // The checkpoint takes long to write: wait for it off the runtime's
+        // threads, where it would hold up heartbeats and requests.
+        let db = self.db.clone();
+        let written = tokio::task::spawn_blocking(move || db.drain()).await.map_err(sm_err)?;
+        written.map_err(|e| StorageError::from(StorageIOError::write_snapshot(Some(meta.signature()), &e)))?;
+        let path = self.dir.join(snapshot_file(&meta.snapshot_id));
+        tracing::info!(snapshot = %meta.snapshot_id, "built a snapshot (its checkpoint)");
         // Opened before it is kept: a newer one kept meanwhile removes it,
         // and this handle reads on.
         let file = SnapshotFile { meta, path };
@@ -388,6 +390,7 @@ pub fn restore_backup(
 mod tests {
     use std::sync::atomic::Ordering;
 
+    use super::layout::image_of;
     use super::*;
     use crate::alarm::{AlarmAction, AlarmKind};
     use crate::command::Command;
@@ -580,8 +583,16 @@ mod tests {
         let first = sm.get_snapshot_builder().await.build_snapshot().await.unwrap();
         sm.apply([entry(21, put("late", "x"))]).await.unwrap();
         let mut sent = sm.get_snapshot_builder().await.build_snapshot().await.unwrap();
-        let names = db.file_names().unwrap();
-        assert_eq!(names, vec![format!("snapshot-{}.image", sent.meta.snapshot_id)], "the older file is gone");
+        // The snapshot is the checkpoint taken for it: one file, two names;
+        // the older snapshot's file and checkpoint are gone.
+        let mut names = db.file_names().unwrap();
+        names.sort();
+        assert_eq!(names.len(), 2, "{names:?}");
+        assert!(names[0].starts_with("checkpoint-"), "{names:?}");
+        assert_eq!(names[1], format!("snapshot-{}.image", sent.meta.snapshot_id));
+        let inode =
+            |name: &str| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(db.files_dir().join(name)).unwrap());
+        assert_eq!(inode(&names[0]), inode(&names[1]), "written once for both");
         drop(first);
 
         let (_dir2, db2, received_state, mut receiver) = fresh(1 << 20);
@@ -602,6 +613,26 @@ mod tests {
         names.sort();
         assert_eq!(names.len(), 2, "{names:?}");
         assert!(names[0].starts_with("checkpoint-") && names[1] == format!("snapshot-{}.image", sent.meta.snapshot_id));
+    }
+
+    /// A snapshot's checkpoint is a checkpoint like any other: a restart
+    /// loads it and replays the journal written after it.
+    #[tokio::test]
+    async fn a_snapshots_checkpoint_restores_with_the_journal_after_it() {
+        let (_dir, db, state, mut sm) = fresh(1 << 20);
+        for i in 1..=10u64 {
+            sm.apply([entry(i, put(&format!("k{}", i % 4), &format!("v{i}")))]).await.unwrap();
+        }
+        let snapshot = sm.get_snapshot_builder().await.build_snapshot().await.unwrap();
+        assert_eq!(snapshot.meta.last_log_id.map(|l| l.index), Some(10));
+        for i in 11..=15u64 {
+            sm.apply([entry(i, put(&format!("k{i}"), "after"))]).await.unwrap();
+        }
+        db.sync().unwrap();
+        let restored = Arc::new(AppliedState::default());
+        let reopened = StateMachine::open_with(db.clone(), restored.clone(), 1 << 20).unwrap();
+        assert_eq!(dump(&restored), dump(&state));
+        assert_eq!(reopened.position.last_applied.map(|l| l.index), Some(15));
     }
 
     /// A store whose checkpoint an older raftlock kept in sled restores from
