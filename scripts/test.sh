@@ -2,7 +2,8 @@
 # Runs raftlock's test suite on a fresh machine: installs what the tests need
 # (Debian's protobuf-compiler for the etcd-client test dependency, Debian's
 # etcd-client for etcdctl 3.4, etcd 3.5.1 from PyPI for etcdctl 3.5,
-# python-etcd3 from PyPI for the python interop test), then
+# python-etcd3 from PyPI for the python interop test, Debian's golang-go and
+# golang-etcd-server-dev for the Go clientv3 interop test), then
 # runs every test (the server's, and the fault suite's checkers). Extra arguments
 # go to `cargo test`.
 set -euo pipefail
@@ -11,6 +12,8 @@ cd "$(dirname "$0")/.."
 missing=()
 command -v protoc >/dev/null || missing+=(protobuf-compiler)
 command -v etcdctl >/dev/null || missing+=(etcd-client)
+command -v go >/dev/null || missing+=(golang-go)
+[ -d /usr/share/gocode/src/go.etcd.io/etcd/clientv3 ] || missing+=(golang-etcd-server-dev)
 if [ ${#missing[@]} -gt 0 ]; then
   sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
   $sudo apt-get update -qq
