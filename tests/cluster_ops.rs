@@ -109,6 +109,21 @@ fn members(endpoints: &str) -> Vec<(String, String, bool)> {
         .collect()
 }
 
+/// The member list once it names `name`: a new member is listed without a
+/// name until it has started and published its attributes through Raft,
+/// which can come after it has caught up on data (etcd lists it so too).
+async fn listed_by_name(endpoints: &str, name: &str) -> Vec<(String, String, bool)> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let list = members(endpoints);
+        if list.iter().any(|m| m.0 == name) {
+            return list;
+        }
+        assert!(Instant::now() < deadline, "{name} never listed by name: {list:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[tokio::test]
 async fn members_are_added_promoted_and_removed_with_etcdctl_even_the_leader() {
     let mut cluster = Cluster::start(3).await;
@@ -128,7 +143,7 @@ async fn members_are_added_promoted_and_removed_with_etcdctl_even_the_leader() {
     let mut v = cluster.client(voter).await;
     v.put("from-new-member", "1", None).await.unwrap();
     assert_eq!(c.get("from-new-member", None).await.unwrap().kvs()[0].value(), b"1");
-    let list = members(&endpoints);
+    let list = listed_by_name(&endpoints, "m3").await;
     assert_eq!(list.len(), 4);
     assert!(list.iter().any(|(name, _, learner)| name == "m3" && !learner), "{list:?}");
 
@@ -146,7 +161,7 @@ async fn members_are_added_promoted_and_removed_with_etcdctl_even_the_leader() {
     let initial = member_add(&endpoints, "m4", &lurl, true);
     cluster.join(learner, &initial);
     cluster.wait_for_keys(learner, "early/", 20).await;
-    let id = members(&endpoints).into_iter().find(|m| m.0 == "m4").expect("m4 listed").1;
+    let id = listed_by_name(&endpoints, "m4").await.into_iter().find(|m| m.0 == "m4").expect("m4 listed").1;
     assert!(members(&endpoints).iter().any(|m| m.0 == "m4" && m.2), "m4 is a learner");
     // Refused while the leader does not yet see it in sync: try again.
     let deadline = Instant::now() + Duration::from_secs(10);
