@@ -140,10 +140,16 @@ run() { run_on "$endpoints" "" "$@"; }
 suite() { # kind
   local kind=$1
   # One client, on the leader and on a follower: the follower forwards.
-  local leader follower ep
-  for ep in ${endpoints//,/ }; do
-    if "$ctl" --endpoints "$ep" "${user_args[@]}" -w json bench get --total 1 >/dev/null 2>&1 && is_leader "$ep"; then leader=$ep; else follower=$ep; fi
+  local leader="" follower="" ep
+  for _ in $(seq 50); do # until one member says it leads (not during an election)
+    leader=""; follower=""
+    for ep in ${endpoints//,/ }; do
+      if "$ctl" --endpoints "$ep" "${user_args[@]}" -w json bench get --total 1 >/dev/null 2>&1 && is_leader "$ep"; then leader=$ep; else follower=$ep; fi
+    done
+    [ -n "$leader" ] && [ -n "$follower" ] && break
+    sleep 0.2
   done
+  [ -n "$leader" ] || { echo "$kind: no member says it leads" >&2; exit 1; }
   run_on "$leader" " (leader)" put --clients 1 --conns 1 --total $((5000/scale))
   run_on "$follower" " (follower)" put --clients 1 --conns 1 --total $((5000/scale))
   run put --clients 64 --conns 8 --total $((60000/scale))
