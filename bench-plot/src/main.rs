@@ -6,7 +6,9 @@
 //! Input: the sweep's JSON lines, one per measured point:
 //! `{"system": "etcd", "workload": "put", "clients": 16, "r": {"ops_per_sec": ..., "p50_ms": ..., "p99_ms": ...,
 //! "driver": ...}}` (`r` is a `raftlockctl bench -w json` report). Usage:
-//! `bench-plot SWEEP.jsonl OUT.svg TITLE`.
+//! `bench-plot SWEEP.jsonl OUT.svg TITLE`. The input may hold several runs
+//! (files concatenated): where a point was measured more than once, the
+//! measurement with the median throughput is drawn (its own latencies).
 //!
 //! Invariant: every point drawn is a measured one; a point missing from the
 //! input is missing from the picture (its line joins the points around it),
@@ -53,15 +55,17 @@ fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     anyhow::ensure!(args.len() == 4, "usage: bench-plot SWEEP.jsonl OUT.svg TITLE");
     let text = std::fs::read_to_string(&args[1]).with_context(|| format!("reading {}", args[1]))?;
-    // workload -> system -> clients -> (ops/s, p50, p99)
-    let mut data: BTreeMap<String, BTreeMap<String, Series>> = BTreeMap::new();
+    // Every measurement of each point, by (workload, system, clients).
+    let mut measured: BTreeMap<(String, String, u32), Vec<(f64, f64, f64)>> = BTreeMap::new();
     for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
         let p: Point = serde_json::from_str(line).with_context(|| format!("{}:{}", args[1], n + 1))?;
-        data.entry(p.workload)
-            .or_default()
-            .entry(p.system)
-            .or_default()
-            .insert(p.clients, (p.r.ops_per_sec, p.r.p50_ms, p.r.p99_ms));
+        measured.entry((p.workload, p.system, p.clients)).or_default().push((p.r.ops_per_sec, p.r.p50_ms, p.r.p99_ms));
+    }
+    // workload -> system -> clients -> (ops/s, p50, p99) of the median run
+    let mut data: BTreeMap<String, BTreeMap<String, Series>> = BTreeMap::new();
+    for ((workload, system, clients), mut runs) in measured {
+        runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+        data.entry(workload).or_default().entry(system).or_default().insert(clients, runs[(runs.len() - 1) / 2]);
     }
     anyhow::ensure!(!data.is_empty(), "{}: no points", args[1]);
 
