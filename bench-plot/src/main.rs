@@ -36,8 +36,10 @@ struct Report {
     p99_ms: f64,
 }
 
+/// One measurement: throughput, p50 and p99 latency.
+type Measured = (f64, f64, f64);
 /// A system's measured points for one workload, by client count.
-type Series = BTreeMap<u32, (f64, f64, f64)>;
+type Series = BTreeMap<u32, Measured>;
 
 const SYSTEMS: [(&str, RGBColor); 2] = [("etcd", RGBColor(214, 96, 39)), ("raftlock", RGBColor(31, 100, 180))];
 const FONT: &str = "sans-serif";
@@ -56,7 +58,7 @@ fn main() -> anyhow::Result<()> {
     anyhow::ensure!(args.len() == 4, "usage: bench-plot SWEEP.jsonl OUT.svg TITLE");
     let text = std::fs::read_to_string(&args[1]).with_context(|| format!("reading {}", args[1]))?;
     // Every measurement of each point, by (workload, system, clients).
-    let mut measured: BTreeMap<(String, String, u32), Vec<(f64, f64, f64)>> = BTreeMap::new();
+    let mut measured: BTreeMap<(String, String, u32), Vec<Measured>> = BTreeMap::new();
     for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
         let p: Point = serde_json::from_str(line).with_context(|| format!("{}:{}", args[1], n + 1))?;
         measured.entry((p.workload, p.system, p.clients)).or_default().push((p.r.ops_per_sec, p.r.p50_ms, p.r.p99_ms));
