@@ -56,22 +56,25 @@ fn run(recipe: &str, cluster: &Cluster) {
     assert!(out.status.success() && text.trim_end().ends_with("ok"), "{recipe} failed:\n{text}");
 }
 
+/// Run one recipe against a fresh 3-member cluster.
+async fn run_on_a_new_cluster(recipe: &'static str) {
+    let cluster = Cluster::start(3).await;
+    tokio::task::spawn_blocking(move || run(recipe, &cluster)).await.unwrap();
+}
+
 #[tokio::test]
 async fn go_mutex_guards_a_shared_counter() {
-    let cluster = Cluster::start(3).await;
-    tokio::task::spawn_blocking(move || run("mutex", &cluster)).await.unwrap();
+    run_on_a_new_cluster("mutex").await;
 }
 
 #[tokio::test]
 async fn go_stm_transfers_conserve_the_total() {
-    let cluster = Cluster::start(3).await;
-    tokio::task::spawn_blocking(move || run("stm", &cluster)).await.unwrap();
+    run_on_a_new_cluster("stm").await;
 }
 
 #[tokio::test]
 async fn go_watch_sees_changes_in_order_and_replays_them() {
-    let cluster = Cluster::start(3).await;
-    tokio::task::spawn_blocking(move || run("watch", &cluster)).await.unwrap();
+    run_on_a_new_cluster("watch").await;
 }
 
 #[tokio::test]

@@ -297,8 +297,13 @@ impl Node {
         tokio::spawn(lease_keeper::run(node.clone(), node.stopping()));
         tokio::spawn(compactor::sweep(node.clone(), node.stopping()));
         tokio::spawn(count_leader_changes(node.raft.metrics(), node.stopping()));
-        let log_bound =
-            crate::raft::bound_log(node.raft.clone(), log_store.clone(), node.state.clone(), node.stopping());
+        let log_bound = crate::raft::bound_log(
+            node.raft.clone(),
+            log_store.clone(),
+            node.state.clone(),
+            crate::raft::member_stretch(node.id),
+            node.stopping(),
+        );
         tokio::spawn(log_bound);
         tokio::spawn(disk::watch(node.clone(), data_dir, config.disk_space_reserve_bytes, node.stopping()));
         if let Some(policy) = config.auto_compaction()? {

@@ -89,8 +89,9 @@ pub struct StateBatch {
     /// second name of `file` (a hard link, replacing any file so named), which
     /// outlives the store's own retiring of `file`. Not synced: a name that
     /// must survive a crash is a file of its own. A snapshot's file is its
-    /// checkpoint's this way (`raft::state_machine`). A link that cannot be
-    /// made is logged, and its name is missing.
+    /// checkpoint's this way (`raft::state_machine`). Where hard links cannot
+    /// be made, the file is copied; a name that can be made neither way is
+    /// logged and missing (whoever waits for it finds it missing).
     pub links: Vec<(String, String)>,
 }
 
@@ -202,6 +203,9 @@ impl StateStore {
         let merged = Merged::of(vec![old, batch], false);
         for (name, content) in merged.files {
             write_file(&self.files, &name, content, true)?;
+        }
+        for (file, name) in &merged.links {
+            link_file(&self.files, file, name)?;
         }
         let old_large = keys(&self.legacy_large)?;
         write_both(&self.tree, &self.legacy_large, &merged.main, &old_large)
@@ -368,12 +372,15 @@ pub fn write_file(dir: &Path, name: &str, content: FileContent, durable: bool) -
 
 /// Make `name` in `dir` a second name of `file` (see [`StateBatch::links`]):
 /// a link under a temporary name, renamed over `name`, so that `name` always
-/// stands for a whole file.
+/// stands for a whole file. On a filesystem without hard links, a copy.
 fn link_file(dir: &Path, file: &str, name: &str) -> io::Result<()> {
     static TEMPORARY: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = TEMPORARY.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let tmp = dir.join(format!("{name}.link{n}.tmp"));
-    std::fs::hard_link(dir.join(file), &tmp)?;
+    if let Err(e) = std::fs::hard_link(dir.join(file), &tmp) {
+        tracing::debug!(error = %e, file, "no hard link; copying");
+        std::fs::copy(dir.join(file), &tmp)?;
+    }
     std::fs::rename(&tmp, dir.join(name))
 }
 

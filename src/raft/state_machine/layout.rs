@@ -417,7 +417,7 @@ impl Persisted {
     /// Stretch the checkpoint interval by `member_id`'s share (see
     /// `StateMachine::staggering_checkpoints`).
     pub fn stagger(&mut self, member_id: u64) {
-        self.checkpoint_stretch = checkpoint_stretch(member_id);
+        self.checkpoint_stretch = crate::raft::member_stretch(member_id);
     }
 
     /// Persist one apply call: its journal record (or, when one is due, a
@@ -530,13 +530,6 @@ pub(super) fn image_of(state: &AppliedState) -> CapturedImage {
         auth: auth.clone(),
         alarms: alarms.clone(),
     }
-}
-
-/// How much `member_id` stretches its checkpoint interval, in 1/2048ths:
-/// spread over `[0, 1024)` by a multiplicative hash, since member ids are
-/// random but need not be uniform in their low bits.
-fn checkpoint_stretch(member_id: u64) -> u64 {
-    (member_id.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % 1024
 }
 
 /// The member's applied state, encoded as a snapshot is, and its revision:

@@ -27,6 +27,8 @@ import (
 
 	"go.etcd.io/etcd/clientv3"
 	"go.etcd.io/etcd/clientv3/concurrency"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 func fail(format string, args ...interface{}) {
@@ -37,6 +39,24 @@ func fail(format string, args ...interface{}) {
 func check(err error, what string) {
 	if err != nil {
 		fail("%s: %v", what, err)
+	}
+}
+
+// retried runs op until it succeeds, again while it fails with Unavailable
+// (for 20 s at most): just after a member dies, a request the client sends
+// over its connection to that member fails so, and clientv3 leaves retrying
+// a write to the application. Only for operations that may run twice.
+func retried(what string, op func() error) {
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		err := op()
+		if err == nil {
+			return
+		}
+		if status.Code(err) != codes.Unavailable || time.Now().After(deadline) {
+			fail("%s: %v", what, err)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 
@@ -84,7 +104,7 @@ func mutex(endpoints []string) {
 				}
 				time.Sleep(time.Duration(rand.Intn(2)) * time.Millisecond)
 				// Only the holder writes: the put is guarded by its ownership.
-				t, err := c.Txn(timeout(10*time.Second)).If(m.IsOwner()).
+				t, err := c.Txn(timeout(10 * time.Second)).If(m.IsOwner()).
 					Then(clientv3.OpPut("interop/counter", strconv.Itoa(n+1))).Commit()
 				check(err, "put counter")
 				if !t.Succeeded {
@@ -162,14 +182,15 @@ func election(endpoints []string) {
 	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
 		fail("waiting for the kill: %v", err)
 	}
-	check(ea.Proclaim(timeout(30*time.Second), "a2"), "proclaim a2")
+	// Proclaiming the same value again, and resigning again, change nothing.
+	retried("proclaim a2", func() error { return ea.Proclaim(timeout(30*time.Second), "a2") })
 	expect("a2")
-	leader, err := ea.Leader(timeout(30 * time.Second))
-	check(err, "leader")
+	var leader *clientv3.GetResponse
+	retried("leader", func() (err error) { leader, err = ea.Leader(timeout(30 * time.Second)); return })
 	if v := string(leader.Kvs[0].Value); v != "a2" {
 		fail("leader value %q, want a2", v)
 	}
-	check(ea.Resign(timeout(30*time.Second)), "resign a")
+	retried("resign a", func() error { return ea.Resign(timeout(30 * time.Second)) })
 	select {
 	case err := <-bLeads:
 		check(err, "campaign b")
@@ -177,7 +198,7 @@ func election(endpoints []string) {
 		fail("b never led after a resigned")
 	}
 	expect("b")
-	check(eb.Resign(timeout(30*time.Second)), "resign b")
+	retried("resign b", func() error { return eb.Resign(timeout(30 * time.Second)) })
 	stopObserving()
 	fmt.Println("ok")
 }
