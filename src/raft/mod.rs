@@ -254,11 +254,12 @@ pub fn member_stretch(member_id: u64) -> u64 {
 /// (`--snapshot-count`, `--snapshot-catchup-entries`): one entry is a whole
 /// proposal batch (up to 2 MiB), so a count of entries alone lets a busy
 /// member keep hundreds of MiB of log to replay. (What the log holds in
-/// memory is bounded apart: see `log_store`.) Every half second: once the entries
-/// applied since the last snapshot hold [`SNAPSHOT_LOG_BYTES`] or the state's
-/// weight, whichever is more, stretched by `stretch` 2048ths
-/// ([`member_stretch`]), ask for a snapshot (which is a checkpoint too); and purge behind the last
-/// snapshot all but the newest entries holding [`CATCHUP_LOG_BYTES`]. A
+/// memory is bounded apart: see `log_store`.) Every half second: once the
+/// entries applied since the last snapshot hold [`SNAPSHOT_LOG_BYTES`] or the
+/// state's weight, whichever is more, stretched by `stretch` 2048ths
+/// ([`member_stretch`]), ask for a snapshot (which is a checkpoint too); and
+/// purge behind the last snapshot all but the newest entries holding
+/// [`CATCHUP_LOG_BYTES`]. A
 /// snapshot encodes the whole state, so waiting for as much log as the state
 /// weighs keeps its cost per byte written bounded however large the state
 /// (as checkpoints do, `state_machine::layout`); the WAL then keeps at most

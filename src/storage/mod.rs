@@ -200,13 +200,8 @@ impl StateStore {
         self.drain()?;
         let keys = |tree: &sled::Tree| tree.iter().keys().collect::<Result<Vec<_>, _>>().map_err(io_err);
         let old = StateBatch { deletes: keys(&self.tree)?.iter().map(|k| k.to_vec()).collect(), ..Default::default() };
-        let merged = Merged::of(vec![old, batch], false);
-        for (name, content) in merged.files {
-            write_file(&self.files, &name, content, true)?;
-        }
-        for (file, name) in &merged.links {
-            link_file(&self.files, file, name)?;
-        }
+        let mut merged = Merged::of(vec![old, batch], false);
+        merged.place_files(&self.files)?;
         let old_large = keys(&self.legacy_large)?;
         write_both(&self.tree, &self.legacy_large, &merged.main, &old_large)
             .map_err(|e| io::Error::other(format!("replacing the state store: {e}")))?;
@@ -271,18 +266,11 @@ fn write_loop(store: StateStore) {
             }
             (std::mem::take(&mut pending.batches), std::mem::take(&mut pending.barriers))
         };
-        let merged = Merged::of(batches, !store.legacy_large.is_empty());
+        let mut merged = Merged::of(batches, !store.legacy_large.is_empty());
         let written = crate::metrics::timed(&crate::metrics::metrics().backend_commit, || {
-            for (name, content) in merged.files {
-                write_file(&store.files, &name, content, true).map_err(|e| format!("writing {name}: {e}"))?;
-            }
-            for (file, name) in &merged.links {
-                if let Err(e) = link_file(&store.files, file, name) {
-                    tracing::warn!(error = %e, file, name, "linking a file");
-                }
-            }
+            merged.place_files(&store.files).map_err(|e| e.to_string())?;
             if merged.legacy_deletes.is_empty() {
-                store.tree.apply_batch(merged.main).map_err(|e| e.to_string())
+                store.tree.apply_batch(std::mem::take(&mut merged.main)).map_err(|e| e.to_string())
             } else {
                 write_both(&store.tree, &store.legacy_large, &merged.main, &merged.legacy_deletes)
             }
@@ -347,6 +335,22 @@ impl Merged {
         }
         merged
     }
+
+    /// Write the batches' files durably into `dir`, then make their links
+    /// (see [`StateBatch::links`]; a link that cannot be made is logged and
+    /// missing). Before any key of the batches reaches sled.
+    fn place_files(&mut self, dir: &Path) -> io::Result<()> {
+        for (name, content) in self.files.drain(..) {
+            write_file(dir, &name, content, true)
+                .map_err(|e| io::Error::new(e.kind(), format!("writing {name}: {e}")))?;
+        }
+        for (file, name) in &self.links {
+            if let Err(e) = link_file(dir, file, name) {
+                tracing::warn!(error = %e, file, name, "linking a file");
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Write file `name` in `dir` whole: into a temporary file of its own (two
@@ -354,9 +358,7 @@ impl Merged {
 /// then renamed into place, so that the name only ever stands for a
 /// complete file. Returns the bytes written.
 pub fn write_file(dir: &Path, name: &str, content: FileContent, durable: bool) -> io::Result<u64> {
-    static TEMPORARY: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = TEMPORARY.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let tmp = dir.join(format!("{name}.{n}.tmp"));
+    let tmp = temporary(dir, name);
     let mut out = io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&tmp)?);
     let bytes = content(&mut out)?;
     let file = out.into_inner().map_err(|e| e.into_error())?;
@@ -370,13 +372,20 @@ pub fn write_file(dir: &Path, name: &str, content: FileContent, durable: bool) -
     Ok(bytes)
 }
 
+/// A temporary path in `dir` for what will be renamed to `name`: unique in
+/// the process, so two writers of one name never share one, and ending in
+/// `.tmp`, which `StateStore::open` removes as left half-made by a crash.
+fn temporary(dir: &Path, name: &str) -> PathBuf {
+    static TEMPORARY: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = TEMPORARY.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    dir.join(format!("{name}.{n}.tmp"))
+}
+
 /// Make `name` in `dir` a second name of `file` (see [`StateBatch::links`]):
 /// a link under a temporary name, renamed over `name`, so that `name` always
 /// stands for a whole file. On a filesystem without hard links, a copy.
 fn link_file(dir: &Path, file: &str, name: &str) -> io::Result<()> {
-    static TEMPORARY: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = TEMPORARY.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let tmp = dir.join(format!("{name}.link{n}.tmp"));
+    let tmp = temporary(dir, name);
     if let Err(e) = std::fs::hard_link(dir.join(file), &tmp) {
         tracing::debug!(error = %e, file, "no hard link; copying");
         std::fs::copy(dir.join(file), &tmp)?;

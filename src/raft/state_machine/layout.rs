@@ -443,12 +443,19 @@ impl Persisted {
     /// checkpoint is queued; [`StateStore::drain`] tells when `snapshot` is
     /// there.
     pub fn checkpoint_as_snapshot(&mut self, state: &AppliedState, position: &Position, snapshot: String) {
+        let mut batch = self.checkpoint_alone(state, position);
+        batch.links.push((checkpoint_file(self.checkpoint_seq), snapshot));
+        self.db.commit(batch);
+    }
+
+    /// A batch of its own (no apply call's journal record) holding a
+    /// checkpoint of `state` and the counters.
+    fn checkpoint_alone(&mut self, state: &AppliedState, position: &Position) -> StateBatch {
         let mut batch = StateBatch::default();
         self.seq += 1;
         self.checkpoint(state, &mut batch);
         self.counters(state, position, &mut batch);
-        batch.links.push((checkpoint_file(self.checkpoint_seq), snapshot));
-        self.db.commit(batch);
+        batch
     }
 
     /// The state store.
@@ -459,10 +466,7 @@ impl Persisted {
     /// Replace the whole store with one checkpoint of `state` (just installed
     /// from a snapshot).
     pub fn replace_all(&mut self, state: &AppliedState, position: &Position) -> std::io::Result<()> {
-        let mut batch = StateBatch::default();
-        self.seq += 1;
-        self.checkpoint(state, &mut batch);
-        self.counters(state, position, &mut batch);
+        let batch = self.checkpoint_alone(state, position);
         self.db.replace_all(batch)
     }
 

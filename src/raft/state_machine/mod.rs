@@ -225,12 +225,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let meta = self.snapshot_meta(self.state.mvcc().revision());
         let name = snapshot_file(&meta.snapshot_id);
         self.persisted.checkpoint_as_snapshot(&self.state, &self.position, name);
-        SnapshotBuilder {
-            meta: Some(meta),
-            db: self.persisted.db().clone(),
-            dir: self.persisted.files_dir().to_path_buf(),
-            last: self.last_snapshot.clone(),
-        }
+        SnapshotBuilder { meta: Some(meta), db: self.persisted.db().clone(), last: self.last_snapshot.clone() }
     }
 
     async fn begin_receiving_snapshot(&mut self) -> Result<Box<tokio::fs::File>, StorageError<u64>> {
@@ -330,10 +325,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 pub struct SnapshotBuilder {
     /// The snapshot whose checkpoint is queued.
     meta: Option<SnapshotMeta<u64, MemberNode>>,
-    /// The state store whose writer makes the snapshot's file.
+    /// The state store whose writer makes the snapshot's file, in its file
+    /// directory.
     db: StateStore,
-    /// Where snapshot files go.
-    dir: PathBuf,
     last: Arc<std::sync::Mutex<Option<SnapshotFile>>>,
 }
 
@@ -345,7 +339,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         let db = self.db.clone();
         let written = tokio::task::spawn_blocking(move || db.drain()).await.map_err(sm_err)?;
         written.map_err(|e| StorageError::from(StorageIOError::write_snapshot(Some(meta.signature()), &e)))?;
-        let path = self.dir.join(snapshot_file(&meta.snapshot_id));
+        let path = self.db.files_dir().join(snapshot_file(&meta.snapshot_id));
         tracing::info!(snapshot = %meta.snapshot_id, "built a snapshot (its checkpoint)");
         // Opened before it is kept: a newer one kept meanwhile removes it,
         // and this handle reads on.
