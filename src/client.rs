@@ -292,11 +292,18 @@ pub struct LockOptions {
     pub permits: u32,
     /// Shown to others by Describe: who the owner is.
     pub metadata: Vec<u8>,
+    /// Share the lock with other readers (a read lock) instead of holding it
+    /// alone (a write lock, the default). Needs `permits` 1.
+    pub read: bool,
+    /// If the session holds the lock already: add a hold, which a release
+    /// must give back (false, the default: answer with the grant as it is,
+    /// so that retrying an acquire is safe).
+    pub reentrant: bool,
 }
 
 impl Default for LockOptions {
     fn default() -> Self {
-        LockOptions { wait: None, permits: 1, metadata: Vec::new() }
+        LockOptions { wait: None, permits: 1, metadata: Vec::new(), read: false, reentrant: false }
     }
 }
 
@@ -307,14 +314,19 @@ pub enum Acquisition {
 }
 
 /// A granted lock. Dropping it does not release it (the session's end does).
+/// Acquiring a lock the session holds (in the same mode) gives another guard
+/// of the same grant: with `reentrant`, with one more hold, and each release
+/// gives one back; without, with no more holds, so that releasing either
+/// guard releases the lock.
 pub struct Guard {
     client: Client,
     key: Vec<u8>,
     token: i64,
+    holds: u32,
 }
 
 impl Guard {
-    /// The owner key, `<name>/<lease hex>`.
+    /// The owner key, `<name>/<lease hex>` (`<name>/read-<lease hex>` for a read lock).
     pub fn key(&self) -> &[u8] {
         &self.key
     }
@@ -324,7 +336,13 @@ impl Guard {
         self.token
     }
 
-    /// Release, fenced by the token; false if the grant had already ended.
+    /// The session's holds on the grant when it was granted, this one's included.
+    pub fn holds(&self) -> u32 {
+        self.holds
+    }
+
+    /// Give back this hold, fenced by the token (the last release releases
+    /// the lock); false if the grant had already ended.
     pub async fn release(self) -> Result<bool, ClientError> {
         self.client.release(&self.key, self.token).await
     }
@@ -384,10 +402,12 @@ impl Session {
             wait_ms,
             permits: options.permits,
             metadata: options.metadata,
+            mode: if options.read { locks::Mode::Read } else { locks::Mode::Write }.into(),
+            reentrant: options.reentrant,
         };
         let r = self.client.locks().acquire(req).await?.into_inner();
         Ok(if r.acquired {
-            Acquisition::Held(Guard { client: self.client.clone(), key: r.key, token: r.token })
+            Acquisition::Held(Guard { client: self.client.clone(), key: r.key, token: r.token, holds: r.holds })
         } else {
             Acquisition::Busy(r.holders)
         })

@@ -2,7 +2,9 @@
 //! cluster, through the crate's Rust client: try-lock and wait timeouts that
 //! answer with the holder, fenced release and fenced writes, semaphores,
 //! describe and list, a waiter whose lease ends, a holder process killed -9,
-//! and a leader killed -9 while clients contend.
+//! and a leader killed -9 while clients contend; read-write locks (shared
+//! readers, excluded writers and etcd locks, a waiting writer not starved,
+//! readers killed, a leader killed during contention) and reentrant holds.
 
 mod common;
 
@@ -344,4 +346,289 @@ async fn acquire_retrying(session: &Session) -> Guard {
         Acquisition::Held(g) => g,
         Acquisition::Busy(_) => unreachable!("waits without a limit"),
     }
+}
+
+fn read_once() -> LockOptions {
+    LockOptions { read: true, ..try_once() }
+}
+
+fn busy(a: Acquisition) -> Vec<raftlock::proto::raftlock::v1::Owner> {
+    match a {
+        Acquisition::Busy(holders) => holders,
+        Acquisition::Held(g) => panic!("expected the lock to be busy, got token {}", g.token()),
+    }
+}
+
+const READ: i32 = raftlock::proto::raftlock::v1::Mode::Read as i32;
+const WRITE: i32 = raftlock::proto::raftlock::v1::Mode::Write as i32;
+
+#[tokio::test]
+async fn readers_share_writers_exclude_and_a_waiting_writer_holds_back_later_readers() {
+    let cluster = Cluster::start(3).await;
+    let c = native(&cluster, 0).await;
+    let mut kv = cluster.client(1).await;
+    let mut sessions = Vec::new();
+    for i in 0..4 {
+        sessions.push(Arc::new(native(&cluster, i % 3).await.session(30).await.unwrap()));
+    }
+    let (r1, r2, w, r3) = (&sessions[0], &sessions[1], sessions[2].clone(), sessions[3].clone());
+
+    // Two readers hold at once, each with a token of its own.
+    let g1 = held(r1.lock("catalog", read_once()).await.unwrap());
+    let g2 = held(r2.lock("catalog", read_once()).await.unwrap());
+    assert_eq!(g1.key(), format!("catalog/read-{:x}", r1.lease()).as_bytes());
+    assert!(g2.token() > g1.token());
+
+    // A writer cannot: it is told both readers hold.
+    let holders = busy(w.lock("catalog", try_once()).await.unwrap());
+    assert_eq!(holders.iter().map(|h| (h.token, h.mode)).collect::<Vec<_>>(), [(g1.token(), READ), (g2.token(), READ)]);
+    // Nor can etcd's Lock on the same name (it queues as a writer).
+    let mut etcd = cluster.client(2).await;
+    let etcd_lease = etcd.lease_grant(30, None).await.unwrap().id();
+    let options = etcd_client::LockOptions::new().with_lease(etcd_lease);
+    let etcd_lock = tokio::time::timeout(Duration::from_millis(500), etcd.lock("catalog", Some(options))).await;
+    assert!(etcd_lock.is_err(), "etcd's Lock must wait while readers hold");
+
+    // The writer queues; a reader that comes after it waits behind it.
+    let writing = tokio::spawn(async move { held(w.lock("catalog", LockOptions::default()).await.unwrap()) });
+    common::wait_for_key(&mut kv, &format!("catalog/{:x}", sessions[2].lease())).await;
+    let holders = busy(r3.lock("catalog", read_once()).await.unwrap());
+    assert_eq!(holders.len(), 2, "the readers hold, not the waiting writer");
+    let reading = {
+        let r3 = r3.clone();
+        tokio::spawn(async move {
+            held(r3.lock("catalog", LockOptions { read: true, ..Default::default() }).await.unwrap())
+        })
+    };
+    common::wait_for_key(&mut kv, &format!("catalog/read-{:x}", r3.lease())).await;
+    let d = describe(&c, "catalog", 1).await;
+    let modes =
+        |owners: &[raftlock::proto::raftlock::v1::Owner]| owners.iter().map(|o| (o.lease, o.mode)).collect::<Vec<_>>();
+    assert_eq!(modes(&d.holders), [(r1.lease(), READ), (r2.lease(), READ)]);
+    assert_eq!(modes(&d.waiters), [(sessions[2].lease(), WRITE), (r3.lease(), READ)]);
+
+    // The writer gets the lock when the last reader lets go, and only then.
+    assert!(g1.release().await.unwrap());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!writing.is_finished(), "one reader still holds");
+    let g2_token = g2.token();
+    assert!(g2.release().await.unwrap());
+    let wg = tokio::time::timeout(Duration::from_secs(5), writing).await.expect("the writer is granted").unwrap();
+    assert!(wg.token() > g2_token);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!reading.is_finished(), "a reader waits while the writer holds");
+    assert!(busy(sessions[0].lock("catalog", read_once()).await.unwrap())[0].token == wg.token());
+
+    // The writer done, the reader behind it holds, with a later token.
+    let wg_token = wg.token();
+    assert!(wg.release().await.unwrap());
+    let rg = tokio::time::timeout(Duration::from_secs(5), reading).await.expect("the reader is granted").unwrap();
+    assert!(rg.token() > wg_token);
+    // List sees a lock held by a reader.
+    let req = raftlock::proto::raftlock::v1::ListRequest { prefix: b"cat".to_vec(), permits: 1 };
+    let list = c.locks().list(req).await.unwrap().into_inner();
+    assert_eq!(list.locks.len(), 1);
+    assert_eq!((list.locks[0].holders[0].mode, list.locks[0].waiters), (READ, 0));
+}
+
+#[tokio::test]
+async fn reentrant_acquires_count_holds_and_the_last_release_releases() {
+    let cluster = Cluster::start(3).await;
+    let c = native(&cluster, 0).await;
+    let mut kv = cluster.client(1).await;
+    let s = c.session(30).await.unwrap();
+    let other = native(&cluster, 2).await.session(30).await.unwrap();
+    let reentrant = LockOptions { reentrant: true, ..try_once() };
+
+    let first = held(s.lock("jobs", try_once()).await.unwrap());
+    assert_eq!(first.holds(), 1);
+    let second = held(s.lock("jobs", reentrant.clone()).await.unwrap());
+    assert_eq!((second.key(), second.token(), second.holds()), (first.key(), first.token(), 2));
+    // A plain acquire (a retry, say) answers with the grant and adds nothing.
+    let again = held(s.lock("jobs", try_once()).await.unwrap());
+    assert_eq!((again.token(), again.holds()), (first.token(), 2));
+    let d = describe(&c, "jobs", 1).await;
+    assert_eq!((d.holders.len(), d.holders[0].holds, d.waiters.len()), (1, 2, 0), "the count is not a waiter");
+    let count_key = format!("jobs/{:x}.holds", s.lease());
+    let count = kv.get(count_key.as_str(), None).await.unwrap();
+    assert_eq!((count.kvs()[0].value_str().unwrap(), count.kvs()[0].lease()), ("2", s.lease()));
+    busy(other.lock("jobs", try_once()).await.unwrap());
+
+    // Acquires by the holder that are cancelled mid-flight (deadlines of 0.1
+    // to 2 ms, about a write's time) never release what the lease holds.
+    for i in 0..64 {
+        let req = raftlock::proto::raftlock::v1::AcquireRequest {
+            name: b"jobs".to_vec(),
+            lease: s.lease(),
+            wait_ms: 0,
+            ..Default::default()
+        };
+        let mut req = tonic::Request::new(req);
+        req.set_timeout(Duration::from_micros(100 + 30 * i));
+        let _ = c.locks().acquire(req).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let d = describe(&c, "jobs", 1).await;
+    assert_eq!((d.holders[0].token, d.holders[0].holds), (first.token(), 2), "cancelled acquires took nothing");
+    busy(other.lock("jobs", try_once()).await.unwrap());
+
+    // One release gives one hold back; the lock stays held.
+    let release = |token| raftlock::proto::raftlock::v1::ReleaseRequest { key: first.key().to_vec(), token };
+    let r = c.locks().release(release(first.token())).await.unwrap().into_inner();
+    assert_eq!((r.released, r.holds), (true, 1));
+    busy(other.lock("jobs", try_once()).await.unwrap());
+    assert!(kv.get(count_key.as_str(), None).await.unwrap().kvs().is_empty(), "one hold needs no count");
+    // A release with another token changes nothing.
+    let r = c.locks().release(release(first.token() - 1)).await.unwrap().into_inner();
+    assert_eq!((r.released, r.current_token), (false, first.token()));
+    // The last release releases the lock.
+    let r = c.locks().release(release(first.token())).await.unwrap().into_inner();
+    assert_eq!((r.released, r.holds), (true, 0));
+    let theirs = held(other.lock("jobs", try_once()).await.unwrap());
+    let r = c.locks().release(release(first.token())).await.unwrap().into_inner();
+    assert_eq!((r.released, r.current_token), (false, 0), "a release after the last changes nothing");
+
+    // A lease holds a lock in one mode at a time.
+    let refused = other.lock("jobs", read_once()).await.err().expect("the lease holds it for writing");
+    let ClientError::Status(status) = refused else { panic!("{refused}") };
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+    assert_eq!(status.message(), "raftlock: the lease already holds or waits for the lock in write mode");
+    let req = raftlock::proto::raftlock::v1::AcquireRequest {
+        name: b"jobs".to_vec(),
+        lease: other.lease(),
+        permits: 3,
+        mode: READ,
+        ..Default::default()
+    };
+    let status = c.locks().acquire(req).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(theirs.release().await.unwrap());
+
+    // Reentrant reads count too, and a lease's end takes every hold at once.
+    let shared = LockOptions { reentrant: true, ..read_once() };
+    for holds in 1..=3 {
+        assert_eq!(held(s.lock("reports", shared.clone()).await.unwrap()).holds(), holds);
+    }
+    assert_eq!(describe(&c, "reports", 1).await.holders[0].holds, 3);
+    kv.lease_revoke(s.lease()).await.unwrap();
+    let left = kv.get("reports/", Some(etcd_client::GetOptions::new().with_prefix())).await.unwrap();
+    assert!(left.kvs().is_empty(), "the owner key and its count end with the lease");
+    held(other.lock("reports", try_once()).await.unwrap());
+}
+
+#[tokio::test]
+async fn readers_killed_pass_the_lock_to_a_writer_within_ttl() {
+    const TTL: u64 = 2;
+    let cluster = Cluster::start(3).await;
+    let endpoint = cluster.members[0].endpoint();
+    let mut readers = Vec::new();
+    for _ in 0..2 {
+        let reader = common::raftlockctl()
+            .args([
+                "--endpoints",
+                &endpoint,
+                "lock",
+                "--read",
+                "backup",
+                "--ttl",
+                &TTL.to_string(),
+                "--",
+                "sleep",
+                "600",
+            ])
+            .stdout(std::process::Stdio::null())
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        readers.push(reader);
+    }
+    let c = native(&cluster, 1).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while describe(&c, "backup", 1).await.holders.len() < 2 {
+        assert!(Instant::now() < deadline, "the two raftlockctl readers never held the lock together");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let session = c.session(30).await.unwrap();
+    busy(session.lock("backup", try_once()).await.unwrap());
+    for reader in &mut readers {
+        reader.kill().unwrap();
+        reader.wait().unwrap();
+    }
+    let killed = Instant::now();
+    held(session.lock("backup", LockOptions::default()).await.unwrap());
+    let took = killed.elapsed();
+    let bound = Duration::from_secs(TTL) + Duration::from_millis(ELECTION_MS) + Duration::from_millis(500);
+    assert!(took <= bound, "the lock passed on after {took:?}, more than TTL + election timeout");
+    for reader in &readers {
+        unsafe { libc::kill(-(reader.id() as i32), libc::SIGKILL) };
+    }
+}
+
+#[tokio::test]
+async fn leader_killed_while_readers_and_writers_contend_keeps_them_exclusive_and_serves_every_writer() {
+    const READERS: usize = 4;
+    const WRITERS: usize = 2;
+    const ROUNDS: usize = 8;
+    let mut cluster = Cluster::start(3).await;
+    let endpoints = cluster.endpoints();
+    // Readers holding now, or -1 while a writer holds.
+    let state = Arc::new(std::sync::atomic::AtomicI64::new(0));
+    let most_readers = Arc::new(AtomicU64::new(0));
+    let writes = Arc::new(AtomicU64::new(0));
+    let writers_done = Arc::new(AtomicU64::new(0));
+    let mut writers = Vec::new();
+    let mut readers = Vec::new();
+    for i in 0..READERS + WRITERS {
+        let client = Client::connect(&endpoints).await.unwrap();
+        let (state, most_readers, writes, writers_done) =
+            (state.clone(), most_readers.clone(), writes.clone(), writers_done.clone());
+        let read = i < READERS;
+        let task = tokio::spawn(async move {
+            let session = client.session(10).await.unwrap();
+            let options = LockOptions { read, ..Default::default() };
+            let mut round = 0;
+            // Readers keep coming until every writer is done: a writer that
+            // readers could starve would never finish.
+            while if read { writers_done.load(Ordering::SeqCst) < WRITERS as u64 } else { round < ROUNDS } {
+                round += 1;
+                let guard = match retry(|| session.lock("rw-contended", options.clone())).await {
+                    Acquisition::Held(g) => g,
+                    Acquisition::Busy(_) => unreachable!("waits without a limit"),
+                };
+                if read {
+                    let now = state.fetch_add(1, Ordering::SeqCst);
+                    assert!(now >= 0, "a reader holds while a writer does");
+                    most_readers.fetch_max(now as u64 + 1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    state.fetch_sub(1, Ordering::SeqCst);
+                } else {
+                    let was = state.swap(-1, Ordering::SeqCst);
+                    assert_eq!(was, 0, "a writer holds while {was} other holder(s) do");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    state.store(0, Ordering::SeqCst);
+                    writes.fetch_add(1, Ordering::SeqCst);
+                }
+                let (key, token) = (guard.key().to_vec(), guard.token());
+                retry(|| async { client.release(&key, token).await }).await;
+            }
+            if !read {
+                writers_done.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+        if read {
+            readers.push(task)
+        } else {
+            writers.push(task)
+        }
+    }
+    while writes.load(Ordering::SeqCst) < 3 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let leader = cluster.leader().await;
+    cluster.kill(leader);
+    // The first task to fail an assertion fails the test at once.
+    let all = futures::future::try_join_all(writers.into_iter().chain(readers));
+    tokio::time::timeout(Duration::from_secs(90), all).await.expect("every writer is served").unwrap();
+    assert_eq!(writes.load(Ordering::SeqCst), (WRITERS * ROUNDS) as u64);
+    assert!(most_readers.load(Ordering::SeqCst) >= 2, "readers never shared the lock");
 }

@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use raftlock_faults::check::leases::check_leases;
-use raftlock_faults::check::locks::{check_locks, Counter};
+use raftlock_faults::check::locks::{check_locks, Counter, Recorded as LocksRecorded};
 use raftlock_faults::check::watches::{check_watch, EventKind, WatchMessage, WatchStream};
 use raftlock_faults::check::writes::check_acknowledged;
 use raftlock_faults::check::{check_register, check_serializable_reads, Verdict};
@@ -80,6 +80,8 @@ const SEARCH_BUDGET: usize = 20_000_000;
 struct Row {
     nemesis: &'static str,
     ops: usize,
+    /// Lock grants: all, read locks, and those that re-entered.
+    grants: (usize, usize, usize),
     faults: u64,
     anomalies: Vec<Anomaly>,
     undecided: usize,
@@ -144,6 +146,8 @@ async fn main() -> anyhow::Result<()> {
             row.undecided,
             row.seconds
         );
+        let (grants, read, reentered) = row.grants;
+        println!("  {:<22} {grants:>8} lock grants: {read} read, {reentered} re-entered", "");
         for a in row.anomalies.iter().take(20) {
             println!("      {a}");
         }
@@ -228,6 +232,10 @@ fn start_workloads(ctx: &Context, lease_ctx: &Context, start_revision: i64, rng:
     for id in 6..9 {
         let api = Api::Native { permits: 2 };
         w.locks.push(tokio::spawn(workload::locks::client(ctx.clone(), id, api, vec![SEMAPHORE.into()], rng.next())));
+    }
+    // Readers and writers on the names etcd's Lock and the native mutex use.
+    for id in 9..12 {
+        w.locks.push(tokio::spawn(workload::locks::client(ctx.clone(), id, Api::ReadWrite, names.clone(), rng.next())));
     }
     for i in 0..2 {
         let (name, prefix) = (format!("watch-{i}-{}", workload::registers::PREFIX), workload::registers::PREFIX);
@@ -350,13 +358,17 @@ async fn run(
         + recorded.leases.iter().map(|l| l.record.keepalives.len() + 1).sum::<usize>()
         + recorded.locks.grants.len()
         + recorded.locks.writes.len()
+        + 2 * recorded.locks.reads.len()
+        + 2 * recorded.locks.reentries.len()
         + recorded.watches.iter().map(|w| w.messages.len()).sum::<usize>();
     let undecided = anomalies.iter().filter(|a| a.checker == "undecided").count();
     anomalies.retain(|a| a.checker != "undecided");
     if !anomalies.is_empty() {
         save(dir, &recorded, &anomalies)?;
     }
-    Ok(Row { nemesis: nemesis.name(), ops, faults: injector.faults, anomalies, undecided, seconds: 0 })
+    let locks = &recorded.locks;
+    let grants = (locks.grants.len(), locks.grants.iter().filter(|g| g.shared).count(), locks.reentries.len());
+    Ok(Row { nemesis: nemesis.name(), ops, grants, faults: injector.faults, anomalies, undecided, seconds: 0 })
 }
 
 /// Run every checker over what was recorded, reading the final state
@@ -394,7 +406,13 @@ async fn check(
         let (increments_ok, increments_unknown) = rec.locks.increments.get(name).copied().unwrap_or((0, 0));
         counters.push(Counter { name: name.to_string(), final_value, increments_ok, increments_unknown });
     }
-    anomalies.extend(check_locks(&rec.locks.grants, &rec.locks.writes, &counters));
+    anomalies.extend(check_locks(LocksRecorded {
+        grants: &rec.locks.grants,
+        writes: &rec.locks.writes,
+        counters: &counters,
+        reads: &rec.locks.reads,
+        reentries: &rec.locks.reentries,
+    }));
 
     // When the lease watcher first saw each lease key deleted.
     let mut deleted: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
@@ -445,6 +463,8 @@ fn save(dir: &Path, rec: &Recorded, anomalies: &[Anomaly]) -> anyhow::Result<()>
         "leases": leases,
         "lock_grants": rec.locks.grants,
         "guarded_writes": rec.locks.writes,
+        "shared_reads": rec.locks.reads,
+        "reentries": rec.locks.reentries,
         "watches": rec.watches,
     });
     std::fs::write(dir.join("history.json"), serde_json::to_vec(&history)?)?;

@@ -67,6 +67,12 @@ pub fn lease_required() -> Status {
 pub fn too_many_permits(max: u32) -> Status {
     Status::invalid_argument(format!("raftlock: permits must be at most {max}"))
 }
+pub fn read_lock_permits() -> Status {
+    Status::invalid_argument("raftlock: a read lock is shared by every reader; its permits must be 0 or 1")
+}
+pub fn unknown_lock_mode(mode: i32) -> Status {
+    Status::invalid_argument(format!("raftlock: unknown lock mode {mode}"))
+}
 pub fn release_needs_token() -> Status {
     Status::invalid_argument("raftlock: release needs the grant's fencing token")
 }
@@ -188,6 +194,8 @@ pub fn v3_recipe(e: RecipeError) -> Status {
         RecipeError::NoLeader => Status::unknown("election: no leader"),
         RecipeError::TimedOut => Status::unknown("lock: wait timed out"),
         RecipeError::Denied(e) => Status::unknown(auth(e).message()),
+        // Only native acquires can meet these.
+        e @ (RecipeError::OtherMode(_) | RecipeError::Contended) => native_recipe(e),
     }
 }
 
@@ -200,6 +208,8 @@ pub fn native_recipe(e: RecipeError) -> Status {
         RecipeError::SessionExpired => {
             Status::failed_precondition("raftlock: the lease ended while waiting for the lock")
         }
+        e @ RecipeError::OtherMode(_) => Status::failed_precondition(format!("raftlock: {e}")),
+        e @ RecipeError::Contended => Status::aborted(format!("raftlock: {e}; try again")),
         other => v3_recipe(other),
     }
 }

@@ -37,8 +37,17 @@ fn name(name: &[u8]) -> Result<(), Status> {
     Ok(())
 }
 
+fn mode(m: locks::Mode) -> pb::Mode {
+    match m {
+        locks::Mode::Write => pb::Mode::Write,
+        locks::Mode::Read => pb::Mode::Read,
+    }
+}
+
 fn owner(o: Owner) -> pb::Owner {
     pb::Owner {
+        mode: mode(o.mode).into(),
+        holds: o.holds,
         token: o.kv.create_revision,
         lease: o.kv.lease,
         ttl: o.ttl,
@@ -74,16 +83,28 @@ impl Locks for LocksService {
             return Err(error::lease_required());
         }
         let permits = permits(req.permits)?;
+        let mode = match pb::Mode::try_from(req.mode) {
+            Ok(pb::Mode::Write) => locks::Mode::Write,
+            Ok(pb::Mode::Read) if permits == 1 => locks::Mode::Read,
+            Ok(pb::Mode::Read) => return Err(error::read_lock_permits()),
+            Err(_) => return Err(error::unknown_lock_mode(req.mode)),
+        };
         let wait = match req.wait_ms {
             0 => Wait::Never,
             ms if ms < 0 => Wait::Forever,
             ms => Wait::For(Duration::from_millis(ms as u64)),
         };
-        let outcome = fenced::acquire(self.node.clone(), &req.name, req.lease, &req.metadata, permits, wait)
-            .await
-            .map_err(error::native_recipe)?;
+        let request = fenced::Request {
+            name: &req.name,
+            lease: req.lease,
+            metadata: &req.metadata,
+            permits,
+            mode,
+            reentrant: req.reentrant,
+        };
+        let outcome = fenced::acquire(self.node.clone(), request, wait).await.map_err(error::native_recipe)?;
         let response = match outcome {
-            Acquired::Granted { kv, revision } => {
+            Acquired::Granted { kv, revision, holds } => {
                 super::lock::granted(&self.node, "native", arrived, &kv.key, kv.create_revision);
                 pb::AcquireResponse {
                     header: header(&self.node, revision),
@@ -91,6 +112,7 @@ impl Locks for LocksService {
                     token: kv.create_revision,
                     key: kv.key,
                     holders: vec![],
+                    holds,
                 }
             }
             Acquired::Refused { holders, revision } => pb::AcquireResponse {
@@ -99,6 +121,7 @@ impl Locks for LocksService {
                 key: vec![],
                 token: 0,
                 holders: holders.into_iter().map(owner).collect(),
+                holds: 0,
             },
         };
         Ok(Response::new(response))
@@ -111,14 +134,17 @@ impl Locks for LocksService {
             return Err(error::empty_key());
         }
         auth::check_read_write(&self.node, &caller, &req.key, &[]).map_err(error::auth)?;
+        // A release may change the grant's hold count too.
+        auth::check_read_write(&self.node, &caller, &locks::hold_count_key(&req.key), &[]).map_err(error::auth)?;
         if req.token <= 0 {
             return Err(error::release_needs_token());
         }
-        let r = locks::release(&self.node, &req.key, req.token).await.map_err(error::native_recipe)?;
+        let r = fenced::release(&self.node, &req.key, req.token).await.map_err(error::native_recipe)?;
         Ok(Response::new(pb::ReleaseResponse {
             header: header(&self.node, r.revision),
             released: r.released,
             current_token: r.current_token,
+            holds: r.holds,
         }))
     }
 

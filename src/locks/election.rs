@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use super::{enqueue_guarded, queue_prefix, wait_for_turn, RecipeError};
+use super::{enqueue_guarded, queue_prefix, wait_for_turn, Mode, Place, RecipeError};
 use crate::mvcc::{KeyValue, PutRequest, RequestOp, TxnRequest};
 use crate::server::Node;
 
@@ -22,14 +22,14 @@ pub struct LeaderKey {
 /// lease keeps its place and updates the value. Returns the leader key and, for
 /// the response header, the revision of the campaign's txn (as etcd does).
 pub async fn campaign(node: Arc<Node>, name: &[u8], lease: i64, value: &[u8]) -> Result<(LeaderKey, i64), RecipeError> {
-    let (queued, cleanup) = enqueue_guarded(&node, name, lease, value, 1).await?;
+    let (queued, cleanup) = enqueue_guarded(&node, &Place::etcd(name, lease, value, 1)).await?;
     let mine = &queued.mine;
     let leader = LeaderKey { name: name.to_vec(), key: mine.key.clone(), rev: mine.create_revision, lease };
     if mine.value != value {
         proclaim(&node, &leader, value).await?;
     }
     if !queued.holds() {
-        wait_for_turn(&node, &queue_prefix(name), mine, 1, None).await?;
+        wait_for_turn(&node, &queue_prefix(name), mine, Mode::Write, 1, None).await?;
     }
     cleanup.disarm();
     Ok((leader, queued.revision))

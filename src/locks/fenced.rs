@@ -7,17 +7,37 @@
 //! queues as they are, linearizably read (Describe with every owner's lease
 //! TTL).
 //!
+//! Read-write locks and reentrancy are this module's too: an acquire names its
+//! [`Mode`]; a reentrant one by a lease that already holds the lock in that
+//! mode adds a hold to the grant (in its hold-count key, see the module above)
+//! and [`release`] takes one back, deleting the owner key with the last. A
+//! plain acquire by such a lease answers with the grant and adds nothing:
+//! that keeps retries safe, which a reentrant acquire is not (a retry whose
+//! first answer was lost adds a second hold).
+//!
 //! Invariant: an acquire that does not answer "acquired" leaves no key behind
 //! (its removal is fenced by the key's token, so it can never remove a later
-//! grant). A place in the queue belongs to the lease, as in etcd: acquires by
-//! one lease of one lock share it, and one that gives up gives it up.
+//! grant), and one that finds the lease holding the lock never removes it. A
+//! place in the queue belongs to the lease, as in etcd: acquires by one lease
+//! of one lock share it; one that gives up while the place waits gives it up,
+//! and each reentrant one that is granted adds a hold.
+//!
+//! Caveat: a hold count is read, then written in a txn guarded by its
+//! mod_revision, and retried when another acquire or release of the same
+//! lease came between: concurrent acquires of one lease are rare.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{enqueue_guarded, prefix_end, queue_prefix, wait_for_turn, RecipeError};
-use crate::mvcc::{KeyValue, RangeRequest, SortOrder, SortTarget};
+use super::{
+    compare, create_revision_is, enqueue_guarded, hold_count_key, holders_and_waiters, mode_of, prefix_end,
+    queue_prefix, wait_for_turn, GaveUp, Mode, Place, RecipeError,
+};
+use crate::mvcc::{
+    Compare, CompareResult, CompareTarget, DeleteRangeRequest, KeyValue, PutRequest, RangeRequest, RequestOp,
+    ResponseOp, SortOrder, SortTarget, TxnRequest,
+};
 use crate::server::Node;
 
 /// How long an acquire may wait for its turn.
@@ -38,65 +58,92 @@ pub struct Owner {
     pub ttl: i64,
     /// The lease's granted TTL in seconds; Describe only.
     pub granted_ttl: i64,
+    pub mode: Mode,
+    /// The lease's holds on the grant; Describe only, for holders (else 0).
+    pub holds: u32,
 }
 
 impl Owner {
-    fn of(kv: KeyValue) -> Self {
-        Owner { kv, ttl: -1, granted_ttl: 0 }
+    fn of(prefix: &[u8], kv: KeyValue) -> Self {
+        Owner { mode: mode_of(prefix, &kv.key), kv, ttl: -1, granted_ttl: 0, holds: 0 }
     }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Acquired {
-    /// Held: the owner key (its create_revision is the fencing token).
-    Granted { kv: KeyValue, revision: i64 },
+    /// Held: the owner key (its create_revision is the fencing token), and the
+    /// lease's holds on it, this acquire's included.
+    Granted { kv: KeyValue, revision: i64, holds: u32 },
     /// Not held within the wait; who holds the lock.
     Refused { holders: Vec<Owner>, revision: i64 },
 }
 
-/// Acquire one of `permits` places of lock `name` for `lease`, waiting at most
-/// `wait`. `metadata` becomes the owner key's value.
-pub async fn acquire(
-    node: Arc<Node>,
-    name: &[u8],
-    lease: i64,
-    metadata: &[u8],
-    permits: usize,
-    wait: Wait,
-) -> Result<Acquired, RecipeError> {
-    let (queued, cleanup) = enqueue_guarded(&node, name, lease, metadata, permits).await?;
+/// What to acquire: `permits` places of lock `name` (a reader's is 1) in
+/// `mode` for `lease`; `metadata` becomes the owner key's value.
+pub struct Request<'a> {
+    pub name: &'a [u8],
+    pub lease: i64,
+    pub metadata: &'a [u8],
+    pub permits: usize,
+    pub mode: Mode,
+    /// Add a hold if the lease holds the lock already.
+    pub reentrant: bool,
+}
+
+/// Acquire as `req` says, waiting at most `wait`.
+pub async fn acquire(node: Arc<Node>, req: Request<'_>, wait: Wait) -> Result<Acquired, RecipeError> {
+    let Request { name, lease, metadata, permits, mode, reentrant } = req;
+    let place = Place { name, lease, value: metadata, permits, mode, whole_queue: true, native: true };
+    let (queued, cleanup) = enqueue_guarded(&node, &place).await?;
     if queued.holds() {
         cleanup.disarm();
-        return Ok(Acquired::Granted { kv: queued.mine, revision: queued.revision });
+        let holds = holds_of(&queued.mine, queued.hold_count.as_ref());
+        if queued.created || !reentrant {
+            return Ok(Acquired::Granted { kv: queued.mine, revision: queued.revision, holds });
+        }
+        let (holds, revision) = add_hold(&node, &queued.mine, queued.hold_count).await?;
+        return Ok(Acquired::Granted { kv: queued.mine, revision, holds });
     }
     let prefix = queue_prefix(name);
     let waited = match wait {
         // An overflowing deadline is as good as none.
         Wait::For(d) => match Instant::now().checked_add(d) {
-            Some(deadline) => wait_for_turn(&node, &prefix, &queued.mine, permits, Some(deadline)).await,
-            None => wait_for_turn(&node, &prefix, &queued.mine, permits, None).await,
+            Some(deadline) => wait_for_turn(&node, &prefix, &queued.mine, mode, permits, Some(deadline)).await,
+            None => wait_for_turn(&node, &prefix, &queued.mine, mode, permits, None).await,
         },
-        Wait::Forever => wait_for_turn(&node, &prefix, &queued.mine, permits, None).await,
+        Wait::Forever => wait_for_turn(&node, &prefix, &queued.mine, mode, permits, None).await,
         Wait::Never => Err(RecipeError::TimedOut),
     };
-    match waited {
+    let held = match waited {
         Ok(kv) => {
             cleanup.disarm();
-            Ok(Acquired::Granted { kv, revision: node.revision() })
+            kv
         }
-        Err(RecipeError::TimedOut) => {
+        Err(RecipeError::TimedOut) => match cleanup.give_up().await? {
+            // The turn came as the wait ended: the place holds, and is kept.
+            GaveUp::Holds(kv) => kv,
             // The place belongs to the lease, as in etcd: an acquire that gives
-            // up removes it even if an earlier acquire by the lease made it.
-            let revision = cleanup.remove().await?.revision;
-            let holders = if wait == Wait::Never {
-                queued.front.into_iter().map(Owner::of).collect()
-            } else {
-                queue(&node, name).await?.into_iter().take(permits).map(Owner::of).collect()
-            };
-            Ok(Acquired::Refused { holders, revision })
-        }
-        Err(e) => Err(e),
+            // up removes it while it waits, even if another acquire by the
+            // lease made it.
+            GaveUp::Removed(removed) => {
+                let holders = if wait == Wait::Never {
+                    queued.front
+                } else {
+                    holders_and_waiters(&prefix, queue(&node, name).await?, permits).0
+                };
+                let holders = holders.into_iter().map(|kv| Owner::of(&prefix, kv)).collect();
+                return Ok(Acquired::Refused { holders, revision: removed.revision });
+            }
+        },
+        Err(e) => return Err(e),
+    };
+    if queued.created || !reentrant {
+        // A place gets a hold count only once it holds: this is its first hold.
+        return Ok(Acquired::Granted { kv: held, revision: node.revision(), holds: 1 });
     }
+    // Another acquire of this lease made the place; both now hold it.
+    let (holds, revision) = add_hold(&node, &held, None).await?;
+    Ok(Acquired::Granted { kv: held, revision, holds })
 }
 
 /// Every key of lock `name`, first in line first, read linearizably.
@@ -114,20 +161,190 @@ pub struct Description {
 }
 
 pub async fn describe(node: &Node, name: &[u8], permits: usize) -> Result<Description, RecipeError> {
+    let prefix = queue_prefix(name);
     let keys = queue(node, name).await?;
     let revision = node.revision();
-    let asks = keys.iter().map(|kv| node.time_to_live(kv.lease));
-    let answers = futures::future::join_all(asks).await;
-    let mut owners = Vec::with_capacity(keys.len());
-    for (kv, answer) in keys.into_iter().zip(answers) {
-        let (ttl, granted_ttl) = match answer? {
-            Some(status) => (status.remaining, status.granted),
-            None => (-1, 0),
-        };
-        owners.push(Owner { kv, ttl, granted_ttl });
+    let counts: BTreeMap<Vec<u8>, KeyValue> = keys
+        .iter()
+        .filter(|kv| super::classify(&prefix, &kv.key) == super::QueueKey::HoldCount)
+        .map(|kv| (kv.key.clone(), kv.clone()))
+        .collect();
+    let (holders, waiters) = holders_and_waiters(&prefix, keys, permits);
+    let owners = |kvs: Vec<KeyValue>, held: bool| {
+        let prefix = &prefix;
+        let counts = &counts;
+        async move {
+            let answers = futures::future::join_all(kvs.iter().map(|kv| node.time_to_live(kv.lease))).await;
+            let mut owners = Vec::with_capacity(kvs.len());
+            for (kv, answer) in kvs.into_iter().zip(answers) {
+                let (ttl, granted_ttl) = match answer? {
+                    Some(status) => (status.remaining, status.granted),
+                    None => (-1, 0),
+                };
+                let holds = if held { holds_of(&kv, counts.get(&hold_count_key(&kv.key))) } else { 0 };
+                owners.push(Owner { ttl, granted_ttl, holds, ..Owner::of(prefix, kv) });
+            }
+            Ok::<_, RecipeError>(owners)
+        }
+    };
+    Ok(Description { holders: owners(holders, true).await?, waiters: owners(waiters, false).await?, revision })
+}
+
+/// The holds on `owner`'s grant that its hold-count key (if any) says.
+fn holds_of(owner: &KeyValue, count: Option<&KeyValue>) -> u32 {
+    match count {
+        // A count from an earlier grant of the same key does not count.
+        Some(count) if count.create_revision > owner.create_revision => {
+            std::str::from_utf8(&count.value).ok().and_then(|v| v.parse().ok()).filter(|&n| n >= 1).unwrap_or(1)
+        }
+        _ => 1,
     }
-    let waiters = owners.split_off(permits.min(owners.len()));
-    Ok(Description { holders: owners, waiters, revision })
+}
+
+/// The guard that `owner`'s hold count is still as `count` was read: the same
+/// key (by mod_revision) if it counted, else none that counts.
+fn count_unchanged(owner: &KeyValue, count: Option<&KeyValue>) -> Compare {
+    let key = hold_count_key(&owner.key);
+    match count {
+        Some(c) if c.create_revision > owner.create_revision => {
+            compare(&key, CompareTarget::Mod, CompareResult::Equal, c.mod_revision)
+        }
+        _ => compare(&key, CompareTarget::Create, CompareResult::Less, owner.create_revision + 1),
+    }
+}
+
+/// How many times a guarded hold-count change is tried before giving up.
+const HOLD_COUNT_TRIES: usize = 64;
+
+/// Add one hold to the grant `owner` (which the lease holds), starting from
+/// the hold count `count` as read; returns the holds now and the revision.
+async fn add_hold(node: &Node, owner: &KeyValue, mut count: Option<KeyValue>) -> Result<(u32, i64), RecipeError> {
+    let key = hold_count_key(&owner.key);
+    for _ in 0..HOLD_COUNT_TRIES {
+        if let Some(stale) = count.as_ref().filter(|c| c.create_revision <= owner.create_revision) {
+            // A count left from an earlier grant of the key (whose owner key
+            // went alone): a put would keep its create_revision, and so its
+            // staleness. Delete it first.
+            let delete = DeleteRangeRequest { key: key.clone(), range_end: vec![], prev_kv: false };
+            let txn = TxnRequest {
+                compare: vec![
+                    create_revision_is(&owner.key, owner.create_revision),
+                    compare(&key, CompareTarget::Mod, CompareResult::Equal, stale.mod_revision),
+                ],
+                success: vec![RequestOp::DeleteRange(delete)],
+                failure: reads_of(owner, &key),
+            };
+            let result = node.txn(txn, None).await?;
+            count = if result.succeeded { None } else { still_held(owner, result.responses)? };
+            continue;
+        }
+        let holds = holds_of(owner, count.as_ref()).saturating_add(1);
+        let put = PutRequest {
+            key: key.clone(),
+            value: holds.to_string().into_bytes(),
+            lease: owner.lease,
+            ..Default::default()
+        };
+        let txn = TxnRequest {
+            compare: vec![
+                create_revision_is(&owner.key, owner.create_revision),
+                count_unchanged(owner, count.as_ref()),
+            ],
+            success: vec![RequestOp::Put(put)],
+            failure: reads_of(owner, &key),
+        };
+        let result = node.txn(txn, None).await?;
+        if result.succeeded {
+            return Ok((holds, result.revision));
+        }
+        count = still_held(owner, result.responses)?;
+    }
+    Err(RecipeError::Contended)
+}
+
+/// From a hold-count txn's failure branch: the count as it is now, if the
+/// grant `owner` still exists.
+fn still_held(owner: &KeyValue, responses: Vec<ResponseOp>) -> Result<Option<KeyValue>, RecipeError> {
+    let (owner_now, count_now) = read_back(responses);
+    if owner_now.map(|kv| kv.create_revision) != Some(owner.create_revision) {
+        // The grant ended (its lease did, or a release) between the enqueue and now.
+        return Err(RecipeError::SessionExpired);
+    }
+    Ok(count_now)
+}
+
+/// The failure branch of a hold-count txn: the owner key and its count.
+fn reads_of(owner: &KeyValue, count_key: &[u8]) -> Vec<RequestOp> {
+    let range = |key: &[u8]| RequestOp::Range(RangeRequest { key: key.to_vec(), ..Default::default() });
+    vec![range(&owner.key), range(count_key)]
+}
+
+fn read_back(responses: Vec<ResponseOp>) -> (Option<KeyValue>, Option<KeyValue>) {
+    let mut ranges = responses.into_iter().map(|r| match r {
+        ResponseOp::Range(r) => r.kvs.into_iter().next(),
+        _ => None,
+    });
+    (ranges.next().flatten(), ranges.next().flatten())
+}
+
+/// What a fenced [`release`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Released {
+    pub revision: i64,
+    /// Whether a hold was given back.
+    pub released: bool,
+    /// When released: the holds left (0: the owner key is deleted).
+    pub holds: u32,
+    /// When not released: the key's create_revision now, 0 if it does not exist.
+    pub current_token: i64,
+}
+
+/// Give back one hold of the grant `key` made with `token`: the last deletes
+/// the key (and its hold count); an earlier one lowers the count. Nothing
+/// changes unless the key still has that token, so a stale release cannot
+/// touch a later grant.
+pub async fn release(node: &Node, key: &[u8], token: i64) -> Result<Released, RecipeError> {
+    let count_key = hold_count_key(key);
+    let delete = |key: &[u8]| {
+        RequestOp::DeleteRange(DeleteRangeRequest { key: key.to_vec(), range_end: vec![], prev_kv: false })
+    };
+    // As the key is when the txn runs; the lease is unknown until read.
+    let mut owner = KeyValue { key: key.to_vec(), create_revision: token, ..Default::default() };
+    let mut count = None;
+    for _ in 0..HOLD_COUNT_TRIES {
+        let holds = holds_of(&owner, count.as_ref());
+        let (success, left) = if holds <= 1 {
+            (vec![delete(key), delete(&count_key)], 0)
+        } else if holds == 2 {
+            (vec![delete(&count_key)], 1)
+        } else {
+            let value = (holds - 1).to_string().into_bytes();
+            let put = PutRequest { key: count_key.clone(), value, lease: owner.lease, ..Default::default() };
+            (vec![RequestOp::Put(put)], holds - 1)
+        };
+        let txn = TxnRequest {
+            compare: vec![create_revision_is(key, token), count_unchanged(&owner, count.as_ref())],
+            success,
+            failure: reads_of(&owner, &count_key),
+        };
+        let result = node.txn(txn, None).await?;
+        if result.succeeded {
+            return Ok(Released { revision: result.revision, released: true, holds: left, current_token: 0 });
+        }
+        let revision = result.revision;
+        let (owner_now, count_now) = read_back(result.responses);
+        match owner_now {
+            Some(kv) if kv.create_revision == token => {
+                owner = kv;
+                count = count_now;
+            }
+            other => {
+                let current_token = other.map_or(0, |kv| kv.create_revision);
+                return Ok(Released { revision, released: false, holds: 0, current_token });
+            }
+        }
+    }
+    Err(RecipeError::Contended)
 }
 
 /// A lock found by [`list`].
@@ -160,19 +377,22 @@ pub async fn list(node: &Node, prefix: &[u8], permits: usize) -> Result<(Vec<Sum
     }
     let summaries = locks
         .into_iter()
-        .map(|(name, mut kvs)| {
-            let waiting = kvs.split_off(permits.min(kvs.len()));
-            Summary { name, holders: kvs.into_iter().map(Owner::of).collect(), waiters: waiting.len() }
+        .map(|(name, kvs)| {
+            let prefix = queue_prefix(&name);
+            let (holders, waiters) = holders_and_waiters(&prefix, kvs, permits);
+            let holders = holders.into_iter().map(|kv| Owner::of(&prefix, kv)).collect();
+            Summary { name, holders, waiters: waiters.len() }
         })
         .collect();
     Ok((summaries, revision))
 }
 
-/// The lock a key belongs to, if it is an owner key: `<name>/<lease hex>`
-/// attached to that very lease.
+/// The lock a key belongs to, if it is an owner key: `<name>/<lease hex>` or
+/// `<name>/read-<lease hex>`, attached to that very lease.
 fn lock_name(kv: &KeyValue) -> Option<&[u8]> {
     let slash = kv.key.iter().rposition(|&b| b == b'/')?;
-    (kv.lease != 0 && kv.key[slash + 1..] == *format!("{:x}", kv.lease).as_bytes()).then(|| &kv.key[..slash])
+    let owner = kv.key[slash + 1..].strip_prefix(super::READER).unwrap_or(&kv.key[slash + 1..]);
+    (kv.lease != 0 && owner == format!("{:x}", kv.lease).as_bytes()).then(|| &kv.key[..slash])
 }
 
 #[cfg(test)]
@@ -187,6 +407,9 @@ mod tests {
     fn owner_keys_name_their_lock() {
         assert_eq!(lock_name(&kv("jobs/nightly/694d7", 0x694d7)), Some(&b"jobs/nightly"[..]));
         assert_eq!(lock_name(&kv("/1f", 0x1f)), Some(&b""[..]));
+        assert_eq!(lock_name(&kv("jobs/read-694d7", 0x694d7)), Some(&b"jobs"[..]));
+        // Hold counts are not owners.
+        assert_eq!(lock_name(&kv("jobs/694d7.holds", 0x694d7)), None);
         // Not an owner key: no lease, another lease, or no slash.
         assert_eq!(lock_name(&kv("jobs/694d7", 0)), None);
         assert_eq!(lock_name(&kv("jobs/694d7", 0x694d8)), None);

@@ -22,8 +22,22 @@
 //! every later holder of the same name. Releases can be fenced by it, so a
 //! stale holder cannot delete a later grant of the same lease (etcd issue 22082).
 //!
+//! Read-write locks (native API only): a reader's key is `N/read-<lease hex>`
+//! and holds once no other kind of key was queued before it ([`Mode::Read`]);
+//! a writer is the mutex above and waits for every key before it, readers
+//! included. Readers queued behind a waiting writer wait for it, so a stream
+//! of readers cannot starve a writer. Reentrant holds (native API only) are
+//! counted in `<owner key>.holds` ([`hold_count_key`]), which every waiter
+//! ignores. Every kind of key is told apart by its name alone ([`classify`]).
+//!
 //! Caveats: names nest — the keys of lock `a/b` lie under `a/` and so queue in
-//! lock `a` too, as in etcd; and every user of a name must agree on `permits`.
+//! lock `a` too (as writers), as in etcd; every user of a name must agree on
+//! `permits`; raftlock's own waiters (etcd's Lock and Election services
+//! included) skip every key whose last segment ends in `.holds`; and etcd's
+//! clientv3 Mutex, which counts every key under the prefix, waits for a
+//! hold-count key too — harmless, as it is deleted with its owner key, unless
+//! an etcd Unlock deletes the owner key alone (the count then lingers until
+//! its lease ends, or until the lease's next reentrant acquire deletes it).
 
 pub mod election;
 pub mod fenced;
@@ -61,6 +75,13 @@ pub enum RecipeError {
     /// Auth refused the caller.
     #[error(transparent)]
     Denied(crate::auth::AuthError),
+    /// The lease is queued for (or holds) the lock in this other mode.
+    #[error("the lease already holds or waits for the lock in {} mode", match .0 { Mode::Read => "read", Mode::Write => "write" })]
+    OtherMode(Mode),
+    /// A hold count kept changing under this request (concurrent acquires
+    /// and releases of one lease).
+    #[error("the lock's hold count kept changing")]
+    Contended,
 }
 
 impl From<WriteError> for RecipeError {
@@ -73,12 +94,116 @@ impl From<WriteError> for RecipeError {
     }
 }
 
-/// `name/<lease hex>`, etcd's key for a lease in a lock or election.
-pub fn member_key(name: &[u8], lease: i64) -> Vec<u8> {
-    let mut key = name.to_vec();
-    key.push(b'/');
+/// How a lock is held.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Exclusive (with `permits` > 1: one of that many holders).
+    Write,
+    /// Shared with other readers, exclusive of everything else.
+    Read,
+}
+
+impl Mode {
+    /// The other mode.
+    pub fn other(self) -> Mode {
+        match self {
+            Mode::Write => Mode::Read,
+            Mode::Read => Mode::Write,
+        }
+    }
+}
+
+/// Where a reader's key name starts: `N/read-<lease hex>`.
+pub(crate) const READER: &[u8] = b"read-";
+/// Where a hold-count key's name ends: `<owner key>.holds`.
+const HOLDS: &[u8] = b".holds";
+
+/// The owner key of `lease` in lock `name`: `name/<lease hex>` for a writer
+/// (etcd's key for a lease in a lock or election), `name/read-<lease hex>`
+/// for a reader.
+pub fn owner_key(name: &[u8], lease: i64, mode: Mode) -> Vec<u8> {
+    let mut key = queue_prefix(name);
+    if mode == Mode::Read {
+        key.extend_from_slice(READER);
+    }
     key.extend_from_slice(format!("{lease:x}").as_bytes());
     key
+}
+
+/// The key that counts the holds of a reentrant grant: `<owner key>.holds`.
+/// Its value is the count in decimal (at least 2; absent means one hold); it
+/// is attached to the owner's lease and counts only while its create_revision
+/// is above the owner key's (a count left from an earlier grant does not).
+pub fn hold_count_key(owner: &[u8]) -> Vec<u8> {
+    [owner, HOLDS].concat()
+}
+
+/// What a key under a lock's prefix is to that lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QueueKey {
+    /// A writer, or anything else that is not a reader (an etcd lock or
+    /// election key, a nested lock's key): every waiter waits for it.
+    Exclusive,
+    /// A reader: only writers wait for it.
+    Shared,
+    /// A hold count: nobody waits for it.
+    HoldCount,
+}
+
+/// What `key` is to the lock whose keys start with `prefix` (`name/`).
+pub fn classify(prefix: &[u8], key: &[u8]) -> QueueKey {
+    let rest = key.strip_prefix(prefix).unwrap_or(key);
+    if rest.contains(&b'/') {
+        QueueKey::Exclusive
+    } else if rest.ends_with(HOLDS) {
+        QueueKey::HoldCount
+    } else if rest.starts_with(READER) {
+        QueueKey::Shared
+    } else {
+        QueueKey::Exclusive
+    }
+}
+
+/// Whether a waiter in `mode` waits for an earlier key of kind `kind`.
+fn waits_for(mode: Mode, kind: QueueKey) -> bool {
+    match kind {
+        QueueKey::HoldCount => false,
+        QueueKey::Exclusive => true,
+        QueueKey::Shared => mode == Mode::Write,
+    }
+}
+
+/// The mode of an owner key's grant.
+pub fn mode_of(prefix: &[u8], key: &[u8]) -> Mode {
+    match classify(prefix, key) {
+        QueueKey::Shared => Mode::Read,
+        _ => Mode::Write,
+    }
+}
+
+/// Split a queue (its keys in create_revision order) into holders and
+/// waiters, leaving hold counts out. A writer holds while fewer than
+/// `permits` owners are ahead of it, a reader while no writer is.
+pub fn holders_and_waiters(prefix: &[u8], queue: Vec<KeyValue>, permits: usize) -> (Vec<KeyValue>, Vec<KeyValue>) {
+    let (mut holders, mut waiters) = (Vec::new(), Vec::new());
+    let (mut ahead, mut writers_ahead) = (0, 0);
+    for kv in queue {
+        let holds = match classify(prefix, &kv.key) {
+            QueueKey::HoldCount => continue,
+            QueueKey::Shared => writers_ahead == 0,
+            QueueKey::Exclusive => {
+                writers_ahead += 1;
+                ahead < permits
+            }
+        };
+        ahead += 1;
+        if holds {
+            holders.push(kv);
+        } else {
+            waiters.push(kv);
+        }
+    }
+    (holders, waiters)
 }
 
 /// The end of the prefix range `prefix..`: etcd's `GetPrefixRangeEnd`.
@@ -100,9 +225,13 @@ pub struct Queued {
     pub mine: KeyValue,
     /// The revision of the txn that queued (or found) the key.
     pub revision: i64,
-    /// The first `permits` keys of the queue at that revision, lowest
-    /// create_revision first: the holders.
+    /// The holders of the lock at that revision, lowest create_revision
+    /// first (as far as the keys read show them: see [`Place::whole_queue`]).
     pub front: Vec<KeyValue>,
+    /// Whether the txn created our key (else the lease was queued already).
+    pub created: bool,
+    /// Our key's hold-count key, if it exists ([`Place::native`] only).
+    pub hold_count: Option<KeyValue>,
 }
 
 impl Queued {
@@ -131,57 +260,100 @@ pub(super) fn front_range(prefix: &[u8], permits: usize) -> RangeRequest {
     }
 }
 
+/// Which place in which queue to take.
+#[derive(Clone, Debug)]
+pub struct Place<'a> {
+    pub name: &'a [u8],
+    pub lease: i64,
+    /// The owner key's value, if the txn creates it.
+    pub value: &'a [u8],
+    pub permits: usize,
+    pub mode: Mode,
+    /// Read the whole queue, not just its first `permits` keys: needed to
+    /// find the holders of a lock with readers or hold counts in its queue.
+    pub whole_queue: bool,
+    /// The native API's place: read the hold-count key too, and refuse a
+    /// lease queued in the other mode.
+    pub native: bool,
+}
+
+impl<'a> Place<'a> {
+    /// A place in a mutex or semaphore as etcd's services take it.
+    pub fn etcd(name: &'a [u8], lease: i64, value: &'a [u8], permits: usize) -> Self {
+        Place { name, lease, value, permits, mode: Mode::Write, whole_queue: false, native: false }
+    }
+}
+
 /// Take a place in the queue of lock `name` for `lease`, in one txn (as etcd's
-/// recipes do): create `name/<lease hex>` with `value` unless it exists, and
-/// read back the key and the queue's first `permits` keys. A lease that is
-/// already queued keeps its place (and its value).
-pub async fn enqueue(
-    node: &Node,
-    name: &[u8],
-    lease: i64,
-    value: &[u8],
-    permits: usize,
-) -> Result<Queued, RecipeError> {
-    let key = member_key(name, lease);
-    let reads = vec![
-        RequestOp::Range(RangeRequest { key: key.clone(), ..Default::default() }),
-        RequestOp::Range(front_range(&queue_prefix(name), permits)),
+/// recipes do): create the owner key with `value` unless it exists, and read
+/// back the key and the queue (its first `permits` keys, or all of it). A
+/// lease that is already queued keeps its place (and its value). A native
+/// place is not taken while the lease is queued in the other mode
+/// ([`RecipeError::OtherMode`]).
+pub async fn enqueue(node: &Node, place: &Place<'_>) -> Result<Queued, RecipeError> {
+    let key = owner_key(place.name, place.lease, place.mode);
+    let prefix = queue_prefix(place.name);
+    let range = |key: Vec<u8>| RequestOp::Range(RangeRequest { key, ..Default::default() });
+    let mut reads = vec![
+        range(key.clone()),
+        RequestOp::Range(front_range(&prefix, if place.whole_queue { 0 } else { place.permits })),
     ];
-    let put = RequestOp::Put(PutRequest { key: key.clone(), value: value.to_vec(), lease, ..Default::default() });
-    let txn = TxnRequest {
-        compare: vec![create_revision_is(&key, 0)],
-        success: std::iter::once(put).chain(reads.iter().cloned()).collect(),
-        failure: reads,
-    };
+    let mut compare = vec![create_revision_is(&key, 0)];
+    if place.native {
+        let other = owner_key(place.name, place.lease, place.mode.other());
+        reads.push(range(hold_count_key(&key)));
+        reads.push(range(other.clone()));
+        compare.push(create_revision_is(&other, 0));
+    }
+    let put = RequestOp::Put(PutRequest {
+        key: key.clone(),
+        value: place.value.to_vec(),
+        lease: place.lease,
+        ..Default::default()
+    });
+    let txn =
+        TxnRequest { compare, success: std::iter::once(put).chain(reads.iter().cloned()).collect(), failure: reads };
     let result = node.txn(txn, None).await?;
     let mut ranges = result.responses.into_iter().filter_map(|r| match r {
         ResponseOp::Range(r) => Some(r.kvs),
         _ => None,
     });
-    let (Some(mine), Some(front)) = (ranges.next(), ranges.next()) else {
-        unreachable!("the queue txn reads the key and the front of the queue")
+    let (Some(mine), Some(queue)) = (ranges.next(), ranges.next()) else {
+        unreachable!("the queue txn reads the key and the queue")
     };
+    let (hold_count, other) = (ranges.next().and_then(first), ranges.next().and_then(first));
+    if other.is_some() {
+        return Err(RecipeError::OtherMode(place.mode.other()));
+    }
     // A failure branch on a key that exists always finds it: the txn is atomic.
     let mine = mine.into_iter().next().ok_or(RecipeError::SessionExpired)?;
-    Ok(Queued { mine, revision: result.revision, front })
+    let front = holders_and_waiters(&prefix, queue, place.permits).0;
+    Ok(Queued { mine, revision: result.revision, front, created: result.succeeded, hold_count })
+}
+
+fn first(kvs: Vec<KeyValue>) -> Option<KeyValue> {
+    kvs.into_iter().next()
 }
 
 /// [`enqueue`], guarded: the place comes with the [`CleanupOnDrop`] that
-/// removes it unless disarmed. The txn runs in a task of its own, so that a
-/// caller that goes away while it is in flight (a cancelled request) cannot
+/// removes it unless disarmed. The txn runs in a task of its own, so that
+/// a caller that goes away while it is in flight (a cancelled request) cannot
 /// leave a place behind: the task finishes, and the guard it produced, which
-/// nobody takes, removes the key.
-pub async fn enqueue_guarded(
-    node: &Arc<Node>,
-    name: &[u8],
-    lease: i64,
-    value: &[u8],
-    permits: usize,
-) -> Result<(Queued, CleanupOnDrop), RecipeError> {
-    let (node, name, value) = (node.clone(), name.to_vec(), value.to_vec());
+/// nobody takes, removes the key. A place the lease already held comes with
+/// an unarmed guard: an acquire that finds the lock held by its lease never
+/// removes it.
+pub async fn enqueue_guarded(node: &Arc<Node>, place: &Place<'_>) -> Result<(Queued, CleanupOnDrop), RecipeError> {
+    let (node, name, value) = (node.clone(), place.name.to_vec(), place.value.to_vec());
+    let place = Place { name: &[], value: &[], ..place.clone() };
     let task = tokio::spawn(async move {
-        let queued = enqueue(&node, &name, lease, &value, permits).await?;
-        let guard = CleanupOnDrop::new(node, &queued.mine);
+        let place = Place { name: &name, value: &value, ..place };
+        let queued = enqueue(&node, &place).await?;
+        let waits = Waits { prefix: queue_prefix(place.name), mode: place.mode, permits: place.permits };
+        let guard = match !queued.created && queued.holds() {
+            // The lease held the lock already: nothing of this acquire's to remove.
+            true => CleanupOnDrop::unarmed(waits),
+            false => CleanupOnDrop::new(node, &queued.mine, waits, queued.created),
+        };
         Ok((queued, guard))
     });
     task.await.unwrap_or(Err(RecipeError::Server(ServerError::Stopped)))
@@ -189,18 +361,43 @@ pub async fn enqueue_guarded(
 
 /// A txn guard: `key`'s create_revision is `revision` (0: it does not exist).
 pub(super) fn create_revision_is(key: &[u8], revision: i64) -> Compare {
-    Compare {
-        result: CompareResult::Equal,
-        target: CompareTarget::Create,
-        key: key.to_vec(),
-        range_end: vec![],
-        number: revision,
-        value: vec![],
-    }
+    compare(key, CompareTarget::Create, CompareResult::Equal, revision)
 }
 
-/// Wait until fewer than `permits` keys under `prefix` were created before
-/// `mine` (it holds the lock), or until `deadline` ([`RecipeError::TimedOut`]).
+/// A txn guard on one key: its `target` compares to `number` as `result` says.
+pub(super) fn compare(key: &[u8], target: CompareTarget, result: CompareResult, number: i64) -> Compare {
+    Compare { result, target, key: key.to_vec(), range_end: vec![], number, value: vec![] }
+}
+
+/// The place `key` (made with `token`) as this member's applied state has
+/// it (or whatever now has that key), the keys queued ahead of it under
+/// `prefix` that a `mode` waiter waits for ([`classify`]), and the revision
+/// of that state.
+fn standing(
+    node: &Node,
+    key: &[u8],
+    token: i64,
+    prefix: &[u8],
+    mode: Mode,
+) -> Result<(Option<KeyValue>, Vec<KeyValue>, i64), RecipeError> {
+    let mvcc = node.state().mvcc();
+    let own = mvcc.range(&RangeRequest { key: key.to_vec(), ..Default::default() });
+    let own = own.map_err(RecipeError::Mvcc)?.kvs.into_iter().next();
+    let earlier = RangeRequest {
+        key: prefix.to_vec(),
+        range_end: prefix_end(prefix),
+        max_create_revision: token - 1,
+        keys_only: true,
+        ..Default::default()
+    };
+    let mut ahead = mvcc.range(&earlier).map_err(RecipeError::Mvcc)?.kvs;
+    ahead.retain(|kv| waits_for(mode, classify(prefix, &kv.key)));
+    Ok((own, ahead, mvcc.revision()))
+}
+
+/// Wait until fewer than `permits` keys under `prefix` that a `mode` waiter
+/// waits for ([`classify`]) were created before `mine` (it holds the lock), or
+/// until `deadline` ([`RecipeError::TimedOut`]). A reader's `permits` is 1.
 /// Fails if `mine` itself is deleted (its lease ended) before its turn comes.
 /// Returns our key as it is when the turn came.
 ///
@@ -215,9 +412,11 @@ pub async fn wait_for_turn(
     node: &Node,
     prefix: &[u8],
     mine: &KeyValue,
+    mode: Mode,
     permits: usize,
     deadline: Option<Instant>,
 ) -> Result<KeyValue, RecipeError> {
+    let waits_for = |key: &[u8]| waits_for(mode, classify(prefix, key));
     let _waiting = stats::Waiting::start();
     // The key may have been queued through another member; see it here first.
     node.wait_revision(mine.mod_revision).await?;
@@ -225,22 +424,12 @@ pub async fn wait_for_turn(
     loop {
         // Follow the feed before reading, so that no deletion slips between.
         let mut feed = node.state().subscribe();
-        let (current, mut ahead, read_at) = {
-            let mvcc = node.state().mvcc();
-            let own = mvcc.range(&RangeRequest { key: mine.key.clone(), ..Default::default() });
-            let current = match own.map_err(RecipeError::Mvcc)?.kvs.into_iter().next() {
-                Some(kv) if kv.create_revision == mine.create_revision => kv,
-                _ => return Err(RecipeError::SessionExpired),
-            };
-            let earlier = RangeRequest {
-                key: prefix.to_vec(),
-                range_end: prefix_end(prefix),
-                max_create_revision: mine.create_revision - 1,
-                keys_only: true,
-                ..Default::default()
-            };
-            (current, mvcc.range(&earlier).map_err(RecipeError::Mvcc)?.kvs.len(), mvcc.revision())
+        let (own, ahead, read_at) = standing(node, &mine.key, mine.create_revision, prefix, mode)?;
+        let current = match own {
+            Some(kv) if kv.create_revision == mine.create_revision => kv,
+            _ => return Err(RecipeError::SessionExpired),
         };
+        let mut ahead = ahead.len();
         if ahead < permits {
             return Ok(current);
         }
@@ -262,7 +451,7 @@ pub async fn wait_for_turn(
                     return Err(RecipeError::SessionExpired);
                 }
                 let was_ahead = c.prev.as_ref().is_some_and(|p| p.create_revision < mine.create_revision);
-                if was_ahead && c.key.starts_with(prefix) {
+                if was_ahead && c.key.starts_with(prefix) && waits_for(&c.key) {
                     ahead -= 1;
                 }
             }
@@ -314,18 +503,84 @@ pub async fn release(node: &Node, key: &[u8], token: i64) -> Result<Release, Rec
     Ok(Release { revision: result.revision, released: result.succeeded, current_token })
 }
 
-/// Removes a waiter's key, fenced by its token, unless disarmed: explicitly
-/// ([`CleanupOnDrop::remove`]) when the waiter gives up, or in the background
-/// when it is dropped mid-wait (the client went away).
+/// How a place in a queue waits: what [`give_up`] must find still ahead of it.
+#[derive(Clone, Debug)]
+pub struct Waits {
+    /// The queue's prefix, `name/`.
+    pub prefix: Vec<u8>,
+    pub mode: Mode,
+    pub permits: usize,
+}
+
+/// What [`give_up`] came to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GaveUp {
+    /// The place was removed (or was gone already: `released` false).
+    Removed(Release),
+    /// The place holds the lock: its turn came first. It is kept.
+    Holds(KeyValue),
+}
+
+/// How many times [`give_up`] looks again when the queue changed under it.
+const GIVE_UP_TRIES: usize = 64;
+
+/// Remove the place `key` (made with `token`) while it still waits, never
+/// once it holds: the removal is a txn guarded by `permits` keys that were
+/// ahead of it (while they all exist, it waits), read linearizably just
+/// before. A place whose turn has come is answered as [`GaveUp::Holds`].
+pub async fn give_up(node: &Node, key: &[u8], token: i64, waits: &Waits) -> Result<GaveUp, RecipeError> {
+    for _ in 0..GIVE_UP_TRIES {
+        node.read_barrier().await?;
+        let (mine, ahead, revision) = standing(node, key, token, &waits.prefix, waits.mode)?;
+        let mine = match mine {
+            Some(kv) if kv.create_revision == token => kv,
+            other => {
+                let current_token = other.map_or(0, |kv| kv.create_revision);
+                return Ok(GaveUp::Removed(Release { revision, released: false, current_token }));
+            }
+        };
+        if ahead.len() < waits.permits {
+            return Ok(GaveUp::Holds(mine));
+        }
+        let mut compare = vec![create_revision_is(key, token)];
+        compare.extend(ahead.iter().take(waits.permits).map(|kv| create_revision_is(&kv.key, kv.create_revision)));
+        let delete = DeleteRangeRequest { key: key.to_vec(), range_end: vec![], prev_kv: false };
+        let txn = TxnRequest { compare, success: vec![RequestOp::DeleteRange(delete)], failure: vec![] };
+        let result = node.txn(txn, None).await?;
+        if result.succeeded {
+            return Ok(GaveUp::Removed(Release { revision: result.revision, released: true, current_token: 0 }));
+        }
+        // A key ahead went (or ours did): look again.
+    }
+    Err(RecipeError::Contended)
+}
+
+/// Removes a waiting place, unless disarmed: explicitly
+/// ([`CleanupOnDrop::give_up`]) when the waiter gives up, or in the
+/// background when it is dropped mid-wait (the client went away).
+///
+/// A place this acquire made is removed in the background whether or not its
+/// turn has just come, fenced by its token: nobody else knows of it. A place
+/// it joined (the lease was queued already, by another acquire) is removed
+/// only while it still waits ([`give_up`]): the acquire that made it may
+/// have been told it holds.
 pub struct CleanupOnDrop {
     node: Option<Arc<Node>>,
     key: Vec<u8>,
     token: i64,
+    waits: Waits,
+    made: bool,
 }
 
 impl CleanupOnDrop {
-    pub fn new(node: Arc<Node>, mine: &KeyValue) -> Self {
-        CleanupOnDrop { node: Some(node), key: mine.key.clone(), token: mine.create_revision }
+    /// Armed for the place `mine`, which this acquire made (`made`) or joined.
+    pub fn new(node: Arc<Node>, mine: &KeyValue, waits: Waits, made: bool) -> Self {
+        CleanupOnDrop { node: Some(node), key: mine.key.clone(), token: mine.create_revision, waits, made }
+    }
+
+    /// A guard that removes nothing.
+    fn unarmed(waits: Waits) -> Self {
+        CleanupOnDrop { node: None, key: Vec::new(), token: 0, waits, made: false }
     }
 
     /// The wait ended with the lock; keep the key.
@@ -333,27 +588,82 @@ impl CleanupOnDrop {
         self.node = None;
     }
 
-    /// The waiter gave up: remove the key now. Stays armed until the removal
-    /// has succeeded, so that a failure, or this call being dropped midway,
-    /// still leaves the removal to the background.
-    pub async fn remove(mut self) -> Result<Release, RecipeError> {
+    /// The waiter gave up: remove the place now, unless its turn has come
+    /// ([`give_up`]). Stays armed until that is settled, so that a failure,
+    /// or this call being dropped midway, still leaves it to the background.
+    pub async fn give_up(mut self) -> Result<GaveUp, RecipeError> {
         let node = self.node.clone().expect("armed until used");
-        let released = release(&node, &self.key, self.token).await?;
+        let outcome = give_up(&node, &self.key, self.token, &self.waits).await?;
         self.node = None;
-        Ok(released)
+        Ok(outcome)
     }
 }
 
 impl Drop for CleanupOnDrop {
     fn drop(&mut self) {
         if let Some(node) = self.node.take() {
-            let key = std::mem::take(&mut self.key);
-            let token = self.token;
+            let (key, token, waits, made) = (std::mem::take(&mut self.key), self.token, self.waits.clone(), self.made);
             tokio::spawn(async move {
-                if let Err(e) = release(&node, &key, token).await {
+                let removed = match made {
+                    true => release(&node, &key, token).await.map(|_| ()),
+                    false => give_up(&node, &key, token, &waits).await.map(|_| ()),
+                };
+                if let Err(e) = removed {
                     tracing::warn!(error = %e, "removing an abandoned waiter's key");
                 }
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kv(key: &str, create_revision: i64) -> KeyValue {
+        KeyValue { key: key.as_bytes().to_vec(), create_revision, ..Default::default() }
+    }
+
+    fn keys(kvs: &[KeyValue]) -> Vec<&str> {
+        kvs.iter().map(|kv| std::str::from_utf8(&kv.key).unwrap()).collect()
+    }
+
+    #[test]
+    fn keys_are_told_apart_by_name() {
+        let p = b"db/";
+        assert_eq!(owner_key(b"db", 0x1f, Mode::Write), b"db/1f");
+        assert_eq!(owner_key(b"db", 0x1f, Mode::Read), b"db/read-1f");
+        assert_eq!(hold_count_key(b"db/read-1f"), b"db/read-1f.holds");
+        assert_eq!(classify(p, b"db/1f"), QueueKey::Exclusive);
+        assert_eq!(classify(p, b"db/read-1f"), QueueKey::Shared);
+        assert_eq!(classify(p, b"db/1f.holds"), QueueKey::HoldCount);
+        assert_eq!(classify(p, b"db/read-1f.holds"), QueueKey::HoldCount);
+        // A nested lock's keys, whatever they look like, are in the way of all.
+        assert_eq!(classify(p, b"db/t/read-1f"), QueueKey::Exclusive);
+        assert_eq!(classify(p, b"db/t/1f.holds"), QueueKey::Exclusive);
+        assert!(waits_for(Mode::Write, QueueKey::Shared) && !waits_for(Mode::Read, QueueKey::Shared));
+        assert!(waits_for(Mode::Read, QueueKey::Exclusive) && !waits_for(Mode::Read, QueueKey::HoldCount));
+    }
+
+    #[test]
+    fn readers_share_until_a_writer_queues() {
+        let queue = vec![
+            kv("db/read-1", 10),
+            kv("db/read-2", 11),
+            kv("db/read-1.holds", 12),
+            kv("db/3", 13),
+            kv("db/read-4", 14),
+            kv("db/5", 15),
+        ];
+        let (holders, waiters) = holders_and_waiters(b"db/", queue.clone(), 1);
+        assert_eq!(keys(&holders), ["db/read-1", "db/read-2"]);
+        assert_eq!(keys(&waiters), ["db/3", "db/read-4", "db/5"], "the reader behind a writer waits");
+        // The readers gone, the writer holds, alone.
+        let (holders, waiters) = holders_and_waiters(b"db/", queue[3..].to_vec(), 1);
+        assert_eq!((keys(&holders), keys(&waiters)), (vec!["db/3"], vec!["db/read-4", "db/5"]));
+        // A semaphore's permits count writers; hold counts count for nothing.
+        let queue = vec![kv("s/1", 1), kv("s/1.holds", 2), kv("s/2", 3), kv("s/3", 4)];
+        let (holders, waiters) = holders_and_waiters(b"s/", queue, 2);
+        assert_eq!((keys(&holders), keys(&waiters)), (vec!["s/1", "s/2"], vec!["s/3"]));
     }
 }

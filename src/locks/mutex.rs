@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use super::{enqueue_guarded, queue_prefix, wait_for_turn, RecipeError};
+use super::{enqueue_guarded, queue_prefix, wait_for_turn, Mode, Place, RecipeError};
 use crate::mvcc::KeyValue;
 use crate::server::Node;
 
@@ -20,12 +20,12 @@ pub const DEFAULT_SESSION_TTL: i64 = 60;
 pub async fn lock(node: Arc<Node>, name: &[u8], lease: i64) -> Result<(KeyValue, i64), RecipeError> {
     let lease = if lease == 0 { grant_unattended_lease(&node).await? } else { lease };
     // From here on, giving up (or being dropped) must remove our key.
-    let (queued, cleanup) = enqueue_guarded(&node, name, lease, b"", 1).await?;
+    let (queued, cleanup) = enqueue_guarded(&node, &Place::etcd(name, lease, b"", 1)).await?;
     if queued.holds() {
         cleanup.disarm();
         return Ok((queued.mine, queued.revision));
     }
-    let held = wait_for_turn(&node, &queue_prefix(name), &queued.mine, 1, None).await?;
+    let held = wait_for_turn(&node, &queue_prefix(name), &queued.mine, Mode::Write, 1, None).await?;
     cleanup.disarm();
     Ok((held, node.revision()))
 }

@@ -12,8 +12,9 @@
 //! Checks, per name:
 //! 1. the fencing tokens of grants are unique;
 //! 2. mutual exclusion: at no instant do more than `permits` kept grants
-//!    overlap (intervals that merely touch do not overlap: the shared clock
-//!    cannot order a release and a grant read at the same nanosecond);
+//!    overlap, or a kept shared (read) grant overlap a kept exclusive one
+//!    (intervals that merely touch do not overlap: the shared clock cannot
+//!    order a release and a grant read at the same nanosecond);
 //! 3. token order: a grant whose acquire was invoked after another grant was
 //!    released has the greater token (the token is its key's create revision,
 //!    and that key was created after the other was);
@@ -21,7 +22,13 @@
 //!    non-decreasing tokens on a mutex (a stale holder's write never lands
 //!    after a newer holder's), and no two share a revision;
 //! 5. no lost update: a counter's final value is at least its acknowledged
-//!    increments and at most those plus the unknown ones.
+//!    increments and at most those plus the unknown ones;
+//! 6. stable reads: a reader that read the counter twice, each read in a txn
+//!    guarded by its grant, read the same value both times. Its lease needs no
+//!    proof here: the guards show its key, with its token, existed at both
+//!    reads, so it held the lock in between, and no writer may have written;
+//! 7. reentrancy: a kept holder that acquired its lock again (reentrantly)
+//!    got the same token with two holds, and giving one back left one.
 //!
 //! Caveat: fencing order is judged only for names whose grants say they are
 //! mutexes (`permits == 1`) or that have no recorded grant; a semaphore lets
@@ -54,6 +61,34 @@ pub struct Grant {
     /// True iff the holder's lease was never lost during the hold: every
     /// keepalive answered TTL > 0 and its guarded writes did not find it deposed.
     pub kept: bool,
+    /// A read lock's grant: shared with other readers, not with writers.
+    #[serde(default)]
+    pub shared: bool,
+}
+
+/// A reader's two reads of the counter, each guarded by its fencing token.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SharedRead {
+    pub name: String,
+    pub client: usize,
+    pub token: i64,
+    pub first: u64,
+    pub second: u64,
+}
+
+/// A holder acquiring its lock again, reentrantly, then giving one hold back.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reentry {
+    pub name: String,
+    pub client: usize,
+    pub token: i64,
+    /// What the reentrant acquire answered.
+    pub token_again: i64,
+    pub holds_after_acquire: u32,
+    /// What the release of that hold answered: holds left.
+    pub holds_after_release: u32,
+    /// As [`Grant::kept`].
+    pub kept: bool,
 }
 
 /// A write to the protected resource, guarded by the writer's fencing token.
@@ -77,8 +112,19 @@ pub struct Counter {
     pub increments_unknown: u64,
 }
 
+/// What the lock clients recorded, for [`check_locks`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Recorded<'a> {
+    pub grants: &'a [Grant],
+    pub writes: &'a [GuardedWrite],
+    pub counters: &'a [Counter],
+    pub reads: &'a [SharedRead],
+    pub reentries: &'a [Reentry],
+}
+
 /// Runs every lock check; see the module documentation.
-pub fn check_locks(grants: &[Grant], writes: &[GuardedWrite], counters: &[Counter]) -> Vec<Anomaly> {
+pub fn check_locks(recorded: Recorded<'_>) -> Vec<Anomaly> {
+    let Recorded { grants, writes, counters, reads, reentries } = recorded;
     let mut anomalies = Vec::new();
 
     let mut grants_by_name: BTreeMap<&str, Vec<&Grant>> = BTreeMap::new();
@@ -108,13 +154,31 @@ pub fn check_locks(grants: &[Grant], writes: &[GuardedWrite], counters: &[Counte
     for counter in counters {
         check_counter(counter, &mut anomalies);
     }
+    for read in reads.iter().filter(|read| read.first != read.second) {
+        let what = format!(
+            "a write landed while client {} held a read lock (token {}): it read the counter as {}, then as {}",
+            read.client, read.token, read.first, read.second
+        );
+        anomalies.push(Anomaly::new(CHECKER, &read.name, what));
+    }
+    for r in reentries.iter().filter(|r| r.kept) {
+        if r.token_again != r.token || r.holds_after_acquire != 2 || r.holds_after_release != 1 {
+            let what = format!(
+                "client {}'s reentrant acquire of its grant (token {}) answered token {} with {} holds, and \
+                 giving that hold back left {} (expected the same token, 2, then 1)",
+                r.client, r.token, r.token_again, r.holds_after_acquire, r.holds_after_release
+            );
+            anomalies.push(Anomaly::new(CHECKER, &r.name, what));
+        }
+    }
     anomalies
 }
 
 fn describe(grant: &Grant) -> String {
     format!(
-        "client {}'s grant (token {}, acquire invoked {}, granted {}, released {}{})",
+        "client {}'s {}grant (token {}, acquire invoked {}, granted {}, released {}{})",
         grant.client,
+        if grant.shared { "read " } else { "" },
         grant.token,
         format_time(grant.acquire_invoked),
         format_time(grant.granted_at),
@@ -170,13 +234,18 @@ fn check_exclusion(name: &str, permits: usize, grants: &[&Grant], anomalies: &mu
         events.push((grant.released_at, false, index));
     }
     events.sort_unstable();
-    let mut holders = BTreeSet::new();
+    let mut holders: BTreeSet<usize> = BTreeSet::new();
     for (_, is_grant, index) in events {
         if !is_grant {
             holders.remove(&index);
             continue;
         }
-        if holders.len() >= permits {
+        let excluded = if grants[index].shared {
+            holders.iter().any(|&holder| !grants[holder].shared)
+        } else {
+            holders.len() >= permits
+        };
+        if excluded {
             let others: Vec<String> = holders.iter().map(|&holder| describe(grants[holder])).collect();
             let what = format!(
                 "mutual exclusion violated (permits {permits}): {} began while {} other kept grant(s) still held \
@@ -296,7 +365,25 @@ mod tests {
         granted_at: Time,
         released_at: Time,
     ) -> Grant {
-        Grant { name: name.into(), client, permits: 1, token, acquire_invoked, granted_at, released_at, kept: true }
+        Grant {
+            name: name.into(),
+            client,
+            permits: 1,
+            token,
+            acquire_invoked,
+            granted_at,
+            released_at,
+            kept: true,
+            shared: false,
+        }
+    }
+
+    fn check(grants: &[Grant], writes: &[GuardedWrite], counters: &[Counter]) -> Vec<Anomaly> {
+        check_locks(Recorded { grants, writes, counters, ..Default::default() })
+    }
+
+    fn reader(name: &str, client: usize, token: i64, granted_at: Time, released_at: Time) -> Grant {
+        Grant { shared: true, ..grant(name, client, token, 0, granted_at, released_at) }
     }
 
     fn landed(name: &str, client: usize, token: i64, revision: i64) -> GuardedWrite {
@@ -344,23 +431,23 @@ mod tests {
             landed("sem", 0, 100, 21),
         ];
         let counters = [counter(10, 10, 0), counter(12, 10, 3)];
-        assert_eq!(check_locks(&grants, &writes, &counters), vec![]);
+        assert_eq!(check(&grants, &writes, &counters), vec![]);
     }
 
     #[test]
     fn duplicate_tokens() {
         // Acquires that overlap, so that token order says nothing.
-        let anomaly = only(check_locks(&[grant("a", 0, 10, 0, 5, 20), grant("a", 1, 10, 3, 35, 40)], &[], &[]));
+        let anomaly = only(check(&[grant("a", 0, 10, 0, 5, 20), grant("a", 1, 10, 3, 35, 40)], &[], &[]));
         assert!(anomaly.what.contains("token 10 was handed out twice"), "{anomaly}");
         assert!(anomaly.what.contains("client 0's grant") && anomaly.what.contains("client 1's grant"), "{anomaly}");
         // The same token under another name is fine.
-        assert_eq!(check_locks(&[grant("a", 0, 10, 0, 5, 20), grant("b", 1, 10, 0, 5, 20)], &[], &[]), vec![]);
+        assert_eq!(check(&[grant("a", 0, 10, 0, 5, 20), grant("b", 1, 10, 0, 5, 20)], &[], &[]), vec![]);
     }
 
     #[test]
     fn overlapping_mutex_holders() {
         let grants = [grant("a", 0, 10, 0, 5, 20), grant("a", 1, 12, 3, 19, 40)];
-        let anomaly = only(check_locks(&grants, &[], &[]));
+        let anomaly = only(check(&grants, &[], &[]));
         assert_eq!(anomaly.subject, "a");
         assert!(anomaly.what.contains("mutual exclusion violated (permits 1)"), "{anomaly}");
         assert!(anomaly
@@ -372,62 +459,119 @@ mod tests {
     #[test]
     fn overlap_with_a_lost_lease_is_not_a_violation() {
         let grants = [Grant { kept: false, ..grant("a", 0, 10, 0, 5, 20) }, grant("a", 1, 12, 3, 10, 40)];
-        assert_eq!(check_locks(&grants, &[], &[]), vec![]);
+        assert_eq!(check(&grants, &[], &[]), vec![]);
     }
 
     #[test]
     fn semaphore_over_its_permits() {
         let grants: Vec<Grant> =
             (0..3).map(|client| Grant { permits: 2, ..grant("sem", client, 10 + client as i64, 0, 5, 50) }).collect();
-        let anomaly = only(check_locks(&grants, &[], &[]));
+        let anomaly = only(check(&grants, &[], &[]));
         assert!(anomaly.what.contains("(permits 2)") && anomaly.what.contains("2 other kept grant(s)"), "{anomaly}");
     }
 
     #[test]
     fn tokens_going_backwards() {
         let grants = [grant("a", 0, 20, 0, 5, 20), grant("a", 1, 15, 30, 35, 40)];
-        let anomaly = only(check_locks(&grants, &[], &[]));
+        let anomaly = only(check(&grants, &[], &[]));
         assert!(anomaly.what.contains("fencing tokens went backwards: client 1's grant (token 15"), "{anomaly}");
         // Overlapping acquires may be granted in either order.
         let concurrent = [grant("a", 0, 20, 10, 15, 20), grant("a", 1, 15, 0, 5, 8)];
-        assert_eq!(check_locks(&concurrent, &[], &[]), vec![]);
+        assert_eq!(check(&concurrent, &[], &[]), vec![]);
     }
 
     #[test]
     fn stale_holder_write_lands_after_newer_one() {
         let writes = [landed("a", 1, 12, 14), landed("a", 0, 10, 15)];
-        let anomaly = only(check_locks(&[], &writes, &[]));
+        let anomaly = only(check(&[], &writes, &[]));
         assert!(anomaly.what.contains("client 0's write with token 10 landed at revision 15"), "{anomaly}");
         assert!(anomaly.what.contains("client 1's write with token 12 had landed at revision 14"), "{anomaly}");
     }
 
     #[test]
     fn two_writes_at_one_revision() {
-        let anomaly = only(check_locks(&[], &[landed("a", 0, 10, 14), landed("a", 1, 12, 14)], &[]));
+        let anomaly = only(check(&[], &[landed("a", 0, 10, 14), landed("a", 1, 12, 14)], &[]));
         assert!(anomaly.what.contains("share revision 14"), "{anomaly}");
     }
 
     #[test]
     fn successful_write_without_revision_is_a_harness_bug() {
-        let anomaly = only(check_locks(&[], &[landed("a", 0, 10, 0)], &[]));
+        let anomaly = only(check(&[], &[landed("a", 0, 10, 0)], &[]));
         assert!(anomaly.what.contains("harness bug"), "{anomaly}");
     }
 
     #[test]
     fn lost_and_phantom_increments() {
-        let anomaly = only(check_locks(&[], &[], &[counter(9, 10, 5)]));
+        let anomaly = only(check(&[], &[], &[counter(9, 10, 5)]));
         assert!(anomaly.what.contains("lost update: the counter ended at 9 but 10"), "{anomaly}");
         assert_eq!(anomaly.subject, "hits");
-        let anomaly = only(check_locks(&[], &[], &[counter(16, 10, 5)]));
+        let anomaly = only(check(&[], &[], &[counter(16, 10, 5)]));
         assert!(anomaly.what.contains("phantom update"), "{anomaly}");
     }
 
     #[test]
     fn disagreeing_permits_and_malformed_grants() {
         let grants = [grant("a", 0, 10, 0, 5, 20), Grant { permits: 2, ..grant("a", 1, 12, 30, 35, 40) }];
-        let anomaly = only(check_locks(&grants, &[], &[]));
+        let anomaly = only(check(&grants, &[], &[]));
         assert!(anomaly.what.contains("disagree on the number of permits"), "{anomaly}");
-        let anomaly = only(check_locks(&[grant("a", 0, 10, 0, 30, 20)], &[], &[]));
+        let anomaly = only(check(&[grant("a", 0, 10, 0, 30, 20)], &[], &[]));
         assert!(anomaly.what.contains("malformed grant record"), "{anomaly}");
+    }
+
+    #[test]
+    fn readers_share_and_writers_exclude() {
+        // Three readers overlap; a writer before and after them.
+        let grants = [
+            grant("rw", 0, 10, 0, 5, 10),
+            reader("rw", 1, 11, 10, 30),
+            reader("rw", 2, 12, 12, 25),
+            reader("rw", 3, 13, 20, 40),
+            grant("rw", 4, 14, 0, 40, 50),
+        ];
+        assert_eq!(check(&grants, &[], &[]), vec![]);
+        // A writer granted while a reader holds.
+        let anomaly = only(check(&[reader("rw", 1, 11, 10, 30), grant("rw", 4, 14, 0, 20, 50)], &[], &[]));
+        assert!(
+            anomaly.what.contains("client 4's grant") && anomaly.what.contains("client 1's read grant"),
+            "{anomaly}"
+        );
+        // A reader granted while a writer holds.
+        let anomaly = only(check(&[grant("rw", 4, 14, 0, 20, 50), reader("rw", 1, 15, 30, 60)], &[], &[]));
+        assert!(anomaly.what.contains("client 1's read grant (token 15"), "{anomaly}");
+        // Not if the writer's lease was lost.
+        let lost = Grant { kept: false, ..grant("rw", 4, 14, 0, 20, 50) };
+        assert_eq!(check(&[lost, reader("rw", 1, 15, 30, 60)], &[], &[]), vec![]);
+    }
+
+    #[test]
+    fn a_write_under_a_read_lock_and_a_wrong_reentry() {
+        let read = SharedRead { name: "rw".into(), client: 1, token: 11, first: 4, second: 4 };
+        let moved = SharedRead { second: 5, ..read.clone() };
+        let reads = [read, moved];
+        let anomalies = check_locks(Recorded { reads: &reads, ..Default::default() });
+        let anomaly = only(anomalies);
+        assert!(anomaly.what.contains("read the counter as 4, then as 5"), "{anomaly}");
+
+        let good = Reentry {
+            name: "rw".into(),
+            client: 2,
+            token: 20,
+            token_again: 20,
+            holds_after_acquire: 2,
+            holds_after_release: 1,
+            kept: true,
+        };
+        let wrong = [
+            Reentry { token_again: 21, ..good.clone() },
+            Reentry { holds_after_acquire: 1, ..good.clone() },
+            Reentry { holds_after_release: 0, ..good.clone() },
+        ];
+        assert_eq!(check_locks(Recorded { reentries: std::slice::from_ref(&good), ..Default::default() }), vec![]);
+        for r in wrong {
+            let anomaly = only(check_locks(Recorded { reentries: &[r], ..Default::default() }));
+            assert!(anomaly.what.contains("reentrant acquire"), "{anomaly}");
+        }
+        let unkept = Reentry { holds_after_release: 0, kept: false, ..good };
+        assert_eq!(check_locks(Recorded { reentries: &[unkept], ..Default::default() }), vec![]);
     }
 }

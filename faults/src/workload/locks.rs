@@ -1,5 +1,6 @@
 //! Locks: etcd's Lock API and raftlock's native API contending for the same
-//! names, and a native semaphore.
+//! names — the native API with write locks, and with read and write locks
+//! some of which are acquired again reentrantly — and a native semaphore.
 //!
 //! A holder of a mutex does fenced increments of the lock's counter: it
 //! reads the counter, then writes counter + 1 in a Txn guarded by its own
@@ -7,6 +8,12 @@
 //! fencing token). The read and the write are separate requests, so two
 //! holders at once would lose an update — which the counter check finds —
 //! and a holder whose key is gone (a lost lease) has its write refused.
+//!
+//! A reader reads the counter twice under its grant, each read guarded by its
+//! token as the writes are: a write between the two is a writer let in while
+//! a reader held the lock. A holder that re-enters acquires its grant again
+//! reentrantly, without waiting, and gives that hold back before its work:
+//! the answers must show the same token, two holds, then one.
 //!
 //! Every grant is recorded with its interval as the client saw it (acquire
 //! completed .. release invoked) and whether the holder's lease certainly
@@ -19,8 +26,8 @@ use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, LockOptions, Txn, TxnOp};
 use raftlock::proto::raftlock::v1::locks_client::LocksClient;
-use raftlock::proto::raftlock::v1::{AcquireRequest, ReleaseRequest};
-use raftlock_faults::check::locks::{Grant, GuardedWrite};
+use raftlock::proto::raftlock::v1::{AcquireRequest, Mode, ReleaseRequest};
+use raftlock_faults::check::locks::{Grant, GuardedWrite, Reentry, SharedRead};
 use raftlock_faults::history::{Outcome, Time};
 use tonic::transport::{Channel, Endpoint};
 
@@ -40,6 +47,9 @@ pub enum Api {
     Etcd,
     /// raftlock's native Acquire / Release, with `permits` holders at once.
     Native { permits: u32 },
+    /// raftlock's native read (two in three) and write locks, a quarter of
+    /// them acquired a second time reentrantly.
+    ReadWrite,
 }
 
 pub fn counter_key(name: &str) -> String {
@@ -52,12 +62,16 @@ pub struct LockHistory {
     pub writes: Vec<GuardedWrite>,
     /// Per lock name: (increments answered written, increments unknown).
     pub increments: std::collections::BTreeMap<String, (u64, u64)>,
+    pub reads: Vec<SharedRead>,
+    pub reentries: Vec<Reentry>,
 }
 
 impl LockHistory {
     pub fn merge(&mut self, other: LockHistory) {
         self.grants.extend(other.grants);
         self.writes.extend(other.writes);
+        self.reads.extend(other.reads);
+        self.reentries.extend(other.reentries);
         for (name, (ok, unknown)) in other.increments {
             let e = self.increments.entry(name).or_default();
             e.0 += ok;
@@ -150,12 +164,21 @@ struct Held {
     token: i64,
 }
 
+/// What a native acquire asks for.
+#[derive(Clone, Copy)]
+struct Ask {
+    permits: u32,
+    read: bool,
+    wait: Duration,
+}
+
 async fn acquire(
     api: Api,
     c: &mut Client,
     native: &mut LocksClient<Channel>,
     name: &str,
     lease: i64,
+    read: bool,
 ) -> Result<Held, String> {
     match api {
         Api::Etcd => {
@@ -170,33 +193,88 @@ async fn acquire(
             Ok(Held { key, token })
         }
         Api::Native { permits } => {
-            let req = AcquireRequest {
-                name: name.as_bytes().to_vec(),
-                lease,
-                wait_ms: ACQUIRE_WAIT.as_millis() as i64,
-                permits,
-                metadata: Vec::new(),
-            };
-            let resp = tokio::time::timeout(ACQUIRE_WAIT + Duration::from_secs(1), native.acquire(req))
-                .await
-                .map_err(|_| "acquire timed out".to_string())?
-                .map_err(|s| s.message().to_string())?
-                .into_inner();
-            if !resp.acquired {
-                return Err("not acquired within the wait".to_string());
-            }
-            Ok(Held { key: resp.key, token: resp.token })
+            let ask = Ask { permits, read: false, wait: ACQUIRE_WAIT };
+            acquire_native(native, name, lease, ask).await
+        }
+        Api::ReadWrite => {
+            let ask = Ask { permits: 1, read, wait: ACQUIRE_WAIT };
+            acquire_native(native, name, lease, ask).await
         }
     }
+}
+
+async fn acquire_native(native: &mut LocksClient<Channel>, name: &str, lease: i64, ask: Ask) -> Result<Held, String> {
+    let req = AcquireRequest {
+        name: name.as_bytes().to_vec(),
+        lease,
+        wait_ms: ask.wait.as_millis() as i64,
+        permits: ask.permits,
+        metadata: Vec::new(),
+        mode: if ask.read { Mode::Read } else { Mode::Write }.into(),
+        reentrant: false,
+    };
+    let resp = tokio::time::timeout(ask.wait + Duration::from_secs(1), native.acquire(req))
+        .await
+        .map_err(|_| "acquire timed out".to_string())?
+        .map_err(|s| s.message().to_string())?
+        .into_inner();
+    if !resp.acquired {
+        return Err("not acquired within the wait".to_string());
+    }
+    Ok(Held { key: resp.key, token: resp.token })
+}
+
+/// Acquire the grant `held` again, reentrantly, and give that hold back.
+/// `None` when an answer was lost (the holds are then unknown).
+async fn reenter(
+    native: &mut LocksClient<Channel>,
+    name: &str,
+    lease: i64,
+    read: bool,
+    held: &Held,
+) -> Option<(i64, u32, u32)> {
+    let req = AcquireRequest {
+        name: name.as_bytes().to_vec(),
+        lease,
+        mode: if read { Mode::Read } else { Mode::Write }.into(),
+        reentrant: true,
+        ..Default::default()
+    };
+    let again = bounded(native.acquire(req)).await.ok()?.into_inner();
+    if !again.acquired {
+        // Not even the same grant: a wrong answer, told by its token 0.
+        return Some((0, 0, 0));
+    }
+    let req = ReleaseRequest { key: held.key.clone(), token: held.token };
+    let released = bounded(native.release(req)).await.ok()?.into_inner();
+    Some((again.token, again.holds, if released.released { released.holds } else { u32::MAX }))
+}
+
+/// Read `name`'s counter in a txn guarded by the grant; `Some(None)`: the
+/// guard found the holder deposed; `None`: no certain answer.
+async fn guarded_read(c: &mut Client, name: &str, held: &Held) -> Option<Option<u64>> {
+    let guard = Compare::create_revision(held.key.clone(), CompareOp::Equal, held.token);
+    let txn = Txn::new().when([guard]).and_then([TxnOp::get(counter_key(name), None)]);
+    let resp = bounded(c.txn(txn)).await.ok()?;
+    if !resp.succeeded() {
+        return Some(None);
+    }
+    let value = resp.op_responses().into_iter().find_map(|op| match op {
+        etcd_client::TxnOpResponse::Get(get) => {
+            Some(get.kvs().first().and_then(|kv| kv.value_str().ok()?.parse().ok()).unwrap_or(0))
+        }
+        _ => None,
+    });
+    Some(Some(value.unwrap_or(0)))
 }
 
 /// Release; `Ok(false)` when the native API says the key was no longer ours.
 async fn release(api: Api, c: &mut Client, native: &mut LocksClient<Channel>, held: &Held) -> Result<bool, String> {
     match api {
         Api::Etcd => bounded(c.unlock(held.key.clone())).await.map(|_| true),
-        Api::Native { .. } => {
+        Api::Native { .. } | Api::ReadWrite => {
             let req = ReleaseRequest { key: held.key.clone(), token: held.token };
-            bounded(native.release(req)).await.map(|r| r.into_inner().released)
+            bounded(native.release(req)).await.map(|r| r.into_inner()).map(|r| r.released && r.holds == 0)
         }
     }
 }
@@ -237,7 +315,7 @@ pub async fn client(ctx: Context, id: usize, api: Api, names: Vec<String>, seed:
     let mut history = LockHistory::default();
     let mut member = id % ctx.endpoints.len();
     let permits = match api {
-        Api::Etcd => 1,
+        Api::Etcd | Api::ReadWrite => 1,
         Api::Native { permits } => permits.max(1) as usize,
     };
     while !ctx.stopping() {
@@ -262,27 +340,72 @@ pub async fn client(ctx: Context, id: usize, api: Api, names: Vec<String>, seed:
         // over with a new lease (an attempt that failed may have left a key).
         while !ctx.stopping() {
             let name = names[rng.below(names.len())].clone();
+            let (read, reentrant) = match api {
+                Api::ReadWrite => (rng.below(3) < 2, rng.below(4) == 0),
+                _ => (false, false),
+            };
             let acquire_invoked = ctx.clock.now();
-            let Ok(held) = acquire(api, &mut c, &mut native, &name, lease.id).await else { break };
+            let Ok(held) = acquire(api, &mut c, &mut native, &name, lease.id, read).await else { break };
             let granted_at = ctx.clock.now();
             let mut deposed = false;
-            if permits == 1 {
-                for _ in 0..2 {
-                    match increment(&mut c, &name, &held, id, &mut history).await {
-                        Some(true) => {}
-                        Some(false) => {
-                            deposed = true;
-                            break;
-                        }
-                        None => break,
+            let mut reentry = None;
+            if reentrant {
+                match reenter(&mut native, &name, lease.id, read, &held).await {
+                    Some((token_again, holds_after_acquire, holds_after_release)) => {
+                        // Judged on its own: a wrong answer must not hide behind
+                        // the deposed holder it makes.
+                        let kept = lease.covers(granted_at, ctx.clock.now());
+                        reentry = Some(Reentry {
+                            name: name.clone(),
+                            client: id,
+                            token: held.token,
+                            token_again,
+                            holds_after_acquire,
+                            holds_after_release,
+                            kept,
+                        });
+                    }
+                    // The holds are unknown: give the lease up with the grant.
+                    None => deposed = true,
+                }
+            }
+            let mut read_twice = None;
+            match (deposed, read, permits) {
+                (true, _, _) => {}
+                (false, true, _) => {
+                    let first = guarded_read(&mut c, &name, &held).await;
+                    ctx.pause(rng.between(Duration::from_millis(5), Duration::from_millis(30))).await;
+                    let second = guarded_read(&mut c, &name, &held).await;
+                    match (first, second) {
+                        (Some(Some(first)), Some(Some(second))) => read_twice = Some((first, second)),
+                        (Some(None), _) | (_, Some(None)) => deposed = true,
+                        _ => {}
                     }
                 }
-            } else {
-                ctx.pause(rng.between(Duration::from_millis(5), Duration::from_millis(50))).await;
+                (false, false, 1) => {
+                    for _ in 0..2 {
+                        match increment(&mut c, &name, &held, id, &mut history).await {
+                            Some(true) => {}
+                            Some(false) => {
+                                deposed = true;
+                                break;
+                            }
+                            None => break,
+                        }
+                    }
+                }
+                (false, false, _) => {
+                    ctx.pause(rng.between(Duration::from_millis(5), Duration::from_millis(50))).await;
+                }
             }
             let released_at = ctx.clock.now();
             let released = release(api, &mut c, &mut native, &held).await;
             let kept = !deposed && matches!(released, Ok(true)) && lease.covers(granted_at, released_at);
+            if let Some((first, second)) = read_twice {
+                history.reads.push(SharedRead { name: name.clone(), client: id, token: held.token, first, second });
+            }
+            let reentered = reentry.is_some();
+            history.reentries.extend(reentry);
             history.grants.push(Grant {
                 name: name.clone(),
                 client: id,
@@ -292,8 +415,9 @@ pub async fn client(ctx: Context, id: usize, api: Api, names: Vec<String>, seed:
                 granted_at,
                 released_at,
                 kept,
+                shared: read,
             });
-            if released.is_err() {
+            if released.is_err() || reentrant && !reentered {
                 break;
             }
         }

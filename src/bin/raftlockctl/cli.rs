@@ -151,6 +151,10 @@ pub(crate) struct LockArgs {
     /// Semaphore: how many owners may hold the lock at once.
     #[arg(long, default_value_t = 1)]
     pub(crate) permits: u32,
+    /// Take a read lock: shared with other readers, exclusive of writers
+    /// (every other `lock`, and etcd's locks, on the name).
+    #[arg(long, conflicts_with = "permits")]
+    pub(crate) read: bool,
     /// Shown to others by `describe` (default: user@host pid N).
     #[arg(long)]
     pub(crate) metadata: Option<String>,

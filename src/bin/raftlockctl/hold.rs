@@ -54,7 +54,8 @@ pub(crate) async fn lock(ctl: &Ctl, args: LockArgs) -> Result<ExitCode> {
 pub(crate) async fn hold(ctl: &Ctl, args: &LockArgs, session: &Session) -> Result<ExitCode> {
     let metadata = args.metadata.clone().unwrap_or_else(default_metadata);
     let wait = if args.try_once { Some(Duration::ZERO) } else { args.wait };
-    let options = LockOptions { wait, permits: args.permits, metadata: metadata.into_bytes() };
+    let options =
+        LockOptions { wait, permits: args.permits, metadata: metadata.into_bytes(), read: args.read, reentrant: false };
     let mut signals = Signals::new()?;
     let acquired = tokio::select! {
         r = session.lock(&args.name, options) => r?,
@@ -84,7 +85,8 @@ pub(crate) async fn hold(ctl: &Ctl, args: &LockArgs, session: &Session) -> Resul
     }
     ctl.print(
         format!("{key}\ntoken {token}"),
-        json!({"acquired": true, "name": args.name, "key": key, "token": token, "lease": format!("{:x}", session.lease())}),
+        json!({"acquired": true, "name": args.name, "key": key, "token": token, "lease": format!("{:x}", session.lease()),
+               "mode": if args.read { "read" } else { "write" }}),
     );
     Ok(tokio::select! {
         _ = signals.recv() => ExitCode::SUCCESS,

@@ -157,14 +157,16 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::Release { key, token } => {
             let req = locks::ReleaseRequest { key: key.into_bytes(), token };
             let r = ctl.call(ctl.client.locks().release(req)).await?;
-            let human = if r.released {
+            let human = if r.released && r.holds > 0 {
+                format!("one hold released; the lease still holds the lock {} more time(s)", r.holds)
+            } else if r.released {
                 "released".to_string()
             } else if r.current_token == 0 {
                 "not released: the key no longer exists".to_string()
             } else {
                 format!("not released: the key belongs to a later grant (token {})", r.current_token)
             };
-            ctl.print(human, json!({"released": r.released, "current_token": r.current_token}));
+            ctl.print(human, json!({"released": r.released, "holds": r.holds, "current_token": r.current_token}));
             Ok(if r.released { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
         Cmd::Describe { name, permits } => {

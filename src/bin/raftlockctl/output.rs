@@ -20,12 +20,27 @@ pub(crate) fn kv_json(kv: &mvccpb::KeyValue) -> Value {
 pub(crate) fn owner_json(o: &locks::Owner) -> Value {
     json!({
         "key": text(&o.key), "token": o.token, "lease": format!("{:x}", o.lease), "ttl": o.ttl,
-        "granted_ttl": o.granted_ttl, "metadata": text(&o.metadata),
+        "granted_ttl": o.granted_ttl, "metadata": text(&o.metadata), "mode": mode_name(o.mode), "holds": o.holds,
     })
+}
+
+/// `read` or `write`, as `raftlockctl lock --read` names the modes.
+pub(crate) fn mode_name(mode: i32) -> &'static str {
+    match locks::Mode::try_from(mode) {
+        Ok(locks::Mode::Read) => "read",
+        Ok(locks::Mode::Write) => "write",
+        Err(_) => "unknown",
+    }
 }
 
 pub(crate) fn owner_line(o: &locks::Owner) -> String {
     let mut line = format!("{}  token={}  lease={:x}", text(&o.key), o.token, o.lease);
+    if o.mode == locks::Mode::Read as i32 {
+        line += "  read";
+    }
+    if o.holds > 1 {
+        line += &format!("  holds={}", o.holds);
+    }
     if o.ttl >= 0 || o.granted_ttl > 0 {
         line += &format!("  ttl={}s/{}s", o.ttl, o.granted_ttl);
     }
