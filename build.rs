@@ -11,7 +11,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/raftlock/v1/lock.proto",
     ];
     let descriptors = protox::compile(files, ["proto"])?;
+    let encoded = prost::Message::encode_to_vec(&descriptors);
     tonic_prost_build::configure().build_client(true).build_server(true).compile_fds(descriptors)?;
+    // serde for the HTTP/JSON gateway, in etcd's gateway's encoding: proto
+    // field names, defaults left out, unknown fields ignored.
+    pbjson_build::Builder::new()
+        .register_descriptors(&encoded)?
+        .preserve_proto_field_names()
+        .ignore_unknown_fields()
+        .build(&[".mvccpb", ".authpb", ".etcdserverpb", ".v3lockpb", ".v3electionpb", ".raftlock.v1"])?;
     println!("cargo:rerun-if-changed=proto");
     Ok(())
 }

@@ -3,7 +3,8 @@
 # (Debian's protobuf-compiler for the etcd-client test dependency, Debian's
 # etcd-client for etcdctl 3.4, etcd 3.5.1 from PyPI for etcdctl 3.5,
 # python-etcd3 from PyPI for the python interop test, Debian's golang-go and
-# golang-etcd-server-dev for the Go clientv3 interop test), then
+# golang-etcd-server-dev for the Go clientv3 interop test, curl for the
+# HTTP/JSON gateway test), then
 # runs every test (the server's, and the fault suite's checkers). Extra arguments
 # go to `cargo test`.
 set -euo pipefail
@@ -13,6 +14,7 @@ missing=()
 command -v protoc >/dev/null || missing+=(protobuf-compiler)
 command -v etcdctl >/dev/null || missing+=(etcd-client)
 command -v go >/dev/null || missing+=(golang-go)
+command -v curl >/dev/null || missing+=(curl)
 [ -d /usr/share/gocode/src/go.etcd.io/etcd/clientv3 ] || missing+=(golang-etcd-server-dev)
 if [ ${#missing[@]} -gt 0 ]; then
   sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo

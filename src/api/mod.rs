@@ -13,6 +13,7 @@
 pub mod auth;
 pub mod cluster;
 pub mod error;
+pub mod gateway;
 pub mod health;
 pub mod http;
 pub mod kv;
@@ -63,7 +64,8 @@ pub async fn serve_clients(node: Arc<Node>, listeners: Vec<crate::server::listen
             .add_service(lock::LockService::server(node.clone()))
             .add_service(lock::ElectionService::server(node.clone()))
             .add_service(native_lock::LocksService::server(node.clone()));
-        let routes = grpc.routes().into_axum_router().merge(http::routes(node.clone()));
+        let grpc = grpc.routes().into_axum_router();
+        let routes = grpc.clone().merge(gateway::routes(grpc)).merge(http::routes(node.clone()));
         Server::builder()
             .accept_http1(true)
             .max_concurrent_streams(Some(node.max_concurrent_streams))
