@@ -58,6 +58,7 @@ pub struct Metrics {
     // Locks (raftlock's own).
     pub lock_waiters: IntGauge,
     pub lock_holders: IntGauge,
+    pub history_spill_bytes: IntGauge,
     pub lock_grant: HistogramVec,
 }
 
@@ -190,6 +191,10 @@ impl Metrics {
             lock_holders: gauge(
                 "raftlock_lock_holders",
                 "Grants made through this member whose owner key still exists (native locks, v3lock Lock, Campaign).",
+            ),
+            history_spill_bytes: gauge(
+                "raftlock_history_spill_bytes",
+                "Bytes of superseded values held in the history spill (out of memory, on disk, not synced).",
             ),
             lock_grant: histograms(
                 "raftlock_lock_grant_duration_seconds",

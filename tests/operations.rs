@@ -325,6 +325,8 @@ async fn metrics_and_health_endpoints_answer_as_etcds() {
     let metrics_url = format!("http://127.0.0.1:{metrics_port}");
     let single = Cluster::start_with(1, &["--listen-metrics-urls", &metrics_url]).await;
     let mut c = single.client(0).await;
+    c.put("m/k", "v0", None).await.unwrap();
+    // The overwrite moves the first value to the history spill.
     let revision = c.put("m/k", "v", None).await.unwrap().header().unwrap().revision();
     c.get("m/k", None).await.unwrap();
     assert!(c.lease_revoke(12345).await.is_err(), "an unknown lease");
@@ -374,6 +376,7 @@ async fn metrics_and_health_endpoints_answer_as_etcds() {
         assert_eq!(value("raftlock_lock_grant_duration_seconds_count", &[("api", "v3lock")]), 1.0);
         assert_eq!(value("raftlock_lock_holders", &[]), 1.0);
         assert_eq!(value("raftlock_lock_waiters", &[]), 0.0);
+        assert!(value("raftlock_history_spill_bytes", &[]) >= 34.0, "m/k's first version: 32 bytes and its value");
         assert!(value("process_resident_memory_bytes", &[]) > 0.0);
     }
     // The metrics port serves no gRPC.

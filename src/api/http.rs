@@ -60,10 +60,11 @@ fn refresh(node: &Node) {
     m.quota_backend_bytes.set(node.quota_bytes().map_or(0, |q| q as i64));
     m.db_total_size.set(status.disk_size as i64);
     m.db_size_in_use.set(status.db_size as i64);
-    let (revision, compacted, keys) = {
+    let (revision, compacted, keys, spilled) = {
         let mvcc = node.state().mvcc();
-        (mvcc.revision(), mvcc.compact_revision(), mvcc.live_keys())
+        (mvcc.revision(), mvcc.compact_revision(), mvcc.live_keys(), mvcc.spill().map_or(0, |s| s.held_bytes()))
     };
+    m.history_spill_bytes.set(spilled as i64);
     m.current_revision.set(revision);
     m.compact_revision.set(compacted.max(0));
     m.keys.set(keys as i64);

@@ -93,7 +93,7 @@ pub(super) fn visible_from(versions: &[Version], compact_revision: Revision) -> 
     if visible == 0 {
         return 0;
     }
-    if versions[visible - 1].kv.is_some() {
+    if versions[visible - 1].is_live() {
         visible - 1
     } else {
         visible
@@ -123,8 +123,9 @@ impl MvccStore {
                 if v.revision > to {
                     break;
                 }
-                let prev = if i > 0 { versions[i - 1].kv.clone() } else { None };
-                let change = Change { revision: v.revision, sub: v.sub, key: key.clone(), kv: v.kv.clone(), prev };
+                let prev = if i > 0 { self.load(key, &versions[i - 1]) } else { None };
+                let change =
+                    Change { revision: v.revision, sub: v.sub, key: key.clone(), kv: self.load(key, v), prev };
                 scan.bytes += change_bytes(&change);
                 scan.changes.push(change);
             }
@@ -181,7 +182,7 @@ impl MvccStore {
             }
             let keep_from = visible_from(versions, compact_revision);
             for v in versions.drain(..keep_from) {
-                bytes -= super::version_bytes(key, v.kv.as_deref());
+                bytes -= super::version_bytes(key, v.value_len());
             }
             if versions.is_empty() {
                 emptied.push(key.clone());

@@ -24,16 +24,24 @@
 //! - no key has an empty version list and none starts with a tombstone;
 //! - `compact_revision <= revision`.
 //!
-//! This module is deterministic: no clocks, no randomness, no I/O. The state
-//! machine drives it in log order and persists the [`Change`]s it returns; on
-//! restart the store is rebuilt from them with [`MvccStore::restore`].
+//! This module is deterministic: no clocks, no randomness, and no I/O but
+//! the spill's, which changes where a value is and never what is answered.
+//! The state machine drives it in log order and persists the [`Change`]s it
+//! returns; on restart the store is rebuilt from them with
+//! [`MvccStore::restore`].
 //!
-//! Caveat: the whole history (until compaction) lives in memory, as etcd's index
-//! does; values are kept here too rather than re-read from disk, which bounds the
-//! data set by RAM. raftlock stores locks and small coordination data, for which
-//! this is the right trade.
+//! The index of every version (until compaction) lives in memory, as etcd's
+//! does. Each key's newest value is kept there too; once a store has a
+//! [`Spill`] ([`MvccStore::spill_into`]), the value of every version a newer
+//! one replaced moves to it, out of memory, and is read back from it by
+//! reads of history. The spill is a cache of the state (see `spill`): what
+//! the store answers does not depend on where a value is.
+//!
+//! Caveat: a restore decodes a whole checkpoint into memory before its
+//! history is spilled, so a member's peak memory at start is the state's size.
 
 mod history;
+pub mod spill;
 mod txn;
 pub mod types;
 
@@ -43,6 +51,8 @@ use std::sync::Arc;
 
 use history::visible_from;
 pub use history::HistoryScan;
+pub use spill::Spill;
+use spill::Spilled;
 pub use txn::LeaseView;
 pub use types::*;
 
@@ -51,7 +61,32 @@ pub use types::*;
 struct Version {
     revision: Revision,
     sub: i64,
-    kv: Option<Arc<KeyValue>>,
+    held: Held,
+}
+
+/// Where a version's key-value is.
+#[derive(Clone, Debug)]
+enum Held {
+    Tombstone,
+    /// In memory (every key's newest version, and all of them without a spill).
+    Memory(Arc<KeyValue>),
+    /// In the spill: a superseded version.
+    Spilled(Spilled),
+}
+
+impl Version {
+    fn is_live(&self) -> bool {
+        !matches!(self.held, Held::Tombstone)
+    }
+
+    /// The length of the value; `None` for a tombstone.
+    fn value_len(&self) -> Option<usize> {
+        match &self.held {
+            Held::Tombstone => None,
+            Held::Memory(kv) => Some(kv.value.len()),
+            Held::Spilled(s) => Some(s.value_len()),
+        }
+    }
 }
 
 /// The MVCC store. Not internally synchronized: the state machine owns it behind
@@ -72,6 +107,8 @@ pub struct MvccStore {
     sweep_resume: Option<Vec<u8>>,
     /// [`MAX_RANGE_RESPONSE_BYTES`]; smaller in tests.
     response_limit: usize,
+    /// Where superseded values go; `None`: they stay in memory.
+    spill: Option<Spill>,
 }
 
 /// The most key-value bytes one range returns (its keys, values and 64
@@ -86,9 +123,10 @@ pub const MAX_RANGE_RESPONSE_BYTES: usize = 256 << 20;
 /// key-value) and in the state store's journal, roughly.
 pub const VERSION_OVERHEAD: u64 = 128;
 
-/// The size one version is counted as (see [`MvccStore::size_bytes`]).
-fn version_bytes(key: &[u8], kv: Option<&KeyValue>) -> u64 {
-    key.len() as u64 + kv.map_or(0, |kv| kv.value.len() as u64) + VERSION_OVERHEAD
+/// The size one version is counted as (see [`MvccStore::size_bytes`]),
+/// from its key and its value's length (`None`: a tombstone).
+fn version_bytes(key: &[u8], value_len: Option<usize>) -> u64 {
+    key.len() as u64 + value_len.unwrap_or(0) as u64 + VERSION_OVERHEAD
 }
 
 impl Default for MvccStore {
@@ -100,6 +138,7 @@ impl Default for MvccStore {
             bytes: 0,
             sweep_resume: None,
             response_limit: MAX_RANGE_RESPONSE_BYTES,
+            spill: None,
         }
     }
 }
@@ -128,6 +167,8 @@ pub struct SharedVersion {
 enum SharedValue {
     /// A live version: its key-value (which carries the key).
     Live(Arc<KeyValue>),
+    /// A live version in the spill, on file: read as it is written out.
+    Spilled(Vec<u8>, Spilled),
     /// A tombstone of this key.
     Tombstone(Vec<u8>),
 }
@@ -135,8 +176,13 @@ enum SharedValue {
 impl serde::Serialize for SharedVersion {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
+        let loaded;
         let (key, kv) = match &self.value {
             SharedValue::Live(kv) => (&kv.key, Some(&**kv)),
+            SharedValue::Spilled(key, spilled) => {
+                loaded = spilled.load(key);
+                (key, Some(&loaded))
+            }
             SharedValue::Tombstone(key) => (key, None),
         };
         // The fields of StoredVersion, in its order.
@@ -172,7 +218,34 @@ impl MvccStore {
 
     /// Number of keys with a live value at the current revision.
     pub fn live_keys(&self) -> usize {
-        self.index.values().filter(|v| v.last().is_some_and(|v| v.kv.is_some())).count()
+        self.index.values().filter(|v| v.last().is_some_and(Version::is_live)).count()
+    }
+
+    /// From now on, keep the values of superseded versions in `spill`; those
+    /// already superseded move there now.
+    pub fn spill_into(&mut self, spill: Spill) {
+        self.spill = Some(spill);
+        let spill = self.spill.as_mut().expect("just set");
+        for (key, versions) in self.index.iter_mut() {
+            let newest = versions.len() - 1;
+            for v in &mut versions[..newest] {
+                spill_version(spill, key, v);
+            }
+        }
+    }
+
+    /// The spill this store keeps superseded values in, if any.
+    pub fn spill(&self) -> Option<&Spill> {
+        self.spill.as_ref()
+    }
+
+    /// A version's key-value, wherever it is; `None` for a tombstone.
+    fn load(&self, key: &[u8], v: &Version) -> Option<Arc<KeyValue>> {
+        match &v.held {
+            Held::Tombstone => None,
+            Held::Memory(kv) => Some(kv.clone()),
+            Held::Spilled(s) => Some(Arc::new(self.spill.as_ref().expect("a spilled version has a spill").read(key, s))),
+        }
     }
 
     /// Rebuild a store from persisted versions (any order) and its two counters.
@@ -188,14 +261,15 @@ impl MvccStore {
             bytes: 0,
             sweep_resume: None,
             response_limit: MAX_RANGE_RESPONSE_BYTES,
+            spill: None,
         };
         for v in versions {
             assert!(v.kv.as_ref().is_none_or(|kv| kv.key == v.key), "a version's key-value carries its key");
-            store.bytes += version_bytes(&v.key, v.kv.as_ref());
+            store.bytes += version_bytes(&v.key, v.kv.as_ref().map(|kv| kv.value.len()));
             store.index.entry(v.key).or_default().push(Version {
                 revision: v.revision,
                 sub: v.sub,
-                kv: v.kv.map(Arc::new),
+                held: v.kv.map_or(Held::Tombstone, |kv| Held::Memory(Arc::new(kv))),
             });
         }
         for versions in store.index.values_mut() {
@@ -234,7 +308,7 @@ impl MvccStore {
         self.index
             .iter()
             .filter_map(|(k, versions)| {
-                versions.last()?.kv.as_ref().filter(|kv| kv.lease != 0).map(|kv| (k.clone(), kv.lease))
+                self.load(k, versions.last()?).filter(|kv| kv.lease != 0).map(|kv| (k.clone(), kv.lease))
             })
             .collect()
     }
@@ -251,25 +325,32 @@ impl MvccStore {
 
     /// Every readable version, key by key: the content of a snapshot.
     pub fn versions(&self) -> impl Iterator<Item = StoredVersion> + '_ {
-        self.readable().flat_map(|(key, versions)| {
+        self.readable().flat_map(move |(key, versions)| {
             versions.iter().map(move |v| StoredVersion {
                 revision: v.revision,
                 sub: v.sub,
                 key: key.clone(),
-                kv: v.kv.as_deref().cloned(),
+                kv: self.load(key, v).as_deref().cloned(),
             })
         })
     }
 
-    /// Every version, as [`MvccStore::versions`], sharing the key-values.
+    /// Every version, as [`MvccStore::versions`], sharing the key-values:
+    /// those in memory by reference, those in the spill by their place in
+    /// it (read when the capture is written; a record still in the spill's
+    /// write buffer is copied now).
     pub fn shared_versions(&self) -> impl Iterator<Item = SharedVersion> + '_ {
-        self.readable().flat_map(|(key, versions)| {
+        self.readable().flat_map(move |(key, versions)| {
             versions.iter().map(move |v| SharedVersion {
                 revision: v.revision,
                 sub: v.sub,
-                value: match &v.kv {
-                    Some(kv) => SharedValue::Live(kv.clone()),
-                    None => SharedValue::Tombstone(key.clone()),
+                value: match &v.held {
+                    Held::Memory(kv) => SharedValue::Live(kv.clone()),
+                    Held::Spilled(s) if self.spill.as_ref().is_some_and(|spill| spill.flushed(s)) => {
+                        SharedValue::Spilled(key.clone(), s.clone())
+                    }
+                    Held::Spilled(_) => SharedValue::Live(self.load(key, v).expect("a spilled version is live")),
+                    Held::Tombstone => SharedValue::Tombstone(key.clone()),
                 },
             })
         })
@@ -296,7 +377,7 @@ impl MvccStore {
                 hash.update(&v.sub.to_be_bytes());
                 hash.update(&(key.len() as u64).to_be_bytes());
                 hash.update(key);
-                match &v.kv {
+                match self.load(key, v) {
                     None => hash.update(&[0]),
                     Some(kv) => {
                         hash.update(&[1]);
@@ -411,13 +492,13 @@ impl MvccStore {
         let rev = if req.revision <= 0 { self.revision } else { req.revision };
         let range = KeyRange::new(&req.key, &req.range_end);
         let (mut weight, mut seen) = (0usize, 0i64);
-        for (_, versions) in self.histories(&range) {
+        for (key, versions) in self.histories(&range) {
             if req.limit > 0 && seen >= req.limit {
                 break;
             }
-            if let Some(kv) = live_at(versions, rev) {
+            if let Some(value_len) = visible_at(versions, rev).and_then(Version::value_len) {
                 seen += 1;
-                weight += response_weight(req, kv);
+                weight += key.len() + if req.keys_only { 0 } else { value_len } + 64;
                 if weight > self.response_limit {
                     return false;
                 }
@@ -428,9 +509,9 @@ impl MvccStore {
 
     /// Calls `f` for every key in `range` that has a live value at `rev`, in key order.
     fn visit_live(&self, range: &KeyRange, rev: Revision, mut f: impl FnMut(Arc<KeyValue>)) {
-        for (_, versions) in self.histories(range) {
-            if let Some(kv) = live_at(versions, rev) {
-                f(kv.clone())
+        for (key, versions) in self.histories(range) {
+            if let Some(kv) = visible_at(versions, rev).and_then(|v| self.load(key, v)) {
+                f(kv)
             }
         }
     }
@@ -450,22 +531,31 @@ impl MvccStore {
         }
     }
 
-    /// The live value of one key at the current revision.
+    /// The live value of one key at the current revision (always in memory:
+    /// only superseded versions are spilled).
     fn get_live(&self, key: &[u8]) -> Option<&Arc<KeyValue>> {
-        self.index.get(key).and_then(|versions| live_at(versions, Revision::MAX))
+        match &self.index.get(key)?.last()?.held {
+            Held::Memory(kv) => Some(kv),
+            Held::Tombstone => None,
+            Held::Spilled(_) => unreachable!("a key's newest version is never spilled"),
+        }
     }
 
-    /// Record a new version of `key` at `(revision, sub)`.
+    /// Record a new version of `key` at `(revision, sub)`; the one it
+    /// supersedes moves to the spill.
     fn push_version(&mut self, key: &[u8], revision: Revision, sub: i64, kv: Option<Arc<KeyValue>>) {
-        self.bytes += version_bytes(key, kv.as_deref());
+        self.bytes += version_bytes(key, kv.as_ref().map(|kv| kv.value.len()));
         let versions = self.index.entry(key.to_vec()).or_default();
-        if let Some(last) = versions.last() {
+        if let Some(last) = versions.last_mut() {
             assert!((last.revision, last.sub) < (revision, sub), "versions of a key must increase");
+            if let Some(spill) = &mut self.spill {
+                spill_version(spill, key, last);
+            }
         } else {
             assert!(kv.is_some(), "a key's history cannot start with a tombstone");
         }
         assert!(kv.as_ref().is_none_or(|kv| kv.key == key), "a version's key-value carries its key");
-        versions.push(Version { revision, sub, kv });
+        versions.push(Version { revision, sub, held: kv.map_or(Held::Tombstone, Held::Memory) });
     }
 
     /// Compact at `rev`: reads below it fail from now on, and the history
@@ -491,8 +581,20 @@ fn response_weight(req: &RangeRequest, kv: &KeyValue) -> usize {
     kv.key.len() + if req.keys_only { 0 } else { kv.value.len() } + 64
 }
 
-/// The value a read at `rev` sees in a key's history.
-fn live_at(versions: &[Version], rev: Revision) -> Option<&Arc<KeyValue>> {
+/// Move a version's key-value to the spill, if it is in memory and the spill
+/// takes it.
+fn spill_version(spill: &mut Spill, key: &[u8], v: &mut Version) {
+    if let Held::Memory(kv) = &v.held {
+        debug_assert_eq!(kv.key, key);
+        if let Some(spilled) = spill.append(kv) {
+            v.held = Held::Spilled(spilled);
+        }
+    }
+}
+
+/// The version a read at `rev` sees in a key's history (a tombstone
+/// included): `None` when the key did not exist yet.
+fn visible_at(versions: &[Version], rev: Revision) -> Option<&Version> {
     // Nearly every read is at the current revision, which the newest version
     // answers: no search. A key written often (a lock's key gains two versions
     // per lock and unlock) has a long history, and searching it costs a cache
@@ -501,7 +603,7 @@ fn live_at(versions: &[Version], rev: Revision) -> Option<&Arc<KeyValue>> {
         Some(newest) if newest.revision <= rev => versions.len(),
         _ => versions.partition_point(|v| v.revision <= rev),
     };
-    versions[..visible].last().and_then(|v| v.kv.as_ref())
+    versions[..visible].last()
 }
 
 #[cfg(test)]

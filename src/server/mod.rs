@@ -215,6 +215,7 @@ impl Node {
         let state = Arc::new(AppliedState::with_tokens(crate::auth::Tokens::new(config.auth_tokens()?)));
         let state_machine = StateMachine::open(state_store.clone(), state.clone())
             .context("loading the state machine")?
+            .spilling_history(&data_dir.join("spill"))?
             .staggering_checkpoints(id)
             .applying_only_durable(log_store.durable());
         let network = PeerNetwork::new(log_store.clone(), peers.clone());

@@ -266,7 +266,11 @@ impl SnapshotImage {
         let mut mvcc = state.mvcc_mut();
         let mut leases = state.leases_mut();
         let mut members = state.members_mut();
+        let spill = mvcc.spill().map(crate::mvcc::Spill::fresh);
         *mvcc = MvccStore::restore(self.versions, self.revision, self.compact_revision);
+        if let Some(spill) = spill {
+            mvcc.spill_into(spill);
+        }
         *leases = LeaseTable::restore(self.leases, mvcc.leased_keys());
         *members = self.members.into_iter().collect();
         *state.auth_mut() = self.auth;

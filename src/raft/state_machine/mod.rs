@@ -139,6 +139,15 @@ impl StateMachine {
         })
     }
 
+    /// Keep the values of superseded versions in a spill in `dir` rather than
+    /// in memory (see `mvcc::spill`); those the restore loaded move there now.
+    pub fn spilling_history(self, dir: &std::path::Path) -> anyhow::Result<StateMachine> {
+        use anyhow::Context;
+        let spill = crate::mvcc::Spill::open(dir).with_context(|| format!("opening the history spill {}", dir.display()))?;
+        self.state.mvcc_mut().spill_into(spill);
+        Ok(self)
+    }
+
     /// Stretch this member's checkpoint interval by a share derived from its
     /// id (0 to 50%), so that the members of a cluster, which apply the same
     /// entries, do not all checkpoint at once: a checkpoint encodes and writes
