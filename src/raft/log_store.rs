@@ -89,8 +89,8 @@ pub enum LogMoved {
 
 /// The bytes of encoded entries kept decoded in memory, at most (but the
 /// last entry, which always is): far more than a follower or apply that
-/// keeps up is behind (a proposal batch is at most 2 MiB).
-pub const HOT_LOG_BYTES: u64 = 32 << 20;
+/// keeps up is behind (a proposal batch is at most 2 MiB, so four batches).
+pub const HOT_LOG_BYTES: u64 = 8 << 20;
 
 /// What the log knows of an entry it holds.
 #[derive(Clone, Copy)]
