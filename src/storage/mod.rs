@@ -21,6 +21,15 @@
 //!
 //! Keys and values here are opaque bytes; the state machine chooses the layout.
 //!
+//! ## The journal beside sled
+//! A batch may carry a journal frame ([`StateBatch::journal`]): the writer
+//! appends it to a journal file in the file directory, unsynced, and
+//! [`StateStore::sync`] makes the journal files durable before sled. The
+//! frames are the state machine's record of each apply call; sled, which kept
+//! them as values before, held them in memory far past its page cache. A
+//! journal file ends at a whole frame after a crash, or in a torn one that
+//! [`read_frames`] cuts off.
+//!
 //! ## Files beside sled
 //! Whole-state encodings (checkpoints) are not sled values but files in a
 //! directory of their own, written on the writer thread and streamed there
@@ -93,6 +102,11 @@ pub struct StateBatch {
     /// be made, the file is copied; a name that can be made neither way is
     /// logged and missing (whoever waits for it finds it missing).
     pub links: Vec<(String, String)>,
+    /// `(file, frame)`: a journal frame ([`frame`]) appended to `file` in
+    /// the file directory, after the batch's files are written. Not synced
+    /// until [`StateStore::sync`]: after a crash a journal file ends at some
+    /// frame, possibly a torn one, which [`read_frames`] cuts off.
+    pub journal: Option<(String, Vec<u8>)>,
 }
 
 /// What a file holds: written into a buffered file, it returns the bytes
@@ -219,10 +233,25 @@ impl StateStore {
         Ok(())
     }
 
-    /// Push everything to disk: sled's flush, then a real fsync of its files
-    /// (sled's own flush is not a durable sync).
+    /// Push everything to disk: the journal files (and their directory),
+    /// then sled's flush and a real fsync of its files (sled's own flush is
+    /// not a durable sync).
     pub fn sync(&self) -> io::Result<()> {
         self.drain()?;
+        let mut synced = false;
+        for name in self.file_names()? {
+            if name.starts_with(JOURNAL_FILE_PREFIX) && !name.ends_with(".tmp") {
+                match std::fs::File::open(self.files.join(&name)).and_then(|f| f.sync_data()) {
+                    // Retired by a checkpoint since the listing.
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    other => other?,
+                }
+                synced = true;
+            }
+        }
+        if synced {
+            std::fs::File::open(&self.files)?.sync_all()?;
+        }
         self.flush_sled()
     }
 
@@ -251,6 +280,7 @@ const STATE_WRITE_WINDOW: std::time::Duration = std::time::Duration::from_millis
 /// would) and apply it, after writing their files; answer barriers at once.
 fn write_loop(store: StateStore) {
     let queue = &store.queue;
+    let mut journal = JournalWriter::default();
     loop {
         let (batches, barriers) = {
             let mut pending = queue.pending.lock().expect("state queue lock poisoned");
@@ -269,7 +299,10 @@ fn write_loop(store: StateStore) {
         let mut merged = Merged::of(batches, !store.legacy_large.is_empty());
         let written = crate::metrics::timed(&crate::metrics::metrics().backend_commit, || {
             merged.place_files(&store.files).map_err(|e| e.to_string())?;
-            if merged.legacy_deletes.is_empty() {
+            journal.append(&store.files, &merged.journal).map_err(|e| format!("appending to the journal: {e}"))?;
+            if merged.sled_writes == 0 {
+                Ok(())
+            } else if merged.legacy_deletes.is_empty() {
                 store.tree.apply_batch(std::mem::take(&mut merged.main)).map_err(|e| e.to_string())
             } else {
                 write_both(&store.tree, &store.legacy_large, &merged.main, &merged.legacy_deletes)
@@ -301,12 +334,15 @@ struct Merged {
     /// For the main tree: later writes to a key replace earlier ones, as
     /// applying the batches in turn would.
     main: sled::Batch,
+    /// The keys `main` puts or removes.
+    sled_writes: usize,
     /// Every key deleted, for the legacy tree of large values (when it
     /// holds any).
     legacy_deletes: Vec<sled::IVec>,
     files: Vec<(String, FileContent)>,
     retired_files: Vec<String>,
     links: Vec<(String, String)>,
+    journal: Vec<(String, Vec<u8>)>,
 }
 
 impl Merged {
@@ -314,12 +350,15 @@ impl Merged {
     fn of(batches: Vec<StateBatch>, legacy: bool) -> Merged {
         let mut merged = Merged {
             main: sled::Batch::default(),
+            sled_writes: 0,
             legacy_deletes: Vec::new(),
             files: Vec::new(),
             retired_files: Vec::new(),
             links: Vec::new(),
+            journal: Vec::new(),
         };
         for batch in batches {
+            merged.sled_writes += batch.deletes.len() + batch.puts.len();
             for k in batch.deletes {
                 if legacy {
                     merged.legacy_deletes.push(sled::IVec::from(k.as_slice()));
@@ -332,6 +371,7 @@ impl Merged {
             merged.files.extend(batch.files);
             merged.retired_files.extend(batch.retired_files);
             merged.links.extend(batch.links);
+            merged.journal.extend(batch.journal);
         }
         merged
     }
@@ -351,6 +391,70 @@ impl Merged {
         }
         Ok(())
     }
+}
+
+/// What the names of journal files start with (see [`StateBatch::journal`]).
+pub const JOURNAL_FILE_PREFIX: &str = "journal-";
+
+/// The writer thread's open journal file: frames go to one file until a
+/// checkpoint starts the next.
+#[derive(Default)]
+struct JournalWriter {
+    open: Option<(String, std::fs::File)>,
+}
+
+impl JournalWriter {
+    /// Append `frames` in order, each run of frames for one file in one write.
+    fn append(&mut self, dir: &Path, frames: &[(String, Vec<u8>)]) -> io::Result<()> {
+        let mut i = 0;
+        while i < frames.len() {
+            let name = &frames[i].0;
+            let run = frames[i..].iter().take_while(|(n, _)| n == name).count();
+            if self.open.as_ref().is_none_or(|(open, _)| open != name) {
+                let file = std::fs::OpenOptions::new().create(true).append(true).open(dir.join(name))?;
+                self.open = Some((name.clone(), file));
+            }
+            let bytes: Vec<u8> = frames[i..i + run].iter().flat_map(|(_, f)| f.iter().copied()).collect();
+            self.open.as_mut().expect("just opened").1.write_all(&bytes)?;
+            i += run;
+        }
+        Ok(())
+    }
+}
+
+/// A journal frame: the payload's length and CRC-32, then the payload.
+pub fn frame(payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(8 + payload.len());
+    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    out.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// The payloads of the whole frames a journal file starts with, and the
+/// file's length in them. A crash can leave a torn frame at the end (or, after
+/// a power loss, anything past the last sync): the file is cut back to the
+/// last whole frame, so that later appends follow it.
+pub fn read_frames(path: &Path) -> io::Result<(Vec<Vec<u8>>, u64)> {
+    let bytes = std::fs::read(path)?;
+    let (mut frames, mut at) = (Vec::new(), 0usize);
+    while bytes.len() - at >= 8 {
+        let len = u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes")) as usize;
+        let crc = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().expect("4 bytes"));
+        let Some(payload) = bytes.get(at + 8..at + 8 + len) else { break };
+        if crc32fast::hash(payload) != crc {
+            break;
+        }
+        frames.push(payload.to_vec());
+        at += 8 + len;
+    }
+    if at < bytes.len() {
+        tracing::warn!(path = %path.display(), kept = at, dropped = bytes.len() - at, "journal ends in a torn frame; cut back");
+        let file = std::fs::OpenOptions::new().write(true).open(path)?;
+        file.set_len(at as u64)?;
+        file.sync_all()?;
+    }
+    Ok((frames, at as u64))
 }
 
 /// Write file `name` in `dir` whole: into a temporary file of its own (two
