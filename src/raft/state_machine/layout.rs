@@ -336,6 +336,9 @@ pub(super) struct Persisted {
     /// The log id of the membership the store last wrote (frames carry the
     /// membership only when it changed).
     membership_written: Option<LogId>,
+    /// The journal has records in sled, as older raftlocks kept it: the next
+    /// checkpoint deletes them.
+    legacy_journal: bool,
 }
 
 /// Where apply stands: the last entry applied and the configuration.
@@ -398,6 +401,7 @@ impl Persisted {
             None => (MvccStore::default(), BTreeMap::new(), BTreeMap::new(), AuthStore::default(), Alarms::default()),
         };
         let mut journal_bytes = 0;
+        let mut legacy_journal = false;
         let mut replay = |ops: Vec<JournalOp>| -> anyhow::Result<()> {
             for op in ops {
                 match op {
@@ -433,6 +437,7 @@ impl Persisted {
             }
             let ops: Vec<JournalOp> = decode(&v)?;
             journal_bytes += v.len() as u64;
+            legacy_journal = true;
             replay(ops)?;
         }
         // The journal file: each frame carries the counters after it.
@@ -472,6 +477,7 @@ impl Persisted {
             checkpoint_stretch: 0,
             checkpoint_bytes: Arc::new(AtomicU64::new(checkpoint_bytes)),
             membership_written: *membership.log_id(),
+            legacy_journal,
         };
         Ok((persisted, Position { last_applied, membership }))
     }
@@ -586,7 +592,10 @@ impl Persisted {
         batch.retired_files.push(checkpoint_file(self.checkpoint_seq));
         batch.retired_files.push(journal_file(self.checkpoint_seq));
         batch.deletes.push(LEGACY_CHECKPOINT.to_vec());
-        batch.deletes.extend((self.checkpoint_seq + 1..=self.seq).map(journal_key));
+        if self.legacy_journal {
+            batch.deletes.extend((self.checkpoint_seq + 1..=self.seq).map(journal_key));
+            self.legacy_journal = false;
+        }
         self.checkpoint_seq = self.seq;
         self.journal_bytes = 0;
     }

@@ -808,4 +808,59 @@ mod tests {
         assert_eq!(sm.position.last_applied.map(|l| l.index), Some(14));
         assert_eq!(damaged.mvcc().revision(), after.1 - 1);
     }
+
+    /// A store an older raftlock wrote, its journal records in sled with
+    /// the counters, restores from them; the frames written after them go
+    /// to a journal file, and the next checkpoint deletes the sled records.
+    #[tokio::test]
+    async fn a_journal_kept_in_sled_is_read_and_replaced() {
+        use crate::mvcc::KeyValue;
+        let (_dir, db, _state, sm) = fresh(1 << 20);
+        let membership = sm.position.membership.clone();
+        drop(sm);
+        let mut batch = crate::storage::StateBatch::default();
+        for seq in 1..=3u64 {
+            let revision = seq as i64 + 1;
+            let kv = KeyValue {
+                key: format!("old{seq}").into(),
+                create_revision: revision,
+                mod_revision: revision,
+                version: 1,
+                value: b"v".to_vec(),
+                lease: 0,
+            };
+            let op = layout::JournalOp::Version(StoredVersion { revision, sub: 0, key: kv.key.clone(), kv: Some(kv) });
+            batch.puts.push(([&[b'j'][..], &seq.to_be_bytes()].concat(), encode(&vec![op])));
+        }
+        let applied = Some(LogId::new(CommittedLeaderId::new(1, 1), 3));
+        batch.puts.push((b"m/seq".to_vec(), encode(&3u64)));
+        batch.puts.push((b"m/applied".to_vec(), encode(&applied)));
+        batch.puts.push((b"m/membership".to_vec(), encode(&membership)));
+        batch.puts.push((b"m/revision".to_vec(), encode(&4i64)));
+        batch.puts.push((b"m/compact".to_vec(), encode(&-1i64)));
+        db.commit(batch);
+        db.sync().unwrap();
+
+        let restored = Arc::new(AppliedState::default());
+        let mut sm = StateMachine::open_with(db.clone(), restored.clone(), 1 << 20).unwrap();
+        assert_eq!(sm.position.last_applied, applied);
+        assert_eq!(restored.mvcc().revision(), 4);
+        sm.apply([entry(4, put("new", "v"))]).await.unwrap();
+        let expected = dump(&restored);
+        assert_eq!(expected.0.len(), 4);
+        drop(sm);
+        db.sync().unwrap();
+        let again = Arc::new(AppliedState::default());
+        let mut sm = StateMachine::open_with(db.clone(), again.clone(), 1).unwrap();
+        assert_eq!(dump(&again), expected, "sled's records, then the journal file's frame");
+        // A checkpoint (due at once with a 1-byte minimum) deletes the sled records.
+        sm.apply([entry(5, put("newer", "v"))]).await.unwrap();
+        db.sync().unwrap();
+        assert_eq!(db.scan_prefix(b"j").count(), 0, "no journal records left in sled");
+        let expected = dump(&again);
+        drop(sm);
+        let last = Arc::new(AppliedState::default());
+        StateMachine::open_with(db.clone(), last.clone(), 1).unwrap();
+        assert_eq!(dump(&last), expected);
+    }
 }
