@@ -468,7 +468,7 @@ impl MvccStore {
             kvs.truncate(req.limit as usize);
             more = true;
         }
-        if bound.is_some_and(|bound| kvs.iter().map(|kv| response_weight(req, kv)).sum::<usize>() > bound) {
+        if bound.is_some_and(|bound| kvs.iter().map(|kv| response_weight(req, &kv.key, kv.value.len())).sum::<usize>() > bound) {
             return Err(MvccError::ResponseTooLarge);
         }
         let kvs = kvs
@@ -498,7 +498,7 @@ impl MvccStore {
             }
             if let Some(value_len) = visible_at(versions, rev).and_then(Version::value_len) {
                 seen += 1;
-                weight += key.len() + if req.keys_only { 0 } else { value_len } + 64;
+                weight += response_weight(req, key, value_len);
                 if weight > self.response_limit {
                     return false;
                 }
@@ -577,8 +577,8 @@ impl MvccStore {
 
 /// What one key-value weighs in the response to `req` (see
 /// [`MAX_RANGE_RESPONSE_BYTES`]).
-fn response_weight(req: &RangeRequest, kv: &KeyValue) -> usize {
-    kv.key.len() + if req.keys_only { 0 } else { kv.value.len() } + 64
+fn response_weight(req: &RangeRequest, key: &[u8], value_len: usize) -> usize {
+    key.len() + if req.keys_only { 0 } else { value_len } + 64
 }
 
 /// Move a version's key-value to the spill, if it is in memory and the spill

@@ -28,7 +28,7 @@
 //! frames are the state machine's record of each apply call; sled, which kept
 //! them as values before, held them in memory far past its page cache. A
 //! journal file ends at a whole frame after a crash, or in a torn one that
-//! [`read_frames`] cuts off.
+//! [`read_journal`] cuts off.
 //!
 //! ## Files beside sled
 //! Whole-state encodings (checkpoints) are not sled values but files in a
@@ -43,6 +43,7 @@
 //! (`large`); they are still read, and removed by the first batch that
 //! deletes their key.
 
+pub mod framing;
 pub mod wal;
 
 use std::io::{self, Write};
@@ -105,7 +106,7 @@ pub struct StateBatch {
     /// `(file, frame)`: a journal frame ([`frame`]) appended to `file` in
     /// the file directory, after the batch's files are written. Not synced
     /// until [`StateStore::sync`]: after a crash a journal file ends at some
-    /// frame, possibly a torn one, which [`read_frames`] cuts off.
+    /// frame, possibly a torn one, which [`read_journal`] cuts off.
     pub journal: Option<(String, Vec<u8>)>,
 }
 
@@ -422,39 +423,28 @@ impl JournalWriter {
     }
 }
 
-/// A journal frame: the payload's length and CRC-32, then the payload.
+/// A journal frame ([`framing`]) holding `payload`.
 pub fn frame(payload: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(8 + payload.len());
-    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-    out.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
-    out.extend_from_slice(payload);
+    let mut out = Vec::with_capacity(framing::HEADER + payload.len());
+    framing::append(&mut out, |out| out.extend_from_slice(payload));
     out
 }
 
-/// The payloads of the whole frames a journal file starts with, and the
-/// file's length in them. A crash can leave a torn frame at the end (or, after
+/// The whole frames a journal file starts with (read them with
+/// [`framing::bodies`]). A crash can leave a torn frame at the end (or, after
 /// a power loss, anything past the last sync): the file is cut back to the
 /// last whole frame, so that later appends follow it.
-pub fn read_frames(path: &Path) -> io::Result<(Vec<Vec<u8>>, u64)> {
-    let bytes = std::fs::read(path)?;
-    let (mut frames, mut at) = (Vec::new(), 0usize);
-    while bytes.len() - at >= 8 {
-        let len = u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes")) as usize;
-        let crc = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().expect("4 bytes"));
-        let Some(payload) = bytes.get(at + 8..at + 8 + len) else { break };
-        if crc32fast::hash(payload) != crc {
-            break;
-        }
-        frames.push(payload.to_vec());
-        at += 8 + len;
-    }
-    if at < bytes.len() {
-        tracing::warn!(path = %path.display(), kept = at, dropped = bytes.len() - at, "journal ends in a torn frame; cut back");
+pub fn read_journal(path: &Path) -> io::Result<Vec<u8>> {
+    let mut bytes = std::fs::read(path)?;
+    let whole: usize = framing::bodies(&bytes).map(|body| framing::HEADER + body.len()).sum();
+    if whole < bytes.len() {
+        tracing::warn!(path = %path.display(), kept = whole, dropped = bytes.len() - whole, "journal ends in a torn frame; cut back");
         let file = std::fs::OpenOptions::new().write(true).open(path)?;
-        file.set_len(at as u64)?;
+        file.set_len(whole as u64)?;
         file.sync_all()?;
+        bytes.truncate(whole);
     }
-    Ok((frames, at as u64))
+    Ok(bytes)
 }
 
 /// Write file `name` in `dir` whole: into a temporary file of its own (two

@@ -443,10 +443,10 @@ impl Persisted {
         // The journal file: each frame carries the counters after it.
         let journal = db.files_dir().join(&journal);
         if journal.exists() {
-            let (frames, bytes) = crate::storage::read_frames(&journal)?;
-            journal_bytes += bytes;
-            for f in frames {
-                let f: JournalFrame = decode(&f)?;
+            let frames = crate::storage::read_journal(&journal)?;
+            journal_bytes += frames.len() as u64;
+            for f in crate::storage::framing::bodies(&frames) {
+                let f: JournalFrame = decode(f)?;
                 anyhow::ensure!(f.seq > seq, "journal: frame {} follows {seq}", f.seq);
                 replay(f.ops)?;
                 (seq, last_applied, revision, compact) = (f.seq, f.last_applied, f.revision, f.compact);
@@ -512,11 +512,11 @@ impl Persisted {
             }))
         };
         self.journal_bytes += frame.len() as u64;
-        self.membership_written = *position.membership.log_id();
         if self.checkpoint_due() {
             self.checkpoint(state, &mut batch);
             self.counters(state, position, &mut batch);
         } else {
+            self.membership_written = *position.membership.log_id();
             batch.journal = Some((journal_file(self.checkpoint_seq), frame));
         }
         self.db.commit(batch);

@@ -3,19 +3,18 @@
 //! for the layout and the recovery rules).
 
 use super::{EntryAt, Recovered, WalRecord};
+use crate::storage::framing;
 
 const KIND_ENTRY: u8 = 1;
 const KIND_META: u8 = 2;
 const KIND_TRUNCATE: u8 = 3;
 const KIND_PURGE: u8 = 4;
-pub(super) const FRAME_HEADER: usize = 8;
+pub(super) const FRAME_HEADER: usize = framing::HEADER;
 /// The unit a disk writes atomically: a crash tears a write at these boundaries.
 pub(super) const SECTOR: usize = 512;
 
 pub(super) fn encode(record: &WalRecord, buf: &mut Vec<u8>) {
-    let start = buf.len();
-    buf.extend_from_slice(&[0u8; FRAME_HEADER]);
-    match record {
+    framing::append(buf, |buf| match record {
         WalRecord::Entry { index, data } => {
             buf.push(KIND_ENTRY);
             buf.extend_from_slice(&index.to_le_bytes());
@@ -34,12 +33,7 @@ pub(super) fn encode(record: &WalRecord, buf: &mut Vec<u8>) {
             buf.push(KIND_PURGE);
             buf.extend_from_slice(&index.to_le_bytes());
         }
-    }
-    let body = &buf[start + FRAME_HEADER..];
-    let len = body.len() as u32;
-    let crc = crc32fast::hash(body);
-    buf[start..start + 4].copy_from_slice(&len.to_le_bytes());
-    buf[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+    })
 }
 
 /// What replaying one segment found, besides what it added to [`Recovered`].
@@ -58,16 +52,8 @@ pub(super) fn replay_segment(bytes: &[u8], seq: u64, rec: &mut Recovered) -> Seg
     let mut pos = 0;
     let mut max_index = None;
     let mut meta_keys = Vec::new();
-    while pos + FRAME_HEADER <= bytes.len() {
-        let len = u32::from_le_bytes(bytes[pos..pos + 4].try_into().expect("4 bytes")) as usize;
-        let crc = u32::from_le_bytes(bytes[pos + 4..pos + 8].try_into().expect("4 bytes"));
-        if len == 0 || pos + FRAME_HEADER + len > bytes.len() {
-            break;
-        }
-        let body = &bytes[pos + FRAME_HEADER..pos + FRAME_HEADER + len];
-        if crc32fast::hash(body) != crc {
-            break;
-        }
+    for body in framing::bodies(bytes) {
+        let len = body.len();
         let Some(record) = decode(body) else { break };
         match record {
             WalRecord::Entry { index, data } => {
@@ -101,10 +87,7 @@ pub(super) fn replay_segment(bytes: &[u8], seq: u64, rec: &mut Recovered) -> Seg
 
 /// The record of one whole frame (header included), if its checksum holds.
 pub(super) fn decode_frame(frame: &[u8]) -> Option<WalRecord> {
-    let len = u32::from_le_bytes(frame.get(..4)?.try_into().ok()?) as usize;
-    let crc = u32::from_le_bytes(frame.get(4..8)?.try_into().ok()?);
-    let body = frame.get(FRAME_HEADER..FRAME_HEADER + len)?;
-    (crc32fast::hash(body) == crc).then(|| decode(body))?
+    framing::body_at(frame).and_then(decode)
 }
 
 fn decode(body: &[u8]) -> Option<WalRecord> {
