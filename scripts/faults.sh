@@ -13,13 +13,17 @@
 #
 # A failing run keeps its histories, data and logs under target/faults/.
 # Needs root (nftables cuts links between the members' addresses); installs
-# Debian's nftables if it is missing.
+# Debian's nftables if it is missing, and protobuf-compiler (the suite's
+# client, the etcd-client crate, needs protoc to build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if ! command -v nft >/dev/null; then
+missing=()
+command -v nft >/dev/null || missing+=(nftables)
+command -v protoc >/dev/null || missing+=(protobuf-compiler)
+if [ ${#missing[@]} -gt 0 ]; then
   sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
   $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq nftables >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 # Both packages' binaries (a `--bin` filter would apply to both and skip the suite's).
 cargo build --quiet -p raftlock -p raftlock-faults --bins

@@ -25,4 +25,5 @@ RAFTLOCK_ETCD_DIR=$(scripts/install-etcd.sh)
 RAFTLOCK_PYTHON_ETCD3=$(scripts/install-python-etcd3.sh)
 export RAFTLOCK_ETCD_DIR RAFTLOCK_PYTHON_ETCD3
 
-cargo test --workspace "$@"
+# With raftlockctl's etcd-client bench driver (it needs protoc, installed above).
+cargo test --workspace --features raftlock/bench-etcd-client "$@"

@@ -212,14 +212,23 @@ async fn lock_stops_the_command_when_the_lease_is_lost_and_reports_a_command_tha
 /// `raftlockctl bench` with both drivers (its own gRPC client and the
 /// etcd-client crate, balanced over every member): every request is counted
 /// and succeeds, the writes land, and the lock workload's leases are revoked
-/// at the end; a workload the etcd-client driver cannot run is refused.
+/// at the end; a workload the etcd-client driver cannot run is refused. A
+/// raftlockctl built without that driver (feature `bench-etcd-client` off)
+/// refuses it, saying how to build it.
 #[tokio::test]
 async fn bench_runs_with_both_drivers() {
     let cluster = Cluster::start(3).await;
     let endpoints = cluster.endpoints().join(",");
     let e = endpoints.as_str();
     let base = ["bench", "--clients", "8", "--conns", "2", "--total", "200", "--key-space", "50", "--sequential"];
-    for driver in ["raftlockctl", "etcd-client"] {
+    let with_etcd_client = cfg!(feature = "bench-etcd-client");
+    if !with_etcd_client {
+        let o = ctl(e, &["bench", "put", "--driver", "etcd-client", "--total", "10"]);
+        assert!(!o.status.success());
+        assert!(String::from_utf8_lossy(&o.stderr).contains("--features bench-etcd-client"), "{o:?}");
+    }
+    let drivers: &[&str] = if with_etcd_client { &["raftlockctl", "etcd-client"] } else { &["raftlockctl"] };
+    for &driver in drivers {
         for workload in ["put", "txn", "get", "lock"] {
             let mut args = base.to_vec();
             args.insert(1, workload);
@@ -237,7 +246,9 @@ async fn bench_runs_with_both_drivers() {
         assert_eq!(ok(e, &["lease", "list"]).trim(), "found 0 leases", "{driver}");
         assert_eq!(ok(e, &["get", "bench-lock/", "--prefix", "--count-only"]).trim(), "0", "{driver}");
     }
-    let o = ctl(e, &["bench", "native-lock", "--driver", "etcd-client", "--total", "10"]);
-    assert!(!o.status.success());
-    assert!(String::from_utf8_lossy(&o.stderr).contains("--driver etcd-client runs put"), "{o:?}");
+    if with_etcd_client {
+        let o = ctl(e, &["bench", "native-lock", "--driver", "etcd-client", "--total", "10"]);
+        assert!(!o.status.success());
+        assert!(String::from_utf8_lossy(&o.stderr).contains("--driver etcd-client runs put"), "{o:?}");
+    }
 }

@@ -278,7 +278,7 @@ impl Driver {
 /// The connections a run's request loops share, of the chosen driver.
 enum Connections {
     Own(Vec<Service>),
-    EtcdClient(Vec<etcd_client::Client>),
+    EtcdClient(Vec<bench_etcd_client::Client>),
 }
 
 /// Run one benchmark against `endpoints`; every request carries `token`'s

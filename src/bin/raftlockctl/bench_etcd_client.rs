@@ -14,7 +14,8 @@
 //! systems.
 
 use anyhow::Context;
-use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, LockOptions, Txn, TxnOp};
+pub use etcd_client::Client;
+use etcd_client::{Compare, CompareOp, ConnectOptions, GetOptions, LockOptions, Txn, TxnOp};
 use raftlock::client::ClientTls;
 
 use crate::bench::{BenchArgs, Workload};
