@@ -93,6 +93,13 @@ pub type Raft = openraft::Raft<TypeConfig>;
 pub type LogId = openraft::LogId<u64>;
 pub type Entry = openraft::Entry<TypeConfig>;
 pub type RaftMetrics = openraft::RaftMetrics<u64, MemberNode>;
+/// The part of openraft's metrics that changes only with a vote, a role, a
+/// leader or a configuration (`Raft::server_metrics`). Tasks that wait for
+/// such news watch this, never `Raft::metrics()`: openraft publishes its full
+/// metrics at every step of its core (each append, acknowledgement, commit
+/// and apply), waking every watcher each time — thousands of times a second
+/// under load, on every member. The channel closes when openraft's core ends.
+pub type ServerMetrics = tokio::sync::watch::Receiver<openraft::metrics::RaftServerMetrics<u64, MemberNode>>;
 
 /// How far member `id`'s log matches the leader's, as the leader's metrics
 /// know it (`None` if this member does not lead or has no news of `id`).
@@ -311,10 +318,15 @@ pub enum WaitError {
 }
 
 /// Wait until this member has applied log index `index`, at most `within`.
+/// Watches openraft's data metrics, which change only when one of their
+/// fields does, rather than its full metrics (see [`ServerMetrics`]).
 pub async fn wait_applied(raft: &Raft, index: u64, within: std::time::Duration) -> Result<(), WaitError> {
-    match raft.wait(Some(within)).applied_index_at_least(Some(index), "applied").await {
-        Ok(_) => Ok(()),
-        Err(openraft::metrics::WaitError::Timeout(..)) => Err(WaitError::Timeout),
-        Err(openraft::metrics::WaitError::ShuttingDown) => Err(WaitError::Stopped),
+    let mut data = raft.data_metrics();
+    let applied = data.wait_for(|m| m.last_applied.map(|l| l.index) >= Some(index));
+    let outcome = tokio::time::timeout(within, async { applied.await.map(drop) }).await;
+    match outcome {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(_)) => Err(WaitError::Stopped),
+        Err(_) => Err(WaitError::Timeout),
     }
 }

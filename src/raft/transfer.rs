@@ -115,18 +115,18 @@ pub async fn transfer(
     }
     // 3. Campaign until it leads.
     let outcome = async {
-        let mut metrics = raft.metrics();
+        let mut server = raft.server_metrics();
         loop {
             let _ = peers.admin(&target_url, &ControlRequest::Campaign, Duration::from_millis(500)).await;
             let until = Instant::now() + CAMPAIGN_EVERY;
             while Instant::now() < until {
-                if metrics.borrow().current_leader == Some(target) {
+                if server.borrow().current_leader == Some(target) {
                     return Ok(());
                 }
                 if Instant::now() >= deadline {
                     return Err(TransferError::TimedOut);
                 }
-                let _ = tokio::time::timeout_at(until.min(deadline), metrics.changed()).await;
+                let _ = tokio::time::timeout_at(until.min(deadline), server.changed()).await;
             }
         }
     }

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use openraft::metrics::RaftServerMetrics;
 use tokio::time::Instant;
 
 use super::route::{Attempt, Route};
@@ -18,7 +19,7 @@ use crate::raft::membership::{MembershipAnswer, MembershipChange, MembershipRefu
 use crate::raft::peer::client::PeerClients;
 use crate::raft::peer::messages::ControlRequest;
 use crate::raft::transfer::{transfer, TransferError};
-use crate::raft::RaftMetrics;
+use crate::raft::MemberNode;
 use crate::shutdown::Stopping;
 
 impl Node {
@@ -36,21 +37,21 @@ impl Node {
     /// configuration it has applied (as etcd's peers tell a removed member).
     pub async fn removed(&self) {
         const GRACE: Duration = Duration::from_secs(1);
-        let mut metrics = self.raft.metrics();
+        let mut server = self.raft.server_metrics();
         let ask = ControlRequest::Removed { id: self.id };
         loop {
-            let leaving = |m: &RaftMetrics| {
+            let leaving = |m: &RaftServerMetrics<u64, MemberNode>| {
                 let membership = m.membership_config.membership();
                 let joint = membership.get_joint_config();
                 let voter_leaving =
                     joint.iter().any(|c| c.contains(&self.id)) && joint.last().is_some_and(|c| !c.contains(&self.id));
                 m.membership_config.log_id().is_some() && (membership.get_node(&self.id).is_none() || voter_leaving)
             };
-            if metrics.wait_for(leaving).await.is_err() {
+            if server.wait_for(leaving).await.is_err() {
                 std::future::pending::<()>().await;
             }
             let urls: Vec<String> = {
-                let m = metrics.borrow();
+                let m = server.borrow();
                 let membership = m.membership_config.membership();
                 membership.nodes().filter(|(id, _)| **id != self.id).map(|(_, n)| n.peer_url.clone()).collect()
             };

@@ -58,7 +58,7 @@ use crate::raft::peer::server::{LeaseAuthority, PeerService};
 use crate::raft::proposer::Proposer;
 use crate::raft::read_index::ReadFloor;
 use crate::raft::state_machine::StateMachine;
-use crate::raft::{MemberNode, Raft, RaftMetrics, RaftSettings, ServerState};
+use crate::raft::{MemberNode, Raft, RaftMetrics, RaftSettings, ServerMetrics, ServerState};
 use crate::shutdown::{Shutdown, Stopping};
 use crate::storage::wal::DEFAULT_SEGMENT_BYTES;
 use crate::storage::StateStore;
@@ -125,16 +125,16 @@ const READ_BARRIER_LIMITS: crate::batcher::Limits = crate::batcher::Limits {
 
 /// Count leader changes (`etcd_server_leader_changes_seen_total`): every
 /// time the leader this member knows becomes another one.
-async fn count_leader_changes(mut raft_metrics: tokio::sync::watch::Receiver<RaftMetrics>, mut stopping: Stopping) {
+async fn count_leader_changes(mut server_metrics: ServerMetrics, mut stopping: Stopping) {
     let mut known = None;
     loop {
-        let leader = raft_metrics.borrow_and_update().current_leader;
+        let leader = server_metrics.borrow_and_update().current_leader;
         if leader.is_some() && leader != known {
             crate::metrics::metrics().leader_changes.inc();
             known = leader;
         }
         tokio::select! {
-            changed = raft_metrics.changed() => if changed.is_err() { return },
+            changed = server_metrics.changed() => if changed.is_err() { return },
             _ = stopping.stopped() => return,
         }
     }
@@ -297,7 +297,7 @@ impl Node {
         tokio::spawn(node.elections.clone().run(node.stopping()));
         tokio::spawn(lease_keeper::run(node.clone(), node.stopping()));
         tokio::spawn(compactor::sweep(node.clone(), node.stopping()));
-        tokio::spawn(count_leader_changes(node.raft.metrics(), node.stopping()));
+        tokio::spawn(count_leader_changes(node.raft.server_metrics(), node.stopping()));
         let log_bound = crate::raft::bound_log(
             node.raft.clone(),
             log_store.clone(),
@@ -343,14 +343,23 @@ impl Node {
     /// Resolves if Raft stops for good (a storage failure: a WAL write or
     /// sync failed), with why: the member must stop serving, rather than
     /// answer reads from a state that no longer moves.
+    ///
+    /// Waits on the server metrics (see [`ServerMetrics`]): openraft's full
+    /// metrics change with every append and apply, and a task waiting on
+    /// them would be woken thousands of times a second. openraft's core
+    /// records a fatal error in its full metrics, then ends, which closes
+    /// the server metrics channel.
     pub async fn failed(&self) -> String {
-        let mut metrics = self.raft.metrics();
+        let mut server = self.raft.server_metrics();
         loop {
-            if let Err(fatal) = &metrics.borrow_and_update().running_state {
+            if let Err(fatal) = &self.raft.metrics().borrow().running_state {
                 return fatal.to_string();
             }
-            if metrics.changed().await.is_err() {
-                return "raft stopped".to_string();
+            if server.changed().await.is_err() {
+                return match &self.raft.metrics().borrow().running_state {
+                    Err(fatal) => fatal.to_string(),
+                    Ok(()) => "raft stopped".to_string(),
+                };
             }
         }
     }

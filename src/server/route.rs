@@ -80,8 +80,8 @@ impl Node {
     /// Resolves once this member knows of a leader other than `leader` (or
     /// of an election under way); never, once Raft has stopped.
     pub(super) async fn leader_replaced(&self, leader: u64) {
-        let mut metrics = self.raft.metrics();
-        if metrics.wait_for(|m| m.current_leader != Some(leader)).await.is_err() {
+        let mut server = self.raft.server_metrics();
+        if server.wait_for(|m| m.current_leader != Some(leader)).await.is_err() {
             std::future::pending::<()>().await;
         }
     }
@@ -96,9 +96,9 @@ impl Node {
         if Instant::now() >= deadline {
             return Err(if had_leader { ServerError::Timeout } else { ServerError::NoLeader });
         }
-        let mut metrics = self.raft.metrics();
+        let mut server = self.raft.server_metrics();
         let until = deadline.min(Instant::now() + Duration::from_millis(100));
-        let _ = tokio::time::timeout_at(until, metrics.changed()).await;
+        let _ = tokio::time::timeout_at(until, server.changed()).await;
         // Do not spin when the metrics change for other reasons.
         tokio::time::sleep(Duration::from_millis(5)).await;
         Ok(())
