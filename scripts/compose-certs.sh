@@ -10,11 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:-.compose-certs}
 [ -f "$dir/client.pem" ] && exit 0
-if ! command -v openssl >/dev/null; then # Debian's openssl, as the other set-up scripts install theirs
-  sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq openssl >/dev/null
-fi
+command -v openssl >/dev/null || scripts/apt-install.sh openssl
 mkdir -p "$dir"
 cd "$dir"
 ec() { openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "$1.key" -out "$1.csr" -subj "/CN=$2" 2>/dev/null; }

@@ -20,11 +20,7 @@ cd "$(dirname "$0")/.."
 missing=()
 command -v nft >/dev/null || missing+=(nftables)
 command -v protoc >/dev/null || missing+=(protobuf-compiler)
-if [ ${#missing[@]} -gt 0 ]; then
-  sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+scripts/apt-install.sh "${missing[@]}"
 # Both packages' binaries (a `--bin` filter would apply to both and skip the suite's).
 cargo build --quiet -p raftlock -p raftlock-faults --bins
 # Cargo's target directory: ./target unless CARGO_TARGET_DIR or a config moves it.

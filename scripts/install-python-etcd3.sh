@@ -10,9 +10,7 @@ cd "$(dirname "$0")/.."
 venv=.tools/python-etcd3
 if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import etcd3" 2>/dev/null; then
   if ! python3 -m venv "$venv" >/dev/null 2>&1; then
-    sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq python3-venv >/dev/null
+    scripts/apt-install.sh python3-venv
     rm -rf "$venv"
     python3 -m venv "$venv" >/dev/null
   fi

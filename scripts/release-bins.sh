@@ -8,11 +8,7 @@ if [ -n "${BIN_DIR:-}" ]; then
   cd "$BIN_DIR" && pwd
 else
   # raftlockctl's etcd-client bench driver needs protoc to build.
-  if ! command -v protoc >/dev/null; then
-    sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
-    $sudo apt-get update -qq >&2
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq protobuf-compiler >&2
-  fi
+  command -v protoc >/dev/null || scripts/apt-install.sh protobuf-compiler
   cargo build --release --bins -p raftlock -p bench-plot --features raftlock/bench-etcd-client >&2
   # Cargo's target directory: ./target unless CARGO_TARGET_DIR or a config moves it.
   echo "$(cargo metadata --format-version 1 --no-deps |

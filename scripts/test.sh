@@ -16,11 +16,7 @@ command -v etcdctl >/dev/null || missing+=(etcd-client)
 command -v go >/dev/null || missing+=(golang-go)
 command -v curl >/dev/null || missing+=(curl)
 [ -d /usr/share/gocode/src/go.etcd.io/etcd/clientv3 ] || missing+=(golang-etcd-server-dev)
-if [ ${#missing[@]} -gt 0 ]; then
-  sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+scripts/apt-install.sh "${missing[@]}"
 RAFTLOCK_ETCD_DIR=$(scripts/install-etcd.sh)
 RAFTLOCK_PYTHON_ETCD3=$(scripts/install-python-etcd3.sh)
 export RAFTLOCK_ETCD_DIR RAFTLOCK_PYTHON_ETCD3
