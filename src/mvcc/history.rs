@@ -124,8 +124,7 @@ impl MvccStore {
                     break;
                 }
                 let prev = if i > 0 { self.load(key, &versions[i - 1]) } else { None };
-                let change =
-                    Change { revision: v.revision, sub: v.sub, key: key.clone(), kv: self.load(key, v), prev };
+                let change = Change { revision: v.revision, sub: v.sub, key: key.clone(), kv: self.load(key, v), prev };
                 scan.bytes += change_bytes(&change);
                 scan.changes.push(change);
             }

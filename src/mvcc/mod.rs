@@ -244,7 +244,9 @@ impl MvccStore {
         match &v.held {
             Held::Tombstone => None,
             Held::Memory(kv) => Some(kv.clone()),
-            Held::Spilled(s) => Some(Arc::new(self.spill.as_ref().expect("a spilled version has a spill").read(key, s))),
+            Held::Spilled(s) => {
+                Some(Arc::new(self.spill.as_ref().expect("a spilled version has a spill").read(key, s)))
+            }
         }
     }
 
@@ -468,7 +470,9 @@ impl MvccStore {
             kvs.truncate(req.limit as usize);
             more = true;
         }
-        if bound.is_some_and(|bound| kvs.iter().map(|kv| response_weight(req, &kv.key, kv.value.len())).sum::<usize>() > bound) {
+        if bound.is_some_and(|bound| {
+            kvs.iter().map(|kv| response_weight(req, &kv.key, kv.value.len())).sum::<usize>() > bound
+        }) {
             return Err(MvccError::ResponseTooLarge);
         }
         let kvs = kvs

@@ -455,7 +455,6 @@ impl Persisted {
                 }
             }
         }
-        drop(replay);
         anyhow::ensure!(
             mvcc.revision() <= revision && mvcc.compact_revision() == compact,
             "state store is inconsistent: journal ends at revision {} (compacted at {}), counters say {revision} ({compact})",
@@ -504,8 +503,7 @@ impl Persisted {
             crate::storage::frame(&encode(&JournalFrameRef {
                 seq: self.seq,
                 last_applied: &position.last_applied,
-                membership: (self.membership_written != *position.membership.log_id())
-                    .then_some(&position.membership),
+                membership: (self.membership_written != *position.membership.log_id()).then_some(&position.membership),
                 revision: mvcc.revision(),
                 compact: mvcc.compact_revision(),
                 ops: journal,

@@ -143,7 +143,8 @@ impl StateMachine {
     /// in memory (see `mvcc::spill`); those the restore loaded move there now.
     pub fn spilling_history(self, dir: &std::path::Path) -> anyhow::Result<StateMachine> {
         use anyhow::Context;
-        let spill = crate::mvcc::Spill::open(dir).with_context(|| format!("opening the history spill {}", dir.display()))?;
+        let spill =
+            crate::mvcc::Spill::open(dir).with_context(|| format!("opening the history spill {}", dir.display()))?;
         self.state.mvcc_mut().spill_into(spill);
         Ok(self)
     }
