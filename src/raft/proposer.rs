@@ -94,11 +94,21 @@ impl Proposer {
 
     /// Propose `cmd` on this member and wait for its apply result.
     pub async fn propose(&self, cmd: Command) -> Result<CommandResult, ProposeError> {
-        match self.batcher.call(cmd).await {
-            Ok(result) => result,
-            Err(CallError::Overloaded) => Err(ProposeError::Overloaded),
-            Err(CallError::Stopped) => Err(ProposeError::Stopped),
-        }
+        answer(self.batcher.call(cmd).await)
+    }
+
+    /// Propose `cmds` together, so that they share an entry (with whatever
+    /// else is queued), and wait for their results, in order.
+    pub async fn propose_all(&self, cmds: Vec<Command>) -> Vec<Result<CommandResult, ProposeError>> {
+        self.batcher.call_all(cmds).await.into_iter().map(answer).collect()
+    }
+}
+
+fn answer(called: Result<Result<CommandResult, ProposeError>, CallError>) -> Result<CommandResult, ProposeError> {
+    match called {
+        Ok(result) => result,
+        Err(CallError::Overloaded) => Err(ProposeError::Overloaded),
+        Err(CallError::Stopped) => Err(ProposeError::Stopped),
     }
 }
 
