@@ -176,12 +176,13 @@ fn from(identity: Option<(u64, u64)>, data: Vec<u8>) -> tonic::Request<RaftPaylo
     req
 }
 
-/// A forwarded write as the peer protocol encodes it: format byte 1, then
-/// bincode (fixed-width little-endian) of `Vec<Command>` holding one
-/// `Command::Put` (variant 0) of `key` = `value`.
+/// A forwarded batch as the peer protocol encodes it: format byte 1, then
+/// bincode (fixed-width little-endian) of a `ForwardBatch` numbered 7 holding
+/// one `Command::Put` (variant 0) of `key` = `value`.
 fn forwarded_put(key: &str, value: &str) -> Vec<u8> {
     let mut out = vec![1u8];
-    out.extend(1u64.to_le_bytes());
+    out.extend(7u64.to_le_bytes()); // the batch's ID
+    out.extend(1u64.to_le_bytes()); // one command
     out.extend(0u32.to_le_bytes());
     for bytes in [key.as_bytes(), value.as_bytes()] {
         out.extend((bytes.len() as u64).to_le_bytes());
@@ -190,6 +191,26 @@ fn forwarded_put(key: &str, value: &str) -> Vec<u8> {
     out.extend(0i64.to_le_bytes()); // lease
     out.extend([0u8, 0, 0]); // prev_kv, ignore_value, ignore_lease
     out
+}
+
+/// Open a forwarding stream with the given identity, send it `batch`, and
+/// return the first answer (or the status that refused the stream).
+async fn forward_once(
+    peer: &mut PeerClient<Channel>,
+    identity: Option<(u64, u64)>,
+    batch: Vec<u8>,
+) -> Result<RaftPayload, tonic::Status> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tx.send(RaftPayload { data: batch }).unwrap();
+    let mut req = tonic::Request::new(tokio_stream::wrappers::UnboundedReceiverStream::new(rx));
+    if let Some((cluster, member)) = identity {
+        req.metadata_mut().insert("raftlock-cluster-id", format!("{cluster:x}").parse().unwrap());
+        req.metadata_mut().insert("raftlock-member-id", format!("{member:x}").parse().unwrap());
+    }
+    let mut answers = peer.forward(req).await?.into_inner();
+    let answer = answers.message().await?.expect("one answer per batch");
+    drop(tx);
+    Ok(answer)
 }
 
 #[tokio::test]
@@ -210,7 +231,7 @@ async fn peers_from_another_cluster_or_with_an_id_that_is_not_a_member_are_refus
     ];
     for (i, (what, identity, code)) in refusals.into_iter().enumerate() {
         let key = format!("rogue/{i}");
-        let status = peer.forward(from(identity, forwarded_put(&key, "x"))).await.unwrap_err();
+        let status = forward_once(&mut peer, identity, forwarded_put(&key, "x")).await.unwrap_err();
         assert_eq!(status.code(), code, "a forward from {what}: {status:?}");
         let status = peer.vote(from(identity, vec![1, 0])).await.unwrap_err();
         assert_eq!(status.code(), code, "a vote from {what}: {status:?}");
@@ -224,7 +245,7 @@ async fn peers_from_another_cluster_or_with_an_id_that_is_not_a_member_are_refus
     }
     // The same bytes from a member of this cluster are applied: the refusals
     // above were for who sent them, not for what they said.
-    peer.forward(from(Some((cluster_id, member_id)), forwarded_put("rogue/member", "y"))).await.unwrap();
+    forward_once(&mut peer, Some((cluster_id, member_id)), forwarded_put("rogue/member", "y")).await.unwrap();
     assert_eq!(kv.get("rogue/member", None).await.unwrap().kvs()[0].value(), b"y");
 
     // Each refused sender is logged once, however often it retries.

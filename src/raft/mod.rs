@@ -26,8 +26,8 @@
 //!    [`crate::command::Command`].
 //! 2. On the leader, the command goes to its proposer ([`proposer`], batched
 //!    with other commands into one `Raft::client_write`); on a follower, it
-//!    goes over the peer protocol ([`peer::forward`], `Peer.Forward`) to the
-//!    leader's proposer.
+//!    goes over the peer protocol ([`peer::forward`], in a batch on the
+//!    follower's `Peer.Forward` stream) to the leader's proposer.
 //! 3. openraft appends the entry to the leader's WAL; meanwhile each follower's
 //!    replication pipe ([`pipeline`]) streams it to that follower without
 //!    waiting for earlier requests to be answered; each member reports it

@@ -1,6 +1,7 @@
 //! The client side of the peer protocol: one cached channel per peer, and a
-//! method per question a member asks another (forward writes, read index,
-//! lease questions, membership changes, admin steps).
+//! method per question a member asks another (read index, lease questions,
+//! membership changes, admin steps). Forwarded writes have a stream of their
+//! own per leader (`peer::forward`).
 //!
 //! One gRPC channel per peer URL is created lazily and cached for the life of
 //! the process ([`PeerClients`]); a tonic channel multiplexes concurrent calls
@@ -25,9 +26,8 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
 use super::gate::PeerIdentity;
-use super::messages::{ControlRequest, ForwardError, LeaseAnswer, LeaseQuery, MembershipAnswer, MembershipChange};
+use super::messages::{ControlRequest, LeaseAnswer, LeaseQuery, MembershipAnswer, MembershipChange};
 use super::server::MAX_PEER_MESSAGE_BYTES;
-use crate::command::{Command, CommandResult};
 use crate::proto::raftlock::peer::peer_client::PeerClient;
 use crate::proto::raftlock::peer::{RaftPayload, ReadIndexRequest};
 use crate::raft::{decode, encode};
@@ -150,44 +150,6 @@ impl PeerClients {
         heard.get(&member).is_some_and(|at| at.elapsed() <= within)
     }
 
-    /// Hand writes to the leader at `url`; one answer per command, in order.
-    pub async fn forward(
-        &self,
-        url: &str,
-        cmds: &[Command],
-        timeout: Duration,
-    ) -> Vec<Result<CommandResult, ForwardFailure>> {
-        let failed = |f: ForwardFailure| vec![Err(f); cmds.len()];
-        let mut client = match self.client(url) {
-            Ok(c) => c,
-            Err(e) => return failed(ForwardFailure::Unreachable(e.to_string())),
-        };
-        let mut req = tonic::Request::new(RaftPayload { data: encode(&cmds) });
-        req.set_timeout(timeout);
-        let resp = match client.forward(req).await {
-            Ok(r) => r,
-            Err(s) if never_sent(&s) => return failed(ForwardFailure::Unreachable(s.to_string())),
-            Err(s) => return failed(ForwardFailure::Unknown(s.to_string())),
-        };
-        let results: Vec<Result<CommandResult, ForwardError>> = match decode(&resp.into_inner().data) {
-            Ok(r) => r,
-            Err(e) => return failed(ForwardFailure::Unknown(e.to_string())),
-        };
-        if results.len() != cmds.len() {
-            return failed(ForwardFailure::Unknown("forward: wrong number of results".into()));
-        }
-        results
-            .into_iter()
-            .map(|r| {
-                r.map_err(|e| match e {
-                    ForwardError::NotLeader { leader } => ForwardFailure::NotLeader { leader },
-                    ForwardError::Failed(msg) => ForwardFailure::Unknown(msg),
-                    ForwardError::Overloaded => ForwardFailure::Overloaded,
-                })
-            })
-            .collect()
-    }
-
     /// Ask the leader at `url` a lease question.
     pub async fn lease(&self, url: &str, query: &LeaseQuery, timeout: Duration) -> Result<LeaseAnswer, tonic::Status> {
         reply(self.connect(url)?.lease(request(query, timeout)).await?)
@@ -268,7 +230,7 @@ fn reply<T: DeserializeOwned>(resp: tonic::Response<RaftPayload>) -> Result<T, t
 /// True when a failed call certainly did not reach the server (the connection
 /// could not be made), so that sending it elsewhere cannot apply it twice.
 /// Decided by the I/O error under the transport error, not by its text.
-fn never_sent(status: &tonic::Status) -> bool {
+pub(super) fn never_sent(status: &tonic::Status) -> bool {
     if status.code() != tonic::Code::Unavailable {
         return false;
     }

@@ -1,13 +1,65 @@
-//! Follower-side batching of forwarded writes: the writes that arrive while
-//! earlier ones are on their way to the leader travel together in one
-//! `Peer.Forward` call (see `crate::batcher`), and each waiter gets its own
-//! command's apply result (or why it has none).
+//! Follower-side forwarding of writes to the leader.
+//!
+//! The writes that arrive while earlier ones are on their way to the leader
+//! travel together as one batch (see `crate::batcher`), and each waiter gets
+//! its own command's apply result, or why it has none. Batches go to the
+//! leader on one long-lived `Peer.Forward` stream per leader URL (a
+//! [`Link`]): a batch is one message tagged with an ID, and the leader
+//! answers each batch with that ID once its commands are applied, in whatever
+//! order they finish. Against one unary call per batch, a batch opens no
+//! HTTP/2 stream of its own: no request and response headers, no task per
+//! call on either side, no identity metadata to stamp and check (the leader
+//! checks the sender's membership per batch, from its configuration).
+//!
+//! What a failure means (what `server::write` may retry):
+//! - the stream could not be opened because no connection could be made
+//!   (`client::never_sent`): the batches queued on it never left, and are
+//!   `Unreachable`;
+//! - the leader stops: it answers the batches it read, then says which was
+//!   the last (`ForwardReply::Closing`); those after it never ran, and are
+//!   `Unreachable`;
+//! - the stream failed or ended otherwise, or a batch went unanswered for
+//!   the forwarding timeout: the batches the transport had taken from the
+//!   link's queue may have been applied, and are `Unknown`; those still
+//!   queued never left, and are `Unreachable`. The link is ended (its stream
+//!   reset); the next batch to that URL opens a new one.
+//!
+//! The last rule is what makes a write that arrives just after the leader
+//! died retryable: the follower learns of a dead connection only when its
+//! tasks next run, so a batch may be queued on a stream that is already
+//! dead; the transport never takes it (HTTP/2 polls a request body only for
+//! a live stream), and the link's end finds it still queued.
+//!
+//! Invariants: every batch handed to a link gets exactly one answer, from the
+//! leader or from the link's end, or is forgotten when its waiter goes; a
+//! link that ended takes no more batches, and its transport takes no more
+//! from its queue (both are decided under the link's lock, so a batch the
+//! end calls never sent cannot leave afterwards).
+//!
+//! Caveat: an idle follower forwards a lone write in its client's task
+//! (`crate::batcher`), so the write's own deadline may end the wait before
+//! the forwarding timeout does, and the link is not replaced then. A link
+//! whose connection died is ended all the same, by HTTP/2 keepalive
+//! (`client::PEER_KEEPALIVE`).
+//!
+//! Caveat: a link stays open while its URL is a peer's, whether or not that
+//! peer still leads (a deposed leader answers `NotLeader`); there are at most
+//! as many links as peers.
 
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use super::client::{ForwardFailure, PeerClients};
+use tokio::sync::{mpsc, oneshot};
+
+use super::client::{never_sent, ForwardFailure, PeerClients};
+use super::messages::{ForwardBatch, ForwardError, ForwardReply};
 use crate::batcher::{Batcher, CallError, Limits};
 use crate::command::{Command, CommandResult};
+use crate::proto::raftlock::peer::RaftPayload;
+use crate::raft::{decode, encode};
 
 /// Writes on their way from this follower to the leader (see the module doc).
 #[derive(Clone)]
@@ -19,7 +71,7 @@ pub struct Forwarder {
 const FORWARD_IN_FLIGHT: usize = 2;
 /// The most commands in one forwarded batch, its most bytes, and what may
 /// wait behind the batches in flight: the proposer's bounds
-/// (`raft::proposer`), so that what one forwarded call carries fits one entry.
+/// (`raft::proposer`), so that what one forwarded batch carries fits one entry.
 const LIMITS: Limits = Limits {
     max_batch: crate::raft::proposer::MAX_BATCH_COMMANDS,
     max_batch_weight: crate::raft::proposer::MAX_BATCH_BYTES,
@@ -33,9 +85,12 @@ fn weigh((_, cmd): &(String, Command)) -> u64 {
 }
 
 impl Forwarder {
+    /// Forward through `clients`' channels; a batch unanswered for `timeout`
+    /// is reported `Unknown`.
     pub fn start(clients: PeerClients, timeout: Duration) -> Forwarder {
+        let links = Arc::new(Links { clients, open: Mutex::default() });
         let batcher = Batcher::start(LIMITS, weigh, move |items: Vec<(String, Command)>| {
-            let clients = clients.clone();
+            let links = links.clone();
             async move {
                 // Usually one leader URL; group by URL, keeping queue order.
                 let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
@@ -50,7 +105,7 @@ impl Forwarder {
                 let mut results: Vec<Option<Result<CommandResult, ForwardFailure>>> = vec![None; cmds.len()];
                 for (url, idx) in groups {
                     let group: Vec<Command> = idx.iter().map(|&i| cmds[i].take().expect("each command once")).collect();
-                    for (i, r) in idx.into_iter().zip(clients.forward(&url, &group, timeout).await) {
+                    for (i, r) in idx.into_iter().zip(links.forward(&url, group, timeout).await) {
                         results[i] = Some(r);
                     }
                 }
@@ -67,5 +122,291 @@ impl Forwarder {
             Err(CallError::Overloaded) => Err(ForwardFailure::Overloaded),
             Err(CallError::Stopped) => Err(ForwardFailure::Unknown("forwarder stopped".into())),
         }
+    }
+}
+
+/// The open links, by leader URL.
+struct Links {
+    clients: PeerClients,
+    /// std Mutex: held only to look up, insert or remove a link.
+    open: Mutex<HashMap<String, Arc<Link>>>,
+}
+
+/// What a batch gets back from its link: the leader's results, or why not.
+type Answer = Result<Vec<Result<CommandResult, ForwardError>>, ForwardFailure>;
+
+impl Links {
+    /// Hand `cmds` to the leader at `url`; one answer per command, in order.
+    async fn forward(
+        &self,
+        url: &str,
+        cmds: Vec<Command>,
+        timeout: Duration,
+    ) -> Vec<Result<CommandResult, ForwardFailure>> {
+        let n = cmds.len();
+        let failed = |f: ForwardFailure| vec![Err(f); n];
+        let link = match self.link(url) {
+            Ok(link) => link,
+            Err(e) => return failed(ForwardFailure::Unreachable(e.to_string())),
+        };
+        // A link that ended since it was looked up never sent the batch.
+        let Some((id, answer)) = link.submit(cmds) else {
+            return failed(ForwardFailure::Unreachable("the forwarding stream ended".into()));
+        };
+        // If this wait is cancelled (its caller's deadline), nobody waits for
+        // the answer any more.
+        let _waiting = Waiting { link: &link, id };
+        let results = match tokio::time::timeout(timeout, answer).await {
+            Ok(Ok(Ok(results))) => results,
+            Ok(Ok(Err(failure))) => return failed(failure),
+            Ok(Err(_)) => return failed(ForwardFailure::Unknown("the forwarding stream ended".into())),
+            Err(_) => {
+                let why = format!("no answer from the leader within {timeout:?}");
+                // Ended, it is replaced at the next lookup.
+                link.end(ForwardFailure::Unknown(why.clone()));
+                return failed(ForwardFailure::Unknown(why));
+            }
+        };
+        if results.len() != n {
+            return failed(ForwardFailure::Unknown("forward: wrong number of results".into()));
+        }
+        results
+            .into_iter()
+            .map(|r| {
+                r.map_err(|e| match e {
+                    ForwardError::NotLeader { leader } => ForwardFailure::NotLeader { leader },
+                    ForwardError::Failed(msg) => ForwardFailure::Unknown(msg),
+                    ForwardError::Overloaded => ForwardFailure::Overloaded,
+                })
+            })
+            .collect()
+    }
+
+    /// The open link to `url`, or a new one (an ended link is replaced).
+    fn link(&self, url: &str) -> Result<Arc<Link>, tonic::transport::Error> {
+        let mut open = self.open.lock().expect("forward links lock poisoned");
+        if let Some(link) = open.get(url).filter(|link| !link.ended()) {
+            return Ok(link.clone());
+        }
+        let link = Link::open(&self.clients, url)?;
+        open.insert(url.to_string(), link.clone());
+        Ok(link)
+    }
+}
+
+/// A batch waiting for its answer on `link`: dropped, it is forgotten there
+/// (already answered or not).
+struct Waiting<'a> {
+    link: &'a Link,
+    id: u64,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.link.state.lock().expect("forward link lock poisoned").waiting.remove(&self.id);
+    }
+}
+
+/// One `Peer.Forward` stream to a leader: batches go out on it, and a task
+/// hands each answer to the batch that waits for it.
+struct Link {
+    /// std Mutex: held to number a batch and queue it, to hand out an
+    /// answer, or to end the link; never across I/O.
+    state: Mutex<LinkState>,
+}
+
+struct LinkState {
+    /// Encoded batches on their way into the stream, with their IDs; None
+    /// once ended.
+    outgoing: Option<mpsc::UnboundedSender<(u64, RaftPayload)>>,
+    next_id: u64,
+    /// The batches below this ID were taken by the transport (they may have
+    /// reached the leader); the others are still queued here.
+    taken_below: u64,
+    /// The batches sent and not yet answered, by ID.
+    waiting: HashMap<u64, oneshot::Sender<Answer>>,
+    /// The task reading the answers (aborted when the link is ended).
+    reader: Option<tokio::task::AbortHandle>,
+}
+
+impl Link {
+    /// Open a stream to the member at `url` (the connection is made by the
+    /// stream's task, so this does not wait for it).
+    fn open(clients: &PeerClients, url: &str) -> Result<Arc<Link>, tonic::transport::Error> {
+        let mut client = clients.client(url)?;
+        let (link, body) = Link::new();
+        let reading = link.clone();
+        let reader = tokio::spawn(async move {
+            let request = tonic::Request::new(body);
+            let why = match client.forward(request).await {
+                // Nothing queued so far left this member.
+                Err(status) if never_sent(&status) => ForwardFailure::Unreachable(status.to_string()),
+                Err(status) => ForwardFailure::Unknown(status.to_string()),
+                Ok(response) => {
+                    let mut answers = response.into_inner();
+                    loop {
+                        match answers.message().await {
+                            Ok(Some(payload)) => match decode::<ForwardReply>(&payload.data) {
+                                Ok(ForwardReply::Answer { id, results }) => reading.answer(id, results),
+                                Ok(ForwardReply::Closing { last_read }) => {
+                                    reading.close(last_read);
+                                    break ForwardFailure::Unknown("the leader closed the forwarding stream".into());
+                                }
+                                Err(e) => break ForwardFailure::Unknown(format!("forward answer: {e}")),
+                            },
+                            Ok(None) => break ForwardFailure::Unknown("the leader ended the forwarding stream".into()),
+                            Err(status) => break ForwardFailure::Unknown(status.to_string()),
+                        }
+                    }
+                }
+            };
+            reading.end(why);
+        });
+        let mut state = link.state.lock().expect("forward link lock poisoned");
+        // The task may have ended already (it never does before it has
+        // tried to connect, but the order is not the point): then it stays ended.
+        if state.outgoing.is_some() {
+            state.reader = Some(reader.abort_handle());
+        }
+        drop(state);
+        Ok(link)
+    }
+
+    /// A link not yet ended, and the request body that carries its batches.
+    fn new() -> (Arc<Link>, Outgoing) {
+        let (outgoing, queued) = mpsc::unbounded_channel();
+        let link = Arc::new(Link {
+            state: Mutex::new(LinkState {
+                outgoing: Some(outgoing),
+                next_id: 0,
+                taken_below: 0,
+                waiting: HashMap::new(),
+                reader: None,
+            }),
+        });
+        let body = Outgoing { link: link.clone(), queued };
+        (link, body)
+    }
+
+    fn ended(&self) -> bool {
+        self.state.lock().expect("forward link lock poisoned").outgoing.is_none()
+    }
+
+    /// Send `commands` as one batch; its ID, and the receiver that gets its
+    /// answer. None if the link has ended (the batch was not sent).
+    fn submit(&self, commands: Vec<Command>) -> Option<(u64, oneshot::Receiver<Answer>)> {
+        let mut state = self.state.lock().expect("forward link lock poisoned");
+        let id = state.next_id;
+        let payload = RaftPayload { data: encode(&ForwardBatch { id, commands }) };
+        state.outgoing.as_ref()?.send((id, payload)).ok()?;
+        state.next_id += 1;
+        let (tx, rx) = oneshot::channel();
+        state.waiting.insert(id, tx);
+        Some((id, rx))
+    }
+
+    /// Hand the leader's `results` to the batch `id` if it still waits (one
+    /// that timed out has gone).
+    fn answer(&self, id: u64, results: Vec<Result<CommandResult, ForwardError>>) {
+        let waiter = self.state.lock().expect("forward link lock poisoned").waiting.remove(&id);
+        if let Some(waiter) = waiter {
+            let _ = waiter.send(Ok(results));
+        }
+    }
+
+    /// The leader closed the stream having read no batch after `last_read`
+    /// and answered every batch it read: end the link; the batches after
+    /// `last_read` never ran (`Unreachable`, to be sent elsewhere). Any
+    /// other still waiting would be a leader's broken promise: `Unknown`.
+    fn close(&self, last_read: Option<u64>) {
+        let waiting = {
+            let mut state = self.state.lock().expect("forward link lock poisoned");
+            state.outgoing = None;
+            std::mem::take(&mut state.waiting)
+        };
+        for (id, waiter) in waiting {
+            let failure = if last_read.is_none_or(|last| id > last) {
+                ForwardFailure::Unreachable("the leader stopped before it read this batch".into())
+            } else {
+                ForwardFailure::Unknown("the leader closed the stream without answering".into())
+            };
+            let _ = waiter.send(Err(failure));
+        }
+    }
+
+    /// End the link: no batch is sent on it any more, every batch waiting
+    /// that the transport took is answered `why`, those it never took
+    /// `Unreachable`, and the stream is reset.
+    fn end(&self, why: ForwardFailure) {
+        let (waiting, taken_below, reader) = {
+            let mut state = self.state.lock().expect("forward link lock poisoned");
+            state.outgoing = None;
+            (std::mem::take(&mut state.waiting), state.taken_below, state.reader.take())
+        };
+        for (id, waiter) in waiting {
+            let failure = if id < taken_below {
+                why.clone()
+            } else {
+                ForwardFailure::Unreachable(format!("never sent ({why:?})"))
+            };
+            let _ = waiter.send(Err(failure));
+        }
+        if let Some(reader) = reader {
+            reader.abort();
+        }
+    }
+}
+
+/// The stream's request body: hands the link's queued batches to the
+/// transport, noting each one it takes; it ends, taking nothing more, once
+/// the link has ended.
+struct Outgoing {
+    link: Arc<Link>,
+    queued: mpsc::UnboundedReceiver<(u64, RaftPayload)>,
+}
+
+impl futures::Stream for Outgoing {
+    type Item = RaftPayload;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<RaftPayload>> {
+        let this = self.get_mut();
+        let mut state = this.link.state.lock().expect("forward link lock poisoned");
+        if state.outgoing.is_none() {
+            return Poll::Ready(None);
+        }
+        match this.queued.poll_recv(cx) {
+            Poll::Ready(Some((id, payload))) => {
+                state.taken_below = id + 1;
+                Poll::Ready(Some(payload))
+            }
+            other => other.map(|_| None),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::StreamExt;
+
+    fn compact(revision: i64) -> Command {
+        Command::Compact { revision }
+    }
+
+    #[tokio::test]
+    async fn a_batch_the_transport_never_took_is_unreachable_when_the_link_ends() {
+        let (link, mut body) = Link::new();
+        let (first, taken) = link.submit(vec![compact(1)]).expect("link open");
+        let (_, queued) = link.submit(vec![compact(2)]).expect("link open");
+        // The transport takes the first batch only; then the stream dies.
+        let sent = body.next().await.expect("a batch to send");
+        assert_eq!(decode::<ForwardBatch>(&sent.data).expect("a batch").id, first);
+        link.end(ForwardFailure::Unknown("connection reset".into()));
+
+        assert!(matches!(taken.await, Ok(Err(ForwardFailure::Unknown(_)))), "the taken batch may have been applied");
+        assert!(matches!(queued.await, Ok(Err(ForwardFailure::Unreachable(_)))), "the queued batch never left");
+        // Nothing more leaves, and nothing more is taken.
+        assert!(body.next().await.is_none());
+        assert!(link.submit(vec![compact(3)]).is_none());
     }
 }

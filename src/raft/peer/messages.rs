@@ -7,6 +7,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::command::{Command, CommandResult};
+
 pub use crate::lease::LeaseStatus;
 
 /// Why the leader could not run a forwarded write.
@@ -18,6 +20,28 @@ pub enum ForwardError {
     Failed(String),
     /// The leader's proposal queue is full: nothing was proposed.
     Overloaded,
+}
+
+/// A batch of writes a follower hands the leader on its forwarding stream
+/// (`Peer.Forward`); the leader answers it with a [`ForwardReply::Answer`]
+/// of the same `id`. IDs rise by one per batch, in the order sent.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ForwardBatch {
+    /// Unique on its stream.
+    pub id: u64,
+    pub commands: Vec<Command>,
+}
+
+/// What the leader sends on a forwarding stream.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum ForwardReply {
+    /// The results of the [`ForwardBatch`] `id`: one per command, in the
+    /// batch's order.
+    Answer { id: u64, results: Vec<Result<CommandResult, ForwardError>> },
+    /// The leader stops: the last thing it sends. It read no batch after
+    /// `last_read` (none at all if None), so those never ran; every batch
+    /// it read has been answered.
+    Closing { last_read: Option<u64> },
 }
 
 /// A lease question only the leader can answer: lease time is the leader's.

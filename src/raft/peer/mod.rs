@@ -4,7 +4,8 @@
 //!
 //! - [`messages`]: what travels (encoded in each RPC's `RaftPayload`);
 //! - [`client`]: the asking side, one cached channel per peer;
-//! - [`forward`]: a follower's writes batched on their way to the leader;
+//! - [`forward`]: a follower's writes batched on their way to the leader,
+//!   on one long-lived stream per leader;
 //! - [`gate`]: peer authentication, the cluster and member ID every request
 //!   carries and every answer checks first;
 //! - [`server`]: the answering side, which hands Raft RPCs to openraft and

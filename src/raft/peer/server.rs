@@ -1,9 +1,12 @@
 //! The server side of the peer protocol, served on the peer URL only.
 //!
 //! Raft RPCs are decoded and handed to openraft; the reply (including a Raft
-//! refusal) goes back encoded. `Forward` runs a follower's write through the
-//! leader's proposer (so it is batched with the leader's own writes);
-//! `ReadIndex` confirms leadership with a quorum and returns the index a
+//! refusal) goes back encoded. `Forward` is a follower's stream of write
+//! batches (`peer::forward`): each batch runs through the leader's proposer
+//! (so it is batched with the leader's own writes) while later ones are
+//! read, and is answered with its ID as soon as it is applied. The sender's
+//! membership is checked again for each batch, since the stream outlives
+//! configurations. `ReadIndex` confirms leadership with a quorum and returns the index a
 //! follower must apply before it reads; `Lease` and `Membership` carry the
 //! lease questions and membership changes only the leader can answer; `Admin`
 //! what a leader handing over leadership asks of the others.
@@ -33,7 +36,9 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::client::{PeerClients, PEER_KEEPALIVE};
 use super::gate::PeerGate;
-use super::messages::{ControlRequest, ForwardError, LeaseAnswer, LeaseQuery, MembershipChange};
+use super::messages::{
+    ControlRequest, ForwardBatch, ForwardError, ForwardReply, LeaseAnswer, LeaseQuery, MembershipChange,
+};
 use crate::command::{Command, CommandResult};
 use crate::proto::raftlock::peer::peer_server::{Peer, PeerServer};
 use crate::proto::raftlock::peer::{RaftPayload, ReadIndexRequest, ReadIndexResponse};
@@ -181,25 +186,55 @@ impl Peer for PeerService {
         reply(&answer)
     }
 
-    async fn forward(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
-        self.gate.admit(&req).await?;
-        let cmds: Vec<Command> = payload(req)?;
-        if cmds.iter().any(|c| matches!(c, Command::Batch(_))) {
-            return Err(Status::invalid_argument("peer: a forwarded command cannot be a batch"));
-        }
-        // Queued together, so the proposer puts them in one entry.
-        let results: Vec<Result<CommandResult, ForwardError>> =
-            futures::future::join_all(cmds.into_iter().map(|cmd| self.proposer.propose(cmd)))
-                .await
-                .into_iter()
-                .map(|r| match r {
-                    Ok(r) => Ok(r),
-                    Err(ProposeError::NotLeader { leader }) => Err(ForwardError::NotLeader { leader }),
-                    Err(ProposeError::Stopped) => Err(ForwardError::Failed("raft stopped".into())),
-                    Err(ProposeError::Overloaded) => Err(ForwardError::Overloaded),
-                })
-                .collect();
-        reply(&results)
+    type ForwardStream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<RaftPayload, Status>> + Send>>;
+
+    async fn forward(&self, req: Request<Streaming<RaftPayload>>) -> Result<Response<Self::ForwardStream>, Status> {
+        let sender = self.gate.admit(&req).await?;
+        let mut incoming = req.into_inner();
+        let (proposer, gate, mut stopping) = (self.proposer.clone(), self.gate.clone(), self.stopping.clone());
+        let (answers, outgoing) = mpsc::channel(FORWARD_ANSWERS_QUEUED);
+        tokio::spawn(async move {
+            let mut running = futures::stream::FuturesUnordered::<tokio::task::JoinHandle<RaftPayload>>::new();
+            // Once this member stops: no more batches are read, those
+            // running are still answered, and then the follower is told
+            // which batch was the last read: those after it never ran, and
+            // it may send them elsewhere.
+            let mut draining = false;
+            let mut last_read: Option<u64> = None;
+            loop {
+                tokio::select! {
+                    Some(answer) = running.next(), if !running.is_empty() => {
+                        let answer = answer.map_err(|e| Status::internal(format!("forwarded batch: {e}")));
+                        let failed = answer.is_err();
+                        if answers.send(answer).await.is_err() || failed {
+                            return;
+                        }
+                    }
+                    batch = incoming.next(), if !draining => {
+                        let Some(batch) = batch else { return };
+                        match forwarded_batch(&gate, sender, batch).await {
+                            // A task of its own, so that it moves on (and
+                            // frees its proposer slot) while this loop waits.
+                            Ok(batch) => {
+                                last_read = Some(batch.id);
+                                running.push(tokio::spawn(run_forwarded(proposer.clone(), batch)));
+                            }
+                            Err(status) => {
+                                let _ = answers.send(Err(status)).await;
+                                return;
+                            }
+                        }
+                    }
+                    _ = stopping.stopped(), if !draining => draining = true,
+                }
+                if draining && running.is_empty() {
+                    let closing = RaftPayload { data: encode(&ForwardReply::Closing { last_read }) };
+                    let _ = answers.send(Ok(closing)).await;
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(outgoing))))
     }
 
     async fn lease(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
@@ -256,6 +291,45 @@ impl Peer for PeerService {
             Err(e) => Err(Status::unavailable(e.to_string())),
         }
     }
+}
+
+/// Answers on a forwarding stream that may wait for the follower to read
+/// them; beyond this, the leader reads no more of its batches until it does.
+const FORWARD_ANSWERS_QUEUED: usize = 16;
+
+/// A batch received on a forwarding stream from `sender`, decoded, if
+/// `sender` is still a member and the batch holds no batch; else the status
+/// that ends the stream.
+async fn forwarded_batch(
+    gate: &PeerGate,
+    sender: u64,
+    received: Result<RaftPayload, Status>,
+) -> Result<ForwardBatch, Status> {
+    let payload = received?;
+    gate.admit_member(sender).await?;
+    let batch: ForwardBatch =
+        decode(&payload.data).map_err(|e| Status::invalid_argument(format!("peer payload: {e}")))?;
+    if batch.commands.iter().any(|c| matches!(c, Command::Batch(_))) {
+        return Err(Status::invalid_argument("peer: a forwarded command cannot be a batch"));
+    }
+    Ok(batch)
+}
+
+/// Run a forwarded batch through this member's proposer, which puts its
+/// commands in one entry, and encode its answer.
+async fn run_forwarded(proposer: Proposer, batch: ForwardBatch) -> RaftPayload {
+    let results: Vec<Result<CommandResult, ForwardError>> = proposer
+        .propose_all(batch.commands)
+        .await
+        .into_iter()
+        .map(|r| match r {
+            Ok(r) => Ok(r),
+            Err(ProposeError::NotLeader { leader }) => Err(ForwardError::NotLeader { leader }),
+            Err(ProposeError::Stopped) => Err(ForwardError::Failed("raft stopped".into())),
+            Err(ProposeError::Overloaded) => Err(ForwardError::Overloaded),
+        })
+        .collect();
+    RaftPayload { data: encode(&ForwardReply::Answer { id: batch.id, results }) }
 }
 
 /// Whether an AppendEntries answered so came from the leader this member
