@@ -709,3 +709,35 @@ async fn the_grpc_health_service_follows_the_members_leader() {
     cluster.restart(1);
     wait_for(0, ServingStatus::Serving).await;
 }
+
+/// A member of a new cluster that starts after the others have elected a
+/// leader joins that leader instead of campaigning, and the leader stays.
+/// The late member is the one with the largest ID: openraft 0.9 orders the
+/// votes of one term by node ID, so its campaign in the leader's term would
+/// be "higher" and depose the leader (a second or so without one).
+#[tokio::test]
+async fn a_member_that_starts_after_the_leader_is_elected_joins_it_without_an_election() {
+    let mut cluster = Cluster::unstarted(3);
+    let id = |c: &Cluster, i: usize| raftlock::config::member_id(&[c.peer_url(i)], "raftlock-cluster");
+    let late = (0..3).max_by_key(|&i| id(&cluster, i)).unwrap();
+    for i in (0..3).filter(|&i| i != late) {
+        cluster.restart(i);
+    }
+    let leader = cluster.leader().await;
+    let before = cluster.client(leader).await.status().await.unwrap();
+
+    cluster.restart(late);
+    cluster.wait_ready().await;
+    // A deposed leader is noticed at the late member's first AppendEntries
+    // answer; the next election would come an election timeout later.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    for i in 0..3 {
+        let s = cluster.client(i).await.status().await.unwrap();
+        assert_eq!(
+            (s.leader(), s.raft_term()),
+            (before.leader(), before.raft_term()),
+            "member {i} follows another leader or term than the one elected before the late start; logs:\n{}",
+            cluster.logs()
+        );
+    }
+}

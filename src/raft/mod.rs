@@ -202,9 +202,35 @@ pub async fn start(
     Ok(openraft::Raft::new(id, config, network, log_store, state_machine).await?)
 }
 
+/// Whether another of `members` (this member is `id`) already counts on a
+/// leader. A member of a new cluster asks before it bootstraps: if one
+/// does, the member skips [`bootstrap`] and waits for that leader to send it
+/// the log, membership first. Bootstrapping would make it campaign at once,
+/// in term 1, outside pre-vote (openraft's `initialize` does), and
+/// openraft 0.9 orders the votes of one term by node ID: a member that
+/// starts late with a larger ID than the term-1 leader's would answer the
+/// leader's first AppendEntries with a "higher" vote, and the leader would
+/// step down (a second without a leader, until pre-vote elects another).
+///
+/// Caveats: a peer that does not answer within `timeout` counts as having
+/// no leader; a leader elected between this question and the bootstrap is
+/// still met as before (a window of milliseconds, not of a late start).
+pub async fn leader_already_elected(
+    peers: &peer::client::PeerClients,
+    members: &std::collections::BTreeMap<u64, MemberNode>,
+    id: u64,
+    timeout: std::time::Duration,
+) -> bool {
+    let ask = peer::messages::ControlRequest::HasLeader;
+    let asks =
+        members.iter().filter(|(member, _)| **member != id).map(|(_, node)| peers.admin(&node.peer_url, &ask, timeout));
+    futures::future::join_all(asks).await.into_iter().any(|answer| matches!(answer, Ok(true)))
+}
+
 /// Bootstrap a new cluster of `members` on this member. Every member of a new
-/// cluster does it with the same membership; on a member that already has a
-/// log it is refused, which is what is wanted (returns false).
+/// cluster does it with the same membership (unless a leader already leads
+/// it: [`leader_already_elected`]); on a member that already has a log it is
+/// refused, which is what is wanted (returns false).
 pub async fn bootstrap(raft: &Raft, members: std::collections::BTreeMap<u64, MemberNode>) -> anyhow::Result<bool> {
     use openraft::error::{InitializeError, RaftError};
     match raft.initialize(members).await {

@@ -47,6 +47,7 @@ pub async fn admin(raft: &Raft, elections: &Elections, req: ControlRequest, max_
         }
         ControlRequest::Campaign => elections.campaign().await,
         ControlRequest::PreVote { last_log, .. } => elections.pre_vote(last_log),
+        ControlRequest::HasLeader => elections.acting_leader().is_some(),
         ControlRequest::Published { .. } | ControlRequest::HashKv { .. } => false,
         ControlRequest::Removed { id } => {
             let m = raft.metrics().borrow().clone();

@@ -233,7 +233,10 @@ impl Node {
                 .values()
                 .map(|m| (m.id, MemberNode { name: m.name.clone(), peer_url: m.peer_urls[0].clone() }))
                 .collect();
-            if crate::raft::bootstrap(&raft, nodes).await? {
+            let ask_for = Duration::from_millis(config.heartbeat_interval * 2);
+            if crate::raft::leader_already_elected(&peers, &nodes, id, ask_for).await {
+                tracing::info!("the other members already have a leader: joining it instead of bootstrapping");
+            } else if crate::raft::bootstrap(&raft, nodes).await? {
                 tracing::info!(members = members.len(), "bootstrapped a new cluster");
             }
         }

@@ -110,6 +110,10 @@ pub enum ControlRequest {
         term: u64,
         last_log: Option<super::super::LogId>,
     },
+    /// Do you count on a leader (`Elections::acting_leader`)? Asked by a
+    /// member of a new cluster before it bootstraps (see
+    /// `raft::leader_already_elected`).
+    HasLeader,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
