@@ -173,7 +173,7 @@ impl Links {
             Err(_) => {
                 let why = format!("no answer from the leader within {timeout:?}");
                 // Ended, it is replaced at the next lookup.
-                link.end(ForwardFailure::Unknown(why.clone()));
+                link.end(ForwardFailure::Unknown(why.clone()), None);
                 return failed(ForwardFailure::Unknown(why));
             }
         };
@@ -248,29 +248,39 @@ impl Link {
         let reading = link.clone();
         let reader = tokio::spawn(async move {
             let request = tonic::Request::new(body);
-            let why = match client.forward(request).await {
+            // Why the stream ended, and (if the leader said so) the first
+            // batch it did not read.
+            let (why, unread_from) = match client.forward(request).await {
                 // Nothing queued so far left this member.
-                Err(status) if never_sent(&status) => ForwardFailure::Unreachable(status.to_string()),
-                Err(status) => ForwardFailure::Unknown(status.to_string()),
+                Err(status) if never_sent(&status) => (ForwardFailure::Unreachable(status.to_string()), None),
+                Err(status) => (ForwardFailure::Unknown(status.to_string()), None),
                 Ok(response) => {
                     let mut answers = response.into_inner();
                     loop {
-                        match answers.message().await {
+                        let why = match answers.message().await {
                             Ok(Some(payload)) => match decode::<ForwardReply>(&payload.data) {
-                                Ok(ForwardReply::Answer { id, results }) => reading.answer(id, results),
-                                Ok(ForwardReply::Closing { last_read }) => {
-                                    reading.close(last_read);
-                                    break ForwardFailure::Unknown("the leader closed the forwarding stream".into());
+                                Ok(ForwardReply::Answer { id, results }) => {
+                                    reading.answer(id, results);
+                                    continue;
                                 }
-                                Err(e) => break ForwardFailure::Unknown(format!("forward answer: {e}")),
+                                Ok(ForwardReply::Closing { last_read }) => {
+                                    // It answered every batch it read first.
+                                    let why = "the leader closed the forwarding stream without answering";
+                                    break (
+                                        ForwardFailure::Unknown(why.into()),
+                                        Some(last_read.map_or(0, |id| id + 1)),
+                                    );
+                                }
+                                Err(e) => format!("forward answer: {e}"),
                             },
-                            Ok(None) => break ForwardFailure::Unknown("the leader ended the forwarding stream".into()),
-                            Err(status) => break ForwardFailure::Unknown(status.to_string()),
-                        }
+                            Ok(None) => "the leader ended the forwarding stream".into(),
+                            Err(status) => status.to_string(),
+                        };
+                        break (ForwardFailure::Unknown(why), None);
                     }
                 }
             };
-            reading.end(why);
+            reading.end(why, unread_from);
         });
         let mut state = link.state.lock().expect("forward link lock poisoned");
         // The task may have ended already (it never does before it has
@@ -324,40 +334,23 @@ impl Link {
         }
     }
 
-    /// The leader closed the stream having read no batch after `last_read`
-    /// and answered every batch it read: end the link; the batches after
-    /// `last_read` never ran (`Unreachable`, to be sent elsewhere). Any
-    /// other still waiting would be a leader's broken promise: `Unknown`.
-    fn close(&self, last_read: Option<u64>) {
-        let waiting = {
-            let mut state = self.state.lock().expect("forward link lock poisoned");
-            state.outgoing = None;
-            std::mem::take(&mut state.waiting)
-        };
-        for (id, waiter) in waiting {
-            let failure = if last_read.is_none_or(|last| id > last) {
-                ForwardFailure::Unreachable("the leader stopped before it read this batch".into())
-            } else {
-                ForwardFailure::Unknown("the leader closed the stream without answering".into())
-            };
-            let _ = waiter.send(Err(failure));
-        }
-    }
-
-    /// End the link: no batch is sent on it any more, every batch waiting
-    /// that the transport took is answered `why`, those it never took
-    /// `Unreachable`, and the stream is reset.
-    fn end(&self, why: ForwardFailure) {
+    /// End the link: no batch is sent on it any more, and the stream is
+    /// reset. Each batch still waiting is answered `Unreachable` if it never
+    /// reached the leader: the transport never took it, or it comes at or
+    /// after `unread_from`, the first batch the leader says it did not read;
+    /// the others are answered `why`.
+    fn end(&self, why: ForwardFailure, unread_from: Option<u64>) {
         let (waiting, taken_below, reader) = {
             let mut state = self.state.lock().expect("forward link lock poisoned");
             state.outgoing = None;
             (std::mem::take(&mut state.waiting), state.taken_below, state.reader.take())
         };
+        let unsent_from = unread_from.map_or(taken_below, |from| from.min(taken_below));
         for (id, waiter) in waiting {
-            let failure = if id < taken_below {
+            let failure = if id < unsent_from {
                 why.clone()
             } else {
-                ForwardFailure::Unreachable(format!("never sent ({why:?})"))
+                ForwardFailure::Unreachable(format!("never reached the leader ({why:?})"))
             };
             let _ = waiter.send(Err(failure));
         }
@@ -411,12 +404,27 @@ mod tests {
         // The transport takes the first batch only; then the stream dies.
         let sent = body.next().await.expect("a batch to send");
         assert_eq!(decode::<ForwardBatch>(&sent.data).expect("a batch").id, first);
-        link.end(ForwardFailure::Unknown("connection reset".into()));
+        link.end(ForwardFailure::Unknown("connection reset".into()), None);
 
         assert!(matches!(taken.await, Ok(Err(ForwardFailure::Unknown(_)))), "the taken batch may have been applied");
         assert!(matches!(queued.await, Ok(Err(ForwardFailure::Unreachable(_)))), "the queued batch never left");
         // Nothing more leaves, and nothing more is taken.
         assert!(body.next().await.is_none());
         assert!(link.submit(vec![compact(3)]).is_none());
+    }
+
+    #[tokio::test]
+    async fn the_batches_a_closing_leader_did_not_read_are_unreachable() {
+        let (link, mut body) = Link::new();
+        let (_, read) = link.submit(vec![compact(1)]).expect("link open");
+        let (_, unread) = link.submit(vec![compact(2)]).expect("link open");
+        // The transport takes both; the leader says it read the first only.
+        for _ in 0..2 {
+            body.next().await.expect("a batch to send");
+        }
+        link.end(ForwardFailure::Unknown("closed without answering".into()), Some(1));
+
+        assert!(matches!(read.await, Ok(Err(ForwardFailure::Unknown(_)))), "a batch the leader read may have run");
+        assert!(matches!(unread.await, Ok(Err(ForwardFailure::Unreachable(_)))), "the leader never read it");
     }
 }

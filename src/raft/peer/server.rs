@@ -98,7 +98,12 @@ impl PeerService {
 pub const MAX_PEER_MESSAGE_BYTES: usize = 1 << 30;
 
 fn payload<T: for<'de> Deserialize<'de>>(req: Request<RaftPayload>) -> Result<T, Status> {
-    decode(&req.into_inner().data).map_err(|e| Status::invalid_argument(format!("peer payload: {e}")))
+    decoded(&req.into_inner())
+}
+
+/// A received payload decoded, or the status that refuses it.
+fn decoded<T: for<'de> Deserialize<'de>>(payload: &RaftPayload) -> Result<T, Status> {
+    decode(&payload.data).map_err(|e| Status::invalid_argument(format!("peer payload: {e}")))
 }
 
 fn reply<T: Serialize>(value: &T) -> Result<Response<RaftPayload>, Status> {
@@ -137,11 +142,7 @@ impl Peer for PeerService {
                 pipeline::ready_now(&mut incoming, &mut arrived, pipeline::MAX_IN_FLIGHT);
                 let mut requests = Vec::with_capacity(arrived.len());
                 for item in arrived {
-                    let decoded = item.and_then(|payload| {
-                        decode::<AppendEntriesRequest<TypeConfig>>(&payload.data)
-                            .map_err(|e| Status::invalid_argument(format!("peer payload: {e}")))
-                    });
-                    match decoded {
+                    match item.and_then(|payload| decoded::<AppendEntriesRequest<TypeConfig>>(&payload)) {
                         Ok(request) => requests.push(request),
                         Err(status) => {
                             let _ = answers.send(Err(status)).await;
@@ -307,8 +308,7 @@ async fn forwarded_batch(
 ) -> Result<ForwardBatch, Status> {
     let payload = received?;
     gate.admit_member(sender).await?;
-    let batch: ForwardBatch =
-        decode(&payload.data).map_err(|e| Status::invalid_argument(format!("peer payload: {e}")))?;
+    let batch: ForwardBatch = decoded(&payload)?;
     if batch.commands.iter().any(|c| matches!(c, Command::Batch(_))) {
         return Err(Status::invalid_argument("peer: a forwarded command cannot be a batch"));
     }
