@@ -123,13 +123,17 @@ pub struct BenchReport {
     /// the start of the run to its end: how long the service was
     /// unavailable, during a failover.
     pub max_gap_ms: f64,
+    /// This client's own CPU time (user and system, every thread) over the
+    /// measured run, per request answered: on a machine the client shares
+    /// with the servers, what the client takes from them.
+    pub client_cpu_us_per_op: f64,
 }
 
 impl std::fmt::Display for BenchReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{:<16} driver={:?} clients={:<3} ops={} errors={} time={:.2}s  {:>9.0} ops/s  p50={:.3}ms p90={:.3}ms p99={:.3}ms max={:.3}ms max-gap={:.1}ms",
+            "{:<16} driver={:?} clients={:<3} ops={} errors={} time={:.2}s  {:>9.0} ops/s  p50={:.3}ms p90={:.3}ms p99={:.3}ms max={:.3}ms max-gap={:.1}ms client-cpu={:.1}us/op",
             self.workload,
             self.driver,
             self.clients,
@@ -141,7 +145,8 @@ impl std::fmt::Display for BenchReport {
             self.p90_ms,
             self.p99_ms,
             self.max_ms,
-            self.max_gap_ms
+            self.max_gap_ms,
+            self.client_cpu_us_per_op
         )
     }
 }
@@ -341,6 +346,7 @@ pub async fn run(
         }
     }
     let start = Instant::now();
+    let cpu_at_start = cpu_time();
     for (c, mut driver) in drivers.into_iter().enumerate() {
         let (issued, errors, args, value) = (issued.clone(), errors.clone(), args.clone(), value.clone());
         tasks.push(tokio::spawn(async move {
@@ -380,11 +386,13 @@ pub async fn run(
     succeeded.sort_unstable();
     let max_gap = succeeded.windows(2).map(|w| w[1] - w[0]).max().unwrap_or_default();
     let elapsed = start.elapsed().as_secs_f64();
+    let cpu = cpu_time().saturating_sub(cpu_at_start);
     for mut d in drivers {
         d.finish().await;
     }
     let mut r = report(args, latencies, errors.load(Ordering::Relaxed), elapsed);
     r.max_gap_ms = max_gap.as_secs_f64() * 1e3;
+    r.client_cpu_us_per_op = per_op_us(cpu, r.total);
     Ok(r)
 }
 
@@ -409,6 +417,7 @@ async fn watch_history(channel: Service, args: &BenchArgs) -> anyhow::Result<Ben
     let (tx, rx) = tokio::sync::mpsc::channel(1);
     tx.send(create).await?;
     let start = Instant::now();
+    let cpu_at_start = cpu_time();
     let mut stream =
         WatchClient::new(channel).watch(tokio_stream::wrappers::ReceiverStream::new(rx)).await?.into_inner();
     let (mut events, mut gaps, mut last) = (0u64, Vec::new(), Instant::now());
@@ -430,6 +439,7 @@ async fn watch_history(channel: Service, args: &BenchArgs) -> anyhow::Result<Ben
     let mut r = report(args, gaps, 0, elapsed);
     r.max_gap_ms = max_gap.as_secs_f64() * 1e3;
     r.total = events;
+    r.client_cpu_us_per_op = per_op_us(cpu_time().saturating_sub(cpu_at_start), events);
     r.ops_per_sec = events as f64 / elapsed;
     Ok(r)
 }
@@ -459,5 +469,22 @@ fn report(args: &BenchArgs, mut latencies: Vec<Duration>, errors: u64, elapsed: 
         p99_ms: pct(0.99),
         max_ms: pct(1.0),
         max_gap_ms: 0.0,
+        client_cpu_us_per_op: 0.0,
     }
+}
+
+/// The CPU time this process has used so far: user and system, every thread.
+fn cpu_time() -> Duration {
+    // SAFETY: getrusage only writes the struct it is given.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return Duration::ZERO;
+    }
+    let time = |t: libc::timeval| Duration::from_micros(t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64);
+    time(usage.ru_utime) + time(usage.ru_stime)
+}
+
+/// `cpu` spread over `ops` operations, in microseconds each.
+fn per_op_us(cpu: Duration, ops: u64) -> f64 {
+    cpu.as_secs_f64() * 1e6 / ops.max(1) as f64
 }
