@@ -148,6 +148,7 @@ impl Default for MvccStore {
 pub struct StoredVersion {
     pub revision: Revision,
     pub sub: i64,
+    #[serde(with = "serde_bytes")]
     pub key: Vec<u8>,
     pub kv: Option<KeyValue>,
 }
@@ -189,7 +190,7 @@ impl serde::Serialize for SharedVersion {
         let mut s = serializer.serialize_struct("StoredVersion", 4)?;
         s.serialize_field("revision", &self.revision)?;
         s.serialize_field("sub", &self.sub)?;
-        s.serialize_field("key", key)?;
+        s.serialize_field("key", serde_bytes::Bytes::new(key))?;
         s.serialize_field("kv", &kv)?;
         s.end()
     }

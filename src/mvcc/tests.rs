@@ -410,3 +410,77 @@ fn a_spilled_store_answers_as_one_in_memory() {
     spilled.sweep(usize::MAX);
     assert_eq!(spilled.spill().unwrap().segments_held(), 1, "only the segment being written is left");
 }
+
+/// Keys and values are encoded as byte strings (`serde_bytes`), which bincode
+/// writes as one slice; earlier versions wrote them as sequences of `u8`.
+/// Both are the same bytes, so journals, checkpoints and log entries written
+/// before still read back: this checks it for the records that carry values.
+#[test]
+fn byte_strings_encode_as_the_sequences_of_u8_written_before() {
+    #[derive(serde::Serialize)]
+    struct KeyValueAsSequences {
+        key: Vec<u8>,
+        create_revision: Revision,
+        mod_revision: Revision,
+        version: i64,
+        value: Vec<u8>,
+        lease: i64,
+    }
+    #[derive(serde::Serialize)]
+    struct StoredVersionAsSequences {
+        revision: Revision,
+        sub: i64,
+        key: Vec<u8>,
+        kv: Option<KeyValueAsSequences>,
+    }
+    let value: Vec<u8> = (0..1500u32).map(|i| (i % 251) as u8).collect();
+    let kv = KeyValue {
+        key: b"k/1".to_vec(),
+        create_revision: 2,
+        mod_revision: 9,
+        version: 3,
+        value: value.clone(),
+        lease: 7,
+    };
+    let old = StoredVersionAsSequences {
+        revision: 9,
+        sub: 1,
+        key: b"k/1".to_vec(),
+        kv: Some(KeyValueAsSequences {
+            key: b"k/1".to_vec(),
+            create_revision: 2,
+            mod_revision: 9,
+            version: 3,
+            value,
+            lease: 7,
+        }),
+    };
+    let new = StoredVersion { revision: 9, sub: 1, key: b"k/1".to_vec(), kv: Some(kv) };
+    let old_bytes = bincode::serialize(&old).unwrap();
+    assert_eq!(bincode::serialize(&new).unwrap(), old_bytes);
+    assert_eq!(bincode::deserialize::<StoredVersion>(&old_bytes).unwrap(), new);
+
+    // The store's own encoding of a version (what checkpoints write) too.
+    let mut s = MvccStore::default();
+    let req = PutRequest { key: b"k/1".to_vec(), value: new.kv.as_ref().unwrap().value.clone(), ..Default::default() };
+    s.put(&req, &()).unwrap();
+    let captured = bincode::serialize(&s.shared_versions().collect::<Vec<_>>()).unwrap();
+    let stored: Vec<StoredVersion> = bincode::deserialize(&captured).unwrap();
+    let as_sequences: Vec<StoredVersionAsSequences> = stored
+        .iter()
+        .map(|v| StoredVersionAsSequences {
+            revision: v.revision,
+            sub: v.sub,
+            key: v.key.clone(),
+            kv: v.kv.as_ref().map(|kv| KeyValueAsSequences {
+                key: kv.key.clone(),
+                create_revision: kv.create_revision,
+                mod_revision: kv.mod_revision,
+                version: kv.version,
+                value: kv.value.clone(),
+                lease: kv.lease,
+            }),
+        })
+        .collect();
+    assert_eq!(captured, bincode::serialize(&as_sequences).unwrap());
+}

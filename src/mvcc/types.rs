@@ -21,10 +21,12 @@ pub type Revision = i64;
 /// A key's value at one revision, as etcd's `mvccpb.KeyValue`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KeyValue {
+    #[serde(with = "serde_bytes")]
     pub key: Vec<u8>,
     pub create_revision: Revision,
     pub mod_revision: Revision,
     pub version: i64,
+    #[serde(with = "serde_bytes")]
     pub value: Vec<u8>,
     pub lease: i64,
 }
@@ -102,7 +104,9 @@ pub enum SortTarget {
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RangeRequest {
+    #[serde(with = "serde_bytes")]
     pub key: Vec<u8>,
+    #[serde(with = "serde_bytes")]
     pub range_end: Vec<u8>,
     pub limit: i64,
     pub revision: Revision,
@@ -128,7 +132,9 @@ pub struct RangeResult {
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PutRequest {
+    #[serde(with = "serde_bytes")]
     pub key: Vec<u8>,
+    #[serde(with = "serde_bytes")]
     pub value: Vec<u8>,
     pub lease: i64,
     pub prev_kv: bool,
@@ -144,7 +150,9 @@ pub struct PutResult {
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeleteRangeRequest {
+    #[serde(with = "serde_bytes")]
     pub key: Vec<u8>,
+    #[serde(with = "serde_bytes")]
     pub range_end: Vec<u8>,
     pub prev_kv: bool,
 }
@@ -179,9 +187,12 @@ pub enum CompareTarget {
 pub struct Compare {
     pub result: CompareResult,
     pub target: CompareTarget,
+    #[serde(with = "serde_bytes")]
     pub key: Vec<u8>,
+    #[serde(with = "serde_bytes")]
     pub range_end: Vec<u8>,
     pub number: i64,
+    #[serde(with = "serde_bytes")]
     pub value: Vec<u8>,
 }
 
