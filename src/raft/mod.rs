@@ -229,8 +229,9 @@ pub async fn leader_already_elected(
 
 /// Bootstrap a new cluster of `members` on this member. Every member of a new
 /// cluster does it with the same membership (unless a leader already leads
-/// it: [`leader_already_elected`]); on a member that already has a log it is
-/// refused, which is what is wanted (returns false).
+/// it: [`leader_already_elected`]); on a member that already has a log or a
+/// vote it is refused (returns false), which callers avoid by asking
+/// `Raft::is_initialized` first, since openraft logs the refusal as an error.
 pub async fn bootstrap(raft: &Raft, members: std::collections::BTreeMap<u64, MemberNode>) -> anyhow::Result<bool> {
     use openraft::error::{InitializeError, RaftError};
     match raft.initialize(members).await {

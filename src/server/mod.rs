@@ -228,7 +228,9 @@ impl Node {
         };
         let raft = crate::raft::start(id, &settings, log_store.clone(), state_machine, network).await?;
 
-        if config.initial_cluster_state == ClusterState::New {
+        // A member that already has a log or a vote (a restart) has nothing
+        // to bootstrap: openraft would refuse, and log the refusal as an error.
+        if config.initial_cluster_state == ClusterState::New && !raft.is_initialized().await? {
             let nodes: BTreeMap<u64, MemberNode> = members
                 .values()
                 .map(|m| (m.id, MemberNode { name: m.name.clone(), peer_url: m.peer_urls[0].clone() }))
