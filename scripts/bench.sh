@@ -120,30 +120,23 @@ max_term() { local ep t max=0
   for ep in ${endpoints//,/ }; do t=$(status_field "$ep" raft_term || echo 0); [ "$t" -gt "$max" ] && max=$t; done
   echo "$max"; }
 
-# The CPU time (user and system, every thread) the running members have
-# used since they started, in seconds.
-members_cpu_s() { local p ticks=0
-  for p in "${pids[@]}"; do ticks=$((ticks + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done
-  python3 -c "print($ticks / $(getconf CLK_TCK))"; }
-
 # run_on endpoints label bench-args...: one measured row, of the system
 # $kind (the caller's). Each result also records the share of CPU time the hypervisor took from
 # this VM meanwhile (steal): a run with much of it measured a busy host.
 # And the elections during it (the highest Raft term's rise): a loaded
-# cluster must not change leaders. And the members' CPU time during it
-# (member_cpu_s): with the client's own (in its report), where the
-# machine's CPU went.
+# cluster must not change leaders. The bench reports where the machine's
+# CPU went over its measured run: its own, and the members' (given their
+# process IDs).
 run_on() { local eps=$1 label=$2; shift 2
-  local before after result term_before cpu_before
+  local before after result term_before
   term_before=$(max_term)
-  before=$(head -1 /proc/stat); cpu_before=$(members_cpu_s)
-  result=$("$ctl" --endpoints "$eps" "${user_args[@]}" -w json bench "$@")
+  before=$(head -1 /proc/stat)
+  result=$("$ctl" --endpoints "$eps" "${user_args[@]}" -w json bench "$@" --server-pids "$(IFS=,; echo "${pids[*]}")")
   after=$(head -1 /proc/stat)
-  local steal elections member_cpu
-  member_cpu=$(python3 -c "print(round($(members_cpu_s) - $cpu_before, 3))")
+  local steal elections
   steal=$(python3 -c 'import sys; a, b = ([int(x) for x in s.split()[1:]] for s in sys.argv[1:]); d = [y - x for x, y in zip(a, b)]; print(round(100 * d[7] / max(sum(d), 1), 1))' "$before" "$after")
   elections=$(($(max_term) - term_before))
-  echo "{\"system\":\"$kind\",\"args\":\"$*$label\",\"steal_pct\":$steal,\"elections\":$elections,\"member_cpu_s\":$member_cpu,\"r\":$result}" | tee -a "$work/results.jsonl" >&2; }
+  echo "{\"system\":\"$kind\",\"args\":\"$*$label\",\"steal_pct\":$steal,\"elections\":$elections,\"r\":$result}" | tee -a "$work/results.jsonl" >&2; }
 run() { run_on "$endpoints" "" "$@"; }
 
 suite() { # kind
@@ -440,9 +433,7 @@ import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 by = {}
 for r in rows:
-    row = dict(r["r"], steal=r.get("steal_pct", 0.0), elections=r.get("elections", 0))
-    if "member_cpu_s" in r: row["member_cpu_s"] = r["member_cpu_s"]
-    by.setdefault(r["args"], {})[r["system"]] = row
+    by.setdefault(r["args"], {})[r["system"]] = dict(r["r"], steal=r.get("steal_pct", 0.0), elections=r.get("elections", 0))
 print(f"{'workload':<84} {'etcd ops/s':>10} {'raftlock':>10} {'ratio':>6}   {'etcd p50':>9} {'raftlock':>9}   {'etcd p99':>9} {'raftlock':>9}   {'steal % (etcd/raftlock)':>23}   {'elections':>9}")
 for args, s in by.items():
     e, r = s.get("etcd"), s.get("raftlock")
@@ -460,10 +451,9 @@ print("two systems' ratio of the totals bounds their throughput ratio when the m
 print(f"{'workload':<84} {'etcd members':>12} {'raftlock':>9}   {'etcd client':>11} {'raftlock':>9}   {'total ratio':>11}")
 for args, s in by.items():
     e, r = s.get("etcd"), s.get("raftlock")
-    if not (e and r and "member_cpu_s" in e and "member_cpu_s" in r): continue
-    per_op = lambda x: x["member_cpu_s"] * 1e6 / max(x["total"], 1)
-    em, rm = per_op(e), per_op(r)
-    ec, rc = e.get("client_cpu_us_per_op", 0.0), r.get("client_cpu_us_per_op", 0.0)
+    if not (e and r and "server_cpu_us_per_op" in e and "server_cpu_us_per_op" in r): continue
+    em, rm = e["server_cpu_us_per_op"], r["server_cpu_us_per_op"]
+    ec, rc = e["client_cpu_us_per_op"], r["client_cpu_us_per_op"]
     print(f"{args:<84} {em:>12.1f} {rm:>9.1f}   {ec:>11.1f} {rc:>9.1f}   {(em + ec) / max(rm + rc, 1e-9):>10.2f}x")
 print()
 print("The sweep (etcd-client driver, every member): ops/s and p50/p99 ms")

@@ -433,42 +433,9 @@ fn byte_strings_encode_as_the_sequences_of_u8_written_before() {
         key: Vec<u8>,
         kv: Option<KeyValueAsSequences>,
     }
-    let value: Vec<u8> = (0..1500u32).map(|i| (i % 251) as u8).collect();
-    let kv = KeyValue {
-        key: b"k/1".to_vec(),
-        create_revision: 2,
-        mod_revision: 9,
-        version: 3,
-        value: value.clone(),
-        lease: 7,
-    };
-    let old = StoredVersionAsSequences {
-        revision: 9,
-        sub: 1,
-        key: b"k/1".to_vec(),
-        kv: Some(KeyValueAsSequences {
-            key: b"k/1".to_vec(),
-            create_revision: 2,
-            mod_revision: 9,
-            version: 3,
-            value,
-            lease: 7,
-        }),
-    };
-    let new = StoredVersion { revision: 9, sub: 1, key: b"k/1".to_vec(), kv: Some(kv) };
-    let old_bytes = bincode::serialize(&old).unwrap();
-    assert_eq!(bincode::serialize(&new).unwrap(), old_bytes);
-    assert_eq!(bincode::deserialize::<StoredVersion>(&old_bytes).unwrap(), new);
-
-    // The store's own encoding of a version (what checkpoints write) too.
-    let mut s = MvccStore::default();
-    let req = PutRequest { key: b"k/1".to_vec(), value: new.kv.as_ref().unwrap().value.clone(), ..Default::default() };
-    s.put(&req, &()).unwrap();
-    let captured = bincode::serialize(&s.shared_versions().collect::<Vec<_>>()).unwrap();
-    let stored: Vec<StoredVersion> = bincode::deserialize(&captured).unwrap();
-    let as_sequences: Vec<StoredVersionAsSequences> = stored
-        .iter()
-        .map(|v| StoredVersionAsSequences {
+    /// The same version, in the types that encoded it before.
+    fn as_sequences(v: &StoredVersion) -> StoredVersionAsSequences {
+        StoredVersionAsSequences {
             revision: v.revision,
             sub: v.sub,
             key: v.key.clone(),
@@ -480,7 +447,20 @@ fn byte_strings_encode_as_the_sequences_of_u8_written_before() {
                 value: kv.value.clone(),
                 lease: kv.lease,
             }),
-        })
-        .collect();
-    assert_eq!(captured, bincode::serialize(&as_sequences).unwrap());
+        }
+    }
+    let value: Vec<u8> = (0..1500u32).map(|i| (i % 251) as u8).collect();
+    let kv = KeyValue { key: b"k/1".to_vec(), create_revision: 2, mod_revision: 9, version: 3, value, lease: 7 };
+    let version = StoredVersion { revision: 9, sub: 1, key: b"k/1".to_vec(), kv: Some(kv) };
+    let old_bytes = bincode::serialize(&as_sequences(&version)).unwrap();
+    assert_eq!(bincode::serialize(&version).unwrap(), old_bytes);
+    assert_eq!(bincode::deserialize::<StoredVersion>(&old_bytes).unwrap(), version);
+
+    // The store's own encoding of its versions (what checkpoints write) too.
+    let mut s = MvccStore::default();
+    let value = version.kv.as_ref().unwrap().value.clone();
+    s.put(&PutRequest { key: b"k/1".to_vec(), value, ..Default::default() }, &()).unwrap();
+    let captured = bincode::serialize(&s.shared_versions().collect::<Vec<_>>()).unwrap();
+    let stored: Vec<StoredVersion> = bincode::deserialize(&captured).unwrap();
+    assert_eq!(captured, bincode::serialize(&stored.iter().map(as_sequences).collect::<Vec<_>>()).unwrap());
 }

@@ -104,6 +104,10 @@ pub struct BenchArgs {
     /// watch-history: the revision the watch starts at.
     #[arg(long, default_value_t = 1)]
     pub start_revision: i64,
+    /// The servers' process IDs, when they run on this machine: their CPU
+    /// time (from /proc) over the measured run is reported per request.
+    #[arg(long, value_delimiter = ',')]
+    pub server_pids: Vec<u32>,
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -127,6 +131,10 @@ pub struct BenchReport {
     /// measured run, per request answered: on a machine the client shares
     /// with the servers, what the client takes from them.
     pub client_cpu_us_per_op: f64,
+    /// The CPU time of the processes named by `--server-pids` over the
+    /// measured run, per request answered (absent without them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_cpu_us_per_op: Option<f64>,
 }
 
 impl std::fmt::Display for BenchReport {
@@ -346,7 +354,7 @@ pub async fn run(
         }
     }
     let start = Instant::now();
-    let cpu_at_start = cpu_time();
+    let cpu_at_start = CpuUsed::now(&args.server_pids);
     for (c, mut driver) in drivers.into_iter().enumerate() {
         let (issued, errors, args, value) = (issued.clone(), errors.clone(), args.clone(), value.clone());
         tasks.push(tokio::spawn(async move {
@@ -386,13 +394,13 @@ pub async fn run(
     succeeded.sort_unstable();
     let max_gap = succeeded.windows(2).map(|w| w[1] - w[0]).max().unwrap_or_default();
     let elapsed = start.elapsed().as_secs_f64();
-    let cpu = cpu_time().saturating_sub(cpu_at_start);
+    let cpu_at_end = CpuUsed::now(&args.server_pids);
     for mut d in drivers {
         d.finish().await;
     }
     let mut r = report(args, latencies, errors.load(Ordering::Relaxed), elapsed);
     r.max_gap_ms = max_gap.as_secs_f64() * 1e3;
-    r.client_cpu_us_per_op = per_op_us(cpu, r.total);
+    cpu_at_end.record_since(&cpu_at_start, &mut r);
     Ok(r)
 }
 
@@ -417,7 +425,7 @@ async fn watch_history(channel: Service, args: &BenchArgs) -> anyhow::Result<Ben
     let (tx, rx) = tokio::sync::mpsc::channel(1);
     tx.send(create).await?;
     let start = Instant::now();
-    let cpu_at_start = cpu_time();
+    let cpu_at_start = CpuUsed::now(&args.server_pids);
     let mut stream =
         WatchClient::new(channel).watch(tokio_stream::wrappers::ReceiverStream::new(rx)).await?.into_inner();
     let (mut events, mut gaps, mut last) = (0u64, Vec::new(), Instant::now());
@@ -439,7 +447,7 @@ async fn watch_history(channel: Service, args: &BenchArgs) -> anyhow::Result<Ben
     let mut r = report(args, gaps, 0, elapsed);
     r.max_gap_ms = max_gap.as_secs_f64() * 1e3;
     r.total = events;
-    r.client_cpu_us_per_op = per_op_us(cpu_time().saturating_sub(cpu_at_start), events);
+    CpuUsed::now(&args.server_pids).record_since(&cpu_at_start, &mut r);
     r.ops_per_sec = events as f64 / elapsed;
     Ok(r)
 }
@@ -470,21 +478,51 @@ fn report(args: &BenchArgs, mut latencies: Vec<Duration>, errors: u64, elapsed: 
         max_ms: pct(1.0),
         max_gap_ms: 0.0,
         client_cpu_us_per_op: 0.0,
+        server_cpu_us_per_op: None,
     }
 }
 
-/// The CPU time this process has used so far: user and system, every thread.
-fn cpu_time() -> Duration {
-    // SAFETY: getrusage only writes the struct it is given.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+/// CPU time used so far (user and system, every thread): by this process,
+/// and by the servers' processes when they were named.
+struct CpuUsed {
+    client: Duration,
+    servers: Option<Duration>,
+}
+
+impl CpuUsed {
+    fn now(server_pids: &[u32]) -> CpuUsed {
+        // SAFETY: getrusage only writes the struct it is given.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        let client = if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } == 0 {
+            let time = |t: libc::timeval| Duration::from_micros(t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64);
+            time(usage.ru_utime) + time(usage.ru_stime)
+        } else {
+            Duration::ZERO
+        };
+        let servers = (!server_pids.is_empty()).then(|| server_pids.iter().map(|&pid| process_cpu(pid)).sum());
+        CpuUsed { client, servers }
+    }
+
+    /// Set `r`'s CPU figures: what was used from `start` to this, per
+    /// request answered.
+    fn record_since(&self, start: &CpuUsed, r: &mut BenchReport) {
+        let per_op = |cpu: Duration| cpu.as_secs_f64() * 1e6 / r.total.max(1) as f64;
+        r.client_cpu_us_per_op = per_op(self.client.saturating_sub(start.client));
+        r.server_cpu_us_per_op = self.servers.zip(start.servers).map(|(end, start)| per_op(end.saturating_sub(start)));
+    }
+}
+
+/// The CPU time (user and system, every thread) process `pid` has used,
+/// from /proc: zero for one that is gone.
+fn process_cpu(pid: u32) -> Duration {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return Duration::ZERO;
-    }
-    let time = |t: libc::timeval| Duration::from_micros(t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64);
-    time(usage.ru_utime) + time(usage.ru_stime)
-}
-
-/// `cpu` spread over `ops` operations, in microseconds each.
-fn per_op_us(cpu: Duration, ops: u64) -> f64 {
-    cpu.as_secs_f64() * 1e6 / ops.max(1) as f64
+    };
+    // The fields after the command name (which is in parentheses and may
+    // hold spaces): utime and stime are the 12th and 13th of them.
+    let fields: Vec<&str> = stat.rsplit_once(')').map_or(vec![], |(_, rest)| rest.split_whitespace().collect());
+    let ticks: u64 = [11, 12].iter().filter_map(|&i| fields.get(i)?.parse::<u64>().ok()).sum();
+    // SAFETY: sysconf only reads a system setting.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Duration::from_secs_f64(ticks as f64 / per_second)
 }
