@@ -549,18 +549,38 @@ impl MvccStore {
     /// Record a new version of `key` at `(revision, sub)`; the one it
     /// supersedes moves to the spill.
     fn push_version(&mut self, key: &[u8], revision: Revision, sub: i64, kv: Option<Arc<KeyValue>>) {
-        self.bytes += version_bytes(key, kv.as_ref().map(|kv| kv.value.len()));
-        let versions = self.index.entry(key.to_vec()).or_default();
-        if let Some(last) = versions.last_mut() {
-            assert!((last.revision, last.sub) < (revision, sub), "versions of a key must increase");
-            if let Some(spill) = &mut self.spill {
-                spill_version(spill, key, last);
-            }
-        } else {
-            assert!(kv.is_some(), "a key's history cannot start with a tombstone");
-        }
         assert!(kv.as_ref().is_none_or(|kv| kv.key == key), "a version's key-value carries its key");
-        versions.push(Version { revision, sub, held: kv.map_or(Held::Tombstone, Held::Memory) });
+        let held = kv.map_or(Held::Tombstone, Held::Memory);
+        let (spill, bytes) = (&mut self.spill, &mut self.bytes);
+        with_history(&mut self.index, key, |versions| {
+            push_onto(versions, spill, bytes, key, Version { revision, sub, held })
+        });
+    }
+
+    /// Record a new live version of `key` at `(revision, sub)`, built by
+    /// `build` from the live version it supersedes (if any), with one search
+    /// of the index when the key exists (a put's usual case). Returns the
+    /// new version and the one it supersedes.
+    fn push_live_version(
+        &mut self,
+        key: &[u8],
+        revision: Revision,
+        sub: i64,
+        build: impl FnOnce(Option<&KeyValue>) -> KeyValue,
+    ) -> (Arc<KeyValue>, Option<Arc<KeyValue>>) {
+        let (spill, bytes) = (&mut self.spill, &mut self.bytes);
+        with_history(&mut self.index, key, |versions| {
+            let prev = versions.last().and_then(|v| match &v.held {
+                Held::Memory(kv) => Some(kv.clone()),
+                Held::Tombstone => None,
+                Held::Spilled(_) => unreachable!("a key's newest version is never spilled"),
+            });
+            let kv = Arc::new(build(prev.as_deref()));
+            assert!(kv.key == key, "a version's key-value carries its key");
+            let version = Version { revision, sub, held: Held::Memory(kv.clone()) };
+            push_onto(versions, spill, bytes, key, version);
+            (kv, prev)
+        })
     }
 
     /// Compact at `rev`: reads below it fail from now on, and the history
@@ -588,6 +608,36 @@ fn response_weight(req: &RangeRequest, key: &[u8], value_len: usize) -> usize {
 
 /// Move a version's key-value to the spill, if it is in memory and the spill
 /// takes it.
+/// Run `f` on the history of `key` in `index` (empty if it has none yet):
+/// one search of the index when the key exists, and the key is copied into
+/// the index only when it does not.
+fn with_history<R>(
+    index: &mut BTreeMap<Vec<u8>, Vec<Version>>,
+    key: &[u8],
+    f: impl FnOnce(&mut Vec<Version>) -> R,
+) -> R {
+    let versions = match index.get_mut(key) {
+        Some(versions) => versions,
+        None => index.entry(key.to_vec()).or_default(),
+    };
+    f(versions)
+}
+
+/// Append `version` to a key's history, counting its size, and move the
+/// version it supersedes to the spill (if there is one).
+fn push_onto(versions: &mut Vec<Version>, spill: &mut Option<Spill>, bytes: &mut u64, key: &[u8], version: Version) {
+    *bytes += version_bytes(key, version.value_len());
+    if let Some(last) = versions.last_mut() {
+        assert!((last.revision, last.sub) < (version.revision, version.sub), "versions of a key must increase");
+        if let Some(spill) = spill {
+            spill_version(spill, key, last);
+        }
+    } else {
+        assert!(version.is_live(), "a key's history cannot start with a tombstone");
+    }
+    versions.push(version);
+}
+
 fn spill_version(spill: &mut Spill, key: &[u8], v: &mut Version) {
     if let Held::Memory(kv) = &v.held {
         debug_assert_eq!(kv.key, key);

@@ -2,7 +2,7 @@ use super::*;
 
 fn put(s: &mut MvccStore, k: &str, v: &str) -> Revision {
     let req = PutRequest { key: k.into(), value: v.into(), ..Default::default() };
-    s.put(&req, &()).unwrap().0.revision
+    s.put(req, &()).unwrap().0.revision
 }
 
 fn get_at(s: &MvccStore, k: &str, rev: Revision) -> Result<Option<KeyValue>, MvccError> {
@@ -169,7 +169,7 @@ fn compares_on_missing_keys_and_failing_checks() {
     assert_eq!(s.txn(&txn, &()).unwrap_err(), MvccError::LeaseNotFound);
     assert_eq!((s.revision(), s.live_keys()), (1, 0));
     let ignore = PutRequest { key: "a".into(), ignore_value: true, ..Default::default() };
-    assert_eq!(s.put(&ignore, &()).unwrap_err(), MvccError::KeyNotFound);
+    assert_eq!(s.put(ignore, &()).unwrap_err(), MvccError::KeyNotFound);
 }
 
 #[test]
@@ -459,7 +459,7 @@ fn byte_strings_encode_as_the_sequences_of_u8_written_before() {
     // The store's own encoding of its versions (what checkpoints write) too.
     let mut s = MvccStore::default();
     let value = version.kv.as_ref().unwrap().value.clone();
-    s.put(&PutRequest { key: b"k/1".to_vec(), value, ..Default::default() }, &()).unwrap();
+    s.put(PutRequest { key: b"k/1".to_vec(), value, ..Default::default() }, &()).unwrap();
     let captured = bincode::serialize(&s.shared_versions().collect::<Vec<_>>()).unwrap();
     let stored: Vec<StoredVersion> = bincode::deserialize(&captured).unwrap();
     assert_eq!(captured, bincode::serialize(&stored.iter().map(as_sequences).collect::<Vec<_>>()).unwrap());

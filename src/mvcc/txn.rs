@@ -15,6 +15,8 @@
 //!    state before the txn — a failing check fails the whole txn unchanged;
 //! 3. the requests run in order, each seeing the changes of those before it.
 
+use std::borrow::Cow;
+
 use super::*;
 
 /// What a write needs to know about leases: whether one exists.
@@ -53,27 +55,35 @@ impl WriteTxn<'_> {
         }
     }
 
-    fn put(&mut self, req: &PutRequest) -> PutResult {
-        let prev = self.store.get_live(&req.key).cloned();
+    /// Put one key. An owned request gives its key and value to the new
+    /// version (a put on its own); a borrowed one (a txn's) is copied.
+    fn put(&mut self, req: Cow<'_, PutRequest>) -> PutResult {
         let revision = self.begin + 1;
-        let (create_revision, version) = match &prev {
-            Some(p) => (p.create_revision, p.version + 1),
-            None => (revision, 1),
-        };
-        let value = match (&prev, req.ignore_value) {
-            (Some(p), true) => p.value.clone(),
-            _ => req.value.clone(),
-        };
-        let lease = match (&prev, req.ignore_lease) {
-            (Some(p), true) => p.lease,
-            _ => req.lease,
-        };
-        let kv =
-            Arc::new(KeyValue { key: req.key.clone(), create_revision, mod_revision: revision, version, value, lease });
         let sub = self.changes.len() as i64;
-        self.store.push_version(&req.key, revision, sub, Some(kv.clone()));
-        let prev_kv = if req.prev_kv { prev.as_deref().cloned() } else { None };
-        self.changes.push(Change { revision, sub, key: req.key.clone(), kv: Some(kv), prev });
+        let (ignore_value, ignore_lease, lease, want_prev) =
+            (req.ignore_value, req.ignore_lease, req.lease, req.prev_kv);
+        let (key, value) = match req {
+            Cow::Owned(r) => (r.key, r.value),
+            Cow::Borrowed(r) => (r.key.clone(), if ignore_value { Vec::new() } else { r.value.clone() }),
+        };
+        let change_key = key.clone();
+        let (kv, prev) = self.store.push_live_version(&change_key, revision, sub, |prev| {
+            let (create_revision, version) = match prev {
+                Some(p) => (p.create_revision, p.version + 1),
+                None => (revision, 1),
+            };
+            let value = match prev {
+                Some(p) if ignore_value => p.value.clone(),
+                _ => value,
+            };
+            let lease = match prev {
+                Some(p) if ignore_lease => p.lease,
+                _ => lease,
+            };
+            KeyValue { key, create_revision, mod_revision: revision, version, value, lease }
+        });
+        let prev_kv = if want_prev { prev.as_deref().cloned() } else { None };
+        self.changes.push(Change { revision, sub, key: change_key, kv: Some(kv), prev });
         PutResult { revision, prev_kv }
     }
 
@@ -106,7 +116,7 @@ impl WriteTxn<'_> {
                     // Checked before the txn started; a read cannot fail now.
                     ResponseOp::Range(self.range(r).expect("txn range was checked"))
                 }
-                RequestOp::Put(p) => ResponseOp::Put(self.put(p)),
+                RequestOp::Put(p) => ResponseOp::Put(self.put(Cow::Borrowed(p))),
                 RequestOp::DeleteRange(d) => ResponseOp::DeleteRange(self.delete_range(d)),
                 RequestOp::Txn(t) => {
                     let p = nested.next().expect("a path for every nested txn");
@@ -132,10 +142,10 @@ impl MvccStore {
     }
 
     /// Put one key. Always creates a new revision.
-    pub fn put(&mut self, req: &PutRequest, leases: &dyn LeaseView) -> Result<(PutResult, Vec<Change>), MvccError> {
-        self.check_put(req, leases)?;
+    pub fn put(&mut self, req: PutRequest, leases: &dyn LeaseView) -> Result<(PutResult, Vec<Change>), MvccError> {
+        self.check_put(&req, leases)?;
         let mut w = self.begin_write();
-        let result = w.put(req);
+        let result = w.put(Cow::Owned(req));
         let (_, changes) = w.finish();
         Ok((result, changes))
     }

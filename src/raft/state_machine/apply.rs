@@ -93,7 +93,7 @@ impl<'a> Apply<'a> {
         match cmd {
             Command::Put(req) => {
                 // The lease guard must be gone before `record` locks the table.
-                let outcome = mvcc.put(&req, &*state.leases());
+                let outcome = mvcc.put(req, &*state.leases());
                 match outcome {
                     Ok((result, changes)) => {
                         self.record(changes);
