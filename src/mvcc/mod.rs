@@ -155,8 +155,9 @@ pub struct StoredVersion {
 
 /// One version of one key that shares its key-value with the store, so that
 /// the whole store can be captured without copying it (checkpoints and
-/// snapshots capture it on the apply path). It encodes exactly as the
-/// [`StoredVersion`] it stands for.
+/// snapshots capture it on the apply path), and a write's changes recorded
+/// in the journal without copying their keys and values. It encodes exactly
+/// as the [`StoredVersion`] it stands for.
 #[derive(Debug)]
 pub struct SharedVersion {
     revision: Revision,
@@ -172,6 +173,17 @@ enum SharedValue {
     Spilled(Vec<u8>, Spilled),
     /// A tombstone of this key.
     Tombstone(Vec<u8>),
+}
+
+impl SharedVersion {
+    /// The version a change made, sharing its key-value.
+    pub fn of_change(change: &Change) -> SharedVersion {
+        let value = match &change.kv {
+            Some(kv) => SharedValue::Live(kv.clone()),
+            None => SharedValue::Tombstone(change.key.clone()),
+        };
+        SharedVersion { revision: change.revision, sub: change.sub, value }
+    }
 }
 
 impl serde::Serialize for SharedVersion {

@@ -18,13 +18,13 @@ use crate::alarm::AlarmKind;
 use crate::applied::{AppliedState, MemberAttrs};
 use crate::auth::{AuthCommand, Caller, TokenEffect};
 use crate::command::{Command, CommandResult};
-use crate::mvcc::{Change, MvccError, MvccStore, StoredVersion};
+use crate::mvcc::{Change, MvccError, MvccStore, SharedVersion};
 
 /// One apply call's work on `state`: what it changed, to be persisted
 /// (`journal`) and published to watchers (`published`) once the call ends.
 pub(super) struct Apply<'a> {
     state: &'a AppliedState,
-    pub journal: Vec<JournalOp>,
+    pub journal: Vec<JournalOp<SharedVersion>>,
     pub published: Vec<Change>,
 }
 
@@ -204,14 +204,7 @@ impl<'a> Apply<'a> {
     /// attachments, and for the watchers.
     fn record(&mut self, changes: Vec<Change>) {
         self.state.leases_mut().track(&changes);
-        self.journal.extend(changes.iter().map(|c| {
-            JournalOp::Version(StoredVersion {
-                revision: c.revision,
-                sub: c.sub,
-                key: c.key.clone(),
-                kv: c.kv.as_deref().cloned(),
-            })
-        }));
+        self.journal.extend(changes.iter().map(|c| JournalOp::Version(SharedVersion::of_change(c))));
         self.published.extend(changes);
     }
 }

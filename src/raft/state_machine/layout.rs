@@ -91,10 +91,12 @@ pub(super) type Membership = StoredMembership<u64, MemberNode>;
 
 /// One change in the journal, replayed in order on restart. Appended to
 /// only, as the log's `Command` is: records written by an older raftlock
-/// must replay the same.
+/// must replay the same. Read back with its versions as [`StoredVersion`]s;
+/// written with them as [`SharedVersion`]s, which share the store's
+/// key-values and encode the same.
 #[derive(Serialize, Deserialize)]
-pub(super) enum JournalOp {
-    Version(StoredVersion),
+pub(super) enum JournalOp<V = StoredVersion> {
+    Version(V),
     Compact(Revision),
     Member(u64, MemberAttrs),
     LeaseGrant {
@@ -130,7 +132,7 @@ struct JournalFrameRef<'a> {
     membership: Option<&'a Membership>,
     revision: Revision,
     compact: Revision,
-    ops: &'a [JournalOp],
+    ops: &'a [JournalOp<SharedVersion>],
 }
 
 fn journal_file(checkpoint_seq: u64) -> String {
@@ -495,7 +497,7 @@ impl Persisted {
     /// Persist one apply call: its journal frame, with the counters after
     /// it, or, when one is due, a checkpoint that covers it too and the
     /// counters.
-    pub fn commit_apply(&mut self, state: &AppliedState, journal: &[JournalOp], position: &Position) {
+    pub fn commit_apply(&mut self, state: &AppliedState, journal: &[JournalOp<SharedVersion>], position: &Position) {
         let mut batch = StateBatch::default();
         self.seq += 1;
         let frame = {

@@ -415,6 +415,37 @@ mod tests {
         (mvcc.versions().collect(), mvcc.revision(), mvcc.compact_revision())
     }
 
+    /// Apply records a write's versions in the journal sharing the store's
+    /// key-values; they must encode exactly as the stored versions the
+    /// journal is read back as (and older raftlocks wrote), for a put and
+    /// for a deletion's tombstone.
+    #[test]
+    fn journal_records_share_values_and_encode_as_stored_versions() {
+        use crate::mvcc::{MvccStore, SharedVersion};
+        let mut store = MvccStore::default();
+        let value: Vec<u8> = (0..700u32).map(|i| (i % 251) as u8).collect();
+        let (_, mut changes) =
+            store.put(PutRequest { key: b"k/1".to_vec(), value, lease: 0, ..Default::default() }, &()).unwrap();
+        let (_, deleted) =
+            store.delete_range(&DeleteRangeRequest { key: b"k/1".to_vec(), range_end: Vec::new(), prev_kv: false });
+        changes.extend(deleted);
+        assert_eq!(changes.len(), 2);
+        for change in &changes {
+            let stored = StoredVersion {
+                revision: change.revision,
+                sub: change.sub,
+                key: change.key.clone(),
+                kv: change.kv.as_deref().cloned(),
+            };
+            let written = encode(&layout::JournalOp::Version(SharedVersion::of_change(change)));
+            assert_eq!(written, encode(&layout::JournalOp::Version(stored.clone())));
+            match crate::raft::decode::<layout::JournalOp>(&written).unwrap() {
+                layout::JournalOp::Version(read) => assert_eq!(read, stored),
+                _ => panic!("a version reads back as another record"),
+            }
+        }
+    }
+
     /// The directory of a test's store: when it goes, the store's writer
     /// first finishes what it was given (a checkpoint file written into a
     /// directory removed meanwhile would fail, and abort the process).
