@@ -64,7 +64,7 @@ impl WriteTxn<'_> {
             (req.ignore_value, req.ignore_lease, req.lease, req.prev_kv);
         let (key, value) = match req {
             Cow::Owned(r) => (r.key, r.value),
-            Cow::Borrowed(r) => (r.key.clone(), if ignore_value { Vec::new() } else { r.value.clone() }),
+            Cow::Borrowed(r) => (r.key.clone(), r.value.clone()),
         };
         let change_key = key.clone();
         let (kv, prev) = self.store.push_live_version(&change_key, revision, sub, |prev| {
