@@ -13,6 +13,8 @@
 //! (e.g. a lease ID chosen by the proposer): apply reads no clock and draws no
 //! random number.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use crate::alarm::{AlarmAction, AlarmKind};
@@ -38,7 +40,11 @@ pub enum Command {
     },
     /// Several client commands proposed as one entry (see `raft::proposer`);
     /// applied one after the other, each with its own result. Never nested.
-    Batch(Vec<Command>),
+    /// Shared: the log keeps the newest entries in memory and hands out a
+    /// copy to each reader (apply, and each follower's replication), which
+    /// is then a reference count, not the batch's keys and values. An `Arc`
+    /// encodes as what it holds, so the bytes are those of a `Vec<Command>`.
+    Batch(Arc<Vec<Command>>),
     /// Grant lease `id` (chosen by the proposer) for `ttl` seconds (already
     /// raised to the floor).
     LeaseGrant {
@@ -167,5 +173,27 @@ impl Command {
     /// encoding it: what proposal batches and queues are bounded by.
     pub fn encoded_len(&self) -> u64 {
         bincode::serialized_size(self).unwrap_or(u64::MAX)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::raft::{decode, encode};
+
+    /// A batch is shared in memory and encodes as the plain list of commands
+    /// that entries written before held: bincode's variant index (Batch is
+    /// the sixth variant), then the list.
+    #[test]
+    fn a_shared_batch_encodes_as_its_list_of_commands() {
+        let cmds = vec![
+            Command::Put(PutRequest { key: b"k".to_vec(), value: b"v".to_vec(), ..Default::default() }),
+            Command::LeaseRevoke { id: 7 },
+        ];
+        let batch = Command::Batch(Arc::new(cmds.clone()));
+        let mut written_before = encode(&5u32);
+        written_before.extend(bincode::serialize(&cmds).expect("encodes"));
+        assert_eq!(encode(&batch), written_before);
+        assert_eq!(decode::<Command>(&written_before).expect("decodes"), batch);
     }
 }

@@ -307,7 +307,9 @@ impl LogStore {
     }
 
     /// What the log holds of `wanted` (indexes it holds, in order): the
-    /// entries kept in memory, and where the others are in the WAL.
+    /// entries kept in memory, and where the others are in the WAL. A copy
+    /// of a batch entry shares its commands with the one kept here
+    /// (`Command::Batch`), so each reader's copy costs a reference count.
     fn slots(cache: &LogCache, wanted: Vec<(u64, Held)>) -> Vec<Result<Entry, (u64, Held)>> {
         wanted.into_iter().map(|(index, held)| cache.hot.get(&index).cloned().ok_or((index, held))).collect()
     }

@@ -21,6 +21,8 @@
 //! (etcd's "too many requests") rather than queued. A command whose caller
 //! gave up before its batch formed is not proposed.
 
+use std::sync::Arc;
+
 use openraft::error::{ClientWriteError, RaftError};
 
 use super::election::Elections;
@@ -114,7 +116,7 @@ fn answer(called: Result<Result<CommandResult, ProposeError>, CallError>) -> Res
 
 async fn propose_batch(raft: &Raft, cmds: Vec<Command>) -> Vec<Result<CommandResult, ProposeError>> {
     let n = cmds.len();
-    let cmd = if n == 1 { cmds.into_iter().next().expect("one command") } else { Command::Batch(cmds) };
+    let cmd = if n == 1 { cmds.into_iter().next().expect("one command") } else { Command::Batch(Arc::new(cmds)) };
     let outcome = match raft.client_write(cmd).await {
         Ok(resp) => Ok(resp.data),
         Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {

@@ -13,6 +13,8 @@
 //! while the MVCC store is locked is dropped before [`Apply::record`] locks
 //! the table again.
 
+use std::sync::Arc;
+
 use super::layout::JournalOp;
 use crate::alarm::AlarmKind;
 use crate::applied::{AppliedState, MemberAttrs};
@@ -36,7 +38,11 @@ impl<'a> Apply<'a> {
     /// Apply one command of an entry appended in `term`; `is_member` tells
     /// whether a member ID is in the configuration applied so far.
     pub fn command(&mut self, cmd: Command, term: u64, is_member: &dyn Fn(u64) -> bool) -> CommandResult {
-        if let Command::Batch(cmds) = cmd {
+        if let Command::Batch(shared) = cmd {
+            // The log's copy of the entry usually still holds the batch: its
+            // commands are copied here, as apply moves their keys and values
+            // into the store.
+            let cmds = Arc::try_unwrap(shared).unwrap_or_else(|shared| shared.as_ref().clone());
             return CommandResult::Batch(
                 cmds.into_iter()
                     .map(|c| {
@@ -230,7 +236,7 @@ mod tests {
         let stale = apply.command(Command::LeaseExpire { id: 7, term: 1 }, 2, &everyone);
         assert_eq!(stale, CommandResult::ExpiryOfAnotherTerm { revision: 2 });
         assert!(state.leases().get(7).is_some(), "the lease outlived a stale expiry");
-        let batch = Command::Batch(vec![Command::LeaseExpire { id: 7, term: 2 }]);
+        let batch = Command::Batch(Arc::new(vec![Command::LeaseExpire { id: 7, term: 2 }]));
         let current = apply.command(batch, 2, &everyone);
         assert_eq!(current, CommandResult::Batch(vec![CommandResult::LeaseRevoked { revision: 3 }]));
         assert!(state.leases().get(7).is_none());
