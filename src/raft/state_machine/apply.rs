@@ -42,7 +42,7 @@ impl<'a> Apply<'a> {
             // The log's copy of the entry usually still holds the batch: its
             // commands are copied here, as apply moves their keys and values
             // into the store.
-            let cmds = Arc::try_unwrap(shared).unwrap_or_else(|shared| shared.as_ref().clone());
+            let cmds = Arc::unwrap_or_clone(shared);
             return CommandResult::Batch(
                 cmds.into_iter()
                     .map(|c| {

@@ -570,7 +570,7 @@ mod tests {
         }
         sm.apply([next(Command::Compact { revision: 40 })]).await.unwrap();
         // A batch entry, a delete and a compaction that removes the newest versions.
-        let batch = Command::Batch(std::sync::Arc::new(vec![put("b1", "x"), put("b2", "y")]));
+        let batch = Command::Batch(Arc::new(vec![put("b1", "x"), put("b2", "y")]));
         sm.apply([
             next(batch),
             next(Command::DeleteRange(DeleteRangeRequest { key: "k".into(), range_end: "l".into(), prev_kv: false })),
