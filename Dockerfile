@@ -5,7 +5,7 @@
 FROM rust:1-bookworm AS build
 WORKDIR /src
 COPY . .
-RUN RUSTFLAGS="-C target-feature=+crt-static" \
+RUN RUSTFLAGS="-C target-feature=+crt-static --cfg tokio_unstable" \
     cargo build --release --locked --target x86_64-unknown-linux-gnu --bins \
  && mkdir -p /out/data && cp target/x86_64-unknown-linux-gnu/release/raftlock target/x86_64-unknown-linux-gnu/release/raftlockctl /out/
 

@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target=x86_64-unknown-linux-gnu
-RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --target $target --bins >&2
+RUSTFLAGS="-C target-feature=+crt-static --cfg tokio_unstable" cargo build --release --target $target --bins >&2
 context=target/docker-context
 rm -rf "$context"; mkdir -p "$context/data"
 cp "target/$target/release/raftlock" "target/$target/release/raftlockctl" "$context/"
