@@ -25,11 +25,11 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// socket: a `writev` per response. In the worker's ordinary queue, the
 /// requests of a batch finish first and the connection writes all their
 /// responses in one. Members' `writev` per put, 64 clients: 1.72 with the
-/// slot, 1.00 without, and the client reads fewer packets too. A task in
-/// the slot can't be stolen by another worker either, so it waited while
-/// its worker's thread was busy or descheduled. The cost: a chain of
-/// messages on idle cores, such as a lock handed from waiter to waiter,
-/// runs about 7% slower (docs/performance-notes.md).
+/// slot, 1.00 without. A task in the slot can't be stolen by another
+/// worker either, so it may wait while its worker's thread is busy or
+/// descheduled. The cost: a chain of messages on idle cores, such as a
+/// lock handed from waiter to waiter, runs about 7% slower
+/// (docs/performance-notes.md).
 ///
 /// The switch is in tokio's unstable API: `.cargo/config.toml` builds with
 /// `--cfg tokio_unstable`.
