@@ -124,13 +124,16 @@ pub const FORMAT_V1: u8 = 1;
 
 /// Encode with the format byte in front.
 pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
-    encode_into(Vec::new(), value)
+    let mut out = Vec::new();
+    encode_onto(&mut out, value);
+    out
 }
 
-fn encode_into<T: Serialize>(mut out: Vec<u8>, value: &T) -> Vec<u8> {
+/// Append `value`'s encoding, the format byte in front, to `out` (what
+/// [`encode`] returns, written in place: a journal frame's body).
+pub fn encode_onto<T: Serialize>(out: &mut Vec<u8>, value: &T) {
     out.push(FORMAT_V1);
-    bincode::serialize_into(&mut out, value).expect("serializing to memory cannot fail");
-    out
+    bincode::serialize_into(&mut *out, value).expect("serializing to memory cannot fail");
 }
 
 /// Why bytes did not decode: a peer or a file of another version, or not

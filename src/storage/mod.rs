@@ -405,7 +405,8 @@ struct JournalWriter {
 }
 
 impl JournalWriter {
-    /// Append `frames` in order, each run of frames for one file in one write.
+    /// Append `frames` in order, each run of frames for one file in one
+    /// vectored write (more if the file takes a part of it).
     fn append(&mut self, dir: &Path, frames: &[(String, Vec<u8>)]) -> io::Result<()> {
         let mut i = 0;
         while i < frames.len() {
@@ -415,18 +416,36 @@ impl JournalWriter {
                 let file = std::fs::OpenOptions::new().create(true).append(true).open(dir.join(name))?;
                 self.open = Some((name.clone(), file));
             }
-            let bytes: Vec<u8> = frames[i..i + run].iter().flat_map(|(_, f)| f.iter().copied()).collect();
-            self.open.as_mut().expect("just opened").1.write_all(&bytes)?;
+            let file = &mut self.open.as_mut().expect("just opened").1;
+            let mut slices: Vec<io::IoSlice<'_>> =
+                frames[i..i + run].iter().map(|(_, f)| io::IoSlice::new(f)).collect();
+            write_all_vectored(file, &mut slices)?;
             i += run;
         }
         Ok(())
     }
 }
 
-/// A journal frame ([`framing`]) holding `payload`.
-pub fn frame(payload: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(framing::HEADER + payload.len());
-    framing::append(&mut out, |out| out.extend_from_slice(payload));
+/// Write all of `slices` to `out`, in as few `writev` calls as it takes
+/// (std's `write_all_vectored` is not stable): the frames of a window go to
+/// the journal as they are, not copied into one buffer first.
+fn write_all_vectored(out: &mut impl Write, mut slices: &mut [io::IoSlice<'_>]) -> io::Result<()> {
+    io::IoSlice::advance_slices(&mut slices, 0);
+    while !slices.is_empty() {
+        match out.write_vectored(slices) {
+            Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "failed to write whole journal frames")),
+            Ok(n) => io::IoSlice::advance_slices(&mut slices, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// A journal frame ([`framing`]) whose body `body` writes into it, in place.
+pub fn frame(body: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
+    let mut out = Vec::new();
+    framing::append(&mut out, body);
     out
 }
 
@@ -523,4 +542,37 @@ fn fsync_tree(dir: &Path) -> io::Result<()> {
         }
     }
     std::fs::File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file that takes at most a few bytes of one slice per call, as a
+    /// short write may.
+    struct Trickle(Vec<u8>);
+
+    impl Write for Trickle {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            let n = buf.len().min(3);
+            self.0.extend_from_slice(&buf[..n]);
+            Ok(n)
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn vectored_journal_writes_survive_short_writes_in_order() {
+        let frames: Vec<Vec<u8>> =
+            (0u8..5).map(|i| frame(|b| b.extend(std::iter::repeat_n(i + 1, 7 * i as usize + 1)))).collect();
+        let mut slices: Vec<io::IoSlice<'_>> = frames.iter().map(|f| io::IoSlice::new(f)).collect();
+        let mut out = Trickle(Vec::new());
+        write_all_vectored(&mut out, &mut slices).unwrap();
+        assert_eq!(out.0, frames.concat());
+        let bodies: Vec<&[u8]> = framing::bodies(&out.0).collect();
+        assert_eq!(bodies.len(), 5);
+        assert!(bodies.iter().enumerate().all(|(i, b)| b.len() == 7 * i + 1 && b.iter().all(|&x| x as usize == i + 1)));
+    }
 }

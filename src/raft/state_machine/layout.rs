@@ -502,14 +502,15 @@ impl Persisted {
         self.seq += 1;
         let frame = {
             let mvcc = state.mvcc();
-            crate::storage::frame(&encode(&JournalFrameRef {
+            let record = JournalFrameRef {
                 seq: self.seq,
                 last_applied: &position.last_applied,
                 membership: (self.membership_written != *position.membership.log_id()).then_some(&position.membership),
                 revision: mvcc.revision(),
                 compact: mvcc.compact_revision(),
                 ops: journal,
-            }))
+            };
+            crate::storage::frame(|body| crate::raft::encode_onto(body, &record))
         };
         self.journal_bytes += frame.len() as u64;
         if self.checkpoint_due() {
