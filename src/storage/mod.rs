@@ -548,15 +548,32 @@ fn fsync_tree(dir: &Path) -> io::Result<()> {
 mod tests {
     use super::*;
 
-    /// A file that takes at most a few bytes of one slice per call, as a
-    /// short write may.
-    struct Trickle(Vec<u8>);
+    /// A file whose vectored writes take at most a few bytes, across slice
+    /// boundaries, as a short `writev` may; every other call is interrupted.
+    struct Trickle {
+        written: Vec<u8>,
+        calls: usize,
+    }
 
     impl Write for Trickle {
         fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-            let n = buf.len().min(3);
-            self.0.extend_from_slice(&buf[..n]);
-            Ok(n)
+            self.write_vectored(&[io::IoSlice::new(buf)])
+        }
+        fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+            self.calls += 1;
+            if self.calls.is_multiple_of(2) {
+                return Err(io::ErrorKind::Interrupted.into());
+            }
+            let mut left = 5;
+            for buf in bufs {
+                let n = buf.len().min(left);
+                self.written.extend_from_slice(&buf[..n]);
+                left -= n;
+                if left == 0 {
+                    break;
+                }
+            }
+            Ok(5 - left)
         }
         fn flush(&mut self) -> io::Result<()> {
             Ok(())
@@ -567,12 +584,42 @@ mod tests {
     fn vectored_journal_writes_survive_short_writes_in_order() {
         let frames: Vec<Vec<u8>> =
             (0u8..5).map(|i| frame(|b| b.extend(std::iter::repeat_n(i + 1, 7 * i as usize + 1)))).collect();
-        let mut slices: Vec<io::IoSlice<'_>> = frames.iter().map(|f| io::IoSlice::new(f)).collect();
-        let mut out = Trickle(Vec::new());
+        // Frames of 9 to 37 bytes, taken 5 bytes a call, with empty slices
+        // before, between and after them.
+        let mut slices: Vec<io::IoSlice<'_>> = vec![io::IoSlice::new(&[])];
+        for f in &frames {
+            slices.push(io::IoSlice::new(f));
+            slices.push(io::IoSlice::new(&[]));
+        }
+        let mut out = Trickle { written: Vec::new(), calls: 0 };
         write_all_vectored(&mut out, &mut slices).unwrap();
-        assert_eq!(out.0, frames.concat());
-        let bodies: Vec<&[u8]> = framing::bodies(&out.0).collect();
+        assert_eq!(out.written, frames.concat());
+        assert!(out.calls > 2 * frames.len(), "the writes were short: {} calls", out.calls);
+        let bodies: Vec<&[u8]> = framing::bodies(&out.written).collect();
         assert_eq!(bodies.len(), 5);
         assert!(bodies.iter().enumerate().all(|(i, b)| b.len() == 7 * i + 1 && b.iter().all(|&x| x as usize == i + 1)));
+
+        let mut nothing = Trickle { written: Vec::new(), calls: 0 };
+        write_all_vectored(&mut nothing, &mut [io::IoSlice::new(&[]), io::IoSlice::new(&[])]).unwrap();
+        assert_eq!((nothing.written.len(), nothing.calls), (0, 0), "only empty slices: no write at all");
+    }
+
+    /// A file that takes nothing: the write fails instead of looping.
+    struct Full;
+
+    impl Write for Full {
+        fn write(&mut self, _: &[u8]) -> io::Result<usize> {
+            Ok(0)
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_file_that_takes_nothing_fails_the_journal_write() {
+        let frame = frame(|b| b.push(1));
+        let err = write_all_vectored(&mut Full, &mut [io::IoSlice::new(&frame)]).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::WriteZero);
     }
 }
