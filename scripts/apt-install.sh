@@ -8,5 +8,8 @@
 set -euo pipefail
 [ $# -gt 0 ] || exit 0
 sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
+# An install interrupted earlier (a cancelled job, say) leaves dpkg
+# refusing every other until its packages are configured: finish it first.
+$sudo dpkg --configure -a >&2
 $sudo apt-get update -qq >&2
 DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >/dev/null

@@ -177,8 +177,8 @@ suite() { # kind
   run put "${ec[@]}" --clients 64 --conns 4 --total $((60000/scale))
   # The same 64 tasks sharing one client (a connection to each member), as
   # an application that clones one etcd-client `Client` does: fewer
-  # connections cost both systems less CPU per request, in about the same
-  # proportion (docs/performance-notes.md).
+  # connections cost both systems less CPU per request, and the ratio
+  # stayed near 2x either way (docs/performance-notes.md).
   run put "${ec[@]}" --clients 64 --conns 1 --total $((60000/scale))
   run put "${ec[@]}" --clients 64 --conns 4 --value-size 1024 --total $((60000/scale))
   run txn "${ec[@]}" --clients 64 --conns 4 --total $((60000/scale))
