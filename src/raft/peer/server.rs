@@ -26,10 +26,13 @@
 //! (`raft::decode`): a nested txn deeper than the API accepts is refused, not
 //! recursed into.
 
+use std::collections::VecDeque;
+use std::sync::Arc;
+
 use futures::StreamExt;
 use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, VoteRequest};
 use serde::{Deserialize, Serialize};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Semaphore};
 use tonic::transport::server::Router;
 use tonic::transport::Server;
 use tonic::{Request, Response, Status, Streaming};
@@ -126,45 +129,16 @@ impl Peer for PeerService {
 
     async fn replicate(&self, req: Request<Streaming<RaftPayload>>) -> Result<Response<Self::ReplicateStream>, Status> {
         self.gate.admit(&req).await?;
-        let mut incoming = req.into_inner();
-        let raft = self.raft.clone();
-        let elections = self.elections.clone();
-        let mut stopping = self.stopping.clone();
-        let (answers, outgoing) = mpsc::channel(pipeline::MAX_IN_FLIGHT);
-        tokio::spawn(async move {
-            loop {
-                let first = tokio::select! {
-                    first = incoming.next() => first,
-                    _ = stopping.stopped() => return,
-                };
-                let Some(first) = first else { return };
-                let mut arrived = vec![first];
-                pipeline::ready_now(&mut incoming, &mut arrived, pipeline::MAX_IN_FLIGHT);
-                let mut requests = Vec::with_capacity(arrived.len());
-                for item in arrived {
-                    match item.and_then(|payload| decoded::<AppendEntriesRequest<TypeConfig>>(&payload)) {
-                        Ok(request) => requests.push(request),
-                        Err(status) => {
-                            let _ = answers.send(Err(status)).await;
-                            return;
-                        }
-                    }
-                }
-                for (request, count) in pipeline::merge(requests) {
-                    let answer = raft.append_entries(request).await;
-                    if from_leader(&answer) {
-                        elections.heard_from_leader();
-                    }
-                    let answer = RaftPayload { data: encode(&answer) };
-                    for _ in 0..count {
-                        if answers.send(Ok(answer.clone())).await.is_err() {
-                            return;
-                        }
-                    }
-                }
-            }
-        });
-        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(outgoing))))
+        let serving = Replicating {
+            incoming: req.into_inner(),
+            raft: self.raft.clone(),
+            elections: self.elections.clone(),
+            stopping: self.stopping.clone(),
+            merged: VecDeque::new(),
+            answers: VecDeque::new(),
+            ended: false,
+        };
+        Ok(Response::new(Box::pin(futures::stream::unfold(serving, Replicating::next))))
     }
 
     async fn vote(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
@@ -195,45 +169,39 @@ impl Peer for PeerService {
         let (proposer, gate, mut stopping) = (self.proposer.clone(), self.gate.clone(), self.stopping.clone());
         let (answers, outgoing) = mpsc::channel(FORWARD_ANSWERS_QUEUED);
         tokio::spawn(async move {
-            let mut running = futures::stream::FuturesUnordered::<tokio::task::JoinHandle<RaftPayload>>::new();
-            // Once this member stops: no more batches are read, those
-            // running are still answered, and then the follower is told
-            // which batch was the last read: those after it never ran, and
-            // it may send them elsewhere.
-            let mut draining = false;
+            // A batch holds one of these from when it is read until its
+            // answer is queued: at most this many run or wait to queue.
+            let slots = Arc::new(Semaphore::new(FORWARD_ANSWERS_QUEUED));
+            // The last batch read: once this member stops, no more are
+            // read, those running are still answered, and then the follower
+            // is told which was the last, so that it may send those after it
+            // elsewhere (they never ran).
             let mut last_read: Option<u64> = None;
             loop {
-                tokio::select! {
-                    Some(answer) = running.next(), if !running.is_empty() => {
-                        let answer = answer.map_err(|e| Status::internal(format!("forwarded batch: {e}")));
-                        let failed = answer.is_err();
-                        if answers.send(answer).await.is_err() || failed {
-                            return;
-                        }
+                let batch = tokio::select! {
+                    batch = incoming.next() => batch,
+                    _ = stopping.stopped() => break,
+                };
+                let Some(batch) = batch else { return };
+                match forwarded_batch(&gate, sender, batch).await {
+                    // A task of its own, so that it moves on (and frees its
+                    // proposer slot) while later batches are read and the
+                    // follower reads its answer; it queues the answer itself.
+                    Ok(batch) => {
+                        let Ok(slot) = slots.clone().acquire_owned().await else { return };
+                        last_read = Some(batch.id);
+                        tokio::spawn(run_forwarded(proposer.clone(), batch, answers.clone(), slot));
                     }
-                    batch = incoming.next(), if !draining => {
-                        let Some(batch) = batch else { return };
-                        match forwarded_batch(&gate, sender, batch).await {
-                            // A task of its own, so that it moves on (and
-                            // frees its proposer slot) while this loop waits.
-                            Ok(batch) => {
-                                last_read = Some(batch.id);
-                                running.push(tokio::spawn(run_forwarded(proposer.clone(), batch)));
-                            }
-                            Err(status) => {
-                                let _ = answers.send(Err(status)).await;
-                                return;
-                            }
-                        }
+                    Err(status) => {
+                        let _ = answers.send(Err(status)).await;
+                        return;
                     }
-                    _ = stopping.stopped(), if !draining => draining = true,
-                }
-                if draining && running.is_empty() {
-                    let closing = RaftPayload { data: encode(&ForwardReply::Closing { last_read }) };
-                    let _ = answers.send(Ok(closing)).await;
-                    return;
                 }
             }
+            // Every slot back: every batch read has queued its answer.
+            let Ok(_all) = slots.acquire_many(FORWARD_ANSWERS_QUEUED as u32).await else { return };
+            let closing = RaftPayload { data: encode(&ForwardReply::Closing { last_read }) };
+            let _ = answers.send(Ok(closing)).await;
         });
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(outgoing))))
     }
@@ -294,8 +262,76 @@ impl Peer for PeerService {
     }
 }
 
-/// Answers on a forwarding stream that may wait for the follower to read
-/// them; beyond this, the leader reads no more of its batches until it does.
+/// A `Peer.Replicate` stream being served: its answers are the stream the
+/// transport sends, and taking the next one does the work that makes it.
+/// So the requests are read, appended and answered in the transport's own
+/// task, polled as it sends, instead of in a task of their own that would
+/// hand each answer over (one thread wake-up fewer per answer; an append
+/// waits on nothing else either way, and at most `pipeline::MAX_IN_FLIGHT`
+/// requests are unanswered on a pipe). Dropped with the stream, an append
+/// already handed to openraft still completes there; only its answer goes.
+struct Replicating {
+    incoming: Streaming<RaftPayload>,
+    raft: Raft,
+    elections: std::sync::Arc<Elections>,
+    stopping: Stopping,
+    /// Requests read and merged, not yet handed to openraft, each with the
+    /// number of requests it stands for (each is answered).
+    merged: VecDeque<(AppendEntriesRequest<TypeConfig>, usize)>,
+    /// Answers made and not yet taken by the transport.
+    answers: VecDeque<Result<RaftPayload, Status>>,
+    /// Nothing more is read: the stream ends once `answers` are taken.
+    ended: bool,
+}
+
+impl Replicating {
+    /// The next answer, once made; None when the leader closed the stream,
+    /// this member stops, or a request did not decode (after its error).
+    async fn next(mut self) -> Option<(Result<RaftPayload, Status>, Replicating)> {
+        loop {
+            if let Some(answer) = self.answers.pop_front() {
+                return Some((answer, self));
+            }
+            if self.ended {
+                return None;
+            }
+            if let Some((request, count)) = self.merged.pop_front() {
+                let answer = self.raft.append_entries(request).await;
+                if from_leader(&answer) {
+                    self.elections.heard_from_leader();
+                }
+                let answer = RaftPayload { data: encode(&answer) };
+                self.answers.extend(std::iter::repeat_n(Ok(answer), count));
+                continue;
+            }
+            let first = tokio::select! {
+                first = self.incoming.next() => first,
+                _ = self.stopping.stopped() => None,
+            };
+            let first = first?;
+            let mut arrived = vec![first];
+            pipeline::ready_now(&mut self.incoming, &mut arrived, pipeline::MAX_IN_FLIGHT);
+            let mut requests = Vec::with_capacity(arrived.len());
+            for item in arrived {
+                match item.and_then(|payload| decoded::<AppendEntriesRequest<TypeConfig>>(&payload)) {
+                    Ok(request) => requests.push(request),
+                    Err(status) => {
+                        self.answers.push_back(Err(status));
+                        self.ended = true;
+                        break;
+                    }
+                }
+            }
+            if !self.ended {
+                self.merged.extend(pipeline::merge(requests));
+            }
+        }
+    }
+}
+
+/// Forwarded batches on one stream that may run, or wait to queue their
+/// answers, at once; and answers queued for the follower to read. Beyond
+/// these, the leader reads no more of its batches until the follower reads.
 const FORWARD_ANSWERS_QUEUED: usize = 16;
 
 /// A batch received on a forwarding stream from `sender`, decoded, if
@@ -316,8 +352,16 @@ async fn forwarded_batch(
 }
 
 /// Run a forwarded batch through this member's proposer, which puts its
-/// commands in one entry, and encode its answer.
-async fn run_forwarded(proposer: Proposer, batch: ForwardBatch) -> RaftPayload {
+/// commands in one entry, and queue its answer on `answers`; `slot` is given
+/// back once it is queued. A batch whose run panicked is answered with an
+/// internal error if there is room (the follower treats it as unknown).
+async fn run_forwarded(
+    proposer: Proposer,
+    batch: ForwardBatch,
+    answers: mpsc::Sender<Result<RaftPayload, Status>>,
+    slot: tokio::sync::OwnedSemaphorePermit,
+) {
+    let unanswered = Unanswered(&answers);
     let results: Vec<Result<CommandResult, ForwardError>> = proposer
         .propose_all(batch.commands)
         .await
@@ -329,7 +373,20 @@ async fn run_forwarded(proposer: Proposer, batch: ForwardBatch) -> RaftPayload {
             Err(ProposeError::Overloaded) => Err(ForwardError::Overloaded),
         })
         .collect();
-    RaftPayload { data: encode(&ForwardReply::Answer { id: batch.id, results }) }
+    std::mem::forget(unanswered);
+    let answer = RaftPayload { data: encode(&ForwardReply::Answer { id: batch.id, results }) };
+    let _ = answers.send(Ok(answer)).await;
+    drop(slot);
+}
+
+/// Dropped while a forwarded batch runs: only by a panic (or the runtime's
+/// end), which ends the stream with an internal error.
+struct Unanswered<'a>(&'a mpsc::Sender<Result<RaftPayload, Status>>);
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.try_send(Err(Status::internal("forwarded batch: its run panicked")));
+    }
 }
 
 /// Whether an AppendEntries answered so came from the leader this member
