@@ -176,7 +176,8 @@ pub struct RaftSettings {
     /// `--initial-cluster-token`.
     pub cluster_token: String,
     pub heartbeat_ms: u64,
-    /// A snapshot is taken every this many applied entries.
+    /// A snapshot is taken every this many applied entries, stretched by up
+    /// to half on each member ([`member_stretch`]).
     pub snapshot_count: u64,
     /// Entries kept in the log behind a snapshot for slow followers.
     pub snapshot_catchup_entries: u64,
@@ -197,7 +198,10 @@ pub async fn start(
         heartbeat_interval: settings.heartbeat_ms,
         election_timeout_min,
         election_timeout_max,
-        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(settings.snapshot_count),
+        // Stretched per member as the byte rule is (`bound_log`): the
+        // members apply the same entries, and with one count for all they
+        // wrote their images at once, which stalled writes cluster-wide.
+        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(stretched(settings.snapshot_count, member_stretch(id))),
         max_in_snapshot_log_to_keep: settings.snapshot_catchup_entries,
         ..Default::default()
     };
@@ -287,6 +291,11 @@ pub fn member_stretch(member_id: u64) -> u64 {
     (member_id.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % 1024
 }
 
+/// `base` stretched by `stretch` 2048ths (see [`member_stretch`]).
+pub fn stretched(base: u64, stretch: u64) -> u64 {
+    base.saturating_add(base.saturating_mul(stretch) / 2048)
+}
+
 /// Bound the log the WAL keeps in bytes, as openraft bounds it in entries
 /// (`--snapshot-count`, `--snapshot-catchup-entries`): one entry is a whole
 /// proposal batch (up to 2 MiB), so a count of entries alone lets a busy
@@ -323,7 +332,7 @@ pub async fn bound_log(
         let waiting = asked
             .is_some_and(|(at_index, at)| snapshot.is_none_or(|s| s < at_index) && at.elapsed() < SNAPSHOT_PATIENCE);
         let base = SNAPSHOT_LOG_BYTES.max(state.size_bytes());
-        let due = base + base.saturating_mul(stretch) / 2048;
+        let due = stretched(base, stretch);
         if !waiting && log.bytes_between(snapshot, applied) >= due {
             tracing::debug!(applied, "the log since the last snapshot is large; snapshotting");
             if raft.trigger().snapshot().await.is_err() {
