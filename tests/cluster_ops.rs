@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 use common::Cluster;
 use etcd_client::{Client, GetOptions};
 
-/// Every member snapshots every 50 entries and keeps only 10 behind it.
+/// Every member snapshots every 50-75 entries (stretched per member) and
+/// keeps only 10 behind it.
 const SMALL_SNAPSHOTS: &[&str] = &["--snapshot-count", "50", "--snapshot-catchup-entries", "10"];
 
 #[tokio::test]

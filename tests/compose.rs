@@ -243,9 +243,18 @@ async fn compose_tls_cluster_serves_mtls_clients_only_and_runs_unprivileged() {
             assert!(Instant::now() < deadline, "no mTLS write through {name} in 60 s");
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
-        let next = MEMBERS[(i + 1) % MEMBERS.len()].1;
-        let mut c = connect(next, etcd_client::ConnectOptions::new().with_tls(tls())).await.unwrap();
-        let got = c.get(key.as_str(), None).await.unwrap();
+        // The next member may not serve yet: a write needs only a quorum
+        // (seen in CI: its published port reset the connection).
+        let (next_name, next, _) = MEMBERS[(i + 1) % MEMBERS.len()];
+        let got = loop {
+            if let Ok(mut c) = connect(next, etcd_client::ConnectOptions::new().with_tls(tls())).await {
+                if let Ok(got) = c.get(key.as_str(), None).await {
+                    break got;
+                }
+            }
+            assert!(Instant::now() < deadline, "no mTLS read through {next_name} in 60 s");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        };
         assert_eq!(got.kvs()[0].value(), name.as_bytes());
     }
     // Without a client certificate, or in plaintext: refused.

@@ -201,7 +201,10 @@ pub async fn start(
         // Stretched per member as the byte rule is (`bound_log`): the
         // members apply the same entries, and with one count for all they
         // wrote their images at once, which stalled writes cluster-wide.
-        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(stretched(settings.snapshot_count, member_stretch(id))),
+        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(stretched(
+            settings.snapshot_count,
+            member_stretch(id),
+        )),
         max_in_snapshot_log_to_keep: settings.snapshot_catchup_entries,
         ..Default::default()
     };
@@ -291,9 +294,10 @@ pub fn member_stretch(member_id: u64) -> u64 {
     (member_id.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % 1024
 }
 
-/// `base` stretched by `stretch` 2048ths (see [`member_stretch`]).
+/// `base` stretched by `stretch` 2048ths (see [`member_stretch`]), at most
+/// half of `u64::MAX` (openraft adds a snapshot count to a log index).
 pub fn stretched(base: u64, stretch: u64) -> u64 {
-    base.saturating_add(base.saturating_mul(stretch) / 2048)
+    base.saturating_add(base.saturating_mul(stretch) / 2048).min(u64::MAX / 2)
 }
 
 /// Bound the log the WAL keeps in bytes, as openraft bounds it in entries

@@ -497,43 +497,64 @@ const WRITEBACK_CHUNK: u64 = 8 << 20;
 /// once, and the WAL's syncs, on the same disk, waited behind it: writes
 /// stalled for 50-270 ms each time a member wrote a large checkpoint
 /// (docs/performance-notes.md). The final sync still makes the whole file
-/// durable; this only spreads the writing out.
+/// durable; this only spreads the writing out. On a filesystem without
+/// `sync_file_range` the file is written as before.
 struct WrittenBack {
     file: std::fs::File,
     /// Bytes written so far.
     written: u64,
     /// Where the first chunk not yet sent to the disk begins.
     sent_to: u64,
+    /// False once the filesystem said it cannot do `sync_file_range`.
+    pacing: bool,
 }
 
 impl WrittenBack {
     fn new(file: std::fs::File) -> WrittenBack {
-        WrittenBack { file, written: 0, sent_to: 0 }
+        WrittenBack { file, written: 0, sent_to: 0, pacing: true }
     }
 
     /// Send the full chunks written since the last call; wait for the chunk
-    /// before each.
-    fn write_back(&mut self) {
-        while self.written - self.sent_to >= WRITEBACK_CHUNK {
+    /// before each. A write error the wait reports is this file's: the
+    /// kernel reports it once, so it is returned here, not left for the
+    /// final sync (which would not see it again).
+    fn write_back(&mut self) -> io::Result<()> {
+        while self.pacing && self.written - self.sent_to >= WRITEBACK_CHUNK {
             let start = self.sent_to;
-            sync_range(&self.file, start, WRITEBACK_CHUNK, libc::SYNC_FILE_RANGE_WRITE);
-            if start >= WRITEBACK_CHUNK {
-                let wait = libc::SYNC_FILE_RANGE_WAIT_BEFORE | libc::SYNC_FILE_RANGE_WRITE | libc::SYNC_FILE_RANGE_WAIT_AFTER;
-                sync_range(&self.file, start - WRITEBACK_CHUNK, WRITEBACK_CHUNK, wait);
+            let mut sent = sync_range(&self.file, start, WRITEBACK_CHUNK, libc::SYNC_FILE_RANGE_WRITE);
+            if sent.is_ok() && start >= WRITEBACK_CHUNK {
+                let wait =
+                    libc::SYNC_FILE_RANGE_WAIT_BEFORE | libc::SYNC_FILE_RANGE_WRITE | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+                sent = sync_range(&self.file, start - WRITEBACK_CHUNK, WRITEBACK_CHUNK, wait);
             }
-            self.sent_to += WRITEBACK_CHUNK;
+            match sent {
+                Ok(()) => self.sent_to += WRITEBACK_CHUNK,
+                // Not for this file: written as before, all at the final sync.
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::ENOSYS | libc::EINVAL | libc::ESPIPE | libc::EOPNOTSUPP)
+                    ) =>
+                {
+                    self.pacing = false
+                }
+                Err(e) => return Err(e),
+            }
         }
+        Ok(())
     }
 }
 
-/// `sync_file_range` on `file`. It only paces writing (the final sync makes
-/// the file durable), so a failure (a filesystem without it) is ignored.
-fn sync_range(file: &std::fs::File, offset: u64, len: u64, flags: libc::c_uint) {
+/// `sync_file_range` on `file`.
+fn sync_range(file: &std::fs::File, offset: u64, len: u64, flags: libc::c_uint) -> io::Result<()> {
     use std::os::fd::AsRawFd;
     // SAFETY: the descriptor is open for the call (borrowed from `file`);
     // the call reads no memory of ours.
-    unsafe {
-        libc::sync_file_range(file.as_raw_fd(), offset as libc::off64_t, len as libc::off64_t, flags);
+    let done = unsafe { libc::sync_file_range(file.as_raw_fd(), offset as libc::off64_t, len as libc::off64_t, flags) };
+    if done == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
     }
 }
 
@@ -541,7 +562,7 @@ impl Write for WrittenBack {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         let n = self.file.write(buf)?;
         self.written += n as u64;
-        self.write_back();
+        self.write_back()?;
         Ok(n)
     }
 
