@@ -33,6 +33,8 @@ pub struct Metrics {
     pub proposals_pending: IntGauge,
     pub proposals_failed: IntCounter,
     pub slow_apply: IntCounter,
+    pub proposal_batch: Histogram,
+    pub forward_batch: Histogram,
     pub quota_backend_bytes: IntGauge,
     // Disk.
     pub wal_fsync: Histogram,
@@ -102,6 +104,13 @@ impl Metrics {
             registry.register(Box::new(h.clone())).expect("registered once");
             h
         };
+        // Counts of things per batch: 1 doubling, 10 buckets (to 512).
+        let counts = |name: &str, help: &str| {
+            let buckets = exponential_buckets(1.0, 2.0, 10).expect("valid buckets");
+            let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets)).expect("a valid metric");
+            registry.register(Box::new(h.clone())).expect("registered once");
+            h
+        };
         let metrics = Metrics {
             has_leader: gauge("etcd_server_has_leader", "Whether or not a leader exists. 1 is existence, 0 is not."),
             is_leader: gauge("etcd_server_is_leader", "Whether or not this member is a leader. 1 if is, 0 otherwise."),
@@ -123,6 +132,14 @@ impl Metrics {
                 "The total number of failed proposals seen.",
             ),
             slow_apply: counter("etcd_server_slow_apply_total", "The total number of slow apply requests."),
+            proposal_batch: counts(
+                "raftlock_proposal_batch_commands",
+                "Client writes per log entry this member proposed as leader.",
+            ),
+            forward_batch: counts(
+                "raftlock_forwarded_batch_commands",
+                "Client writes per batch this member forwarded to the leader as a follower.",
+            ),
             quota_backend_bytes: gauge(
                 "etcd_server_quota_backend_bytes",
                 "Current backend storage quota size in bytes.",

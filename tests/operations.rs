@@ -376,6 +376,11 @@ async fn metrics_and_health_endpoints_answer_as_etcds() {
         assert_eq!(value("raftlock_lock_grant_duration_seconds_count", &[("api", "v3lock")]), 1.0);
         assert_eq!(value("raftlock_lock_holders", &[]), 1.0);
         assert_eq!(value("raftlock_lock_waiters", &[]), 0.0);
+        // A lone member leads: it proposes every write and forwards none.
+        let proposed = value("raftlock_proposal_batch_commands_count", &[]);
+        assert!(proposed >= 3.0, "entries proposed: {proposed}");
+        assert!(value("raftlock_proposal_batch_commands_sum", &[]) >= proposed);
+        assert_eq!(value("raftlock_forwarded_batch_commands_count", &[]), 0.0);
         assert!(value("raftlock_history_spill_bytes", &[]) >= 34.0, "m/k's first version: 32 bytes and its value");
         assert!(value("process_resident_memory_bytes", &[]) > 0.0);
     }

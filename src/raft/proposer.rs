@@ -83,6 +83,7 @@ impl Proposer {
                 if elections.holds_proposals() {
                     return vec![Err(ProposeError::NotLeader { leader: None }); cmds.len()];
                 }
+                crate::metrics::metrics().proposal_batch.observe(cmds.len() as f64);
                 propose_batch(&raft, cmds).await
             }
         });

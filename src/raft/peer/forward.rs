@@ -98,6 +98,7 @@ impl Forwarder {
         let links = Arc::new(Links { clients, open: Mutex::default() });
         let batcher = Batcher::start(LIMITS, weigh, move |items: Vec<(String, Command)>| {
             let links = links.clone();
+            crate::metrics::metrics().forward_batch.observe(items.len() as f64);
             async move {
                 // Usually one leader URL; group by URL, keeping queue order.
                 let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
