@@ -62,12 +62,12 @@ pub trait LeaseAuthority: Send + Sync + 'static {
 pub struct PeerService {
     pub raft: Raft,
     pub proposer: Proposer,
-    pub leases: std::sync::Arc<dyn LeaseAuthority>,
-    pub read_floor: std::sync::Arc<ReadFloor>,
+    pub leases: Arc<dyn LeaseAuthority>,
+    pub read_floor: Arc<ReadFloor>,
     /// This member's own peer clients: who has answered it lately.
     pub peers: PeerClients,
     /// The applied state: which members have published themselves.
-    pub state: std::sync::Arc<crate::applied::AppliedState>,
+    pub state: Arc<crate::applied::AppliedState>,
     /// The cluster token, from which members' IDs are derived.
     pub token: String,
     /// Fires when the member begins to stop (ends replication streams).
@@ -77,7 +77,7 @@ pub struct PeerService {
     /// The longest a peer may pause this member's elections.
     pub max_election_pause: std::time::Duration,
     /// This member's election timer: told when a leader is heard from.
-    pub elections: std::sync::Arc<Elections>,
+    pub elections: Arc<Elections>,
 }
 
 impl PeerService {
@@ -273,7 +273,7 @@ impl Peer for PeerService {
 struct Replicating {
     incoming: Streaming<RaftPayload>,
     raft: Raft,
-    elections: std::sync::Arc<Elections>,
+    elections: Arc<Elections>,
     stopping: Stopping,
     /// Requests read and merged, not yet handed to openraft, each with the
     /// number of requests it stands for (each is answered).
@@ -353,7 +353,8 @@ async fn forwarded_batch(
 
 /// Run a forwarded batch through this member's proposer, which puts its
 /// commands in one entry, and queue its answer on `answers`; `slot` is given
-/// back once it is queued. A batch whose run panicked is answered with an
+/// back once it is queued. A batch whose run ended without an answer (it
+/// panicked, or the runtime is shutting down) is answered with an
 /// internal error if there is room (the follower treats it as unknown).
 async fn run_forwarded(
     proposer: Proposer,
@@ -385,7 +386,7 @@ struct Unanswered<'a>(&'a mpsc::Sender<Result<RaftPayload, Status>>);
 
 impl Drop for Unanswered<'_> {
     fn drop(&mut self) {
-        let _ = self.0.try_send(Err(Status::internal("forwarded batch: its run panicked")));
+        let _ = self.0.try_send(Err(Status::internal("forwarded batch: its run ended without an answer")));
     }
 }
 
