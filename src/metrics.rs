@@ -1,5 +1,6 @@
 //! Prometheus metrics, under etcd's names where etcd has one (so that its
-//! dashboards and alerts work unchanged), and raftlock's own for locks.
+//! dashboards and alerts work unchanged), and raftlock's own for locks and
+//! for how writes are batched.
 //!
 //! One registry per process ([`metrics`]): a process runs one member, and
 //! every layer records into it without threading handles through (the WAL's
@@ -33,8 +34,6 @@ pub struct Metrics {
     pub proposals_pending: IntGauge,
     pub proposals_failed: IntCounter,
     pub slow_apply: IntCounter,
-    pub proposal_batch: Histogram,
-    pub forward_batch: Histogram,
     pub quota_backend_bytes: IntGauge,
     // Disk.
     pub wal_fsync: Histogram,
@@ -62,6 +61,9 @@ pub struct Metrics {
     pub lock_holders: IntGauge,
     pub history_spill_bytes: IntGauge,
     pub lock_grant: HistogramVec,
+    // Batching (raftlock's own).
+    pub proposal_batch: Histogram,
+    pub forwarded_batch: Histogram,
 }
 
 /// The process's metrics.
@@ -104,9 +106,10 @@ impl Metrics {
             registry.register(Box::new(h.clone())).expect("registered once");
             h
         };
-        // Counts of things per batch: 1 doubling, 10 buckets (to 512).
+        // Commands per batch: 1 doubling, up to the most a batch holds.
         let counts = |name: &str, help: &str| {
-            let buckets = exponential_buckets(1.0, 2.0, 10).expect("valid buckets");
+            let most = crate::raft::proposer::MAX_BATCH_COMMANDS;
+            let buckets = exponential_buckets(1.0, 2.0, most.ilog2() as usize + 1).expect("valid buckets");
             let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets)).expect("a valid metric");
             registry.register(Box::new(h.clone())).expect("registered once");
             h
@@ -132,14 +135,6 @@ impl Metrics {
                 "The total number of failed proposals seen.",
             ),
             slow_apply: counter("etcd_server_slow_apply_total", "The total number of slow apply requests."),
-            proposal_batch: counts(
-                "raftlock_proposal_batch_commands",
-                "Client writes per log entry this member proposed as leader.",
-            ),
-            forward_batch: counts(
-                "raftlock_forwarded_batch_commands",
-                "Client writes per batch this member forwarded to the leader as a follower.",
-            ),
             quota_backend_bytes: gauge(
                 "etcd_server_quota_backend_bytes",
                 "Current backend storage quota size in bytes.",
@@ -218,6 +213,14 @@ impl Metrics {
                 "Time from a lock request's arrival to its grant, by API.",
                 &["api"],
                 exponential_buckets(0.0005, 2.0, 20).expect("valid buckets"),
+            ),
+            proposal_batch: counts(
+                "raftlock_proposal_batch_commands",
+                "Commands per log entry this member proposed as leader and had committed and applied.",
+            ),
+            forwarded_batch: counts(
+                "raftlock_forwarded_batch_commands",
+                "Commands per batch this member sent on its forwarding stream to the leader.",
             ),
             registry,
         };

@@ -76,14 +76,13 @@ impl Proposer {
     /// acknowledges it, or it is handing leadership over) answers
     /// `NotLeader`, leader unknown, at once: nothing was proposed, and the
     /// caller tries again once there is news of a leader.
-    pub fn start(raft: Raft, elections: std::sync::Arc<Elections>) -> Proposer {
+    pub fn start(raft: Raft, elections: Arc<Elections>) -> Proposer {
         let batcher = Batcher::start(LIMITS, Command::encoded_len, move |cmds: Vec<Command>| {
             let (raft, elections) = (raft.clone(), elections.clone());
             async move {
                 if elections.holds_proposals() {
                     return vec![Err(ProposeError::NotLeader { leader: None }); cmds.len()];
                 }
-                crate::metrics::metrics().proposal_batch.observe(cmds.len() as f64);
                 propose_batch(&raft, cmds).await
             }
         });
@@ -128,6 +127,9 @@ async fn propose_batch(raft: &Raft, cmds: Vec<Command>) -> Vec<Result<CommandRes
         }
         Err(RaftError::Fatal(_)) => Err(ProposeError::Stopped),
     };
+    if outcome.is_ok() {
+        crate::metrics::metrics().proposal_batch.observe(n as f64);
+    }
     match outcome {
         Ok(CommandResult::Batch(results)) if n > 1 => {
             assert_eq!(results.len(), n, "one result per batched command");

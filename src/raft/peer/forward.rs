@@ -98,7 +98,6 @@ impl Forwarder {
         let links = Arc::new(Links { clients, open: Mutex::default() });
         let batcher = Batcher::start(LIMITS, weigh, move |items: Vec<(String, Command)>| {
             let links = links.clone();
-            crate::metrics::metrics().forward_batch.observe(items.len() as f64);
             async move {
                 // Usually one leader URL; group by URL, keeping queue order.
                 let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
@@ -164,6 +163,7 @@ impl Links {
         let Some((id, answer)) = link.submit(cmds) else {
             return failed(ForwardFailure::Unreachable("the forwarding stream ended".into()));
         };
+        crate::metrics::metrics().forwarded_batch.observe(n as f64);
         // If this wait is cancelled (its caller's deadline), nobody waits for
         // the answer any more.
         let _waiting = Waiting { link: &link, id };
