@@ -742,3 +742,35 @@ async fn a_member_that_starts_after_the_leader_is_elected_joins_it_without_an_el
         );
     }
 }
+
+/// Members of a new cluster that start one after the other, the largest ID
+/// first, elect one leader in term 1: a member bootstraps only once a
+/// majority of the initial members answer (`raft::bootstrap_when_a_majority_answers`).
+/// Before, the first member campaigned alone in term 1 and kept a vote that
+/// outranks (by node ID) those of the members after it, so their term-1
+/// campaigns failed too, and the first leader came in term 2 by pre-vote.
+#[tokio::test]
+async fn members_that_start_one_by_one_elect_one_leader_in_term_one() {
+    let mut cluster = Cluster::unstarted(3);
+    let id = |c: &Cluster, i: usize| raftlock::config::member_id(&[c.peer_url(i)], "raftlock-cluster");
+    let mut order: Vec<usize> = (0..3).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(id(&cluster, i)));
+    for i in order {
+        cluster.restart(i);
+        tokio::time::sleep(Duration::from_millis(400)).await;
+    }
+    cluster.wait_ready().await;
+    cluster.leader().await;
+    // A deposed leader or a failed campaign shows within an election timeout.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let first = cluster.client(0).await.status().await.unwrap();
+    for i in 0..3 {
+        let s = cluster.client(i).await.status().await.unwrap();
+        assert_eq!(
+            (s.leader(), s.raft_term()),
+            (first.leader(), 1),
+            "member {i}: not one leader in term 1; logs:\n{}",
+            cluster.logs()
+        );
+    }
+}

@@ -212,34 +212,106 @@ pub async fn start(
     Ok(openraft::Raft::new(id, config, network, log_store, state_machine).await?)
 }
 
-/// Whether another of `members` (this member is `id`) already counts on a
-/// leader. A member of a new cluster asks before it bootstraps: if one
-/// does, the member skips [`bootstrap`] and waits for that leader to send it
-/// the log, membership first. Bootstrapping would make it campaign at once,
-/// in term 1, outside pre-vote (openraft's `initialize` does), and
-/// openraft 0.9 orders the votes of one term by node ID: a member that
-/// starts late with a larger ID than the term-1 leader's would answer the
-/// leader's first AppendEntries with a "higher" vote, and the leader would
-/// step down (a second without a leader, until pre-vote elects another).
-///
-/// Caveats: a peer that does not answer within `timeout` counts as having
-/// no leader; a leader elected between this question and the bootstrap is
-/// still met as before (a window of milliseconds, not of a late start).
-pub async fn leader_already_elected(
+/// What the other initial members said when asked whether they count on a
+/// leader ([`ask_for_leader`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaderAnswers {
+    /// Members that answered (this one not counted).
+    pub answered: usize,
+    /// Whether one of them counts on a leader.
+    pub leader: bool,
+}
+
+/// Ask the other `members` (this member is `id`) whether they count on a
+/// leader; a peer that does not answer within `timeout` is not counted.
+pub async fn ask_for_leader(
     peers: &peer::client::PeerClients,
     members: &std::collections::BTreeMap<u64, MemberNode>,
     id: u64,
     timeout: std::time::Duration,
-) -> bool {
+) -> LeaderAnswers {
     let ask = peer::messages::ControlRequest::HasLeader;
     let asks =
         members.iter().filter(|(member, _)| **member != id).map(|(_, node)| peers.admin(&node.peer_url, &ask, timeout));
-    futures::future::join_all(asks).await.into_iter().any(|answer| matches!(answer, Ok(true)))
+    let answers = futures::future::join_all(asks).await;
+    LeaderAnswers {
+        answered: answers.iter().filter(|a| a.is_ok()).count(),
+        leader: answers.iter().any(|a| matches!(a, Ok(true))),
+    }
+}
+
+/// Bootstrap a new cluster of `members` on this member (`id`) once it is
+/// safe to: when, with this member, a majority of them answer the peer
+/// protocol and none counts on a leader. If one does, this member does not
+/// bootstrap: the leader sends it the log, membership first. Runs while the
+/// member serves its peer port (its peers ask it the same question), and
+/// ends once bootstrapped or joined, or when `stopping`.
+///
+/// Why both conditions: openraft's `initialize` campaigns at once, in term
+/// 1, outside pre-vote, and openraft 0.9 orders the votes of one term by
+/// node ID. A member that campaigned in term 1 and lost to a member with a
+/// smaller ID holds a "higher" vote, answers the leader's first
+/// AppendEntries with it, and the leader steps down (a second or more
+/// without a leader, until pre-vote elects another). That happened to a
+/// member that started after the others had elected a leader (hence the
+/// question), and to members that started together but campaigned while
+/// their peers did not listen yet, so that their vote requests failed
+/// (hence the majority). Members that campaign while they reach each other
+/// vote for the largest ID among them, and no loser holds a higher vote.
+///
+/// Caveat: a member that asks while the others are electing (a window of
+/// milliseconds) hears of no leader and campaigns all the same.
+pub async fn bootstrap_when_a_majority_answers(
+    raft: Raft,
+    peers: peer::client::PeerClients,
+    members: std::collections::BTreeMap<u64, MemberNode>,
+    id: u64,
+    ask_every: std::time::Duration,
+    mut stopping: crate::shutdown::Stopping,
+) {
+    let majority = members.len() / 2 + 1;
+    let mut asked = 0u64;
+    loop {
+        // A leader may have sent this member the log meanwhile.
+        match raft.is_initialized().await {
+            Ok(false) => {}
+            Ok(true) => return,
+            Err(e) => {
+                tracing::warn!(error = %e, "bootstrapping: raft stopped");
+                return;
+            }
+        }
+        let answers = ask_for_leader(&peers, &members, id, ask_every).await;
+        if answers.leader {
+            tracing::info!("the other members already have a leader: joining it instead of bootstrapping");
+            return;
+        }
+        if answers.answered + 1 >= majority {
+            match bootstrap(&raft, members.clone()).await {
+                Ok(true) => tracing::info!(members = members.len(), "bootstrapped a new cluster"),
+                Ok(false) => {}
+                Err(e) => tracing::error!(error = %e, "bootstrapping a new cluster"),
+            }
+            return;
+        }
+        asked += 1;
+        if asked % 50 == 1 {
+            tracing::info!(
+                answered = answers.answered + 1,
+                needed = majority,
+                "waiting for a majority of the initial cluster to answer before bootstrapping"
+            );
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(ask_every) => {}
+            _ = stopping.stopped() => return,
+        }
+    }
 }
 
 /// Bootstrap a new cluster of `members` on this member. Every member of a new
 /// cluster does it with the same membership (unless a leader already leads
-/// it: [`leader_already_elected`]); on a member that already has a log or a
+/// it: [`bootstrap_when_a_majority_answers`]); on a member that already has a log or a
 /// vote it is refused (returns false), which callers avoid by asking
 /// `Raft::is_initialized` first, since openraft logs the refusal as an error.
 pub async fn bootstrap(raft: &Raft, members: std::collections::BTreeMap<u64, MemberNode>) -> anyhow::Result<bool> {

@@ -189,7 +189,8 @@ pub struct Node {
 }
 
 impl Node {
-    /// Open storage, start Raft, and bootstrap the cluster if this is a new one.
+    /// Open storage, start Raft, and (in a task, once a majority of the
+    /// initial members answer) bootstrap the cluster if this is a new one.
     /// The caller serves the peer protocol ([`Node::serve_peers`]) and the
     /// client API.
     pub async fn start(config: &Config) -> anyhow::Result<Arc<Node>> {
@@ -230,18 +231,16 @@ impl Node {
 
         // A member that already has a log or a vote (a restart) has nothing
         // to bootstrap: openraft would refuse, and log the refusal as an error.
-        if config.initial_cluster_state == ClusterState::New && !raft.is_initialized().await? {
+        // A new one bootstraps once the node serves its peer port (below).
+        let bootstrap = if config.initial_cluster_state == ClusterState::New && !raft.is_initialized().await? {
             let nodes: BTreeMap<u64, MemberNode> = members
                 .values()
                 .map(|m| (m.id, MemberNode { name: m.name.clone(), peer_url: m.peer_urls[0].clone() }))
                 .collect();
-            let ask_for = Duration::from_millis(config.heartbeat_interval * 2);
-            if crate::raft::leader_already_elected(&peers, &nodes, id, ask_for).await {
-                tracing::info!("the other members already have a leader: joining it instead of bootstrapping");
-            } else if crate::raft::bootstrap(&raft, nodes).await? {
-                tracing::info!(members = members.len(), "bootstrapped a new cluster");
-            }
-        }
+            Some(nodes)
+        } else {
+            None
+        };
 
         let shutdown = Shutdown::new();
         let elections = Arc::new(Elections::new(
@@ -298,6 +297,17 @@ impl Node {
             }
         });
         let attrs = MemberAttrs { name: config.name.clone(), client_urls: config.advertise_client_urls() };
+        if let Some(nodes) = bootstrap {
+            let ask_every = Duration::from_millis(config.heartbeat_interval * 2);
+            tokio::spawn(crate::raft::bootstrap_when_a_majority_answers(
+                node.raft.clone(),
+                node.peers.clone(),
+                nodes,
+                node.id,
+                ask_every,
+                node.stopping(),
+            ));
+        }
         tokio::spawn(node.clone().publish(attrs, node.stopping()));
         tokio::spawn(node.elections.clone().run(node.stopping()));
         tokio::spawn(lease_keeper::run(node.clone(), node.stopping()));

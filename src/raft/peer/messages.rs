@@ -112,7 +112,7 @@ pub enum ControlRequest {
     },
     /// Do you count on a leader (`Elections::acting_leader`)? Asked by a
     /// member of a new cluster before it bootstraps (see
-    /// `raft::leader_already_elected`).
+    /// `raft::bootstrap_when_a_majority_answers`).
     HasLeader,
 }
 
