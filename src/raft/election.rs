@@ -224,6 +224,14 @@ impl Elections {
             }
             let membership = m.membership_config.membership().clone();
             let voter = membership.voter_ids().any(|v| v == self.id);
+            if !voter && m.membership_config.log_id().is_none() {
+                // No configuration yet: a member of a new cluster waiting to
+                // bootstrap, or one that voted in a first campaign that
+                // failed. It never campaigns, but its clock runs on, so that
+                // it grants pre-votes as any member does: else the first
+                // leader could never be elected once such a campaign failed.
+                continue;
+            }
             if m.current_leader == Some(self.id) || !voter || self.paused() {
                 // A leader's timer starts afresh when it stops leading.
                 self.heard_from_leader();

@@ -243,9 +243,11 @@ pub async fn ask_for_leader(
 /// Bootstrap a new cluster of `members` on this member (`id`) once it is
 /// safe to: when, with this member, a majority of them answer the peer
 /// protocol and none counts on a leader. If one does, this member does not
-/// bootstrap: the leader sends it the log, membership first. Runs while the
-/// member serves its peer port (its peers ask it the same question), and
-/// ends once bootstrapped or joined, or when `stopping`.
+/// bootstrap: the leader sends it the log, membership first. Spawned by
+/// `Node::start`, whose caller then serves the peer port (so that the peers
+/// can ask this member the same question); it asks again `ask_every` after
+/// each round, and ends once bootstrapped, joined (a log received or a vote
+/// granted), or `stopping`.
 ///
 /// Why both conditions: openraft's `initialize` campaigns at once, in term
 /// 1, outside pre-vote, and openraft 0.9 orders the votes of one term by
@@ -259,13 +261,19 @@ pub async fn ask_for_leader(
 /// (hence the majority). Members that campaign while they reach each other
 /// vote for the largest ID among them, and no loser holds a higher vote.
 ///
-/// Caveat: a member that asks while the others are electing (a window of
-/// milliseconds) hears of no leader and campaigns all the same.
+/// A member that granted a vote before it had a configuration (a first
+/// campaign) joins that candidate; if the campaign failed, the election
+/// timer (`raft::election`) lets it grant the pre-votes of the next.
+///
+/// Caveats: a member that asks while the others are electing hears of no
+/// leader and campaigns all the same; the answers are as old as the
+/// slowest peer's (at most `ask_every`, a peer that drops packets).
 pub async fn bootstrap_when_a_majority_answers(
     raft: Raft,
     peers: peer::client::PeerClients,
     members: std::collections::BTreeMap<u64, MemberNode>,
     id: u64,
+    elections: std::sync::Arc<election::Elections>,
     ask_every: std::time::Duration,
     mut stopping: crate::shutdown::Stopping,
 ) {
@@ -282,11 +290,18 @@ pub async fn bootstrap_when_a_majority_answers(
             }
         }
         let answers = ask_for_leader(&peers, &members, id, ask_every).await;
+        // A vote granted or a log received while asking: not new any more.
+        if raft.is_initialized().await.unwrap_or(true) {
+            return;
+        }
         if answers.leader {
             tracing::info!("the other members already have a leader: joining it instead of bootstrapping");
             return;
         }
         if answers.answered + 1 >= majority {
+            // The election timer starts from the bootstrap's own campaign,
+            // as from any campaign: no pre-vote on top of it.
+            elections.heard_from_leader();
             match bootstrap(&raft, members.clone()).await {
                 Ok(true) => tracing::info!(members = members.len(), "bootstrapped a new cluster"),
                 Ok(false) => {}

@@ -12,9 +12,10 @@
 //! - Membership ([`members`]): changes, leader transfer, the member list.
 //! - Every request that only the leader can answer goes through one routing
 //!   loop ([`route`]).
-//! - [`Node::start`] opens storage, starts Raft, bootstraps a new cluster, and
-//!   publishes this member's client URLs through the log; [`Node::serve_peers`]
-//!   serves the peer protocol.
+//! - [`Node::start`] opens storage, starts Raft, bootstraps a new cluster
+//!   (in a task, once a majority of its members answer), and publishes this
+//!   member's client URLs through the log; [`Node::serve_peers`] serves the
+//!   peer protocol.
 //!
 //! Every long-lived task and stream holds a [`Node::stopping`] handle and
 //! ends when it fires; [`Node::shutdown`] waits for them (see `crate::shutdown`).
@@ -304,6 +305,7 @@ impl Node {
                 node.peers.clone(),
                 nodes,
                 node.id,
+                node.elections.clone(),
                 ask_every,
                 node.stopping(),
             ));
