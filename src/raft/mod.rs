@@ -215,16 +215,16 @@ pub async fn start(
 /// What the other initial members said when asked whether they count on a
 /// leader ([`ask_for_leader`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LeaderAnswers {
+struct LeaderAnswers {
     /// Members that answered (this one not counted).
-    pub answered: usize,
+    answered: usize,
     /// Whether one of them counts on a leader.
-    pub leader: bool,
+    leader: bool,
 }
 
 /// Ask the other `members` (this member is `id`) whether they count on a
 /// leader; a peer that does not answer within `timeout` is not counted.
-pub async fn ask_for_leader(
+async fn ask_for_leader(
     peers: &peer::client::PeerClients,
     members: &std::collections::BTreeMap<u64, MemberNode>,
     id: u64,
@@ -279,18 +279,11 @@ pub async fn bootstrap_when_a_majority_answers(
 ) {
     let majority = members.len() / 2 + 1;
     let mut asked = 0u64;
+    // `Node::start` spawns this only on a member with no log and no vote.
     loop {
-        // A leader may have sent this member the log meanwhile.
-        match raft.is_initialized().await {
-            Ok(false) => {}
-            Ok(true) => return,
-            Err(e) => {
-                tracing::warn!(error = %e, "bootstrapping: raft stopped");
-                return;
-            }
-        }
         let answers = ask_for_leader(&peers, &members, id, ask_every).await;
-        // A vote granted or a log received while asking: not new any more.
+        // A vote granted or a log received meanwhile (or raft stopped): not
+        // new any more.
         if raft.is_initialized().await.unwrap_or(true) {
             return;
         }
