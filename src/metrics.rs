@@ -95,22 +95,17 @@ impl Metrics {
         };
         // etcd's disk histograms: 1 ms doubling, 14 buckets (to about 8 s).
         let disk_buckets = exponential_buckets(0.001, 2.0, 14).expect("valid buckets");
-        let histogram = |name: &str, help: &str| {
-            let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(disk_buckets.clone()))
-                .expect("a valid metric");
+        // Commands per batch: 1 doubling, up to the most a batch holds.
+        let most = crate::raft::proposer::MAX_BATCH_COMMANDS;
+        let batch_buckets = exponential_buckets(1.0, 2.0, most.ilog2() as usize + 1).expect("valid buckets");
+        let histogram = |name: &str, help: &str, buckets: &[f64]| {
+            let h =
+                Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets.to_vec())).expect("a valid metric");
             registry.register(Box::new(h.clone())).expect("registered once");
             h
         };
         let histograms = |name: &str, help: &str, labels: &[&str], buckets: Vec<f64>| {
             let h = HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets), labels).expect("a valid metric");
-            registry.register(Box::new(h.clone())).expect("registered once");
-            h
-        };
-        // Commands per batch: 1 doubling, up to the most a batch holds.
-        let counts = |name: &str, help: &str| {
-            let most = crate::raft::proposer::MAX_BATCH_COMMANDS;
-            let buckets = exponential_buckets(1.0, 2.0, most.ilog2() as usize + 1).expect("valid buckets");
-            let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets)).expect("a valid metric");
             registry.register(Box::new(h.clone())).expect("registered once");
             h
         };
@@ -142,10 +137,12 @@ impl Metrics {
             wal_fsync: histogram(
                 "etcd_disk_wal_fsync_duration_seconds",
                 "The latency distributions of fsync called by WAL.",
+                &disk_buckets,
             ),
             backend_commit: histogram(
                 "etcd_disk_backend_commit_duration_seconds",
                 "The latency distributions of commit called by backend.",
+                &disk_buckets,
             ),
             peer_round_trip: histograms(
                 "etcd_network_peer_round_trip_time_seconds",
@@ -214,13 +211,15 @@ impl Metrics {
                 &["api"],
                 exponential_buckets(0.0005, 2.0, 20).expect("valid buckets"),
             ),
-            proposal_batch: counts(
+            proposal_batch: histogram(
                 "raftlock_proposal_batch_commands",
                 "Commands per log entry this member proposed as leader and had committed and applied.",
+                &batch_buckets,
             ),
-            forwarded_batch: counts(
+            forwarded_batch: histogram(
                 "raftlock_forwarded_batch_commands",
                 "Commands per batch this member sent on its forwarding stream to the leader.",
+                &batch_buckets,
             ),
             registry,
         };
