@@ -8,14 +8,22 @@
 //! The change feed is a bounded broadcast: apply never waits for a watcher. A
 //! watcher that falls more than [`CHANGE_FEED_CAPACITY`] apply calls behind
 //! misses messages, notices (the receiver reports the lag), and catches up
-//! from MVCC history instead.
+//! from MVCC history instead. Every follower of the feed is woken by every
+//! apply call; a lock waiter that only needs to know when a particular key
+//! goes waits for that key's deletion instead ([`DeletionWait`]), and apply
+//! wakes it only when it deletes that key.
 //!
 //! Lock order: `mvcc` before `leases` before `members` before `auth` before `alarms`. All are std `RwLock`s, not tokio's:
 //! they are never held across an `.await`, and a read holds one only while it
-//! copies its answer out, so apply is never kept waiting for a client.
+//! copies its answer out, so apply is never kept waiting for a client. The
+//! deletion waits' own lock is taken with none of those held (apply publishes
+//! after it let them go).
 
-use std::collections::BTreeMap;
-use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use tokio::sync::Notify;
 
 use serde::{Deserialize, Serialize};
 
@@ -73,6 +81,7 @@ pub struct AppliedState {
     feed: tokio::sync::broadcast::Sender<std::sync::Arc<AppliedChanges>>,
     /// Woken when a compaction left versions to sweep (see `mvcc::history`).
     sweep: tokio::sync::Notify,
+    deletion_waits: Arc<DeletionWaits>,
 }
 
 impl Default for AppliedState {
@@ -93,6 +102,7 @@ impl AppliedState {
             tokens,
             feed: tokio::sync::broadcast::channel(CHANGE_FEED_CAPACITY).0,
             sweep: tokio::sync::Notify::new(),
+            deletion_waits: Arc::default(),
         }
     }
 
@@ -154,9 +164,20 @@ impl AppliedState {
         Feed(self.feed.subscribe())
     }
 
-    /// Publish what an apply call changed. Never blocks.
+    /// Publish what an apply call changed, once the stores hold it: wake the
+    /// waits for the deletion of a key it deleted (every wait, if the store
+    /// was replaced), and hand it to the feed. Never blocks on a reader.
     pub fn publish(&self, changes: AppliedChanges) {
+        self.deletion_waits.wake(&changes);
         let _ = self.feed.send(std::sync::Arc::new(changes));
+    }
+
+    /// Wait for the deletion of any of `keys` by an apply call after this
+    /// one returns. Register before looking at the keys in the store: a
+    /// deletion applied after the look is then sure to wake the wait, and
+    /// one applied before it shows in the look.
+    pub fn wait_for_deletion(&self, keys: Vec<Vec<u8>>) -> DeletionWait {
+        self.deletion_waits.register(keys)
     }
 
     pub fn members(&self) -> RwLockReadGuard<'_, BTreeMap<u64, MemberAttrs>> {
@@ -165,5 +186,131 @@ impl AppliedState {
 
     pub fn members_mut(&self) -> RwLockWriteGuard<'_, BTreeMap<u64, MemberAttrs>> {
         self.members.write().expect("members lock poisoned")
+    }
+}
+
+/// The waits registered for deletions, by key. Apply looks up each key it
+/// deleted, so it wakes the waits on that key and no other; a key nobody
+/// waits for costs one hash lookup when it is deleted.
+#[derive(Default)]
+struct DeletionWaits {
+    next_id: AtomicU64,
+    by_key: Mutex<HashMap<Vec<u8>, Vec<(u64, Arc<Notify>)>>>,
+}
+
+impl DeletionWaits {
+    fn register(self: &Arc<Self>, keys: Vec<Vec<u8>>) -> DeletionWait {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let notify = Arc::new(Notify::new());
+        let mut by_key = self.by_key.lock().expect("deletion waits lock poisoned");
+        for key in &keys {
+            by_key.entry(key.clone()).or_default().push((id, notify.clone()));
+        }
+        drop(by_key);
+        DeletionWait { waits: self.clone(), id, keys, notify }
+    }
+
+    fn wake(&self, changes: &AppliedChanges) {
+        let by_key = self.by_key.lock().expect("deletion waits lock poisoned");
+        if by_key.is_empty() {
+            return;
+        }
+        let wake = |waits: &Vec<(u64, Arc<Notify>)>| waits.iter().for_each(|(_, n)| n.notify_one());
+        if changes.resync {
+            by_key.values().for_each(wake);
+            return;
+        }
+        for change in changes.changes.iter().filter(|c| c.kv.is_none()) {
+            if let Some(waits) = by_key.get(&change.key) {
+                wake(waits);
+            }
+        }
+    }
+}
+
+/// A wait for the deletion of some keys ([`AppliedState::wait_for_deletion`]);
+/// dropping it ends the wait.
+pub struct DeletionWait {
+    waits: Arc<DeletionWaits>,
+    id: u64,
+    keys: Vec<Vec<u8>>,
+    notify: Arc<Notify>,
+}
+
+impl DeletionWait {
+    /// The keys waited for.
+    pub fn keys(&self) -> &[Vec<u8>] {
+        &self.keys
+    }
+
+    /// Resolves once apply deleted one of the keys, or replaced the store,
+    /// after the registration or after the last time this resolved. It may
+    /// resolve once more than that (a wake that came while nobody awaited
+    /// is kept for the next call): look at the store again after it.
+    pub async fn deleted(&self) {
+        self.notify.notified().await
+    }
+}
+
+impl Drop for DeletionWait {
+    fn drop(&mut self) {
+        let mut by_key = self.waits.by_key.lock().expect("deletion waits lock poisoned");
+        for key in &self.keys {
+            if let Some(waits) = by_key.get_mut(key) {
+                waits.retain(|(id, _)| *id != self.id);
+                if waits.is_empty() {
+                    by_key.remove(key);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mvcc::{Change, KeyValue};
+    use std::time::Duration;
+
+    fn change(key: &str, deleted: bool) -> Change {
+        let kv = KeyValue { key: key.into(), create_revision: 1, mod_revision: 2, version: 1, ..Default::default() };
+        Change {
+            revision: 2,
+            sub: 0,
+            key: key.into(),
+            kv: (!deleted).then(|| Arc::new(kv.clone())),
+            prev: Some(Arc::new(kv)),
+        }
+    }
+
+    fn applied(changes: Vec<Change>, resync: bool) -> AppliedChanges {
+        AppliedChanges { revision: 2, changes, resync }
+    }
+
+    async fn woken(wait: &DeletionWait) -> bool {
+        tokio::time::timeout(Duration::from_millis(20), wait.deleted()).await.is_ok()
+    }
+
+    /// A wait is woken by the deletion of one of its keys, by a replaced
+    /// store, and by nothing else; a wake that came before the wait was
+    /// awaited is kept; a dropped wait leaves nothing registered.
+    #[tokio::test]
+    async fn a_deletion_wait_is_woken_by_its_keys_deletion_only() {
+        let state = AppliedState::default();
+        let wait = state.wait_for_deletion(vec![b"lock/a".to_vec(), b"lock/b".to_vec()]);
+        let other = state.wait_for_deletion(vec![b"lock/c".to_vec()]);
+        // Other keys deleted, or its own keys written: no wake.
+        state.publish(applied(vec![change("lock/c", true), change("lock/a", false), change("x", true)], false));
+        assert!(!woken(&wait).await, "woken by a change that deleted none of its keys");
+        assert!(woken(&other).await);
+        // One of its keys deleted before anyone awaits: the wake is kept.
+        state.publish(applied(vec![change("x", false), change("lock/b", true)], false));
+        assert!(woken(&wait).await);
+        assert!(!woken(&wait).await, "one deletion wakes once");
+        // A replaced store wakes every wait.
+        state.publish(applied(Vec::new(), true));
+        assert!(woken(&wait).await && woken(&other).await);
+        drop((wait, other));
+        assert!(state.deletion_waits.by_key.lock().unwrap().is_empty());
     }
 }

@@ -90,6 +90,53 @@ async fn waiters_are_served_in_fifo_order_and_a_dead_holder_passes_the_lock_on()
     assert!(c.get(held, None).await.unwrap().kvs().is_empty());
 }
 
+/// A waiter waits for the key queued just ahead of its own. When that key
+/// goes while the lock is still held (its waiter's lease ended), the waiter
+/// behind must wait for the next key ahead, not take the lock, and must be
+/// served when that one is released; writes elsewhere meanwhile change
+/// nothing.
+#[tokio::test]
+async fn a_waiter_whose_predecessor_leaves_waits_for_the_next_key_ahead() {
+    let cluster = Cluster::start(3).await;
+    let mut c = cluster.client(0).await;
+    let holder = lease(&mut c, 60).await;
+    let held = lock(&mut c, "chain", holder).await.unwrap();
+    let mut waiters = Vec::new();
+    let mut leases = Vec::new();
+    for i in 0..3 {
+        let mut wc = cluster.client(i % 3).await;
+        let id = lease(&mut wc, 60).await;
+        leases.push(id);
+        waiters.push(tokio::spawn(async move { (lock(&mut wc, "chain", id).await, wc) }));
+        common::wait_for_key(&mut c, &format!("chain/{id:x}")).await;
+    }
+    // The middle waiter leaves; the last one now has the first ahead of it.
+    c.lease_revoke(leases[1]).await.unwrap();
+    let (left, _) =
+        tokio::time::timeout(Duration::from_secs(5), waiters.remove(1)).await.expect("answered at once").unwrap();
+    let (code, msg) = grpc_error(left.expect_err("a waiter whose lease ended must not get the lock"));
+    assert_eq!((code, msg.as_str()), (Code::Unknown, "session: session is expired"));
+    for i in 0..20 {
+        c.put(format!("elsewhere/{i}"), "x", None).await.unwrap();
+        c.delete(format!("elsewhere/{i}"), None).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(waiters.iter().all(|w| !w.is_finished()), "nobody gets a held lock");
+    c.unlock(held).await.unwrap();
+    let (first, mut fc) = tokio::time::timeout(Duration::from_secs(5), waiters.remove(0))
+        .await
+        .expect("the first waiter is served")
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiters[0].is_finished(), "the last waiter must wait for the first one's release");
+    fc.unlock(first.unwrap()).await.unwrap();
+    let (last, _) = tokio::time::timeout(Duration::from_secs(5), waiters.remove(0))
+        .await
+        .expect("the last waiter is served once the first releases")
+        .unwrap();
+    assert_eq!(last.unwrap(), format!("chain/{:x}", leases[2]).into_bytes());
+}
+
 #[tokio::test]
 async fn a_waiter_whose_lease_ends_gets_an_error_and_a_cancelled_waiter_leaves_no_key() {
     let cluster = Cluster::start(3).await;

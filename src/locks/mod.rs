@@ -9,14 +9,18 @@
 //! native API all see and respect each other.
 //!
 //! Taking a place is one txn that also reads the front of the queue, so an
-//! uncontended lock costs one write. Waiting is server-side: a waiter follows
-//! the node's feed of applied changes and counts down the deletions of keys
-//! ahead of it — no polling, and a release makes exactly one waiter look again
-//! (no thundering herd). Before it answers, a waiter checks that its own key
-//! still exists in the committed state in which its turn came: if its lease
-//! ended while it waited, it gets an error, not the lock (etcd issue 11456).
-//! A waiter that gives up, times out or is cancelled (the client went away)
-//! deletes its key.
+//! uncontended lock costs one write. Waiting is server-side, with no polling.
+//! A waiter with one permit (a mutex, an election, either side of a
+//! read-write lock) waits for the deletion of the last key queued ahead of
+//! it that it waits for, which apply signals for that key alone: a release
+//! wakes exactly the waiter behind it, and other writes wake no waiter (no
+//! thundering herd). A semaphore waiter (more permits) follows the node's
+//! feed of applied changes and counts down the deletions of keys ahead of
+//! it, looking at the store again only when its turn has come. Before it
+//! answers, a waiter checks that its own key still exists in the committed
+//! state in which its turn came: if its lease ended while it waited, it gets
+//! an error, not the lock (etcd issue 11456). A waiter that gives up, times
+//! out or is cancelled (the client went away) deletes its key.
 //!
 //! Fencing: a grant's token is its key's create_revision, strictly greater for
 //! every later holder of the same name. Releases can be fenced by it, so a
@@ -401,13 +405,14 @@ fn standing(
 /// Fails if `mine` itself is deleted (its lease ended) before its turn comes.
 /// Returns our key as it is when the turn came.
 ///
-/// It counts the keys ahead in the local applied state (committed, so the
-/// count is true at that revision; later keys are created behind `mine`), then
-/// follows the feed of applied changes and counts down the deletions of keys
-/// ahead. It looks at the store again only when the count says its turn has
-/// come — so a release wakes only the waiter it makes a holder — and that look
-/// is the re-check: our key (hence our lease) is alive in the committed state
-/// in which nobody is ahead of us any more.
+/// It reads the keys ahead in the local applied state (committed, so the
+/// reading is true at that revision; later keys are created behind `mine`),
+/// and waits for deletions: with one permit, of the last key ahead
+/// ([`wait_for_the_last_key_ahead`]); with more, of any key ahead, counted
+/// down from the feed ([`count_down_the_keys_ahead`]). Either way it looks at
+/// the store again only when the turn may have come, and that look is the
+/// re-check: our key (hence our lease) is alive in the committed state in
+/// which nobody is ahead of us any more.
 pub async fn wait_for_turn(
     node: &Node,
     prefix: &[u8],
@@ -416,10 +421,65 @@ pub async fn wait_for_turn(
     permits: usize,
     deadline: Option<Instant>,
 ) -> Result<KeyValue, RecipeError> {
-    let waits_for = |key: &[u8]| waits_for(mode, classify(prefix, key));
     let _waiting = stats::Waiting::start();
     // The key may have been queued through another member; see it here first.
     node.wait_revision(mine.mod_revision).await?;
+    if permits == 1 {
+        wait_for_the_last_key_ahead(node, prefix, mine, mode, deadline).await
+    } else {
+        count_down_the_keys_ahead(node, prefix, mine, mode, permits, deadline).await
+    }
+}
+
+/// [`wait_for_turn`] with one permit: the turn cannot come before the key
+/// ahead that was created last is deleted, so wait for that deletion (and
+/// for our own key's), then look again. A release therefore wakes the one
+/// waiter queued right behind it, and a write anywhere else wakes none (as
+/// etcd's client-side mutex watches only the key before its own).
+async fn wait_for_the_last_key_ahead(
+    node: &Node,
+    prefix: &[u8],
+    mine: &KeyValue,
+    mode: Mode,
+    deadline: Option<Instant>,
+) -> Result<KeyValue, RecipeError> {
+    let mut stopping = node.stopping();
+    let mut wait: Option<crate::applied::DeletionWait> = None;
+    loop {
+        let (own, ahead, _) = standing(node, &mine.key, mine.create_revision, prefix, mode)?;
+        let current = match own {
+            Some(kv) if kv.create_revision == mine.create_revision => kv,
+            _ => return Err(RecipeError::SessionExpired),
+        };
+        let Some(last) = ahead.into_iter().max_by_key(|kv| kv.create_revision) else {
+            return Ok(current);
+        };
+        match &wait {
+            Some(w) if w.keys()[1] == last.key => tokio::select! {
+                _ = w.deleted() => {}
+                _ = stopping.stopped() => return Err(ServerError::Stopped.into()),
+                _ = until(deadline) => return Err(RecipeError::TimedOut),
+            },
+            // Wait first, then look again: a deletion between the look
+            // above and the registration would go unseen otherwise.
+            _ => wait = Some(node.state().wait_for_deletion(vec![mine.key.clone(), last.key])),
+        }
+    }
+}
+
+/// [`wait_for_turn`] with more than one permit: follow the feed of applied
+/// changes and count down the deletions of keys ahead (any of them may be the
+/// one that lets us in), looking at the store again only when the count
+/// says the turn has come. Every applied change wakes such a waiter.
+async fn count_down_the_keys_ahead(
+    node: &Node,
+    prefix: &[u8],
+    mine: &KeyValue,
+    mode: Mode,
+    permits: usize,
+    deadline: Option<Instant>,
+) -> Result<KeyValue, RecipeError> {
+    let waits_for = |key: &[u8]| waits_for(mode, classify(prefix, key));
     let mut stopping = node.stopping();
     loop {
         // Follow the feed before reading, so that no deletion slips between.
