@@ -276,27 +276,36 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let before = self.state.mvcc().revision();
         image.install(&self.state);
         self.position = Position { last_applied: meta.last_log_id, membership: meta.last_membership.clone() };
-        // The whole store becomes one checkpoint of the installed state.
-        self.persisted
-            .replace_all(&self.state, &self.position)
-            .map_err(|e| StorageError::from(StorageIOError::write_snapshot(None, &e)))?;
-        // Watchers and lock waiters here follow the feed: hand them what the
-        // snapshot skipped over, as history still has it.
+        // Watchers and lock waiters here look at the store as it was at
+        // `before`: hand the feed what the snapshot skipped over, as history
+        // still has it — all of it only if no compaction reached past
+        // `before` (a compaction at c drops the versions at or below c, a
+        // deletion at c too). Before the store is persisted, so that they are
+        // told even if persisting fails.
         let changes = {
             let mvcc = self.state.mvcc();
-            mvcc.changes_between(&KeyRange::new(&[0], &[0]), before + 1, mvcc.revision()).map(|c| (c, mvcc.revision()))
+            if mvcc.compact_revision() > before {
+                Err(crate::mvcc::MvccError::Compacted)
+            } else {
+                mvcc.changes_between(&KeyRange::new(&[0], &[0]), before + 1, mvcc.revision())
+                    .map(|c| (c, mvcc.revision()))
+            }
         };
         match changes {
             Ok((changes, revision)) => self.state.publish(AppliedChanges { revision, changes, resync: false }),
             // Compacted past what followers of the feed here have seen: they
             // must look at the store again (watchers get cancelled with the
-            // compact revision, lock waiters count again).
+            // compact revision, lock waiters look at their queue again).
             Err(e) => {
                 tracing::info!(error = %e, "an installed snapshot skipped compacted changes; feed followers resync");
                 let revision = self.state.mvcc().revision();
                 self.state.publish(AppliedChanges { revision, changes: Vec::new(), resync: true });
             }
         }
+        // The whole store becomes one checkpoint of the installed state.
+        self.persisted
+            .replace_all(&self.state, &self.position)
+            .map_err(|e| StorageError::from(StorageIOError::write_snapshot(None, &e)))?;
         tracing::info!(snapshot = %meta.snapshot_id, revision, "installed a snapshot from the leader");
         // It is this member's snapshot now, should it have to send one: its
         // file, found by its inode (a newer stream may have begun meanwhile),
@@ -648,6 +657,47 @@ mod tests {
         names.sort();
         assert_eq!(names.len(), 2, "{names:?}");
         assert!(names[0].starts_with("checkpoint-") && names[1] == format!("snapshot-{}.image", sent.meta.snapshot_id));
+    }
+
+    /// A member that installs a snapshot compacted at the very revision of a
+    /// deletion it has not applied must have the waits on that key and the
+    /// feed's followers look again: the compaction dropped the deletion from
+    /// history, so the feed cannot hand it on.
+    #[tokio::test]
+    async fn a_snapshot_compacted_past_the_members_revision_wakes_the_waits() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (_dir, _db, _state, mut sm) = fresh(1 << 20);
+        let (_dir2, _db2, received_state, mut receiver) = fresh(1 << 20);
+        for i in 1..=3u64 {
+            sm.apply([entry(i, put(&format!("w/{i}"), "x"))]).await.unwrap();
+            receiver.apply([entry(i, put(&format!("w/{i}"), "x"))]).await.unwrap();
+        }
+        let before = received_state.mvcc().revision();
+        let delete = Command::DeleteRange(DeleteRangeRequest { key: "w/1".into(), range_end: vec![], prev_kv: false });
+        sm.apply([entry(4, delete)]).await.unwrap();
+        sm.apply([entry(5, Command::Compact { revision: before + 1 })]).await.unwrap();
+        let mut sent = sm.get_snapshot_builder().await.build_snapshot().await.unwrap();
+
+        let wait = received_state.wait_for_deletion(vec![b"w/1".to_vec()]);
+        let mut feed = received_state.subscribe();
+        let mut incoming = receiver.begin_receiving_snapshot().await.unwrap();
+        let mut bytes = Vec::new();
+        sent.snapshot.read_to_end(&mut bytes).await.unwrap();
+        incoming.write_all(&bytes).await.unwrap();
+        incoming.shutdown().await.unwrap();
+        receiver.install_snapshot(&sent.meta, incoming).await.unwrap();
+        let woken = tokio::time::timeout(std::time::Duration::from_secs(1), wait.deleted()).await;
+        assert!(woken.is_ok(), "the wait on the key the snapshot deleted was not woken");
+        assert!(
+            matches!(feed.recv().await, Err(tokio::sync::broadcast::error::RecvError::Lagged(_))),
+            "the feed's followers must look at the store again"
+        );
+        assert!(received_state
+            .mvcc()
+            .range(&RangeRequest { key: "w/1".into(), ..Default::default() })
+            .unwrap()
+            .kvs
+            .is_empty());
     }
 
     /// A snapshot's checkpoint is a checkpoint like any other: a restart
