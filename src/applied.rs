@@ -165,8 +165,9 @@ impl AppliedState {
     }
 
     /// Publish what an apply call changed, once the stores hold it: wake the
-    /// waits for the deletion of a key it deleted (every wait, if the store
-    /// was replaced), and hand it to the feed. Never blocks on a reader.
+    /// waits for the deletion of a key it deleted (every wait, if it says the
+    /// store was replaced: `resync`), and hand it to the feed. Never blocks
+    /// on a reader.
     pub fn publish(&self, changes: AppliedChanges) {
         self.deletion_waits.wake(&changes);
         let _ = self.feed.send(std::sync::Arc::new(changes));
@@ -195,7 +196,7 @@ impl AppliedState {
 #[derive(Default)]
 struct DeletionWaits {
     next_id: AtomicU64,
-    by_key: Mutex<HashMap<Vec<u8>, Vec<(u64, Arc<Notify>)>>>,
+    by_key: Mutex<HashMap<Vec<u8>, HashMap<u64, Arc<Notify>>>>,
 }
 
 impl DeletionWaits {
@@ -204,18 +205,21 @@ impl DeletionWaits {
         let notify = Arc::new(Notify::new());
         let mut by_key = self.by_key.lock().expect("deletion waits lock poisoned");
         for key in &keys {
-            by_key.entry(key.clone()).or_default().push((id, notify.clone()));
+            by_key.entry(key.clone()).or_default().insert(id, notify.clone());
         }
         drop(by_key);
         DeletionWait { waits: self.clone(), id, keys, notify }
     }
 
     fn wake(&self, changes: &AppliedChanges) {
+        if !changes.resync && changes.changes.iter().all(|c| c.kv.is_some()) {
+            return;
+        }
         let by_key = self.by_key.lock().expect("deletion waits lock poisoned");
         if by_key.is_empty() {
             return;
         }
-        let wake = |waits: &Vec<(u64, Arc<Notify>)>| waits.iter().for_each(|(_, n)| n.notify_one());
+        let wake = |waits: &HashMap<u64, Arc<Notify>>| waits.values().for_each(|n| n.notify_one());
         if changes.resync {
             by_key.values().for_each(wake);
             return;
@@ -243,8 +247,8 @@ impl DeletionWait {
         &self.keys
     }
 
-    /// Resolves once apply deleted one of the keys, or replaced the store,
-    /// after the registration or after the last time this resolved. It may
+    /// Resolves once apply deleted one of the keys, or said it replaced the
+    /// store (`resync`), after the registration or after the last time this resolved. It may
     /// resolve once more than that (a wake that came while nobody awaited
     /// is kept for the next call): look at the store again after it.
     pub async fn deleted(&self) {
@@ -257,7 +261,7 @@ impl Drop for DeletionWait {
         let mut by_key = self.waits.by_key.lock().expect("deletion waits lock poisoned");
         for key in &self.keys {
             if let Some(waits) = by_key.get_mut(key) {
-                waits.retain(|(id, _)| *id != self.id);
+                waits.remove(&self.id);
                 if waits.is_empty() {
                     by_key.remove(key);
                 }

@@ -12,9 +12,10 @@
 //! uncontended lock costs one write. Waiting is server-side, with no polling.
 //! A waiter with one permit (a mutex, an election, either side of a
 //! read-write lock) waits for the deletion of the last key queued ahead of
-//! it that it waits for, which apply signals for that key alone: a release
-//! wakes exactly the waiter behind it, and other writes wake no waiter (no
-//! thundering herd). A semaphore waiter (more permits) follows the node's
+//! it that it waits for (a reader: the last writer's), which apply signals
+//! for that key alone: a release wakes only the waiters whose turn it may
+//! bring (the one queued behind it; behind a writer, the readers that waited
+//! for it), and other writes wake no waiter (no thundering herd). A semaphore waiter (more permits) follows the node's
 //! feed of applied changes and counts down the deletions of keys ahead of
 //! it, looking at the store again only when its turn has come. Before it
 //! answers, a waiter checks that its own key still exists in the committed
@@ -432,10 +433,11 @@ pub async fn wait_for_turn(
 }
 
 /// [`wait_for_turn`] with one permit: the turn cannot come before the key
-/// ahead that was created last is deleted, so wait for that deletion (and
-/// for our own key's), then look again. A release therefore wakes the one
-/// waiter queued right behind it, and a write anywhere else wakes none (as
-/// etcd's client-side mutex watches only the key before its own).
+/// ahead that was created last (of those a `mode` waiter waits for) is
+/// deleted, so wait for that deletion (and for our own key's), then look
+/// again. A release therefore wakes only the waiters that waited for that
+/// key, and a write anywhere else wakes none (as etcd's client-side mutex
+/// watches only the key before its own).
 async fn wait_for_the_last_key_ahead(
     node: &Node,
     prefix: &[u8],
