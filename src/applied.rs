@@ -242,15 +242,11 @@ pub struct DeletionWait {
 }
 
 impl DeletionWait {
-    /// The keys waited for.
-    pub fn keys(&self) -> &[Vec<u8>] {
-        &self.keys
-    }
-
     /// Resolves once apply deleted one of the keys, or said it replaced the
-    /// store (`resync`), after the registration or after the last time this resolved. It may
-    /// resolve once more than that (a wake that came while nobody awaited
-    /// is kept for the next call): look at the store again after it.
+    /// store (`resync`), after the registration or after the last time this
+    /// resolved. It may resolve once more than that (a wake that came while
+    /// nobody awaited is kept for the next call): look at the store again
+    /// after it.
     pub async fn deleted(&self) {
         self.notify.notified().await
     }

@@ -15,9 +15,10 @@
 //! it that it waits for (a reader: the last writer's), which apply signals
 //! for that key alone: a release wakes only the waiters whose turn it may
 //! bring (the one queued behind it; behind a writer, the readers that waited
-//! for it), and other writes wake no waiter (no thundering herd). A semaphore waiter (more permits) follows the node's
-//! feed of applied changes and counts down the deletions of keys ahead of
-//! it, looking at the store again only when its turn has come. Before it
+//! for it), and other writes wake no waiter (no thundering herd). A
+//! semaphore waiter (more permits) follows the node's feed of applied
+//! changes and counts down the deletions of keys ahead of it, looking at the
+//! store again only when its turn has come. Before it
 //! answers, a waiter checks that its own key still exists in the committed
 //! state in which its turn came: if its lease ended while it waited, it gets
 //! an error, not the lock (etcd issue 11456). A waiter that gives up, times
@@ -446,7 +447,8 @@ async fn wait_for_the_last_key_ahead(
     deadline: Option<Instant>,
 ) -> Result<KeyValue, RecipeError> {
     let mut stopping = node.stopping();
-    let mut wait: Option<crate::applied::DeletionWait> = None;
+    // The key ahead waited for, and the wait on it (and on our own key).
+    let mut wait: Option<(Vec<u8>, crate::applied::DeletionWait)> = None;
     loop {
         let (own, ahead, _) = standing(node, &mine.key, mine.create_revision, prefix, mode)?;
         let current = match own {
@@ -457,14 +459,17 @@ async fn wait_for_the_last_key_ahead(
             return Ok(current);
         };
         match &wait {
-            Some(w) if w.keys()[1] == last.key => tokio::select! {
+            Some((ahead, w)) if *ahead == last.key => tokio::select! {
                 _ = w.deleted() => {}
                 _ = stopping.stopped() => return Err(ServerError::Stopped.into()),
                 _ = until(deadline) => return Err(RecipeError::TimedOut),
             },
             // Wait first, then look again: a deletion between the look
             // above and the registration would go unseen otherwise.
-            _ => wait = Some(node.state().wait_for_deletion(vec![mine.key.clone(), last.key])),
+            _ => {
+                let w = node.state().wait_for_deletion(vec![mine.key.clone(), last.key.clone()]);
+                wait = Some((last.key, w));
+            }
         }
     }
 }

@@ -282,24 +282,25 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // `before` (a compaction at c drops the versions at or below c, a
         // deletion at c too). Before the store is persisted, so that they are
         // told even if persisting fails.
-        let changes = {
+        let (skipped, current, compacted) = {
             let mvcc = self.state.mvcc();
-            if mvcc.compact_revision() > before {
-                Err(crate::mvcc::MvccError::Compacted)
-            } else {
-                mvcc.changes_between(&KeyRange::new(&[0], &[0]), before + 1, mvcc.revision())
-                    .map(|c| (c, mvcc.revision()))
-            }
+            let skipped = (mvcc.compact_revision() <= before)
+                .then(|| mvcc.changes_between(&KeyRange::new(&[0], &[0]), before + 1, mvcc.revision()).ok())
+                .flatten();
+            (skipped, mvcc.revision(), mvcc.compact_revision())
         };
-        match changes {
-            Ok((changes, revision)) => self.state.publish(AppliedChanges { revision, changes, resync: false }),
+        match skipped {
+            Some(changes) => self.state.publish(AppliedChanges { revision: current, changes, resync: false }),
             // Compacted past what followers of the feed here have seen: they
             // must look at the store again (watchers get cancelled with the
             // compact revision, lock waiters look at their queue again).
-            Err(e) => {
-                tracing::info!(error = %e, "an installed snapshot skipped compacted changes; feed followers resync");
-                let revision = self.state.mvcc().revision();
-                self.state.publish(AppliedChanges { revision, changes: Vec::new(), resync: true });
+            None => {
+                tracing::info!(
+                    before,
+                    compacted,
+                    "an installed snapshot skipped compacted changes; feed followers resync"
+                );
+                self.state.publish(AppliedChanges { revision: current, changes: Vec::new(), resync: true });
             }
         }
         // The whole store becomes one checkpoint of the installed state.
