@@ -1,17 +1,19 @@
 //! The applied state a node serves from: the MVCC store, the lease table,
-//! the members' published attributes and the auth store, plus the feed of
-//! applied changes that watchers follow, and the auth tokens this member
-//! accepts (handed out by apply, but not part of the replicated state: see
-//! `auth::tokens`). Written only by the Raft state machine, in log order; read
-//! by every API handler.
+//! the members' published attributes and the auth store; how apply tells
+//! its readers what it changed (the feed, the watch routes, the deletion
+//! waits); and the auth tokens this member accepts (handed out by apply, but
+//! not part of the replicated state: see `auth::tokens`). Written only by
+//! the Raft state machine, in log order; read by every API handler.
 //!
-//! The change feed is a bounded broadcast: apply never waits for a watcher. A
-//! watcher that falls more than [`CHANGE_FEED_CAPACITY`] apply calls behind
-//! misses messages, notices (the receiver reports the lag), and catches up
-//! from MVCC history instead. Every follower of the feed is woken by every
-//! apply call; a lock waiter that only needs to know when a particular key
-//! goes waits for that key's deletion instead ([`DeletionWait`]), and apply
-//! wakes it only when it deletes that key.
+//! The change feed is a bounded broadcast: apply never waits for a follower
+//! of it. A follower that falls more than [`CHANGE_FEED_CAPACITY`] apply
+//! calls behind misses messages, notices (the receiver reports the lag), and
+//! looks at the store instead. Every follower of the feed (a semaphore
+//! waiter, a read waiting for a revision) is woken by every apply call, so
+//! the many waiters that wait for particular keys do not follow it: a watch
+//! session is handed only the batches that change a key its watchers watch
+//! (`crate::watch_routes`), and a lock waiter waits for the deletion of the
+//! key ahead of it ([`DeletionWait`]), woken only when apply deletes that key.
 //!
 //! Lock order: `mvcc` before `leases` before `members` before `auth` before `alarms`. All are std `RwLock`s, not tokio's:
 //! they are never held across an `.await`, and a read holds one only while it
@@ -31,6 +33,7 @@ use crate::alarm::Alarms;
 use crate::auth::{AuthStore, Tokens};
 use crate::lease::LeaseTable;
 use crate::mvcc::{Change, MvccStore, Revision};
+use crate::watch_routes::{Inbox, WatchRoutes};
 
 /// What a lease counts as in the state's size (etcd's lease overhead).
 pub const LEASE_BYTES: u64 = 64;
@@ -82,6 +85,7 @@ pub struct AppliedState {
     /// Woken when a compaction left versions to sweep (see `mvcc::history`).
     sweep: tokio::sync::Notify,
     deletion_waits: Arc<DeletionWaits>,
+    watch_routes: Arc<WatchRoutes>,
 }
 
 impl Default for AppliedState {
@@ -103,6 +107,7 @@ impl AppliedState {
             feed: tokio::sync::broadcast::channel(CHANGE_FEED_CAPACITY).0,
             sweep: tokio::sync::Notify::new(),
             deletion_waits: Arc::default(),
+            watch_routes: Arc::default(),
         }
     }
 
@@ -166,11 +171,19 @@ impl AppliedState {
 
     /// Publish what an apply call changed, once the stores hold it: wake the
     /// waits for the deletion of a key it deleted (every wait, if it says the
-    /// store was replaced: `resync`), and hand it to the feed. Never blocks
-    /// on a reader.
+    /// store was replaced: `resync`), queue it for the watch sessions that
+    /// watch a key it changed, and hand it to the feed. Never blocks on a
+    /// reader.
     pub fn publish(&self, changes: AppliedChanges) {
         self.deletion_waits.wake(&changes);
-        let _ = self.feed.send(std::sync::Arc::new(changes));
+        let changes = Arc::new(changes);
+        self.watch_routes.route(&changes);
+        let _ = self.feed.send(changes);
+    }
+
+    /// Open a watch session's inbox (see `crate::watch_routes`).
+    pub fn open_watch_inbox(&self) -> Inbox {
+        self.watch_routes.open()
     }
 
     /// Wait for the deletion of any of `keys` by an apply call after this

@@ -56,6 +56,7 @@ mod shutdown;
 mod storage;
 mod tls;
 mod watch;
+mod watch_routes;
 
 pub use api::{serve_clients, serve_metrics};
 pub use locks::prefix_end;

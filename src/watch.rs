@@ -52,19 +52,27 @@ impl Watcher {
     /// caller has now covered.
     pub fn take(&mut self, changes: &[Change], through: Revision) -> Vec<Event> {
         let from = self.next_revision;
-        let events = changes
-            .iter()
-            .filter(|c| c.revision >= from && c.revision <= through && self.range.contains(&c.key))
-            .filter(|c| if c.kv.is_some() { !self.no_put } else { !self.no_delete })
-            .map(|c| Event {
-                revision: c.revision,
-                kv: c.kv.clone(),
-                key: c.key.clone(),
-                prev_kv: if self.prev_kv { c.prev.clone() } else { None },
-            })
-            .collect();
+        let events = changes.iter().filter(|c| c.revision <= through).filter_map(|c| self.event(c, from)).collect();
         self.next_revision = self.next_revision.max(through + 1);
         events
+    }
+
+    /// `change` as this watcher's event, if it is in its range, passes its
+    /// filters and is at or after `from` (its position, which a caller that
+    /// knows more than `next_revision` may have moved on).
+    pub fn event(&self, c: &Change, from: Revision) -> Option<Event> {
+        if c.revision < from || !self.range.contains(&c.key) {
+            return None;
+        }
+        if if c.kv.is_some() { self.no_put } else { self.no_delete } {
+            return None;
+        }
+        Some(Event {
+            revision: c.revision,
+            kv: c.kv.clone(),
+            key: c.key.clone(),
+            prev_kv: if self.prev_kv { c.prev.clone() } else { None },
+        })
     }
 }
 

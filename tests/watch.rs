@@ -327,3 +327,86 @@ async fn a_watch_that_requires_a_leader_ends_when_its_member_has_none() {
     let (code, message) = common::grpc_error(refused.await.expect_err("a new watch must be refused"));
     assert_eq!((code, message.as_str()), (tonic::Code::Unavailable, "etcdserver: no leader"));
 }
+
+/// Streams on two members watch single keys and a prefix, while writers on
+/// every member also write keys nobody watches: each watcher gets its own
+/// key's events, every one, in order, and nothing else; a stream whose keys
+/// did not change at all is told of progress up to the last write all the
+/// same (its position moved past batches it was never handed).
+#[tokio::test]
+async fn each_watcher_gets_its_own_keys_events_among_unwatched_writes() {
+    const ROUNDS: usize = 40;
+    let cluster = Cluster::start(3).await;
+    let (f, l) = (cluster.follower().await, cluster.leader().await);
+    let mut c1 = cluster.client(f).await;
+    let mut s1 = c1.watch("one/a", None).await.unwrap();
+    assert_eq!(next(&mut s1).await.watch_id(), 0);
+    s1.watch("one/b", None).await.unwrap();
+    assert_eq!(next(&mut s1).await.watch_id(), 1);
+    s1.watch("r/", Some(WatchOptions::new().with_prefix())).await.unwrap();
+    assert_eq!(next(&mut s1).await.watch_id(), 2);
+    let mut c2 = cluster.client(l).await;
+    let mut s2 = c2.watch("one/a", None).await.unwrap();
+    assert_eq!(next(&mut s2).await.watch_id(), 0);
+    let mut idle = c2.watch("never", None).await.unwrap();
+    assert!(next(&mut idle).await.created());
+
+    // Writes go round the members; what each watcher should see, by revision.
+    let mut writers = Vec::new();
+    for m in 0..3 {
+        writers.push(cluster.client(m).await);
+    }
+    let (mut a, mut b, mut r) = (Vec::new(), Vec::new(), Vec::new());
+    let mut last = 0;
+    for i in 0..ROUNDS {
+        let w = &mut writers[i % 3];
+        let rev = |resp: Option<&etcd_client::ResponseHeader>| resp.unwrap().revision();
+        last = rev(w.put(format!("noise/{i}"), "n", None).await.unwrap().header());
+        if i % 2 == 0 {
+            a.push(rev(w.put("one/a", format!("{i}"), None).await.unwrap().header()));
+        }
+        if i % 5 == 0 {
+            b.push(rev(w.put("one/b", format!("{i}"), None).await.unwrap().header()));
+        }
+        if i % 7 == 3 {
+            a.push(rev(w.delete("one/a", None).await.unwrap().header()));
+        }
+        r.push(rev(w.put(format!("r/{i}"), "v", None).await.unwrap().header()));
+        last = last.max(rev(w.put("one/ab", "not one/a", None).await.unwrap().header()));
+    }
+    last = last.max(writers[0].put("noise/last", "n", None).await.unwrap().header().unwrap().revision());
+
+    /// Revisions of the events each watch ID got, until `n` events are in.
+    async fn by_watcher(stream: &mut WatchStream, n: usize) -> std::collections::BTreeMap<i64, Vec<i64>> {
+        let mut out = std::collections::BTreeMap::<i64, Vec<i64>>::new();
+        let mut got = 0;
+        while got < n {
+            let resp = next(stream).await;
+            for e in resp.events() {
+                out.entry(resp.watch_id()).or_default().push(e.kv().unwrap().mod_revision());
+                got += 1;
+            }
+        }
+        out
+    }
+    let got = by_watcher(&mut s1, a.len() + b.len() + r.len()).await;
+    assert_eq!(got, [(0, a.clone()), (1, b), (2, r)].into_iter().collect());
+    let got = by_watcher(&mut s2, a.len()).await;
+    assert_eq!(got, [(0, a)].into_iter().collect());
+
+    // The stream with no event: progress up to the last write, once its
+    // member has applied it (a linearizable read there waits for that).
+    c1.get("noise/last", None).await.unwrap();
+    c2.get("noise/last", None).await.unwrap();
+    idle.request_progress().await.unwrap();
+    let progress = next(&mut idle).await;
+    assert!(progress.events().is_empty(), "nothing was written to the watched key");
+    assert_eq!(progress.header().unwrap().revision(), last);
+    // Nor did the other streams get anything more.
+    for s in [&mut s1, &mut s2] {
+        s.request_progress().await.unwrap();
+        let p = next(s).await;
+        assert!(p.events().is_empty());
+        assert_eq!(p.header().unwrap().revision(), last);
+    }
+}

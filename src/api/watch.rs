@@ -1,23 +1,34 @@
 //! etcd's Watch service: one bidirectional stream carrying many watchers.
 //!
-//! Each stream is a session task that owns its watchers and follows the node's
-//! feed of applied changes (`AppliedState::subscribe`), served from this
-//! member's own applied state. The session subscribes *before* it reads any
-//! history, so between history and feed no change is missed, and a watcher's
-//! position (`next_revision`) makes sure none is delivered twice.
+//! Each stream is a session task that owns its watchers, served from this
+//! member's own applied state. The session has an inbox in the member's
+//! watch routes (`crate::watch_routes`): apply queues there the batches that
+//! change a key one of its watchers watches, and wakes the session only
+//! then. A watcher's range is registered *before* its history is read, so
+//! between history and inbox no change is missed, and a watcher's position
+//! makes sure none is delivered twice.
+//!
+//! Positions: a watcher's position is the first revision it has not seen:
+//! its own `next_revision`, moved past each batch that held one of its
+//! events, or the session's `synced + 1`, whichever is later. `synced` is
+//! how far the routes had routed when the session last took its inbox:
+//! nothing up to it concerns a watcher that got no batch for it. So a
+//! batch moves only the watchers it concerns, and a session's cost per
+//! batch is its changes times (one hash lookup, plus a test per watcher
+//! of a range), not its number of watchers.
 //!
 //! Slow consumers: the session writes to a bounded outbox; when the client
-//! does not read, the session waits on the outbox and falls behind the feed.
-//! The feed never waits for it (it is a bounded broadcast); once the session
-//! has missed feed messages it catches every watcher up from MVCC history, a
-//! bounded number of revisions at a time, then follows the feed again. So a
-//! stalled watcher holds at most the outbox and one catch-up chunk in memory,
-//! and never slows apply or other watchers.
+//! does not read, the session waits on the outbox and falls behind. The
+//! routes never wait for it (an inbox is bounded); once the session has
+//! lost batches it catches every watcher up from MVCC history, a bounded
+//! number of revisions at a time, then follows its inbox again. So a
+//! stalled watcher holds at most the outbox, its inbox and one catch-up
+//! chunk in memory, and never slows apply or other watchers.
 //!
 //! Progress notifications (periodic, or asked for) promise that every event
-//! up to their revision has been sent: each reports how far its watchers'
-//! positions have come, never the store's revision, which can be ahead of
-//! the applied batches this session has yet to read from the feed.
+//! up to their revision has been sent: the session first takes its inbox,
+//! then each notification reports how far its watcher's position has come,
+//! never the store's revision, which can be ahead of what has been routed.
 //!
 //! A stream opened with etcd's `hasleader` metadata (clientv3's
 //! `WithRequireLeader`) is refused on a member without a leader, and ends
@@ -28,19 +39,18 @@
 //! free one counting from 0. A watcher whose start revision is compacted is
 //! created, then cancelled with `compact_revision` set.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::{auth, error, header, MAX_REQUEST_BYTES};
 use crate::auth::PermKind;
-use crate::mvcc::{HistoryScan, KeyRange, KeyValue, MvccError, Revision};
+use crate::mvcc::{Change, HistoryScan, KeyRange, KeyValue, MvccError, Revision};
 use crate::proto::etcdserverpb as pb;
 use crate::proto::etcdserverpb::watch_server::{Watch, WatchServer};
 use crate::proto::mvccpb;
@@ -52,9 +62,10 @@ const OUTBOX: usize = 64;
 /// A catch-up reads history in scans of about this many bytes of events
 /// (`mvcc::HistoryScan`), then sends them before reading on.
 const CATCH_UP_BYTES: usize = 4 << 20;
-/// Watchers one stream may hold at once. Every applied batch is matched
-/// against each of them, and each holds its range: a client that wants more
-/// opens another stream.
+/// Watchers one stream may hold at once. Each holds its range, and every
+/// batch routed to the stream is matched against each watcher of a range
+/// (of single keys, by lookup): a client that wants more opens another
+/// stream.
 pub const MAX_WATCHERS_PER_STREAM: usize = 10_000;
 /// Keys a catch-up scan looks at per hold of the store's lock.
 const CATCH_UP_KEYS: usize = 4096;
@@ -87,10 +98,13 @@ impl Watch for WatchService {
         let (tx, rx) = mpsc::channel(OUTBOX);
         let session = Session {
             credentials: auth::Credentials::of(&req),
-            feed: self.node.state().subscribe(),
+            inbox: self.node.state().open_watch_inbox(),
+            synced: 0,
             node: self.node.clone(),
             outbox: tx,
             watchers: BTreeMap::new(),
+            by_key: HashMap::new(),
+            ranged: BTreeSet::new(),
             next_id: 0,
         };
         tokio::spawn(session.run(req.into_inner(), self.progress_interval, require_leader));
@@ -105,9 +119,17 @@ struct Session {
     node: Arc<Node>,
     /// Who opened the stream: each create is checked (READ on its range).
     credentials: auth::Credentials,
-    feed: crate::applied::Feed,
+    /// Where apply queues the batches this session's watchers watch.
+    inbox: crate::watch_routes::Inbox,
+    /// Every batch through this revision that concerns a watcher has been
+    /// taken from the inbox (see the module doc: positions).
+    synced: Revision,
     outbox: mpsc::Sender<Result<pb::WatchResponse, Status>>,
     watchers: BTreeMap<i64, Watcher>,
+    /// The watchers of one key, by key.
+    by_key: HashMap<Vec<u8>, BTreeSet<i64>>,
+    /// The watchers of a range of keys.
+    ranged: BTreeSet<i64>,
     next_id: i64,
 }
 
@@ -135,11 +157,7 @@ impl Session {
                     Some(Ok(req)) => self.handle(req).await,
                     _ => return,
                 },
-                batch = self.feed.recv() => match batch {
-                    Ok(batch) => self.deliver(&batch.changes, batch.revision).await,
-                    Err(RecvError::Lagged(_)) => self.catch_up_all().await,
-                    Err(RecvError::Closed) => return,
-                },
+                _ = self.inbox.ready() => self.take_inbox().await,
                 _ = progress.tick() => self.progress().await,
                 _ = &mut leaderless => {
                     // As etcd: a stream that requires a leader ends with
@@ -172,7 +190,7 @@ impl Session {
         match req.request_union {
             Some(RequestUnion::CreateRequest(c)) => self.create(c).await,
             Some(RequestUnion::CancelRequest(c)) => {
-                if self.watchers.remove(&c.watch_id).is_some() {
+                if self.remove(c.watch_id).is_some() {
                     let mut resp = self.response(c.watch_id, self.current_revision());
                     resp.canceled = true;
                     self.send(resp).await?;
@@ -180,6 +198,7 @@ impl Session {
                 Ok(())
             }
             Some(RequestUnion::ProgressRequest(_)) => {
+                self.take_inbox().await?;
                 let revision = self.watchers.values().map(|w| self.delivered_through(w)).min();
                 self.send(self.response(-1, revision.unwrap_or_else(|| self.current_revision()))).await
             }
@@ -244,8 +263,59 @@ impl Session {
             progress_notify: c.progress_notify,
             fragment: c.fragment,
         };
+        // Routed before history is read: nothing falls between the two.
+        self.inbox.watch(&watcher.range);
+        match &watcher.range {
+            KeyRange::Single(key) => {
+                self.by_key.entry(key.clone()).or_default().insert(id);
+            }
+            _ => {
+                self.ranged.insert(id);
+            }
+        }
         self.watchers.insert(id, watcher);
         self.catch_up(id).await
+    }
+
+    /// Remove watcher `id`, and its route.
+    fn remove(&mut self, id: i64) -> Option<Watcher> {
+        let w = self.watchers.remove(&id)?;
+        self.inbox.unwatch(&w.range);
+        match &w.range {
+            KeyRange::Single(key) => {
+                if let Some(ids) = self.by_key.get_mut(key) {
+                    ids.remove(&id);
+                    if ids.is_empty() {
+                        self.by_key.remove(key);
+                    }
+                }
+            }
+            _ => {
+                self.ranged.remove(&id);
+            }
+        }
+        Some(w)
+    }
+
+    /// The first revision `w` has not seen (see the module doc: positions).
+    fn position(&self, w: &Watcher) -> Revision {
+        w.next_revision.max(self.synced + 1)
+    }
+
+    /// Deliver what the inbox holds; after a lag, catch every watcher up
+    /// from history instead.
+    async fn take_inbox(&mut self) -> Result<(), Gone> {
+        let taken = self.inbox.take();
+        if taken.lagged {
+            let synced = self.synced;
+            self.watchers.values_mut().for_each(|w| w.next_revision = w.next_revision.max(synced + 1));
+            self.catch_up_all().await?;
+        }
+        for batch in &taken.batches {
+            self.deliver(&batch.changes, batch.revision).await?;
+        }
+        self.synced = self.synced.max(taken.through);
+        Ok(())
     }
 
     /// Whether the stream's caller may read `[key, range_end)`.
@@ -297,7 +367,7 @@ impl Session {
                 }
                 Err(MvccError::Compacted) => {
                     let compacted = self.node.state().mvcc().compact_revision();
-                    self.watchers.remove(&id);
+                    self.remove(id);
                     let mut resp = self.response(id, 0);
                     resp.compact_revision = compacted;
                     resp.canceled = true;
@@ -316,16 +386,24 @@ impl Session {
         Ok(())
     }
 
-    /// Events of an applied batch: one response per revision, as etcd sends them.
-    async fn deliver(&mut self, changes: &[crate::mvcc::Change], revision: Revision) -> Result<(), Gone> {
-        let mut out = Vec::new();
-        for (id, w) in self.watchers.iter_mut() {
-            let events = w.take(changes, revision);
-            if !events.is_empty() {
-                out.push((*id, w.fragment, events));
+    /// Events of an applied batch that went through `revision`: one response
+    /// per watcher and revision, as etcd sends them. Only the watchers of a
+    /// changed key are looked at, and only they move.
+    async fn deliver(&mut self, changes: &[Change], revision: Revision) -> Result<(), Gone> {
+        let mut out: BTreeMap<i64, Vec<Event>> = BTreeMap::new();
+        for c in changes {
+            let of_key = self.by_key.get(&c.key).into_iter().flatten();
+            for id in of_key.chain(&self.ranged) {
+                let w = &self.watchers[id];
+                if let Some(event) = w.event(c, self.position(w)) {
+                    out.entry(*id).or_default().push(event);
+                }
             }
         }
-        for (id, fragment, events) in out {
+        for (id, events) in out {
+            let Some(w) = self.watchers.get_mut(&id) else { continue };
+            w.next_revision = w.next_revision.max(revision + 1);
+            let fragment = w.fragment;
             for (rev, group) in by_revision(events) {
                 self.send_events(id, rev, group, fragment).await?;
             }
@@ -346,15 +424,16 @@ impl Session {
     }
 
     /// The revision through which `w` has been sent every event: what a
-    /// progress notification may promise. Not the store's revision, which
-    /// can be ahead of what this session has taken from the feed: applied
-    /// batches may be waiting there, and promising their revisions would let
-    /// a notification overtake their events.
+    /// progress notification may promise, once the inbox was taken. Not the
+    /// store's revision, which can be ahead of what has been routed: a batch
+    /// applied but not yet queued would let a notification overtake its
+    /// events.
     fn delivered_through(&self, w: &Watcher) -> Revision {
-        (w.next_revision - 1).min(self.current_revision())
+        (self.position(w) - 1).min(self.current_revision())
     }
 
     async fn progress(&mut self) -> Result<(), Gone> {
+        self.take_inbox().await?;
         let due: Vec<(i64, Revision)> =
             self.watchers.values().filter(|w| w.progress_notify).map(|w| (w.id, self.delivered_through(w))).collect();
         for (id, revision) in due {

@@ -104,6 +104,12 @@ pub struct BenchArgs {
     /// watch-history: the revision the watch starts at.
     #[arg(long, default_value_t = 1)]
     pub start_revision: i64,
+    /// Watch streams held open through the run, each with one watcher on a
+    /// key of its own that the run never writes, spread over the endpoints
+    /// (as many clients each watching their own key would be): what idle
+    /// watchers cost the requests.
+    #[arg(long, default_value_t = 0)]
+    pub idle_watchers: usize,
     /// The servers' process IDs, when they run on this machine: their CPU
     /// time (from /proc) over the measured run is reported per request.
     #[arg(long, value_delimiter = ',')]
@@ -353,6 +359,7 @@ pub async fn run(
             drivers[0].put(key(args, n), &value).await?;
         }
     }
+    let _watchers = idle_watchers(endpoints, tls, &token, args.idle_watchers).await?;
     let start = Instant::now();
     let cpu_at_start = CpuUsed::now(&args.server_pids);
     for (c, mut driver) in drivers.into_iter().enumerate() {
@@ -402,6 +409,48 @@ pub async fn run(
     r.max_gap_ms = max_gap.as_secs_f64() * 1e3;
     cpu_at_end.record_since(&cpu_at_start, &mut r);
     Ok(r)
+}
+
+/// Streams opened by [`idle_watchers`]: each its request sender (a closed
+/// request stream would end the watch) and its responses.
+type IdleWatch = (tokio::sync::mpsc::Sender<pb::WatchRequest>, tonic::Streaming<pb::WatchResponse>);
+
+/// Open `n` watch streams (see [`BenchArgs::idle_watchers`]), at most 100 on
+/// one connection, the connections round-robin over `endpoints`; each is
+/// returned once its watcher was created.
+async fn idle_watchers(
+    endpoints: &[String],
+    tls: Option<&ClientTls>,
+    token: &TokenInterceptor,
+    n: usize,
+) -> anyhow::Result<Vec<IdleWatch>> {
+    use raftlock::proto::etcdserverpb::watch_client::WatchClient;
+    const STREAMS_PER_CONNECTION: usize = 100;
+    let mut channels = Vec::new();
+    for i in 0..n.div_ceil(STREAMS_PER_CONNECTION) {
+        let url = &endpoints[i % endpoints.len()];
+        let channel =
+            raftlock::client::endpoint(url, tls)?.connect().await.with_context(|| format!("connecting to {url}"))?;
+        channels.push(InterceptedService::new(channel, token.clone()));
+    }
+    let mut watches = Vec::with_capacity(n);
+    for i in 0..n {
+        let create = pb::WatchRequest {
+            request_union: Some(pb::watch_request::RequestUnion::CreateRequest(pb::WatchCreateRequest {
+                key: format!("bench-idle/{i}").into_bytes(),
+                ..Default::default()
+            })),
+        };
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        tx.send(create).await?;
+        let channel = channels[i / STREAMS_PER_CONNECTION].clone();
+        let mut stream =
+            WatchClient::new(channel).watch(tokio_stream::wrappers::ReceiverStream::new(rx)).await?.into_inner();
+        let created = stream.message().await?.context("a watch stream ended before its watcher was created")?;
+        anyhow::ensure!(created.created && !created.canceled, "an idle watcher was refused: {}", created.cancel_reason);
+        watches.push((tx, stream));
+    }
+    Ok(watches)
 }
 
 /// Read history back through one watch (see [`Workload::WatchHistory`]).
