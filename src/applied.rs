@@ -9,11 +9,12 @@
 //! of it. A follower that falls more than [`CHANGE_FEED_CAPACITY`] apply
 //! calls behind misses messages, notices (the receiver reports the lag), and
 //! looks at the store instead. Every follower of the feed (a semaphore
-//! waiter, a read waiting for a revision) is woken by every apply call, so
-//! the many waiters that wait for particular keys do not follow it: a watch
-//! session is handed only the batches that change a key its watchers watch
-//! (`crate::watch_routes`), and a lock waiter waits for the deletion of the
-//! key ahead of it ([`DeletionWait`]), woken only when apply deletes that key.
+//! waiter, an election's observer, a read waiting for a revision) is woken
+//! by every apply call, so the many waiters that wait for particular keys
+//! do not follow it: a watch session is handed only the batches that change
+//! a key its watchers watch (`crate::watch_routes`), and a lock waiter waits
+//! for the deletion of the key ahead of it ([`DeletionWait`]), woken only
+//! when apply deletes that key.
 //!
 //! Lock order: `mvcc` before `leases` before `members` before `auth` before `alarms`. All are std `RwLock`s, not tokio's:
 //! they are never held across an `.await`, and a read holds one only while it
@@ -38,7 +39,7 @@ use crate::watch_routes::{Inbox, WatchRoutes};
 /// What a lease counts as in the state's size (etcd's lease overhead).
 pub const LEASE_BYTES: u64 = 64;
 
-/// Apply calls the change feed buffers for slow watchers.
+/// Apply calls the change feed buffers for its slow followers.
 pub const CHANGE_FEED_CAPACITY: usize = 1024;
 
 /// What one apply call changed, in revision order; `revision` is the store's

@@ -4,11 +4,13 @@
 //! A watcher names a key range, the revision it needs next, filters (no puts,
 //! no deletes) and whether it wants each event's previous value. It receives
 //! every change in its range once, in revision order: [`Watcher::take`] picks
-//! the changes of an applied batch (or of history read to catch up) that it
-//! has not seen yet and moves its position past them.
+//! the changes of history read to catch up that it has not seen yet and
+//! moves its position past them; [`Watcher::event`] turns one change of an
+//! applied batch into its event, given its position (which its session may
+//! know to be past `next_revision`).
 //!
-//! Invariant: `next_revision` only grows; a change with a revision below it is
-//! never delivered again.
+//! Invariant: `next_revision` only grows; a change with a revision below a
+//! watcher's position is never delivered again.
 
 use std::sync::Arc;
 

@@ -20,14 +20,18 @@
 //! A store replaced by a snapshot install (`resync`) reaches every session,
 //! as a lag.
 //!
-//! Bounds: an inbox holds at most [`INBOX_CAPACITY`] batches. A session that
-//! does not take them in time loses them and is told it lagged; it then
-//! catches its watchers up from MVCC history, as it would after any lag.
-//! Apply never waits for a session.
+//! Bounds: an inbox holds at most [`INBOX_CAPACITY`] batches and
+//! [`INBOX_BYTES`] of their changes. A session that does not take them in
+//! time loses them and is told it lagged, and from which revision on
+//! ([`Taken::lost_after`]); it then catches its watchers up from MVCC
+//! history, as it would after any lag. Apply never waits for a session.
+//! Batches are shared: the sessions a batch concerns hold one copy of it.
 //!
-//! Cost: routing a batch costs a hash lookup per changed key when only single
-//! keys are watched, plus a test per changed key and distinct watched range
-//! (sessions watching the same range share one entry).
+//! Cost, in apply, with the table's lock held: a hash lookup per changed key,
+//! a test per changed key and distinct watched range (sessions watching the
+//! same range share one entry), and one pass over the sessions of each
+//! matched entry per batch, not per change. Nothing is spent on a batch
+//! while no session is open.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -40,6 +44,9 @@ use crate::mvcc::{KeyRange, Revision};
 
 /// Batches one session's inbox holds before it is told it lagged.
 pub const INBOX_CAPACITY: usize = 1024;
+/// Bytes of changes (keys, values and previous values) one session's inbox
+/// holds before it is told it lagged.
+pub const INBOX_BYTES: usize = 64 << 20;
 
 /// The routing table of one member's watch sessions (see the module doc).
 #[derive(Default)]
@@ -48,7 +55,7 @@ pub struct WatchRoutes {
     table: Mutex<Table>,
     /// Every batch up to this revision has been queued for the sessions
     /// it concerns.
-    routed: AtomicI64,
+    routed_through: AtomicI64,
 }
 
 #[derive(Default)]
@@ -70,29 +77,52 @@ struct Queue {
 
 #[derive(Default)]
 struct Queued {
-    batches: VecDeque<Arc<AppliedChanges>>,
-    lagged: bool,
+    batches: VecDeque<(Arc<AppliedChanges>, usize)>,
+    /// The bytes of the batches queued.
+    bytes: usize,
+    /// Batches were lost; every one through this revision that concerned
+    /// the session had been queued before them.
+    lost_after: Option<Revision>,
 }
 
 /// What a session took from its inbox ([`Inbox::take`]).
 pub struct Taken {
     /// The batches queued since the last take, in revision order (none if
-    /// it lagged).
+    /// batches were lost).
     pub batches: Vec<Arc<AppliedChanges>>,
     /// Batches were lost (the inbox overflowed, or a snapshot replaced the
-    /// store): the session must catch up from history.
-    pub lagged: bool,
+    /// store): the session must catch its watchers up from history, from
+    /// after this revision at the latest (every batch up to it that
+    /// concerned the session was taken, by an earlier take).
+    pub lost_after: Option<Revision>,
     /// Every batch through this revision that concerns the session has been
-    /// taken, by this take or an earlier one.
+    /// taken, by this take or an earlier one (or was lost, if `lost_after`
+    /// says so).
     pub through: Revision,
 }
 
-fn range_key(range: &KeyRange) -> Result<Vec<u8>, (Vec<u8>, Vec<u8>)> {
-    match range {
-        KeyRange::Single(key) => Ok(key.clone()),
-        KeyRange::Interval(start, end) => Err((start.clone(), end.clone())),
-        KeyRange::From(start) => Err((start.clone(), Vec::new())),
+/// An entry of the table: a single key, or a range `(start, end)` (`end`
+/// empty: every key from `start` on).
+#[derive(Clone, PartialEq, Eq, Hash)]
+enum Route {
+    Key(Vec<u8>),
+    Range(Vec<u8>, Vec<u8>),
+}
+
+impl Route {
+    fn of(range: &KeyRange) -> Route {
+        match range {
+            KeyRange::Single(key) => Route::Key(key.clone()),
+            KeyRange::Interval(start, end) => Route::Range(start.clone(), end.clone()),
+            KeyRange::From(start) => Route::Range(start.clone(), Vec::new()),
+        }
     }
+}
+
+/// The bytes of a batch's changes, as an inbox counts them.
+fn weight(batch: &AppliedChanges) -> usize {
+    let kv = |kv: &Option<Arc<crate::mvcc::KeyValue>>| kv.as_ref().map_or(0, |kv| kv.key.len() + kv.value.len());
+    batch.changes.iter().map(|c| c.key.len() + kv(&c.kv) + kv(&c.prev) + 64).sum()
 }
 
 fn in_range((start, end): &(Vec<u8>, Vec<u8>), key: &[u8]) -> bool {
@@ -105,7 +135,7 @@ impl WatchRoutes {
         let id = self.next_session.fetch_add(1, Ordering::Relaxed);
         let queue = Arc::new(Queue::default());
         self.table().inboxes.insert(id, queue.clone());
-        Inbox { routes: self.clone(), id, queue }
+        Inbox { routes: self.clone(), id, queue, routes_held: HashMap::new() }
     }
 
     fn table(&self) -> std::sync::MutexGuard<'_, Table> {
@@ -117,53 +147,75 @@ impl WatchRoutes {
     /// as routed. Never waits for a session.
     pub fn route(&self, batch: &Arc<AppliedChanges>) {
         let table = self.table();
+        let before = self.routed_through.load(Ordering::Relaxed);
         if batch.resync {
-            table.inboxes.values().for_each(|q| q.lost());
+            table.inboxes.values().for_each(|q| q.lose(before));
         } else if !table.inboxes.is_empty() {
-            let mut concerned: Vec<u64> = Vec::new();
+            // The entries matched, each once, then their sessions, each once.
+            let mut keys: Vec<&HashMap<u64, usize>> = Vec::new();
+            let mut ranges = vec![false; table.ranges.len()];
             for change in &batch.changes {
                 if let Some(sessions) = table.keys.get(&change.key) {
-                    concerned.extend(sessions.keys());
+                    keys.push(sessions);
                 }
-                for (range, sessions) in &table.ranges {
-                    if in_range(range, &change.key) {
-                        concerned.extend(sessions.keys());
+                for (matched, (range, _)) in ranges.iter_mut().zip(&table.ranges) {
+                    *matched = *matched || in_range(range, &change.key);
+                }
+            }
+            keys.sort_unstable_by_key(|sessions| *sessions as *const _);
+            keys.dedup_by_key(|sessions| *sessions as *const _);
+            let ranges = ranges.iter().zip(table.ranges.values()).filter(|(m, _)| **m).map(|(_, s)| s);
+            let mut concerned: Vec<u64> = keys.into_iter().chain(ranges).flat_map(|s| s.keys().copied()).collect();
+            concerned.sort_unstable();
+            concerned.dedup();
+            if !concerned.is_empty() {
+                let weight = weight(batch);
+                for id in concerned {
+                    if let Some(queue) = table.inboxes.get(&id) {
+                        queue.push(batch.clone(), weight, before);
                     }
                 }
             }
-            concerned.sort_unstable();
-            concerned.dedup();
-            for id in concerned {
-                if let Some(queue) = table.inboxes.get(&id) {
-                    queue.push(batch.clone());
-                }
-            }
         }
-        self.routed.fetch_max(batch.revision, Ordering::Release);
+        self.routed_through.fetch_max(batch.revision, Ordering::Release);
     }
 }
 
 impl Queue {
-    fn push(&self, batch: Arc<AppliedChanges>) {
+    /// Queue `batch` (of `weight` bytes; `before`: the revision routed
+    /// before it), or lose it and what is queued if the inbox is full.
+    fn push(&self, batch: Arc<AppliedChanges>, weight: usize, before: Revision) {
         let mut queued = self.batches.lock().expect("watch inbox lock poisoned");
-        if !queued.lagged {
-            if queued.batches.len() < INBOX_CAPACITY {
-                queued.batches.push_back(batch);
+        if queued.lost_after.is_none() {
+            if queued.batches.len() < INBOX_CAPACITY && queued.bytes + weight <= INBOX_BYTES {
+                queued.bytes += weight;
+                queued.batches.push_back((batch, weight));
             } else {
-                queued.batches.clear();
-                queued.lagged = true;
+                queued.lose(before);
             }
         }
         drop(queued);
         self.ready.notify_one();
     }
 
-    fn lost(&self) {
-        let mut queued = self.batches.lock().expect("watch inbox lock poisoned");
-        queued.batches.clear();
-        queued.lagged = true;
-        drop(queued);
+    /// Lose what is queued (the store was replaced after `before`).
+    fn lose(&self, before: Revision) {
+        self.batches.lock().expect("watch inbox lock poisoned").lose(before);
         self.ready.notify_one();
+    }
+}
+
+impl Queued {
+    /// Drop what is queued and note from where batches were lost: below the
+    /// first change of the first batch dropped (a batch spans the revisions
+    /// of its apply call), or after `before` (the revision routed before the
+    /// batch that could not be queued) if none was queued.
+    fn lose(&mut self, before: Revision) {
+        let first = |b: &AppliedChanges| b.changes.first().map_or(b.revision, |c| c.revision);
+        let from = self.batches.front().map_or(before, |(b, _)| first(b) - 1);
+        self.lost_after = Some(self.lost_after.map_or(from, |earlier| earlier.min(from)));
+        self.batches.clear();
+        self.bytes = 0;
     }
 }
 
@@ -173,39 +225,55 @@ pub struct Inbox {
     routes: Arc<WatchRoutes>,
     id: u64,
     queue: Arc<Queue>,
+    /// The entries this session is in, with how many of its watchers each.
+    routes_held: HashMap<Route, usize>,
+}
+
+impl Table {
+    /// The sessions of `route`'s entry.
+    fn entry(&mut self, route: &Route) -> &mut HashMap<u64, usize> {
+        match route {
+            Route::Key(key) => self.keys.entry(key.clone()).or_default(),
+            Route::Range(start, end) => self.ranges.entry((start.clone(), end.clone())).or_default(),
+        }
+    }
+
+    /// Take session `id` out of `route`'s entry, and the entry out of the
+    /// table once no session is in it.
+    fn leave(&mut self, route: &Route, id: u64) {
+        let sessions = self.entry(route);
+        sessions.remove(&id);
+        if sessions.is_empty() {
+            match route {
+                Route::Key(key) => self.keys.remove(key),
+                Route::Range(start, end) => self.ranges.remove(&(start.clone(), end.clone())),
+            };
+        }
+    }
 }
 
 impl Inbox {
     /// One more watcher of this session watches `range`: batches that
     /// change a key in it are queued from now on.
-    pub fn watch(&self, range: &KeyRange) {
+    pub fn watch(&mut self, range: &KeyRange) {
+        let route = Route::of(range);
         let mut table = self.routes.table();
-        let count = match range_key(range) {
-            Ok(key) => table.keys.entry(key).or_default().entry(self.id).or_default(),
-            Err(range) => table.ranges.entry(range).or_default().entry(self.id).or_default(),
-        };
-        *count += 1;
+        *table.entry(&route).entry(self.id).or_default() += 1;
+        drop(table);
+        *self.routes_held.entry(route).or_default() += 1;
     }
 
     /// One watcher of this session no longer watches `range`.
-    pub fn unwatch(&self, range: &KeyRange) {
+    pub fn unwatch(&mut self, range: &KeyRange) {
+        let route = Route::of(range);
+        let Some(held) = self.routes_held.get_mut(&route) else { return };
+        *held -= 1;
         let mut table = self.routes.table();
-        fn forget<K: std::hash::Hash + Eq>(map: &mut HashMap<K, HashMap<u64, usize>>, key: K, id: u64) {
-            if let Some(sessions) = map.get_mut(&key) {
-                if let Some(count) = sessions.get_mut(&id) {
-                    *count -= 1;
-                    if *count == 0 {
-                        sessions.remove(&id);
-                    }
-                }
-                if sessions.is_empty() {
-                    map.remove(&key);
-                }
-            }
-        }
-        match range_key(range) {
-            Ok(key) => forget(&mut table.keys, key, self.id),
-            Err(range) => forget(&mut table.ranges, range, self.id),
+        if *held == 0 {
+            self.routes_held.remove(&route);
+            table.leave(&route, self.id);
+        } else if let Some(count) = table.entry(&route).get_mut(&self.id) {
+            *count -= 1;
         }
     }
 
@@ -219,13 +287,14 @@ impl Inbox {
     /// Take what was queued (see [`Taken`]).
     pub fn take(&self) -> Taken {
         // Read before draining: a batch routed up to here is queued already.
-        let through = self.routes.routed.load(Ordering::Acquire);
+        let through = self.routes.routed_through.load(Ordering::Acquire);
         let mut queued = self.queue.batches.lock().expect("watch inbox lock poisoned");
-        let lagged = std::mem::take(&mut queued.lagged);
-        let batches: Vec<_> = queued.batches.drain(..).collect();
+        let lost_after = queued.lost_after.take();
+        let batches: Vec<_> = queued.batches.drain(..).map(|(b, _)| b).collect();
+        queued.bytes = 0;
         drop(queued);
         let through = batches.last().map_or(through, |b| b.revision.max(through));
-        Taken { batches: if lagged { Vec::new() } else { batches }, lagged, through }
+        Taken { batches: if lost_after.is_some() { Vec::new() } else { batches }, lost_after, through }
     }
 }
 
@@ -233,15 +302,9 @@ impl Drop for Inbox {
     fn drop(&mut self) {
         let mut table = self.routes.table();
         table.inboxes.remove(&self.id);
-        let id = self.id;
-        table.keys.retain(|_, sessions| {
-            sessions.remove(&id);
-            !sessions.is_empty()
-        });
-        table.ranges.retain(|_, sessions| {
-            sessions.remove(&id);
-            !sessions.is_empty()
-        });
+        for route in self.routes_held.keys() {
+            table.leave(route, self.id);
+        }
     }
 }
 
@@ -251,11 +314,15 @@ mod tests {
     use crate::mvcc::{Change, KeyValue};
     use std::time::Duration;
 
+    /// A batch of one apply call that wrote `keys` at consecutive revisions,
+    /// the last `revision`.
     fn batch(revision: Revision, keys: &[&str]) -> Arc<AppliedChanges> {
+        let first = revision + 1 - keys.len() as Revision;
         let changes = keys
             .iter()
-            .map(|k| Change {
-                revision,
+            .enumerate()
+            .map(|(i, k)| Change {
+                revision: first + i as Revision,
                 sub: 0,
                 key: k.as_bytes().to_vec(),
                 kv: Some(Arc::new(KeyValue { key: k.as_bytes().to_vec(), ..Default::default() })),
@@ -279,9 +346,9 @@ mod tests {
     #[tokio::test]
     async fn a_session_gets_only_the_batches_that_change_its_keys() {
         let routes = Arc::new(WatchRoutes::default());
-        let single = routes.open();
+        let mut single = routes.open();
         single.watch(&KeyRange::new(b"a", b""));
-        let ranged = routes.open();
+        let mut ranged = routes.open();
         ranged.watch(&KeyRange::new(b"b", b"c"));
         ranged.watch(&KeyRange::new(b"x", b"\0"));
         routes.route(&batch(2, &["a"]));
@@ -290,8 +357,8 @@ mod tests {
         routes.route(&batch(5, &["y", "a"]));
         assert!(woken(&single).await && woken(&ranged).await);
         let (s, r) = (single.take(), ranged.take());
-        assert_eq!((revisions(&s), s.through, s.lagged), (vec![2, 5], 5, false));
-        assert_eq!((revisions(&r), r.through, r.lagged), (vec![3, 5], 5, false));
+        assert_eq!((revisions(&s), s.through, s.lost_after), (vec![2, 5], 5, None));
+        assert_eq!((revisions(&r), r.through, r.lost_after), (vec![3, 5], 5, None));
         // Nothing for it since: not woken, and the take moves past batch 6.
         routes.route(&batch(6, &["c"]));
         assert!(!woken(&single).await);
@@ -304,7 +371,7 @@ mod tests {
     #[tokio::test]
     async fn a_range_is_routed_until_its_last_watcher_goes() {
         let routes = Arc::new(WatchRoutes::default());
-        let inbox = routes.open();
+        let mut inbox = routes.open();
         let range = KeyRange::new(b"k", b"");
         inbox.watch(&range);
         inbox.watch(&range);
@@ -320,23 +387,41 @@ mod tests {
         assert!(table.keys.is_empty() && table.ranges.is_empty() && table.inboxes.is_empty());
     }
 
-    /// An inbox that overflows, or a replaced store, is reported as a lag
-    /// and loses its batches; it then fills again.
+    /// An inbox that overflows (in batches or in bytes), or a replaced
+    /// store, loses its batches and says from where: below the first batch
+    /// it lost, or after what was routed if it held none. It then fills
+    /// again.
     #[tokio::test]
-    async fn an_overflowing_inbox_reports_a_lag() {
+    async fn an_overflowing_inbox_says_from_where_it_lost_batches() {
         let routes = Arc::new(WatchRoutes::default());
-        let inbox = routes.open();
+        let mut inbox = routes.open();
         inbox.watch(&KeyRange::new(b"k", b""));
+        routes.route(&batch(2, &["k"]));
+        assert_eq!(revisions(&inbox.take()), vec![2]);
+        routes.route(&batch(3, &["x"]));
+        // The first batch lost changed revisions 10 and 11.
         for revision in 0..=INBOX_CAPACITY as Revision {
-            routes.route(&batch(revision + 2, &["k"]));
+            routes.route(&batch(revision + 11, &["k", "k"]));
         }
         let taken = inbox.take();
-        assert!(taken.lagged && taken.batches.is_empty());
-        assert_eq!(taken.through, INBOX_CAPACITY as Revision + 2);
+        assert_eq!((taken.lost_after, revisions(&taken)), (Some(9), vec![]));
+        assert_eq!(taken.through, INBOX_CAPACITY as Revision + 11);
         routes.route(&batch(5000, &["k"]));
         let taken = inbox.take();
-        assert_eq!((revisions(&taken), taken.lagged), (vec![5000], false));
-        routes.route(&Arc::new(AppliedChanges { revision: 5000, changes: Vec::new(), resync: true }));
-        assert!(woken(&inbox).await && inbox.take().lagged);
+        assert_eq!((revisions(&taken), taken.lost_after), (vec![5000], None));
+        // A replaced store, with nothing queued: lost after what was routed.
+        routes.route(&Arc::new(AppliedChanges { revision: 6000, changes: Vec::new(), resync: true }));
+        assert!(woken(&inbox).await);
+        assert_eq!(inbox.take().lost_after, Some(5000));
+        // Bytes: a batch that does not fit loses the ones queued before it.
+        let big = |revision, size| {
+            let mut b = batch(revision, &["k"]);
+            Arc::get_mut(&mut b).unwrap().changes[0].kv =
+                Some(Arc::new(KeyValue { key: b"k".to_vec(), value: vec![0; size], ..Default::default() }));
+            b
+        };
+        routes.route(&big(6001, INBOX_BYTES / 2));
+        routes.route(&big(6002, INBOX_BYTES / 2));
+        assert_eq!(inbox.take().lost_after, Some(6000));
     }
 }

@@ -306,9 +306,12 @@ impl Session {
     /// from history instead.
     async fn take_inbox(&mut self) -> Result<(), Gone> {
         let taken = self.inbox.take();
-        if taken.lagged {
-            let synced = self.synced;
-            self.watchers.values_mut().for_each(|w| w.next_revision = w.next_revision.max(synced + 1));
+        if let Some(lost_after) = taken.lost_after {
+            // Nothing up to `lost_after` concerned a watcher that got no
+            // batch for it: history is read from there on, not from the
+            // last take (which may be long ago for a quiet session).
+            let from = self.synced.max(lost_after) + 1;
+            self.watchers.values_mut().for_each(|w| w.next_revision = w.next_revision.max(from));
             self.catch_up_all().await?;
         }
         for batch in &taken.batches {
