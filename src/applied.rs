@@ -19,8 +19,9 @@
 //! Lock order: `mvcc` before `leases` before `members` before `auth` before `alarms`. All are std `RwLock`s, not tokio's:
 //! they are never held across an `.await`, and a read holds one only while it
 //! copies its answer out, so apply is never kept waiting for a client. The
-//! deletion waits' own lock is taken with none of those held (apply publishes
-//! after it let them go).
+//! deletion waits' own lock, and the watch routes' (its table, then an
+//! inbox), are taken with none of those held (apply publishes after it let
+//! them go).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};

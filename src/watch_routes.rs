@@ -28,12 +28,12 @@
 //! Batches are shared: the sessions a batch concerns hold one copy of it.
 //!
 //! Cost, in apply, with the table's lock held: a hash lookup per changed key,
-//! a test per changed key and distinct watched range (sessions watching the
-//! same range share one entry), and one pass over the sessions of each
-//! matched entry per batch, not per change. Nothing is spent on a batch
-//! while no session is open.
+//! a test per changed key and distinct watched range until one is in it
+//! (sessions watching the same range share one entry, the project's
+//! `KeyRange`), and the sessions of each matched entry, deduplicated once
+//! per batch. Nothing is spent on a batch while no session is open.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -60,11 +60,10 @@ pub struct WatchRoutes {
 
 #[derive(Default)]
 struct Table {
-    /// Sessions watching one key, by key, with how many of their watchers do.
-    keys: HashMap<Vec<u8>, HashMap<u64, usize>>,
-    /// Sessions watching a range of keys, by range `(start, end)` (`end`
-    /// empty: every key from `start` on), with how many of their watchers do.
-    ranges: HashMap<(Vec<u8>, Vec<u8>), HashMap<u64, usize>>,
+    /// The sessions watching one key, by key.
+    keys: HashMap<Vec<u8>, HashSet<u64>>,
+    /// The sessions watching a range of keys, by range.
+    ranges: HashMap<KeyRange, HashSet<u64>>,
     inboxes: HashMap<u64, Arc<Queue>>,
 }
 
@@ -77,7 +76,7 @@ struct Queue {
 
 #[derive(Default)]
 struct Queued {
-    batches: VecDeque<(Arc<AppliedChanges>, usize)>,
+    batches: VecDeque<Arc<AppliedChanges>>,
     /// The bytes of the batches queued.
     bytes: usize,
     /// Batches were lost; every one through this revision that concerned
@@ -101,32 +100,10 @@ pub struct Taken {
     pub through: Revision,
 }
 
-/// An entry of the table: a single key, or a range `(start, end)` (`end`
-/// empty: every key from `start` on).
-#[derive(Clone, PartialEq, Eq, Hash)]
-enum Route {
-    Key(Vec<u8>),
-    Range(Vec<u8>, Vec<u8>),
-}
-
-impl Route {
-    fn of(range: &KeyRange) -> Route {
-        match range {
-            KeyRange::Single(key) => Route::Key(key.clone()),
-            KeyRange::Interval(start, end) => Route::Range(start.clone(), end.clone()),
-            KeyRange::From(start) => Route::Range(start.clone(), Vec::new()),
-        }
-    }
-}
-
 /// The bytes of a batch's changes, as an inbox counts them.
 fn weight(batch: &AppliedChanges) -> usize {
     let kv = |kv: &Option<Arc<crate::mvcc::KeyValue>>| kv.as_ref().map_or(0, |kv| kv.key.len() + kv.value.len());
     batch.changes.iter().map(|c| c.key.len() + kv(&c.kv) + kv(&c.prev) + 64).sum()
-}
-
-fn in_range((start, end): &(Vec<u8>, Vec<u8>), key: &[u8]) -> bool {
-    start.as_slice() <= key && (end.is_empty() || key < end.as_slice())
 }
 
 impl WatchRoutes {
@@ -135,7 +112,7 @@ impl WatchRoutes {
         let id = self.next_session.fetch_add(1, Ordering::Relaxed);
         let queue = Arc::new(Queue::default());
         self.table().inboxes.insert(id, queue.clone());
-        Inbox { routes: self.clone(), id, queue, routes_held: HashMap::new() }
+        Inbox { routes: self.clone(), id, queue, watched: HashMap::new() }
     }
 
     fn table(&self) -> std::sync::MutexGuard<'_, Table> {
@@ -151,21 +128,12 @@ impl WatchRoutes {
         if batch.resync {
             table.inboxes.values().for_each(|q| q.lose(before));
         } else if !table.inboxes.is_empty() {
-            // The entries matched, each once, then their sessions, each once.
-            let mut keys: Vec<&HashMap<u64, usize>> = Vec::new();
-            let mut ranges = vec![false; table.ranges.len()];
-            for change in &batch.changes {
-                if let Some(sessions) = table.keys.get(&change.key) {
-                    keys.push(sessions);
-                }
-                for (matched, (range, _)) in ranges.iter_mut().zip(&table.ranges) {
-                    *matched = *matched || in_range(range, &change.key);
-                }
-            }
-            keys.sort_unstable_by_key(|sessions| *sessions as *const _);
-            keys.dedup_by_key(|sessions| *sessions as *const _);
-            let ranges = ranges.iter().zip(table.ranges.values()).filter(|(m, _)| **m).map(|(_, s)| s);
-            let mut concerned: Vec<u64> = keys.into_iter().chain(ranges).flat_map(|s| s.keys().copied()).collect();
+            // The sessions of the entries matched (a range is tested until a
+            // changed key is in it), each once.
+            let changed = || batch.changes.iter().map(|c| c.key.as_slice());
+            let of_keys = changed().filter_map(|key| table.keys.get(key));
+            let of_ranges = table.ranges.iter().filter(|(range, _)| changed().any(|key| range.contains(key)));
+            let mut concerned: Vec<u64> = of_keys.chain(of_ranges.map(|(_, s)| s)).flatten().copied().collect();
             concerned.sort_unstable();
             concerned.dedup();
             if !concerned.is_empty() {
@@ -189,7 +157,7 @@ impl Queue {
         if queued.lost_after.is_none() {
             if queued.batches.len() < INBOX_CAPACITY && queued.bytes + weight <= INBOX_BYTES {
                 queued.bytes += weight;
-                queued.batches.push_back((batch, weight));
+                queued.batches.push_back(batch);
             } else {
                 queued.lose(before);
             }
@@ -212,7 +180,7 @@ impl Queued {
     /// batch that could not be queued) if none was queued.
     fn lose(&mut self, before: Revision) {
         let first = |b: &AppliedChanges| b.changes.first().map_or(b.revision, |c| c.revision);
-        let from = self.batches.front().map_or(before, |(b, _)| first(b) - 1);
+        let from = self.batches.front().map_or(before, |b| first(b) - 1);
         self.lost_after = Some(self.lost_after.map_or(from, |earlier| earlier.min(from)));
         self.batches.clear();
         self.bytes = 0;
@@ -225,29 +193,41 @@ pub struct Inbox {
     routes: Arc<WatchRoutes>,
     id: u64,
     queue: Arc<Queue>,
-    /// The entries this session is in, with how many of its watchers each.
-    routes_held: HashMap<Route, usize>,
+    /// The ranges this session's watchers watch, with how many watch each:
+    /// the session is in a range's entry of the table while its count is
+    /// above zero.
+    watched: HashMap<KeyRange, usize>,
 }
 
 impl Table {
-    /// The sessions of `route`'s entry.
-    fn entry(&mut self, route: &Route) -> &mut HashMap<u64, usize> {
-        match route {
-            Route::Key(key) => self.keys.entry(key.clone()).or_default(),
-            Route::Range(start, end) => self.ranges.entry((start.clone(), end.clone())).or_default(),
-        }
+    /// Put session `id` in `range`'s entry.
+    fn join(&mut self, range: &KeyRange, id: u64) {
+        match range {
+            KeyRange::Single(key) => self.keys.entry(key.clone()).or_default().insert(id),
+            _ => self.ranges.entry(range.clone()).or_default().insert(id),
+        };
     }
 
-    /// Take session `id` out of `route`'s entry, and the entry out of the
+    /// Take session `id` out of `range`'s entry, and the entry out of the
     /// table once no session is in it.
-    fn leave(&mut self, route: &Route, id: u64) {
-        let sessions = self.entry(route);
-        sessions.remove(&id);
-        if sessions.is_empty() {
-            match route {
-                Route::Key(key) => self.keys.remove(key),
-                Route::Range(start, end) => self.ranges.remove(&(start.clone(), end.clone())),
-            };
+    fn leave(&mut self, range: &KeyRange, id: u64) {
+        match range {
+            KeyRange::Single(key) => {
+                if let Some(sessions) = self.keys.get_mut(key) {
+                    sessions.remove(&id);
+                    if sessions.is_empty() {
+                        self.keys.remove(key);
+                    }
+                }
+            }
+            _ => {
+                if let Some(sessions) = self.ranges.get_mut(range) {
+                    sessions.remove(&id);
+                    if sessions.is_empty() {
+                        self.ranges.remove(range);
+                    }
+                }
+            }
         }
     }
 }
@@ -256,24 +236,20 @@ impl Inbox {
     /// One more watcher of this session watches `range`: batches that
     /// change a key in it are queued from now on.
     pub fn watch(&mut self, range: &KeyRange) {
-        let route = Route::of(range);
-        let mut table = self.routes.table();
-        *table.entry(&route).entry(self.id).or_default() += 1;
-        drop(table);
-        *self.routes_held.entry(route).or_default() += 1;
+        let count = self.watched.entry(range.clone()).or_default();
+        *count += 1;
+        if *count == 1 {
+            self.routes.table().join(range, self.id);
+        }
     }
 
     /// One watcher of this session no longer watches `range`.
     pub fn unwatch(&mut self, range: &KeyRange) {
-        let route = Route::of(range);
-        let Some(held) = self.routes_held.get_mut(&route) else { return };
-        *held -= 1;
-        let mut table = self.routes.table();
-        if *held == 0 {
-            self.routes_held.remove(&route);
-            table.leave(&route, self.id);
-        } else if let Some(count) = table.entry(&route).get_mut(&self.id) {
-            *count -= 1;
+        let Some(count) = self.watched.get_mut(range) else { return };
+        *count -= 1;
+        if *count == 0 {
+            self.watched.remove(range);
+            self.routes.table().leave(range, self.id);
         }
     }
 
@@ -290,11 +266,12 @@ impl Inbox {
         let through = self.routes.routed_through.load(Ordering::Acquire);
         let mut queued = self.queue.batches.lock().expect("watch inbox lock poisoned");
         let lost_after = queued.lost_after.take();
-        let batches: Vec<_> = queued.batches.drain(..).map(|(b, _)| b).collect();
+        // Nothing is queued while batches are lost (see `Queue::push`).
+        let batches: Vec<_> = queued.batches.drain(..).collect();
         queued.bytes = 0;
         drop(queued);
         let through = batches.last().map_or(through, |b| b.revision.max(through));
-        Taken { batches: if lost_after.is_some() { Vec::new() } else { batches }, lost_after, through }
+        Taken { batches, lost_after, through }
     }
 }
 
@@ -302,8 +279,8 @@ impl Drop for Inbox {
     fn drop(&mut self) {
         let mut table = self.routes.table();
         table.inboxes.remove(&self.id);
-        for route in self.routes_held.keys() {
-            table.leave(route, self.id);
+        for range in self.watched.keys() {
+            table.leave(range, self.id);
         }
     }
 }

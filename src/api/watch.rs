@@ -21,7 +21,7 @@
 //! does not read, the session waits on the outbox and falls behind. The
 //! routes never wait for it (an inbox is bounded); once the session has
 //! lost batches it catches every watcher up from MVCC history, a bounded
-//! number of revisions at a time, then follows its inbox again. So a
+//! number of bytes at a time, then follows its inbox again. So a
 //! stalled watcher holds at most the outbox, its inbox and one catch-up
 //! chunk in memory, and never slows apply or other watchers.
 //!

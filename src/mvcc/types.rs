@@ -33,7 +33,7 @@ pub struct KeyValue {
 
 /// Which keys a request names: one key, a half-open interval, or every key from
 /// `key` on. Built from etcd's `(key, range_end)` pair by [`KeyRange::new`].
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum KeyRange {
     Single(Vec<u8>),
     /// `[start, end)`; empty when `end <= start`.
