@@ -8,13 +8,14 @@
 //! The change feed is a bounded broadcast: apply never waits for a follower
 //! of it. A follower that falls more than [`CHANGE_FEED_CAPACITY`] apply
 //! calls behind misses messages, notices (the receiver reports the lag), and
-//! looks at the store instead. Every follower of the feed (a semaphore
-//! waiter, an election's observer, a read waiting for a revision) is woken
-//! by every apply call, so the many waiters that wait for particular keys
-//! do not follow it: a watch session is handed only the batches that change
-//! a key its watchers watch (`crate::watch_routes`), and a lock waiter waits
-//! for the deletion of the key ahead of it ([`DeletionWait`]), woken only
-//! when apply deletes that key.
+//! looks at the store instead. Every follower of the feed (a read waiting
+//! for a revision, for as long as that takes) is woken by every apply call,
+//! so the many waiters that wait for particular keys do not follow it: a
+//! watch session is handed only the batches that change a key its watchers
+//! watch (`crate::watch_routes`), and so are a semaphore waiter and an
+//! election's observer, for the keys under their name ([`AppliedState::follow`]);
+//! a lock waiter waits for the deletion of the key ahead of it
+//! ([`DeletionWait`]), woken only when apply deletes that key.
 //!
 //! Lock order: `mvcc` before `leases` before `members` before `auth` before `alarms`. All are std `RwLock`s, not tokio's:
 //! they are never held across an `.await`, and a read holds one only while it
@@ -34,7 +35,7 @@ use serde::{Deserialize, Serialize};
 use crate::alarm::Alarms;
 use crate::auth::{AuthStore, Tokens};
 use crate::lease::LeaseTable;
-use crate::mvcc::{Change, MvccStore, Revision};
+use crate::mvcc::{Change, KeyRange, MvccStore, Revision};
 use crate::watch_routes::{Inbox, WatchRoutes};
 
 /// What a lease counts as in the state's size (etcd's lease overhead).
@@ -186,6 +187,17 @@ impl AppliedState {
     /// Open a watch session's inbox (see `crate::watch_routes`).
     pub fn open_watch_inbox(&self) -> Inbox {
         self.watch_routes.open()
+    }
+
+    /// An inbox handed the batches that change a key in `range`, from now
+    /// on: what a waiter for particular keys follows (a semaphore waiter,
+    /// an election's observer). Open it before looking at the keys in the
+    /// store: a change applied after the look is then sure to be queued,
+    /// and one applied before it shows in the look.
+    pub fn follow(&self, range: &KeyRange) -> Inbox {
+        let mut inbox = self.watch_routes.open();
+        inbox.watch(range);
+        inbox
     }
 
     /// Wait for the deletion of any of `keys` by an apply call after this

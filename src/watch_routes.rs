@@ -3,11 +3,14 @@
 //! watchers watches.
 //!
 //! A watch session registers each watcher's key range here
-//! ([`Inbox::watch`]). [`WatchRoutes::route`] (called by apply, once the
+//! ([`Inbox::watch`]). Other waiters for particular keys (a semaphore
+//! waiter, an election's observer: `AppliedState::follow`) are sessions of
+//! one range each. [`WatchRoutes::route`] (called by apply, once the
 //! stores hold a batch) looks up each changed key among the single keys
-//! watched (one hash lookup) and tests it against each distinct range
-//! watched, queues the batch once in the inbox of every session that has a
-//! match, wakes those sessions, and only then records the batch's revision
+//! watched (one hash lookup) and its prefixes among the prefixes watched
+//! (etcd's `--prefix` ranges: one hash lookup per distinct length of a
+//! prefix watched), tests it against each other distinct range watched,
+//! queues the batch once in the inbox of every session that has a match, wakes those sessions, and only then records the batch's revision
 //! as routed. A session that takes its inbox ([`Inbox::take`]) reads that
 //! revision *before* it drains: every batch up to it that concerns the
 //! session is then in what it drained, and its watchers have missed nothing
@@ -27,13 +30,17 @@
 //! history, as it would after any lag. Apply never waits for a session.
 //! Batches are shared: the sessions a batch concerns hold one copy of it.
 //!
-//! Cost, in apply, with the table's lock held: a hash lookup per changed key,
-//! a test per changed key and distinct watched range until one is in it
-//! (sessions watching the same range share one entry, the project's
-//! `KeyRange`), and the sessions of each matched entry, deduplicated once
-//! per batch. Nothing is spent on a batch while no session is open.
+//! Cost, in apply, with the table's lock held: per changed key, a hash
+//! lookup, and one per distinct length of the prefixes watched (so a
+//! thousand elections observed, or semaphores waited on, cost a few lookups,
+//! not a thousand tests); a test per changed key and distinct other range
+//! until one is in it (sessions watching the same range share one entry, the
+//! project's `KeyRange`); and the sessions of each matched entry,
+//! deduplicated once per batch. Nothing is spent on a batch while no session
+//! is open. Caveat: ranges that are not prefixes are still tested one by one
+//! (etcd keeps them in an interval tree).
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -62,7 +69,12 @@ pub struct WatchRoutes {
 struct Table {
     /// The sessions watching one key, by key.
     keys: HashMap<Vec<u8>, HashSet<u64>>,
-    /// The sessions watching a range of keys, by range.
+    /// The sessions watching every key with a prefix, by prefix.
+    prefixes: HashMap<Vec<u8>, HashSet<u64>>,
+    /// How many prefixes in `prefixes` have each length: the lengths a
+    /// changed key's prefixes are looked up at.
+    prefix_lengths: BTreeMap<usize, usize>,
+    /// The sessions watching any other range of keys, by range.
     ranges: HashMap<KeyRange, HashSet<u64>>,
     inboxes: HashMap<u64, Arc<Queue>>,
 }
@@ -132,8 +144,13 @@ impl WatchRoutes {
             // changed key is in it), each once.
             let changed = || batch.changes.iter().map(|c| c.key.as_slice());
             let of_keys = changed().filter_map(|key| table.keys.get(key));
+            let of_prefixes = changed().flat_map(|key| {
+                let lengths = table.prefix_lengths.range(..=key.len()).map(|(&len, _)| len);
+                lengths.filter_map(|len| table.prefixes.get(&key[..len]))
+            });
             let of_ranges = table.ranges.iter().filter(|(range, _)| changed().any(|key| range.contains(key)));
-            let mut concerned: Vec<u64> = of_keys.chain(of_ranges.map(|(_, s)| s)).flatten().copied().collect();
+            let of_ranges = of_ranges.map(|(_, sessions)| sessions);
+            let mut concerned: Vec<u64> = of_keys.chain(of_prefixes).chain(of_ranges).flatten().copied().collect();
             concerned.sort_unstable();
             concerned.dedup();
             if !concerned.is_empty() {
@@ -202,6 +219,14 @@ pub struct Inbox {
 impl Table {
     /// Put session `id` in `range`'s entry.
     fn join(&mut self, range: &KeyRange, id: u64) {
+        if let Some(prefix) = range.prefix() {
+            let sessions = self.prefixes.entry(prefix.to_vec()).or_default();
+            if sessions.is_empty() {
+                *self.prefix_lengths.entry(prefix.len()).or_default() += 1;
+            }
+            sessions.insert(id);
+            return;
+        }
         match range {
             KeyRange::Single(key) => self.keys.entry(key.clone()).or_default().insert(id),
             _ => self.ranges.entry(range.clone()).or_default().insert(id),
@@ -211,24 +236,33 @@ impl Table {
     /// Take session `id` out of `range`'s entry, and the entry out of the
     /// table once no session is in it.
     fn leave(&mut self, range: &KeyRange, id: u64) {
-        match range {
-            KeyRange::Single(key) => {
-                if let Some(sessions) = self.keys.get_mut(key) {
-                    sessions.remove(&id);
-                    if sessions.is_empty() {
-                        self.keys.remove(key);
-                    }
-                }
+        fn leave_entry<K: std::hash::Hash + Eq + ?Sized>(
+            entries: &mut HashMap<impl std::borrow::Borrow<K> + std::hash::Hash + Eq, HashSet<u64>>,
+            key: &K,
+            id: u64,
+        ) -> bool {
+            let Some(sessions) = entries.get_mut(key) else { return false };
+            sessions.remove(&id);
+            let emptied = sessions.is_empty();
+            if emptied {
+                entries.remove(key);
             }
-            _ => {
-                if let Some(sessions) = self.ranges.get_mut(range) {
-                    sessions.remove(&id);
-                    if sessions.is_empty() {
-                        self.ranges.remove(range);
-                    }
-                }
-            }
+            emptied
         }
+        if let Some(prefix) = range.prefix() {
+            if leave_entry(&mut self.prefixes, prefix, id) {
+                let count = self.prefix_lengths.get_mut(&prefix.len()).expect("every prefix's length is counted");
+                *count -= 1;
+                if *count == 0 {
+                    self.prefix_lengths.remove(&prefix.len());
+                }
+            }
+            return;
+        }
+        match range {
+            KeyRange::Single(key) => leave_entry(&mut self.keys, key.as_slice(), id),
+            _ => leave_entry(&mut self.ranges, range, id),
+        };
     }
 }
 
@@ -362,6 +396,38 @@ mod tests {
         drop(inbox);
         let table = routes.table();
         assert!(table.keys.is_empty() && table.ranges.is_empty() && table.inboxes.is_empty());
+    }
+
+    /// Prefix ranges (etcd's `--prefix`) are found by their prefix, nested
+    /// ones included, and only they are: a range that merely starts at a
+    /// prefix is tested as a range. The lengths looked up go with the last
+    /// prefix of each length.
+    #[tokio::test]
+    async fn prefix_ranges_are_found_by_the_changed_keys_prefixes() {
+        use crate::mvcc::prefix_end;
+        let routes = Arc::new(WatchRoutes::default());
+        let prefix = |p: &[u8]| KeyRange::new(p, &prefix_end(p));
+        let mut outer = routes.open();
+        outer.watch(&prefix(b"el/"));
+        let mut inner = routes.open();
+        inner.watch(&prefix(b"el/a/"));
+        inner.watch(&KeyRange::new(b"y", b"\0"));
+        let mut interval = routes.open();
+        interval.watch(&KeyRange::new(b"el/", b"el/b"));
+        assert_eq!(routes.table().prefix_lengths, BTreeMap::from([(3, 1), (5, 1)]));
+        assert_eq!(routes.table().ranges.len(), 2, "a range to the end and an interval that is no prefix");
+        routes.route(&batch(2, &["el/a/1"]));
+        routes.route(&batch(3, &["el/b"]));
+        routes.route(&batch(4, &["elz", "el", "e"]));
+        routes.route(&batch(5, &["yy"]));
+        assert_eq!(revisions(&outer.take()), vec![2, 3]);
+        assert_eq!(revisions(&inner.take()), vec![2, 5]);
+        assert_eq!(revisions(&interval.take()), vec![2]);
+        drop(outer);
+        assert_eq!(routes.table().prefix_lengths, BTreeMap::from([(5, 1)]));
+        drop(inner);
+        let table = routes.table();
+        assert!(table.prefixes.is_empty() && table.prefix_lengths.is_empty());
     }
 
     /// An inbox that overflows (in batches or in bytes), or a replaced

@@ -182,6 +182,12 @@ async fn a_semaphore_admits_n_holders_then_serves_waiters_in_order() {
     assert!(guards.remove(1).release().await.unwrap());
     let fourth = tokio::time::timeout(Duration::from_secs(5), waiting.remove(0)).await.unwrap().unwrap();
     assert_eq!(fourth.key(), format!("gpu/{:x}", sessions[3].lease()).as_bytes());
+    // Deletions beside the semaphore's keys (a name that shares its first
+    // letters, the bare name, another semaphore's key) free no permit.
+    for key in ["gpux/1", "gpu", "cpu/1"] {
+        kv.put(key, "x", None).await.unwrap();
+        kv.delete(key, None).await.unwrap();
+    }
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!waiting[0].is_finished(), "only one permit came free");
     let d = describe(&c, "gpu", 3).await;

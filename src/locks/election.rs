@@ -5,8 +5,8 @@
 
 use std::sync::Arc;
 
-use super::{enqueue_guarded, queue_prefix, wait_for_turn, Mode, Place, RecipeError};
-use crate::mvcc::{KeyValue, PutRequest, RequestOp, TxnRequest};
+use super::{enqueue_guarded, prefix_end, queue_prefix, wait_for_turn, Mode, Place, RecipeError};
+use crate::mvcc::{KeyRange, KeyValue, PutRequest, RequestOp, TxnRequest};
 use crate::server::Node;
 
 /// Who leads: the election's name, the leader's key, its create_revision and lease.
@@ -76,6 +76,7 @@ fn first_created(node: &Node, name: &[u8]) -> Result<Option<KeyValue>, RecipeErr
 
 /// Follow the leadership of `name`: each time it changes (a new leader, or a
 /// new value) the leader, mapped by `make`, goes to `out`; ends when `out` closes.
+/// Woken only by changes under the election's prefix (`AppliedState::follow`).
 pub async fn observe<T: Send>(
     node: &Node,
     name: &[u8],
@@ -83,11 +84,14 @@ pub async fn observe<T: Send>(
     mut make: impl FnMut(KeyValue) -> T + Send,
 ) -> Result<(), RecipeError> {
     let p = queue_prefix(name);
-    let mut feed = node.state().subscribe();
+    // Follow the election's keys before reading them (see `AppliedState::follow`).
+    let inbox = node.state().follow(&KeyRange::new(&p, &prefix_end(&p)));
     node.read_barrier().await?;
     let mut last: Option<KeyValue> = None;
     let mut stopping = node.stopping();
     loop {
+        // What is queued now shows in the look that follows.
+        inbox.take();
         let current = first_created(node, name)?;
         if let Some(kv) = &current {
             if last.as_ref() != Some(kv) {
@@ -97,15 +101,21 @@ pub async fn observe<T: Send>(
                 last = current;
             }
         }
-        // Wait for any change under the election's prefix.
+        // Wait for a change under the election's prefix, or for word that
+        // changes were lost (the store was replaced, or the inbox overflowed):
+        // either way, look at the store again. A wake kept from before the
+        // last look, with nothing queued, is not a change.
         loop {
             tokio::select! {
-                batch = feed.recv() => match batch {
-                    Ok(b) if b.changes.iter().any(|c| c.key.starts_with(&p)) => break,
-                    Ok(_) => {}
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => break,
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return Ok(()),
-                },
+                _ = inbox.ready() => {
+                    let taken = inbox.take();
+                    if !taken.batches.is_empty() || taken.lost_after.is_some() {
+                        break;
+                    }
+                }
+                // The observer went away: stop following (a quiet election
+                // would otherwise keep its inbox until the next change).
+                _ = out.closed() => return Ok(()),
                 _ = stopping.stopped() => return Ok(()),
             }
         }

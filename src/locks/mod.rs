@@ -16,9 +16,10 @@
 //! for that key alone: a release wakes only the waiters whose turn it may
 //! bring (the one queued behind it; behind a writer, the readers that waited
 //! for it), and other writes wake no waiter (no thundering herd). A
-//! semaphore waiter (more permits) follows the node's feed of applied
-//! changes and counts down the deletions of keys ahead of it, looking at the
-//! store again only when its turn has come. Before it
+//! semaphore waiter (more permits) is handed the applied changes under its
+//! name's prefix (`AppliedState::follow`; other writes wake it not) and
+//! counts down the deletions of keys ahead of it, looking at the store
+//! again only when its turn has come. Before it
 //! answers, a waiter checks that its own key still exists in the committed
 //! state in which its turn came: if its lease ended while it waited, it gets
 //! an error, not the lock (etcd issue 11456). A waiter that gives up, times
@@ -53,13 +54,14 @@ pub mod stats;
 use std::sync::Arc;
 use std::time::Instant;
 
-use tokio::sync::broadcast;
-
 use crate::mvcc::{
-    Compare, CompareResult, CompareTarget, DeleteRangeRequest, KeyValue, MvccError, PutRequest, RangeRequest,
+    Compare, CompareResult, CompareTarget, DeleteRangeRequest, KeyRange, KeyValue, MvccError, PutRequest, RangeRequest,
     RequestOp, ResponseOp, SortOrder, SortTarget, TxnRequest,
 };
 use crate::server::{Node, ServerError, WriteError};
+
+/// Re-exported where lock names meet key ranges.
+pub use crate::mvcc::prefix_end;
 
 /// Why a lock or election request failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -210,18 +212,6 @@ pub fn holders_and_waiters(prefix: &[u8], queue: Vec<KeyValue>, permits: usize) 
         }
     }
     (holders, waiters)
-}
-
-/// The end of the prefix range `prefix..`: etcd's `GetPrefixRangeEnd`.
-pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
-    let mut end = prefix.to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            return end;
-        }
-    }
-    vec![0]
 }
 
 /// A place in a lock's queue, as the txn that took it left things.
@@ -474,10 +464,11 @@ async fn wait_for_the_last_key_ahead(
     }
 }
 
-/// [`wait_for_turn`] with more than one permit: follow the feed of applied
-/// changes and count down the deletions of keys ahead (any of them may be the
-/// one that lets us in), looking at the store again only when the count
-/// says the turn has come. Every applied change wakes such a waiter.
+/// [`wait_for_turn`] with more than one permit: follow the applied changes
+/// under `prefix` ([`crate::applied::AppliedState::follow`]) and count down
+/// the deletions of keys ahead (any of them may be the one that lets us in),
+/// looking at the store again only when the count says the turn has come, or
+/// when changes were lost. Only a change under the prefix wakes such a waiter.
 async fn count_down_the_keys_ahead(
     node: &Node,
     prefix: &[u8],
@@ -488,9 +479,11 @@ async fn count_down_the_keys_ahead(
 ) -> Result<KeyValue, RecipeError> {
     let waits_for = |key: &[u8]| waits_for(mode, classify(prefix, key));
     let mut stopping = node.stopping();
-    loop {
-        // Follow the feed before reading, so that no deletion slips between.
-        let mut feed = node.state().subscribe();
+    // Follow the keys before reading them, so that no deletion slips between.
+    let inbox = node.state().follow(&KeyRange::new(prefix, &prefix_end(prefix)));
+    'count: loop {
+        // What is queued now shows in the look that follows.
+        inbox.take();
         let (own, ahead, read_at) = standing(node, &mine.key, mine.create_revision, prefix, mode)?;
         let current = match own {
             Some(kv) if kv.create_revision == mine.create_revision => kv,
@@ -501,28 +494,30 @@ async fn count_down_the_keys_ahead(
             return Ok(current);
         }
         while ahead >= permits {
-            let batch = tokio::select! {
-                batch = feed.recv() => batch,
+            tokio::select! {
+                _ = inbox.ready() => {}
                 _ = stopping.stopped() => return Err(ServerError::Stopped.into()),
                 _ = until(deadline) => return Err(RecipeError::TimedOut),
-            };
-            let batch = match batch {
-                Ok(batch) => batch,
+            }
+            let taken = inbox.take();
+            if taken.lost_after.is_some() {
                 // Missed changes (or a snapshot replaced the store): count again.
-                Err(broadcast::error::RecvError::Lagged(_)) => break,
-                Err(broadcast::error::RecvError::Closed) => return Err(ServerError::Stopped.into()),
-            };
+                continue 'count;
+            }
             // Changes up to `read_at` are already in the count.
-            for c in batch.changes.iter().filter(|c| c.kv.is_none() && c.revision > read_at) {
-                if c.key == mine.key {
-                    return Err(RecipeError::SessionExpired);
-                }
-                let was_ahead = c.prev.as_ref().is_some_and(|p| p.create_revision < mine.create_revision);
-                if was_ahead && c.key.starts_with(prefix) && waits_for(&c.key) {
-                    ahead -= 1;
+            for batch in &taken.batches {
+                for c in batch.changes.iter().filter(|c| c.kv.is_none() && c.revision > read_at) {
+                    if c.key == mine.key {
+                        return Err(RecipeError::SessionExpired);
+                    }
+                    let was_ahead = c.prev.as_ref().is_some_and(|p| p.create_revision < mine.create_revision);
+                    if was_ahead && c.key.starts_with(prefix) && waits_for(&c.key) {
+                        ahead = ahead.saturating_sub(1);
+                    }
                 }
             }
         }
+        // The count says the turn has come: the look that follows confirms it.
     }
 }
 

@@ -31,6 +31,18 @@ pub struct KeyValue {
     pub lease: i64,
 }
 
+/// The end of the prefix range `prefix..`: etcd's `GetPrefixRangeEnd`.
+pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
 /// Which keys a request names: one key, a half-open interval, or every key from
 /// `key` on. Built from etcd's `(key, range_end)` pair by [`KeyRange::new`].
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -60,6 +72,15 @@ impl KeyRange {
             KeyRange::Single(key) => key.as_slice() == k,
             KeyRange::Interval(start, end) => start.as_slice() <= k && k < end.as_slice(),
             KeyRange::From(start) => start.as_slice() <= k,
+        }
+    }
+
+    /// The bytes every key of this range starts with, when the range is
+    /// exactly the keys that do (`[p, prefix_end(p))`: etcd's `--prefix`).
+    pub fn prefix(&self) -> Option<&[u8]> {
+        match self {
+            KeyRange::Interval(start, end) if *end == prefix_end(start) => Some(start),
+            _ => None,
         }
     }
 
