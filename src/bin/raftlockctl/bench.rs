@@ -110,6 +110,12 @@ pub struct BenchArgs {
     /// watchers cost the requests.
     #[arg(long, default_value_t = 0)]
     pub idle_watchers: usize,
+    /// Election observers (v3election Observe streams) held open through the
+    /// run, each on an election of its own that the run never joins, spread
+    /// over the endpoints (as many clients each following a leader would be):
+    /// what idle observers cost the requests.
+    #[arg(long, default_value_t = 0)]
+    pub idle_observers: usize,
     /// The servers' process IDs, when they run on this machine: their CPU
     /// time (from /proc) over the measured run is reported per request.
     #[arg(long, value_delimiter = ',')]
@@ -360,6 +366,7 @@ pub async fn run(
         }
     }
     let _watchers = idle_watchers(endpoints, tls, &token, args.idle_watchers).await?;
+    let _observers = idle_observers(endpoints, tls, &token, args.idle_observers).await?;
     let start = Instant::now();
     let cpu_at_start = CpuUsed::now(&args.server_pids);
     for (c, mut driver) in drivers.into_iter().enumerate() {
@@ -451,6 +458,51 @@ async fn idle_watchers(
         watches.push((tx, stream));
     }
     Ok(watches)
+}
+
+/// Election observers opened by [`idle_observers`]: each the task that holds
+/// its call (aborted when the run ends).
+struct IdleObservers(Vec<tokio::task::JoinHandle<()>>);
+
+impl Drop for IdleObservers {
+    fn drop(&mut self) {
+        self.0.iter().for_each(tokio::task::JoinHandle::abort);
+    }
+}
+
+/// Open `n` election observers (see [`BenchArgs::idle_observers`]), at most
+/// 100 on one connection, the connections round-robin over `endpoints`. An
+/// election without a leader answers nothing (etcd sends not even the
+/// response's headers), so each call is held by a task of its own, and the
+/// servers are given a moment to take them all in.
+async fn idle_observers(
+    endpoints: &[String],
+    tls: Option<&ClientTls>,
+    token: &TokenInterceptor,
+    n: usize,
+) -> anyhow::Result<IdleObservers> {
+    use raftlock::proto::v3electionpb::{election_client::ElectionClient, LeaderRequest};
+    const STREAMS_PER_CONNECTION: usize = 100;
+    let mut observers = Vec::with_capacity(n);
+    for i in 0..n.div_ceil(STREAMS_PER_CONNECTION) {
+        let url = &endpoints[i % endpoints.len()];
+        let channel =
+            raftlock::client::endpoint(url, tls)?.connect().await.with_context(|| format!("connecting to {url}"))?;
+        let client = ElectionClient::new(InterceptedService::new(channel, token.clone()));
+        for j in i * STREAMS_PER_CONNECTION..n.min((i + 1) * STREAMS_PER_CONNECTION) {
+            let (mut client, name) = (client.clone(), format!("bench-observe/{j}").into_bytes());
+            observers.push(tokio::spawn(async move {
+                if let Ok(stream) = client.observe(LeaderRequest { name }).await {
+                    let mut stream = stream.into_inner();
+                    while let Ok(Some(_)) = stream.message().await {}
+                }
+            }));
+        }
+    }
+    if n > 0 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    Ok(IdleObservers(observers))
 }
 
 /// Read history back through one watch (see [`Workload::WatchHistory`]).
