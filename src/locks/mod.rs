@@ -401,7 +401,7 @@ fn standing(
 /// reading is true at that revision; later keys are created behind `mine`),
 /// and waits for deletions: with one permit, of the last key ahead
 /// ([`wait_for_the_last_key_ahead`]); with more, of any key ahead, counted
-/// down from the feed ([`count_down_the_keys_ahead`]). Either way it looks at
+/// down from the changes under the prefix ([`count_down_the_keys_ahead`]). Either way it looks at
 /// the store again only when the turn may have come, and that look is the
 /// re-check: our key (hence our lease) is alive in the committed state in
 /// which nobody is ahead of us any more.

@@ -182,6 +182,20 @@ fn key_ranges_overlap() {
     assert!(!KeyRange::new(b"b", b"").overlaps(&KeyRange::new(b"ba", b"")));
 }
 
+/// A range is a prefix exactly when it holds the keys that start with its
+/// start: ends of 0xff bytes carried over, and never an end of "\0".
+#[test]
+fn a_range_is_a_prefix_only_when_it_holds_exactly_the_keys_with_it() {
+    let prefix_of = |start: &[u8], end: &[u8]| KeyRange::new(start, end).prefix().map(<[u8]>::to_vec);
+    assert_eq!(prefix_of(b"el/", b"el0"), Some(b"el/".to_vec()));
+    assert_eq!(prefix_of(b"a\xff", b"b"), Some(b"a\xff".to_vec()));
+    assert_eq!(prefix_of(b"el/", b"el/b"), None);
+    assert_eq!(prefix_of(b"el/", b""), None);
+    assert_eq!(prefix_of(b"\xff", &[0]), None);
+    assert_eq!(KeyRange::Interval(vec![0xff], vec![0]).prefix(), None);
+    assert_eq!(KeyRange::Interval(vec![], vec![0]).prefix(), None);
+}
+
 #[test]
 fn a_long_history_reads_right_at_every_revision() {
     let mut s = MvccStore::default();

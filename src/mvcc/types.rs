@@ -77,9 +77,12 @@ impl KeyRange {
 
     /// The bytes every key of this range starts with, when the range is
     /// exactly the keys that do (`[p, prefix_end(p))`: etcd's `--prefix`).
+    /// Not for an end of `"\0"`: `prefix_end` of an empty or all-0xff `p`,
+    /// where the interval is not those keys (`KeyRange::new` makes such a
+    /// pair `From`).
     pub fn prefix(&self) -> Option<&[u8]> {
         match self {
-            KeyRange::Interval(start, end) if *end == prefix_end(start) => Some(start),
+            KeyRange::Interval(start, end) if *end != [0] && *end == prefix_end(start) => Some(start),
             _ => None,
         }
     }

@@ -462,7 +462,7 @@ async fn idle_watchers(
 
 /// Election observers opened by [`idle_observers`]: each the task that holds
 /// its call (aborted when the run ends).
-struct IdleObservers(Vec<tokio::task::JoinHandle<()>>);
+struct IdleObservers(Vec<tokio::task::JoinHandle<Result<(), tonic::Status>>>);
 
 impl Drop for IdleObservers {
     fn drop(&mut self) {
@@ -474,7 +474,8 @@ impl Drop for IdleObservers {
 /// 100 on one connection, the connections round-robin over `endpoints`. An
 /// election without a leader answers nothing (etcd sends not even the
 /// response's headers), so each call is held by a task of its own, and the
-/// servers are given a moment to take them all in.
+/// servers are given a moment to take them all in; an observer refused or
+/// ended by then fails the run.
 async fn idle_observers(
     endpoints: &[String],
     tls: Option<&ClientTls>,
@@ -492,17 +493,21 @@ async fn idle_observers(
         for j in i * STREAMS_PER_CONNECTION..n.min((i + 1) * STREAMS_PER_CONNECTION) {
             let (mut client, name) = (client.clone(), format!("bench-observe/{j}").into_bytes());
             observers.push(tokio::spawn(async move {
-                if let Ok(stream) = client.observe(LeaderRequest { name }).await {
-                    let mut stream = stream.into_inner();
-                    while let Ok(Some(_)) = stream.message().await {}
-                }
+                let mut stream = client.observe(LeaderRequest { name }).await?.into_inner();
+                while stream.message().await?.is_some() {}
+                Err(tonic::Status::aborted("the observe stream ended"))
             }));
         }
     }
     if n > 0 {
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    Ok(IdleObservers(observers))
+    let mut observers = IdleObservers(observers);
+    if let Some(ended) = observers.0.iter().position(tokio::task::JoinHandle::is_finished) {
+        let outcome = observers.0.swap_remove(ended).await?;
+        anyhow::bail!("an idle observer ended before the run: {outcome:?}");
+    }
+    Ok(observers)
 }
 
 /// Read history back through one watch (see [`Workload::WatchHistory`]).
