@@ -10,8 +10,9 @@
 //! watched (one hash lookup) and its prefixes among the prefixes watched
 //! (etcd's `--prefix` ranges: one hash lookup per distinct length of a
 //! prefix watched), tests it against each other distinct range watched,
-//! queues the batch once in the inbox of every session that has a match, wakes those sessions, and only then records the batch's revision
-//! as routed. A session that takes its inbox ([`Inbox::take`]) reads that
+//! queues the batch once in the inbox of every session that has a match,
+//! wakes those sessions, and only then records the batch's revision as
+//! routed. A session that takes its inbox ([`Inbox::take`]) reads that
 //! revision *before* it drains: every batch up to it that concerns the
 //! session is then in what it drained, and its watchers have missed nothing
 //! up to that revision, whether or not they were woken for it (a watcher's
@@ -404,9 +405,8 @@ mod tests {
     /// prefix of each length.
     #[tokio::test]
     async fn prefix_ranges_are_found_by_the_changed_keys_prefixes() {
-        use crate::mvcc::prefix_end;
         let routes = Arc::new(WatchRoutes::default());
-        let prefix = |p: &[u8]| KeyRange::new(p, &prefix_end(p));
+        let prefix = KeyRange::with_prefix;
         let mut outer = routes.open();
         outer.watch(&prefix(b"el/"));
         let mut inner = routes.open();

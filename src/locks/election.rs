@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use super::{enqueue_guarded, prefix_end, queue_prefix, wait_for_turn, Mode, Place, RecipeError};
+use super::{enqueue_guarded, queue_prefix, wait_for_turn, Mode, Place, RecipeError};
 use crate::mvcc::{KeyRange, KeyValue, PutRequest, RequestOp, TxnRequest};
 use crate::server::Node;
 
@@ -85,7 +85,7 @@ pub async fn observe<T: Send>(
 ) -> Result<(), RecipeError> {
     let p = queue_prefix(name);
     // Follow the election's keys before reading them (see `AppliedState::follow`).
-    let inbox = node.state().follow(&KeyRange::new(&p, &prefix_end(&p)));
+    let inbox = node.state().follow(&KeyRange::with_prefix(&p));
     node.read_barrier().await?;
     let mut last: Option<KeyValue> = None;
     let mut stopping = node.stopping();

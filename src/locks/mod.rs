@@ -480,7 +480,7 @@ async fn count_down_the_keys_ahead(
     let waits_for = |key: &[u8]| waits_for(mode, classify(prefix, key));
     let mut stopping = node.stopping();
     // Follow the keys before reading them, so that no deletion slips between.
-    let inbox = node.state().follow(&KeyRange::new(prefix, &prefix_end(prefix)));
+    let inbox = node.state().follow(&KeyRange::with_prefix(prefix));
     'count: loop {
         // What is queued now shows in the look that follows.
         inbox.take();

@@ -188,6 +188,7 @@ fn key_ranges_overlap() {
 fn a_range_is_a_prefix_only_when_it_holds_exactly_the_keys_with_it() {
     let prefix_of = |start: &[u8], end: &[u8]| KeyRange::new(start, end).prefix().map(<[u8]>::to_vec);
     assert_eq!(prefix_of(b"el/", b"el0"), Some(b"el/".to_vec()));
+    assert_eq!(KeyRange::with_prefix(b"el/").prefix(), Some(&b"el/"[..]));
     assert_eq!(prefix_of(b"a\xff", b"b"), Some(b"a\xff".to_vec()));
     assert_eq!(prefix_of(b"el/", b"el/b"), None);
     assert_eq!(prefix_of(b"el/", b""), None);

@@ -75,6 +75,11 @@ impl KeyRange {
         }
     }
 
+    /// Every key that starts with `prefix` (etcd's `--prefix`).
+    pub fn with_prefix(prefix: &[u8]) -> KeyRange {
+        KeyRange::new(prefix, &prefix_end(prefix))
+    }
+
     /// The bytes every key of this range starts with, when the range is
     /// exactly the keys that do (`[p, prefix_end(p))`: etcd's `--prefix`).
     /// Not for an end of `"\0"`: `prefix_end` of an empty or all-0xff `p`,
