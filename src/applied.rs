@@ -1,34 +1,37 @@
 //! The applied state a node serves from: the MVCC store, the lease table,
 //! the members' published attributes and the auth store; how apply tells
-//! its readers what it changed (the feed, the watch routes, the deletion
-//! waits); and the auth tokens this member accepts (handed out by apply, but
-//! not part of the replicated state: see `auth::tokens`). Written only by
-//! the Raft state machine, in log order; read by every API handler.
+//! its readers what it changed (the revision waits, the watch routes, the
+//! deletion waits); and the auth tokens this member accepts (handed out by
+//! apply, but not part of the replicated state: see `auth::tokens`). Written
+//! only by the Raft state machine, in log order; read by every API handler.
 //!
-//! The change feed is a bounded broadcast: apply never waits for a follower
-//! of it. A follower that falls more than [`CHANGE_FEED_CAPACITY`] apply
-//! calls behind misses messages, notices (the receiver reports the lag), and
-//! looks at the store instead. Every follower of the feed (a read waiting
-//! for a revision, for as long as that takes) is woken by every apply call,
-//! so the many waiters that wait for particular keys do not follow it: a
-//! watch session is handed only the batches that change a key its watchers
-//! watch (`crate::watch_routes`), and so are a semaphore waiter and an
-//! election's observer, for the keys under their name ([`AppliedState::follow`]);
-//! a lock waiter waits for the deletion of the key ahead of it
-//! ([`DeletionWait`]), woken only when apply deletes that key.
+//! Apply wakes only the readers an apply call concerns, never all of them:
+//! a read that waits for this member to reach a revision (written through
+//! another member) is woken once, by the call that reaches it
+//! ([`AppliedState::revision_reached`]); a watch session is handed only the
+//! batches that change a key its watchers watch (`crate::watch_routes`), and
+//! so are a semaphore waiter and an election's observer, for the keys under
+//! their name ([`AppliedState::follow`]); a lock waiter waits for the
+//! deletion of the key ahead of it ([`DeletionWait`]), woken only when apply
+//! deletes that key. Apply never waits for any of them.
 //!
 //! Lock order: `mvcc` before `leases` before `members` before `auth` before `alarms`. All are std `RwLock`s, not tokio's:
 //! they are never held across an `.await`, and a read holds one only while it
 //! copies its answer out, so apply is never kept waiting for a client. The
 //! deletion waits' own lock, and the watch routes' (its table, then an
 //! inbox), are taken with none of those held (apply publishes after it let
-//! them go).
+//! them go). The revision waits' lock is taken before `mvcc` (a waiter reads
+//! the revision under it), and apply takes it with none held.
+//!
+//! Invariant: the store's revision moves only in an apply call (or a
+//! snapshot's install) that then publishes ([`AppliedState::publish`]) the
+//! revision it reached.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use tokio::sync::Notify;
+use tokio::sync::{oneshot, Notify};
 
 use serde::{Deserialize, Serialize};
 
@@ -41,9 +44,6 @@ use crate::watch_routes::{Inbox, WatchRoutes};
 /// What a lease counts as in the state's size (etcd's lease overhead).
 pub const LEASE_BYTES: u64 = 64;
 
-/// Apply calls the change feed buffers for its slow followers.
-pub const CHANGE_FEED_CAPACITY: usize = 1024;
-
 /// What one apply call changed, in revision order; `revision` is the store's
 /// revision after it.
 #[derive(Debug)]
@@ -51,23 +51,9 @@ pub struct AppliedChanges {
     pub revision: Revision,
     pub changes: Vec<Change>,
     /// The store was replaced (a snapshot was installed) and `changes` may not
-    /// hold everything that changed: followers of the feed must look at the
-    /// store again, as after a lag.
+    /// hold everything that changed: the readers of particular keys must look
+    /// at the store again, as after a lag.
     pub resync: bool,
-}
-
-/// A follower of the applied changes. A batch that says the store was
-/// replaced (`resync`) is reported as a lag, so that every follower looks at
-/// the store again the one way it already does after missing batches.
-pub struct Feed(tokio::sync::broadcast::Receiver<std::sync::Arc<AppliedChanges>>);
-
-impl Feed {
-    pub async fn recv(&mut self) -> Result<std::sync::Arc<AppliedChanges>, tokio::sync::broadcast::error::RecvError> {
-        match self.0.recv().await? {
-            batch if batch.resync => Err(tokio::sync::broadcast::error::RecvError::Lagged(0)),
-            batch => Ok(batch),
-        }
-    }
 }
 
 /// What a member publishes about itself through the log.
@@ -84,7 +70,7 @@ pub struct AppliedState {
     auth: RwLock<AuthStore>,
     alarms: RwLock<Alarms>,
     tokens: Tokens,
-    feed: tokio::sync::broadcast::Sender<std::sync::Arc<AppliedChanges>>,
+    revision_waits: RevisionWaits,
     /// Woken when a compaction left versions to sweep (see `mvcc::history`).
     sweep: tokio::sync::Notify,
     deletion_waits: Arc<DeletionWaits>,
@@ -107,7 +93,7 @@ impl AppliedState {
             auth: RwLock::default(),
             alarms: RwLock::default(),
             tokens,
-            feed: tokio::sync::broadcast::channel(CHANGE_FEED_CAPACITY).0,
+            revision_waits: RevisionWaits::default(),
             sweep: tokio::sync::Notify::new(),
             deletion_waits: Arc::default(),
             watch_routes: Arc::default(),
@@ -167,21 +153,32 @@ impl AppliedState {
         self.leases.write().expect("lease lock poisoned")
     }
 
-    /// Follow applied changes from now on (see the module doc).
-    pub fn subscribe(&self) -> Feed {
-        Feed(self.feed.subscribe())
+    /// Resolves once this member's store has reached `revision`: at once if
+    /// it has, else when the apply call that reaches it publishes. The wait
+    /// is registered when this is called, not when it is first polled.
+    /// Dropping it before then leaves a sender in the waits until that
+    /// revision is reached (a revision some member committed, which this
+    /// one applies unless it stops).
+    pub fn revision_reached(&self, revision: Revision) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let wait = self.revision_waits.register(revision, || self.mvcc().revision());
+        async move {
+            if let Some(reached) = wait {
+                // An error only if the state was dropped: nothing to wait for.
+                let _ = reached.await;
+            }
+        }
     }
 
-    /// Publish what an apply call changed, once the stores hold it: wake the
-    /// waits for the deletion of a key it deleted (every wait, if it says the
-    /// store was replaced: `resync`), queue it for the watch sessions that
-    /// watch a key it changed, and hand it to the feed. Never blocks on a
-    /// reader.
+    /// Publish what an apply call changed, once the stores hold it (and
+    /// the revision it reached, `changes.revision`): wake the reads waiting
+    /// for a revision up to it, the waits for the deletion of a key it
+    /// deleted (every wait, if it says the store was replaced: `resync`),
+    /// and queue it for the watch sessions that watch a key it changed.
+    /// Never blocks on a reader.
     pub fn publish(&self, changes: AppliedChanges) {
+        self.revision_waits.reached(changes.revision);
         self.deletion_waits.wake(&changes);
-        let changes = Arc::new(changes);
-        self.watch_routes.route(&changes);
-        let _ = self.feed.send(changes);
+        self.watch_routes.route(&Arc::new(changes));
     }
 
     /// Open a watch session's inbox (see `crate::watch_routes`).
@@ -214,6 +211,45 @@ impl AppliedState {
 
     pub fn members_mut(&self) -> RwLockWriteGuard<'_, BTreeMap<u64, MemberAttrs>> {
         self.members.write().expect("members lock poisoned")
+    }
+}
+
+/// The reads waiting for the store to reach a revision, by that revision:
+/// an apply call wakes the waits up to the revision it reached, each once,
+/// and no other.
+#[derive(Default)]
+struct RevisionWaits {
+    by_revision: Mutex<BTreeMap<Revision, Vec<oneshot::Sender<()>>>>,
+}
+
+impl RevisionWaits {
+    /// A wait for `revision`, or `None` if `current()` (the store's
+    /// revision, read under this lock) has reached it. Reading it under the
+    /// lock is what keeps a wake from being missed: an apply call that
+    /// moves the revision past `revision` takes this lock after, and finds
+    /// the wait.
+    fn register(&self, revision: Revision, current: impl FnOnce() -> Revision) -> Option<oneshot::Receiver<()>> {
+        let mut by_revision = self.by_revision.lock().expect("revision waits lock poisoned");
+        if current() >= revision {
+            return None;
+        }
+        let (reached, wait) = oneshot::channel();
+        by_revision.entry(revision).or_default().push(reached);
+        Some(wait)
+    }
+
+    /// The store reached `revision`: wake the waits up to it.
+    fn reached(&self, revision: Revision) {
+        let mut by_revision = self.by_revision.lock().expect("revision waits lock poisoned");
+        if by_revision.first_key_value().is_none_or(|(&first, _)| first > revision) {
+            return;
+        }
+        let later = by_revision.split_off(&(revision + 1));
+        let reached = std::mem::replace(&mut *by_revision, later);
+        drop(by_revision);
+        reached.into_values().flatten().for_each(|w| {
+            let _ = w.send(());
+        });
     }
 }
 
@@ -312,6 +348,34 @@ mod tests {
 
     fn applied(changes: Vec<Change>, resync: bool) -> AppliedChanges {
         AppliedChanges { revision: 2, changes, resync }
+    }
+
+    async fn soon(wait: impl std::future::Future<Output = ()>) -> bool {
+        tokio::time::timeout(Duration::from_millis(20), wait).await.is_ok()
+    }
+
+    /// A read waiting for a revision is woken by the apply call that reaches
+    /// it (or passes it), not by those before; one for a revision already
+    /// reached resolves at once; a wait dropped unresolved is let go when its
+    /// revision is reached.
+    #[tokio::test]
+    async fn a_revision_wait_is_woken_by_the_apply_that_reaches_its_revision() {
+        let state = AppliedState::default();
+        let published = |revision| AppliedChanges { revision, changes: Vec::new(), resync: false };
+        assert!(soon(state.revision_reached(0)).await, "revision 0 is reached by an empty store");
+        let (mut at_3, mut at_5) = (Box::pin(state.revision_reached(3)), Box::pin(state.revision_reached(5)));
+        let abandoned = state.revision_reached(4);
+        drop(abandoned);
+        state.publish(published(2));
+        assert!(!soon(&mut at_3).await, "woken before its revision");
+        // Revision 4 reached (a batch of several revisions): 3 resolves, 5 waits.
+        state.publish(published(4));
+        assert!(soon(&mut at_3).await);
+        assert!(!soon(&mut at_5).await, "woken before its revision");
+        assert_eq!(state.revision_waits.by_revision.lock().unwrap().keys().collect::<Vec<_>>(), vec![&5]);
+        state.publish(published(7));
+        assert!(soon(&mut at_5).await);
+        assert!(state.revision_waits.by_revision.lock().unwrap().is_empty());
     }
 
     async fn woken(wait: &DeletionWait) -> bool {

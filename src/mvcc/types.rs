@@ -351,9 +351,9 @@ pub enum MvccError {
 /// machine persists and what watchers see as an event.
 ///
 /// The key-values are shared with the store's versions, not copied: the
-/// change feed and the watch sessions' inboxes keep recent apply calls for
-/// slow readers, and with copies they held each written value twice more
-/// (value and previous value) beside the store's own.
+/// watch sessions' inboxes keep recent apply calls for slow readers, and
+/// with copies they held each written value twice more (value and previous
+/// value) beside the store's own.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Change {
     pub revision: Revision,

@@ -74,20 +74,12 @@ impl Node {
     /// Wait until this member's store has reached `revision` (for state that
     /// was written through another member), at most the request timeout.
     pub async fn wait_revision(&self, revision: i64) -> Result<(), ServerError> {
-        let deadline = tokio::time::Instant::now() + self.request_timeout;
-        let mut feed = self.state.subscribe();
+        let reached = self.state.revision_reached(revision);
         let mut stopping = self.stopping();
-        while self.revision() < revision {
-            tokio::select! {
-                batch = feed.recv() => {
-                    if let Err(tokio::sync::broadcast::error::RecvError::Closed) = batch {
-                        return Err(ServerError::Stopped);
-                    }
-                }
-                _ = tokio::time::sleep_until(deadline) => return Err(ServerError::Timeout),
-                _ = stopping.stopped() => return Err(ServerError::Stopped),
-            }
+        tokio::select! {
+            () = reached => Ok(()),
+            _ = tokio::time::sleep(self.request_timeout) => Err(ServerError::Timeout),
+            _ = stopping.stopped() => Err(ServerError::Stopped),
         }
-        Ok(())
     }
 }

@@ -277,7 +277,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         image.install(&self.state);
         self.position = Position { last_applied: meta.last_log_id, membership: meta.last_membership.clone() };
         // Watchers and lock waiters here look at the store as it was at
-        // `before`: hand the feed what the snapshot skipped over, as history
+        // `before`: publish what the snapshot skipped over, as history
         // still has it — all of it only if no compaction reached past
         // `before` (a compaction at c drops the versions at or below c, a
         // deletion at c too). Before the store is persisted, so that they are
@@ -291,14 +291,14 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         };
         match skipped {
             Some(changes) => self.state.publish(AppliedChanges { revision: current, changes, resync: false }),
-            // Compacted past what followers of the feed here have seen: they
-            // must look at the store again (watchers get cancelled with the
+            // Compacted past what the readers here have seen: they must look
+            // at the store again (watchers get cancelled with the
             // compact revision, lock waiters look at their queue again).
             None => {
                 tracing::info!(
                     before,
                     compacted,
-                    "an installed snapshot skipped compacted changes; feed followers resync"
+                    "an installed snapshot skipped compacted changes; watchers and waiters resync"
                 );
                 self.state.publish(AppliedChanges { revision: current, changes: Vec::new(), resync: true });
             }
@@ -662,8 +662,8 @@ mod tests {
 
     /// A member that installs a snapshot compacted at the very revision of a
     /// deletion it has not applied must have the waits on that key and the
-    /// feed's followers look again: the compaction dropped the deletion from
-    /// history, so the feed cannot hand it on.
+    /// followers of its keys look again: the compaction dropped the deletion
+    /// from history, so apply cannot hand it on.
     #[tokio::test]
     async fn a_snapshot_compacted_past_the_members_revision_wakes_the_waits() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -680,7 +680,7 @@ mod tests {
         let mut sent = sm.get_snapshot_builder().await.build_snapshot().await.unwrap();
 
         let wait = received_state.wait_for_deletion(vec![b"w/1".to_vec()]);
-        let mut feed = received_state.subscribe();
+        let followed = received_state.follow(&KeyRange::with_prefix(b"w/"));
         let mut incoming = receiver.begin_receiving_snapshot().await.unwrap();
         let mut bytes = Vec::new();
         sent.snapshot.read_to_end(&mut bytes).await.unwrap();
@@ -689,10 +689,7 @@ mod tests {
         receiver.install_snapshot(&sent.meta, incoming).await.unwrap();
         let woken = tokio::time::timeout(std::time::Duration::from_secs(1), wait.deleted()).await;
         assert!(woken.is_ok(), "the wait on the key the snapshot deleted was not woken");
-        assert!(
-            matches!(feed.recv().await, Err(tokio::sync::broadcast::error::RecvError::Lagged(_))),
-            "the feed's followers must look at the store again"
-        );
+        assert!(followed.take().lost_after.is_some(), "the followers of its keys must look at the store again");
         assert!(received_state
             .mvcc()
             .range(&RangeRequest { key: "w/1".into(), ..Default::default() })
