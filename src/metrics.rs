@@ -64,6 +64,8 @@ pub struct Metrics {
     // Batching (raftlock's own).
     pub proposal_batch: Histogram,
     pub forwarded_batch: Histogram,
+    // Watches (raftlock's own).
+    pub watch_inbox_overflows: IntCounter,
 }
 
 /// The process's metrics.
@@ -220,6 +222,10 @@ impl Metrics {
                 "raftlock_forwarded_batch_commands",
                 "Commands per batch this member sent on its forwarding stream to the leader.",
                 &batch_buckets,
+            ),
+            watch_inbox_overflows: counter(
+                "raftlock_watch_inbox_overflows_total",
+                "Times a watch session (or a semaphore waiter, or an election observer) fell so far behind apply that its queued changes were dropped; it then read them from history.",
             ),
             registry,
         };

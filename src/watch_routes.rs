@@ -28,7 +28,8 @@
 //! [`INBOX_BYTES`] of their changes. A session that does not take them in
 //! time loses them and is told it lagged, and from which revision on
 //! ([`Taken::lost_after`]); it then catches its watchers up from MVCC
-//! history, as it would after any lag. Apply never waits for a session.
+//! history, as it would after any lag (`raftlock_watch_inbox_overflows_total`
+//! counts these). Apply never waits for a session.
 //! Batches are shared: the sessions a batch concerns hold one copy of it.
 //!
 //! Cost, in apply, with the table's lock held: per changed key, a hash
@@ -178,6 +179,7 @@ impl Queue {
                 queued.batches.push_back(batch);
             } else {
                 queued.lose(before);
+                crate::metrics::metrics().watch_inbox_overflows.inc();
             }
         }
         drop(queued);
@@ -430,10 +432,10 @@ mod tests {
         assert!(table.prefixes.is_empty() && table.prefix_lengths.is_empty());
     }
 
-    /// An inbox that overflows (in batches or in bytes), or a replaced
-    /// store, loses its batches and says from where: below the first batch
-    /// it lost, or after what was routed if it held none. It then fills
-    /// again.
+    /// An inbox that overflows (in batches or in bytes, even with one batch
+    /// alone), or a replaced store, loses its batches and says from where:
+    /// below the first batch it lost, or after what was routed if it held
+    /// none. It then fills again.
     #[tokio::test]
     async fn an_overflowing_inbox_says_from_where_it_lost_batches() {
         let routes = Arc::new(WatchRoutes::default());
@@ -466,5 +468,13 @@ mod tests {
         routes.route(&big(6001, INBOX_BYTES / 2));
         routes.route(&big(6002, INBOX_BYTES / 2));
         assert_eq!(inbox.take().lost_after, Some(6000));
+        // One batch heavier than the whole bound is lost even into an empty
+        // inbox; the next one is queued again.
+        routes.route(&big(6003, INBOX_BYTES + 1));
+        let taken = inbox.take();
+        assert_eq!((taken.lost_after, revisions(&taken), taken.through), (Some(6002), vec![], 6003));
+        routes.route(&batch(6004, &["k"]));
+        let taken = inbox.take();
+        assert_eq!((revisions(&taken), taken.lost_after), (vec![6004], None));
     }
 }

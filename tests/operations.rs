@@ -8,7 +8,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::Etcdctl;
-use common::{grpc_error, Cluster};
+use common::{grpc_error, http_get, Cluster};
 use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
 use raftlock::proto::raftlock::v1::AcquireRequest;
 
@@ -253,29 +253,6 @@ async fn a_physical_compaction_waits_for_the_history_to_go() {
     c.compact(rev, Some(etcd_client::CompactionOptions::new().with_physical())).await.unwrap();
     let after = size(c.status().await.unwrap());
     assert!(after < 50 * 10_000 + 50 * 1_000, "only the last version of each key is counted: {after}");
-}
-
-/// A plain HTTP/1.1 GET; the status code and the body.
-async fn http_get(endpoint: &str, path: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let addr = endpoint.trim_start_matches("http://");
-    // (A member just restarted may not listen yet.)
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut stream = loop {
-        match tokio::net::TcpStream::connect(addr).await {
-            Ok(stream) => break stream,
-            Err(e) if Instant::now() > deadline => panic!("connecting to {addr}: {e}"),
-            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-        }
-    };
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).await.unwrap();
-    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
-    let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("answer: {answer}"));
-    assert!(!head.to_ascii_lowercase().contains("chunked"), "a whole body: {head}");
-    (status, body.to_string())
 }
 
 /// One sample of a Prometheus text exposition: name, labels, value.

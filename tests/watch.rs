@@ -186,6 +186,54 @@ async fn a_stalled_watcher_does_not_block_writes_and_catches_up() {
     assert_eq!(seen, WRITERS * PER_WRITER);
 }
 
+/// A session so far behind that apply dropped the changes queued for it
+/// (more than its inbox holds) reads them from history instead: its watcher
+/// still gets every event, once, in order. Each of the writer's puts is an
+/// apply call of its own on the leader (the next is sent once the last is
+/// applied), and the stream's buffers (the session's outbox, HTTP/2 windows,
+/// socket buffers: some 15 MiB) hold far fewer than the puts written after
+/// them, so the inbox overflows whatever those buffers are.
+#[tokio::test]
+async fn a_watch_that_fell_behind_its_inbox_reads_the_rest_from_history() {
+    const PUTS: usize = 3_000;
+    const VALUE: usize = 16 * 1024;
+    let cluster = Cluster::start(3).await;
+    let leader = cluster.leader().await;
+    let endpoint = cluster.members[leader].endpoint();
+    let mut c = cluster.client(leader).await;
+    let overflows = "raftlock_watch_inbox_overflows_total";
+    let before = common::metric(&endpoint, overflows).await;
+    let mut stalled = c.watch("behind/", Some(WatchOptions::new().with_prefix())).await.unwrap();
+    let mut writer = cluster.client(leader).await;
+    for i in 0..PUTS {
+        writer.put(format!("behind/{i:05}"), vec![(i % 251) as u8; VALUE], None).await.unwrap();
+    }
+    let after = common::metric(&endpoint, overflows).await;
+    assert!(after > before, "the stalled session's inbox never overflowed ({before} -> {after})");
+    assert!(next(&mut stalled).await.created());
+    let mut seen = 0;
+    let mut last = 0;
+    while seen < PUTS {
+        for e in next(&mut stalled).await.events() {
+            let kv = e.kv().unwrap();
+            assert_eq!(
+                kv.key_str().unwrap(),
+                format!("behind/{seen:05}"),
+                "an event missing, repeated or out of order"
+            );
+            assert_eq!(kv.value(), vec![(seen % 251) as u8; VALUE].as_slice());
+            assert!(last == 0 || kv.mod_revision() == last + 1, "revision {} after {last}", kv.mod_revision());
+            last = kv.mod_revision();
+            seen += 1;
+        }
+    }
+    // And nothing more: a put after them is the next event.
+    writer.put("behind/last", "x", None).await.unwrap();
+    let events = next(&mut stalled).await;
+    assert_eq!(events.events().len(), 1);
+    assert_eq!(events.events()[0].kv().unwrap().key_str().unwrap(), "behind/last");
+}
+
 #[tokio::test]
 async fn progress_notifications_fragments_and_a_clean_shutdown_with_open_streams() {
     use raftlock::proto::etcdserverpb as pb;

@@ -425,3 +425,35 @@ pub fn grpc_error(e: etcd_client::Error) -> (tonic::Code, String) {
         other => panic!("expected a gRPC status, got {other:?}"),
     }
 }
+
+/// A plain HTTP/1.1 GET; the status code and the body.
+pub async fn http_get(endpoint: &str, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = endpoint.trim_start_matches("http://");
+    // (A member just restarted may not listen yet.)
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut stream = loop {
+        match tokio::net::TcpStream::connect(addr).await {
+            Ok(stream) => break stream,
+            Err(e) if Instant::now() > deadline => panic!("connecting to {addr}: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    };
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("answer: {answer}"));
+    assert!(!head.to_ascii_lowercase().contains("chunked"), "a whole body: {head}");
+    (status, body.to_string())
+}
+
+/// The value of the unlabelled metric `name` in a member's `/metrics`
+/// (0 if it has no sample yet).
+pub async fn metric(endpoint: &str, name: &str) -> f64 {
+    let (status, text) = http_get(endpoint, "/metrics").await;
+    assert_eq!(status, 200, "/metrics: {text}");
+    let sample = text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' '));
+    sample.map_or(0.0, |v| v.parse().unwrap_or_else(|_| panic!("{name}: {v}")))
+}
