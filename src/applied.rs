@@ -23,9 +23,11 @@
 //! them go). The revision waits' lock is taken before `mvcc` (a waiter reads
 //! the revision under it), and apply takes it with none held.
 //!
-//! Invariant: the store's revision moves only in an apply call (or a
-//! snapshot's install) that then publishes ([`AppliedState::publish`]) the
-//! revision it reached.
+//! Invariant: once the node serves, the store's revision moves only in an
+//! apply call (or a snapshot's install) that then publishes
+//! ([`AppliedState::publish`]) the revision it reached. (Loading a
+//! checkpoint or restoring a backup moves it before the node serves, when
+//! nobody can be waiting.)
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -217,9 +219,29 @@ impl AppliedState {
 /// The reads waiting for the store to reach a revision, by that revision:
 /// an apply call wakes the waits up to the revision it reached, each once,
 /// and no other.
+///
+/// A wait dropped before its revision came leaves its sender behind until
+/// that revision is reached. On a member that stops applying for long (cut
+/// off, or removed) while requests keep waiting through it, those would
+/// pile up; so once the senders held have doubled since the last sweep (and
+/// are at least [`SWEEP_FLOOR`]), a registration first drops those nobody
+/// listens to any more. The senders held stay below twice what the last
+/// sweep kept, or the floor, at an amortized constant cost per wait.
 #[derive(Default)]
 struct RevisionWaits {
-    by_revision: Mutex<BTreeMap<Revision, Vec<oneshot::Sender<()>>>>,
+    by_revision: Mutex<Waits>,
+}
+
+/// The waits below which [`RevisionWaits`] never sweeps.
+const SWEEP_FLOOR: usize = 1024;
+
+#[derive(Default)]
+struct Waits {
+    by_revision: BTreeMap<Revision, Vec<oneshot::Sender<()>>>,
+    /// Senders held, listened to or not.
+    held: usize,
+    /// Senders held after the last sweep.
+    kept: usize,
 }
 
 impl RevisionWaits {
@@ -229,24 +251,36 @@ impl RevisionWaits {
     /// moves the revision past `revision` takes this lock after, and finds
     /// the wait.
     fn register(&self, revision: Revision, current: impl FnOnce() -> Revision) -> Option<oneshot::Receiver<()>> {
-        let mut by_revision = self.by_revision.lock().expect("revision waits lock poisoned");
+        let mut waits = self.by_revision.lock().expect("revision waits lock poisoned");
         if current() >= revision {
             return None;
         }
+        if waits.held >= SWEEP_FLOOR.max(2 * waits.kept) {
+            waits.by_revision.retain(|_, senders| {
+                senders.retain(|s| !s.is_closed());
+                !senders.is_empty()
+            });
+            waits.held = waits.by_revision.values().map(Vec::len).sum();
+            waits.kept = waits.held;
+        }
         let (reached, wait) = oneshot::channel();
-        by_revision.entry(revision).or_default().push(reached);
+        waits.by_revision.entry(revision).or_default().push(reached);
+        waits.held += 1;
         Some(wait)
     }
 
     /// The store reached `revision`: wake the waits up to it.
     fn reached(&self, revision: Revision) {
-        let mut by_revision = self.by_revision.lock().expect("revision waits lock poisoned");
-        if by_revision.first_key_value().is_none_or(|(&first, _)| first > revision) {
+        let mut waits = self.by_revision.lock().expect("revision waits lock poisoned");
+        if waits.by_revision.first_key_value().is_none_or(|(&first, _)| first > revision) {
             return;
         }
-        let later = by_revision.split_off(&(revision + 1));
-        let reached = std::mem::replace(&mut *by_revision, later);
-        drop(by_revision);
+        let later = waits.by_revision.split_off(&(revision + 1));
+        let reached = std::mem::replace(&mut waits.by_revision, later);
+        let woken: usize = reached.values().map(Vec::len).sum();
+        waits.held -= woken;
+        waits.kept = waits.kept.min(waits.held);
+        drop(waits);
         reached.into_values().flatten().for_each(|w| {
             let _ = w.send(());
         });
@@ -372,10 +406,22 @@ mod tests {
         state.publish(published(4));
         assert!(soon(&mut at_3).await);
         assert!(!soon(&mut at_5).await, "woken before its revision");
-        assert_eq!(state.revision_waits.by_revision.lock().unwrap().keys().collect::<Vec<_>>(), vec![&5]);
+        assert_eq!(state.revision_waits.by_revision.lock().unwrap().by_revision.keys().collect::<Vec<_>>(), vec![&5]);
         state.publish(published(7));
         assert!(soon(&mut at_5).await);
-        assert!(state.revision_waits.by_revision.lock().unwrap().is_empty());
+        // Abandoned waits on a member that applies nothing are swept once
+        // they reach the floor; those listened to are kept.
+        let listened = state.revision_reached(100);
+        for _ in 1..SWEEP_FLOOR {
+            drop(state.revision_reached(50));
+        }
+        // The floor is reached: this registration sweeps first.
+        let last = state.revision_reached(60);
+        assert_eq!(state.revision_waits.by_revision.lock().unwrap().held, 2, "abandoned waits were not swept");
+        state.publish(published(100));
+        assert!(soon(listened).await && soon(last).await);
+        let waits = state.revision_waits.by_revision.lock().unwrap();
+        assert!(waits.by_revision.is_empty() && waits.held == 0);
     }
 
     async fn woken(wait: &DeletionWait) -> bool {

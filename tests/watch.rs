@@ -190,9 +190,11 @@ async fn a_stalled_watcher_does_not_block_writes_and_catches_up() {
 /// (more than its inbox holds) reads them from history instead: its watcher
 /// still gets every event, once, in order. Each of the writer's puts is an
 /// apply call of its own on the leader (the next is sent once the last is
-/// applied), and the stream's buffers (the session's outbox, HTTP/2 windows,
-/// socket buffers: some 15 MiB) hold far fewer than the puts written after
-/// them, so the inbox overflows whatever those buffers are.
+/// applied). Beyond the inbox, the session's outbox (64 responses) and the
+/// stream's HTTP/2 window (2 MiB) hold a few hundred of the puts, far fewer
+/// than the more than `INBOX_CAPACITY` (1024) written after them: the
+/// inbox overflows by count (48 MiB is under its byte bound). If either
+/// premise stops holding, the assertion on the counter fails, not passes.
 #[tokio::test]
 async fn a_watch_that_fell_behind_its_inbox_reads_the_rest_from_history() {
     const PUTS: usize = 3_000;
@@ -204,13 +206,15 @@ async fn a_watch_that_fell_behind_its_inbox_reads_the_rest_from_history() {
     let overflows = "raftlock_watch_inbox_overflows_total";
     let before = common::metric(&endpoint, overflows).await;
     let mut stalled = c.watch("behind/", Some(WatchOptions::new().with_prefix())).await.unwrap();
+    // Created before the first put (the stream's headers may come first),
+    // and then not read while the puts run.
+    assert!(next(&mut stalled).await.created());
     let mut writer = cluster.client(leader).await;
     for i in 0..PUTS {
         writer.put(format!("behind/{i:05}"), vec![(i % 251) as u8; VALUE], None).await.unwrap();
     }
     let after = common::metric(&endpoint, overflows).await;
     assert!(after > before, "the stalled session's inbox never overflowed ({before} -> {after})");
-    assert!(next(&mut stalled).await.created());
     let mut seen = 0;
     let mut last = 0;
     while seen < PUTS {
@@ -293,7 +297,7 @@ async fn progress_notifications_fragments_and_a_clean_shutdown_with_open_streams
 
 /// A progress notification promises that every event up to its revision has
 /// been sent on the stream. Under a stream of writes, applied batches can be
-/// waiting in the member's feed while a progress request is answered: the
+/// waiting in the session's inbox while a progress request is answered: the
 /// answer must not report a revision whose events are still to come.
 #[tokio::test]
 async fn a_progress_notification_never_overtakes_an_event() {
