@@ -72,7 +72,7 @@ pub struct AppliedState {
     auth: RwLock<AuthStore>,
     alarms: RwLock<Alarms>,
     tokens: Tokens,
-    revision_waits: RevisionWaits,
+    revision_waits: Arc<RevisionWaits>,
     /// Woken when a compaction left versions to sweep (see `mvcc::history`).
     sweep: tokio::sync::Notify,
     deletion_waits: Arc<DeletionWaits>,
@@ -95,7 +95,7 @@ impl AppliedState {
             auth: RwLock::default(),
             alarms: RwLock::default(),
             tokens,
-            revision_waits: RevisionWaits::default(),
+            revision_waits: Arc::default(),
             sweep: tokio::sync::Notify::new(),
             deletion_waits: Arc::default(),
             watch_routes: Arc::default(),
@@ -157,14 +157,12 @@ impl AppliedState {
 
     /// Resolves once this member's store has reached `revision`: at once if
     /// it has, else when the apply call that reaches it publishes. The wait
-    /// is registered when this is called, not when it is first polled.
-    /// Dropping it before then leaves a sender in the waits until that
-    /// revision is reached (a revision some member committed, which this
-    /// one applies unless it stops).
+    /// is registered when this is called, not when it is first polled;
+    /// dropping the future takes it out.
     pub fn revision_reached(&self, revision: Revision) -> impl std::future::Future<Output = ()> + Send + 'static {
         let wait = self.revision_waits.register(revision, || self.mvcc().revision());
         async move {
-            if let Some(reached) = wait {
+            if let Some((reached, _registered)) = wait {
                 // An error only if the state was dropped: nothing to wait for.
                 let _ = reached.await;
             }
@@ -218,30 +216,12 @@ impl AppliedState {
 
 /// The reads waiting for the store to reach a revision, by that revision:
 /// an apply call wakes the waits up to the revision it reached, each once,
-/// and no other.
-///
-/// A wait dropped before its revision came leaves its sender behind until
-/// that revision is reached. On a member that stops applying for long (cut
-/// off, or removed) while requests keep waiting through it, those would
-/// pile up; so once the senders held have doubled since the last sweep (and
-/// are at least [`SWEEP_FLOOR`]), a registration first drops those nobody
-/// listens to any more. The senders held stay below twice what the last
-/// sweep kept, or the floor, at an amortized constant cost per wait.
+/// and no other. A wait dropped first takes itself out ([`RevisionWait`]),
+/// as a deletion wait does.
 #[derive(Default)]
 struct RevisionWaits {
-    by_revision: Mutex<Waits>,
-}
-
-/// The waits below which [`RevisionWaits`] never sweeps.
-const SWEEP_FLOOR: usize = 1024;
-
-#[derive(Default)]
-struct Waits {
-    by_revision: BTreeMap<Revision, Vec<oneshot::Sender<()>>>,
-    /// Senders held, listened to or not.
-    held: usize,
-    /// Senders held after the last sweep.
-    kept: usize,
+    next_id: AtomicU64,
+    by_revision: Mutex<BTreeMap<Revision, HashMap<u64, oneshot::Sender<()>>>>,
 }
 
 impl RevisionWaits {
@@ -250,40 +230,53 @@ impl RevisionWaits {
     /// lock is what keeps a wake from being missed: an apply call that
     /// moves the revision past `revision` takes this lock after, and finds
     /// the wait.
-    fn register(&self, revision: Revision, current: impl FnOnce() -> Revision) -> Option<oneshot::Receiver<()>> {
-        let mut waits = self.by_revision.lock().expect("revision waits lock poisoned");
+    fn register(
+        self: &Arc<Self>,
+        revision: Revision,
+        current: impl FnOnce() -> Revision,
+    ) -> Option<(oneshot::Receiver<()>, RevisionWait)> {
+        let mut by_revision = self.by_revision.lock().expect("revision waits lock poisoned");
         if current() >= revision {
             return None;
         }
-        if waits.held >= SWEEP_FLOOR.max(2 * waits.kept) {
-            waits.by_revision.retain(|_, senders| {
-                senders.retain(|s| !s.is_closed());
-                !senders.is_empty()
-            });
-            waits.held = waits.by_revision.values().map(Vec::len).sum();
-            waits.kept = waits.held;
-        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (reached, wait) = oneshot::channel();
-        waits.by_revision.entry(revision).or_default().push(reached);
-        waits.held += 1;
-        Some(wait)
+        by_revision.entry(revision).or_default().insert(id, reached);
+        Some((wait, RevisionWait { waits: self.clone(), revision, id }))
     }
 
     /// The store reached `revision`: wake the waits up to it.
     fn reached(&self, revision: Revision) {
-        let mut waits = self.by_revision.lock().expect("revision waits lock poisoned");
-        if waits.by_revision.first_key_value().is_none_or(|(&first, _)| first > revision) {
+        let mut by_revision = self.by_revision.lock().expect("revision waits lock poisoned");
+        if by_revision.first_key_value().is_none_or(|(&first, _)| first > revision) {
             return;
         }
-        let later = waits.by_revision.split_off(&(revision + 1));
-        let reached = std::mem::replace(&mut waits.by_revision, later);
-        let woken: usize = reached.values().map(Vec::len).sum();
-        waits.held -= woken;
-        waits.kept = waits.kept.min(waits.held);
-        drop(waits);
-        reached.into_values().flatten().for_each(|w| {
+        let later = by_revision.split_off(&(revision + 1));
+        let reached = std::mem::replace(&mut *by_revision, later);
+        drop(by_revision);
+        reached.into_values().flat_map(HashMap::into_values).for_each(|w| {
             let _ = w.send(());
         });
+    }
+}
+
+/// A registered wait for a revision; dropping it (woken or not) takes it
+/// out of the waits.
+struct RevisionWait {
+    waits: Arc<RevisionWaits>,
+    revision: Revision,
+    id: u64,
+}
+
+impl Drop for RevisionWait {
+    fn drop(&mut self) {
+        let mut by_revision = self.waits.by_revision.lock().expect("revision waits lock poisoned");
+        if let Some(waits) = by_revision.get_mut(&self.revision) {
+            waits.remove(&self.id);
+            if waits.is_empty() {
+                by_revision.remove(&self.revision);
+            }
+        }
     }
 }
 
@@ -390,38 +383,41 @@ mod tests {
 
     /// A read waiting for a revision is woken by the apply call that reaches
     /// it (or passes it), not by those before; one for a revision already
-    /// reached resolves at once; a wait dropped unresolved is let go when its
-    /// revision is reached.
+    /// reached resolves at once; a wait dropped, woken or not, leaves
+    /// nothing registered.
     #[tokio::test]
     async fn a_revision_wait_is_woken_by_the_apply_that_reaches_its_revision() {
         let state = AppliedState::default();
         let published = |revision| AppliedChanges { revision, changes: Vec::new(), resync: false };
+        let registered = |state: &AppliedState| {
+            let by_revision = state.revision_waits.by_revision.lock().unwrap();
+            by_revision.iter().map(|(&r, waits)| (r, waits.len())).collect::<Vec<_>>()
+        };
         assert!(soon(state.revision_reached(0)).await, "revision 0 is reached by an empty store");
         let (mut at_3, mut at_5) = (Box::pin(state.revision_reached(3)), Box::pin(state.revision_reached(5)));
         let abandoned = state.revision_reached(4);
+        assert_eq!(registered(&state), vec![(3, 1), (4, 1), (5, 1)]);
         drop(abandoned);
+        assert_eq!(registered(&state), vec![(3, 1), (5, 1)], "a dropped wait stayed registered");
         state.publish(published(2));
         assert!(!soon(&mut at_3).await, "woken before its revision");
         // Revision 4 reached (a batch of several revisions): 3 resolves, 5 waits.
         state.publish(published(4));
         assert!(soon(&mut at_3).await);
         assert!(!soon(&mut at_5).await, "woken before its revision");
-        assert_eq!(state.revision_waits.by_revision.lock().unwrap().by_revision.keys().collect::<Vec<_>>(), vec![&5]);
+        assert_eq!(registered(&state), vec![(5, 1)]);
         state.publish(published(7));
         assert!(soon(&mut at_5).await);
-        // Abandoned waits on a member that applies nothing are swept once
-        // they reach the floor; those listened to are kept.
+        // On a member that applies nothing, abandoned waits leave nothing
+        // behind; those listened to stay, and are woken.
         let listened = state.revision_reached(100);
-        for _ in 1..SWEEP_FLOOR {
+        for _ in 0..1024 {
             drop(state.revision_reached(50));
         }
-        // The floor is reached: this registration sweeps first.
-        let last = state.revision_reached(60);
-        assert_eq!(state.revision_waits.by_revision.lock().unwrap().held, 2, "abandoned waits were not swept");
+        assert_eq!(registered(&state), vec![(100, 1)], "abandoned waits stayed registered");
         state.publish(published(100));
-        assert!(soon(listened).await && soon(last).await);
-        let waits = state.revision_waits.by_revision.lock().unwrap();
-        assert!(waits.by_revision.is_empty() && waits.held == 0);
+        assert!(soon(listened).await);
+        assert!(registered(&state).is_empty());
     }
 
     async fn woken(wait: &DeletionWait) -> bool {
