@@ -99,7 +99,19 @@ struct Held {
     /// Its encoded size (what the log holds in bytes, see
     /// [`LogStore::bytes_between`]).
     size: u64,
+    /// The sizes of the entries held up to and including this one, summed
+    /// from an origin that only differences cancel out: what a range of
+    /// entries holds is the difference of two of these, found without a
+    /// walk over the range (see [`LogCache::bytes_in`]).
+    through: u64,
     at: EntryAt,
+}
+
+impl Held {
+    /// The running sum just before this entry.
+    fn before(&self) -> u64 {
+        self.through - self.size
+    }
 }
 
 struct LogCache {
@@ -129,7 +141,8 @@ impl LogCache {
     /// Hold `entry`, written at `at`, after every entry held.
     fn push(&mut self, entry: Entry, size: u64, at: EntryAt) {
         let index = entry.log_id.index;
-        self.held.insert(index, Held { log_id: entry.log_id, size, at });
+        let through = self.held.values().next_back().map_or(0, |last| last.through) + size;
+        self.held.insert(index, Held { log_id: entry.log_id, size, through, at });
         self.hot.insert(index, entry);
         self.hot_bytes += size;
         self.evict();
@@ -160,6 +173,53 @@ impl LogCache {
 
     fn last_log_id(&self) -> Option<LogId> {
         self.held.values().next_back().map(|h| h.log_id).or(self.last_purged)
+    }
+
+    /// The encoded bytes of the entries held with index in `from..=upto`:
+    /// two lookups, however many entries lie between (the snapshot policy
+    /// asks twice a second, under the log's lock, and a log of small
+    /// entries holds hundreds of thousands).
+    fn bytes_in(&self, from: u64, upto: u64) -> u64 {
+        if from > upto {
+            return 0;
+        }
+        let mut range = self.held.range(from..=upto);
+        match (range.next(), range.next_back()) {
+            (Some((_, first)), Some((_, last))) => last.through - first.before(),
+            (Some((_, only)), None) => only.size,
+            _ => 0,
+        }
+    }
+
+    /// See [`LogStore::keep_at_most`]. The entries held are contiguous and
+    /// their running sums grow with their index, so the answer is found by
+    /// bisection.
+    fn keep_at_most(&self, upto: u64, bytes: u64) -> u64 {
+        let nothing_to_drop = self.held.keys().next().map_or(upto, |first| first.saturating_sub(1));
+        let (Some((&first, _)), Some((&last, last_held))) =
+            (self.held.iter().next(), self.held.range(..=upto).next_back())
+        else {
+            return nothing_to_drop;
+        };
+        // The bytes of the entries from `i` through `last`.
+        let from = |i: u64| last_held.through - self.held.get(&i).expect("the entries held are contiguous").before();
+        if from(first) <= bytes {
+            return nothing_to_drop;
+        }
+        if last_held.size > bytes {
+            return last;
+        }
+        // Throughout: from(lo) > bytes >= from(hi).
+        let (mut lo, mut hi) = (first, last);
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if from(mid) > bytes {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
     }
 }
 
@@ -334,25 +394,13 @@ impl LogStore {
 
     /// The encoded bytes of the entries held with index in `(after, upto]`.
     pub fn bytes_between(&self, after: Option<u64>, upto: u64) -> u64 {
-        let from = after.map_or(0, |a| a + 1);
-        if from > upto {
-            return 0;
-        }
-        self.cache().held.range(from..=upto).map(|(_, h)| h.size).sum()
+        self.cache().bytes_in(after.map_or(0, |a| a + 1), upto)
     }
 
     /// The lowest index `p` such that the entries in `(p, upto]` hold at
     /// most `bytes` (`p = upto` when the entry at `upto` alone holds more).
     pub fn keep_at_most(&self, upto: u64, bytes: u64) -> u64 {
-        let cache = self.cache();
-        let mut held = 0u64;
-        for (&index, h) in cache.held.range(..=upto).rev() {
-            held += h.size;
-            if held > bytes {
-                return index;
-            }
-        }
-        cache.held.keys().next().map_or(upto, |first| first.saturating_sub(1))
+        self.cache().keep_at_most(upto, bytes)
     }
 
     /// The id of the log's last entry, or of the last one purged when the
@@ -548,6 +596,71 @@ mod tests {
             cache.push(entry, 10, at);
         }
         store.publish_last_index(&cache);
+    }
+
+    /// The byte sums the snapshot policy asks for, against a walk over the
+    /// entries, as entries of different sizes are appended, truncated and
+    /// purged.
+    #[tokio::test]
+    async fn byte_sums_over_the_log_match_a_walk_through_appends_truncations_and_purges() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = StateStore::open(&dir.path().join("state"), &dir.path().join("images")).unwrap();
+        let store = LogStore::open(&dir.path().join("wal"), 1 << 20, db, 1).unwrap();
+        let append = |from: u64, to: u64, term: u64| {
+            let entries: Vec<Entry> = (from..=to)
+                .map(|i| Entry { log_id: log_id(term, 1, i), payload: openraft::EntryPayload::Blank })
+                .collect();
+            let records = entries.iter().map(|e| WalRecord::Entry { index: e.log_id.index, data: encode(e) }).collect();
+            let placed = store.wal.write_placed(records, true).unwrap();
+            let mut cache = store.cache();
+            for (entry, (_, at)) in entries.into_iter().zip(placed) {
+                let size = 1 + (entry.log_id.index * 7 + term) % 13;
+                cache.push(entry, size, at);
+            }
+        };
+        let check = |store: &LogStore| {
+            let sizes: BTreeMap<u64, u64> = store.cache().held.iter().map(|(&i, h)| (i, h.size)).collect();
+            let (lo, hi) = (
+                sizes.keys().next().map_or(0, |&f| f.saturating_sub(2)),
+                sizes.keys().next_back().map_or(3, |&l| l + 2),
+            );
+            for after in std::iter::once(None).chain((lo..=hi).map(Some)) {
+                for upto in lo..=hi {
+                    let from = after.map_or(0, |a| a + 1);
+                    let walked: u64 = sizes.iter().filter(|(&i, _)| from <= i && i <= upto).map(|(_, s)| s).sum();
+                    assert_eq!(store.bytes_between(after, upto), walked, "({after:?}, {upto}]");
+                }
+            }
+            for upto in lo..=hi {
+                for bytes in [0, 1, 5, 13, 20, 40, 100, 1000] {
+                    let mut held = 0;
+                    let mut walked = sizes.keys().next().map_or(upto, |f| f.saturating_sub(1));
+                    for (&i, s) in sizes.range(..=upto).rev() {
+                        held += s;
+                        if held > bytes {
+                            walked = i;
+                            break;
+                        }
+                    }
+                    assert_eq!(store.keep_at_most(upto, bytes), walked, "keep {bytes} bytes up to {upto}");
+                }
+            }
+        };
+        check(&store);
+        append(1, 30, 1);
+        check(&store);
+        store.cache().truncate(18);
+        check(&store);
+        append(18, 40, 2);
+        check(&store);
+        store.cache().purge(25);
+        check(&store);
+        append(41, 45, 2);
+        check(&store);
+        store.cache().purge(45);
+        check(&store);
+        append(46, 50, 3);
+        check(&store);
     }
 
     fn indexes(read: Result<Vec<Entry>, LogMoved>) -> Result<Vec<u64>, LogMoved> {
