@@ -180,9 +180,13 @@ impl MvccStore {
                 break;
             }
             let keep_from = visible_from(versions, compact_revision);
+            let was_live = super::newest_is_live(versions);
             for v in versions.drain(..keep_from) {
                 bytes -= super::version_bytes(key, v.value_len());
             }
+            // Only a tombstone goes as a key's newest version (a live one
+            // is visible at the compaction revision, or after it).
+            debug_assert!(!was_live || super::newest_is_live(versions), "a sweep removed a live key");
             if versions.is_empty() {
                 emptied.push(key.clone());
             }

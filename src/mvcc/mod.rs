@@ -109,6 +109,9 @@ pub struct MvccStore {
     response_limit: usize,
     /// Where superseded values go; `None`: they stay in memory.
     spill: Option<Spill>,
+    /// The keys whose newest version is live ([`MvccStore::live_keys`]),
+    /// kept as versions are pushed, so that reading it walks nothing.
+    live: usize,
 }
 
 /// The most key-value bytes one range returns (its keys, values and 64
@@ -139,6 +142,7 @@ impl Default for MvccStore {
             sweep_resume: None,
             response_limit: MAX_RANGE_RESPONSE_BYTES,
             spill: None,
+            live: 0,
         }
     }
 }
@@ -229,9 +233,16 @@ impl MvccStore {
         self.bytes
     }
 
-    /// Number of keys with a live value at the current revision.
+    /// Number of keys with a live value at the current revision (a gauge
+    /// read on every metrics scrape, under the store's lock: kept as a
+    /// count, not walked over every key).
     pub fn live_keys(&self) -> usize {
-        self.index.values().filter(|v| v.last().is_some_and(Version::is_live)).count()
+        self.live
+    }
+
+    /// [`MvccStore::live_keys`] the long way round.
+    fn count_live_keys(&self) -> usize {
+        self.index.values().filter(|v| newest_is_live(v)).count()
     }
 
     /// From now on, keep the values of superseded versions in `spill`; those
@@ -277,6 +288,7 @@ impl MvccStore {
             sweep_resume: None,
             response_limit: MAX_RANGE_RESPONSE_BYTES,
             spill: None,
+            live: 0,
         };
         for v in versions {
             assert!(v.kv.as_ref().is_none_or(|kv| kv.key == v.key), "a version's key-value carries its key");
@@ -291,6 +303,7 @@ impl MvccStore {
             versions.sort_by_key(|v| (v.revision, v.sub));
             assert!(versions.windows(2).all(|w| (w[0].revision, w[0].sub) < (w[1].revision, w[1].sub)));
         }
+        store.live = store.count_live_keys();
         assert!(compact_revision <= revision, "compact revision {compact_revision} above revision {revision}");
         store
     }
@@ -563,9 +576,15 @@ impl MvccStore {
     fn push_version(&mut self, key: &[u8], revision: Revision, sub: i64, kv: Option<Arc<KeyValue>>) {
         assert!(kv.as_ref().is_none_or(|kv| kv.key == key), "a version's key-value carries its key");
         let held = kv.map_or(Held::Tombstone, Held::Memory);
-        let (spill, bytes) = (&mut self.spill, &mut self.bytes);
+        let (spill, bytes, live) = (&mut self.spill, &mut self.bytes, &mut self.live);
         with_history(&mut self.index, key, |versions| {
-            push_onto(versions, spill, bytes, key, Version { revision, sub, held })
+            let was_live = newest_is_live(versions);
+            push_onto(versions, spill, bytes, key, Version { revision, sub, held });
+            match (was_live, newest_is_live(versions)) {
+                (false, true) => *live += 1,
+                (true, false) => *live -= 1,
+                _ => {}
+            }
         });
     }
 
@@ -580,7 +599,7 @@ impl MvccStore {
         sub: i64,
         build: impl FnOnce(Option<&KeyValue>) -> KeyValue,
     ) -> (Arc<KeyValue>, Option<Arc<KeyValue>>) {
-        let (spill, bytes) = (&mut self.spill, &mut self.bytes);
+        let (spill, bytes, live) = (&mut self.spill, &mut self.bytes, &mut self.live);
         with_history(&mut self.index, key, |versions| {
             let prev = versions.last().and_then(|v| match &v.held {
                 Held::Memory(kv) => Some(kv.clone()),
@@ -590,6 +609,9 @@ impl MvccStore {
             let kv = Arc::new(build(prev.as_deref()));
             assert!(kv.key == key, "a version's key-value carries its key");
             let version = Version { revision, sub, held: Held::Memory(kv.clone()) };
+            if prev.is_none() {
+                *live += 1;
+            }
             push_onto(versions, spill, bytes, key, version);
             (kv, prev)
         })
@@ -633,6 +655,11 @@ fn with_history<R>(
         None => index.entry(key.to_vec()).or_default(),
     };
     f(versions)
+}
+
+/// Whether a key's newest version is live (not a tombstone).
+fn newest_is_live(versions: &[Version]) -> bool {
+    versions.last().is_some_and(Version::is_live)
 }
 
 /// Append `version` to a key's history, counting its size, and move the

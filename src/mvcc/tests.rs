@@ -120,6 +120,64 @@ fn the_counted_size_follows_the_history() {
     assert_eq!(restored.size_bytes(), s.size_bytes());
 }
 
+/// The live-key count is kept as versions come and go, and always equals a
+/// walk over the index: puts, deletes of one key and of ranges, txns that
+/// put and delete, a compaction swept, a replay and a restore.
+#[test]
+fn the_live_key_count_follows_every_write() {
+    let mut s = MvccStore::default();
+    let check = |s: &MvccStore| assert_eq!(s.live_keys(), s.count_live_keys());
+    let mut seed = 7u64;
+    let mut next = move |n: u64| {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (seed >> 33) % n
+    };
+    for step in 0..400 {
+        let key = format!("k{}", next(40));
+        match next(5) {
+            0 | 1 => {
+                put(&mut s, &key, "v");
+            }
+            2 => {
+                s.delete_range(&DeleteRangeRequest { key: key.into(), ..Default::default() });
+            }
+            3 => {
+                let end = format!("k{}", next(40));
+                s.delete_range(&DeleteRangeRequest { key: key.into(), range_end: end.into(), ..Default::default() });
+            }
+            _ => {
+                let other = format!("k{}", next(40));
+                let txn = TxnRequest {
+                    success: vec![
+                        RequestOp::DeleteRange(DeleteRangeRequest { key: key.clone().into(), ..Default::default() }),
+                        RequestOp::Put(PutRequest { key: other.into(), ..Default::default() }),
+                        RequestOp::Put(PutRequest { key: key.into(), ..Default::default() }),
+                    ],
+                    ..Default::default()
+                };
+                s.txn(&txn, &()).unwrap();
+            }
+        }
+        check(&s);
+        if step == 200 {
+            s.compact(s.revision()).unwrap();
+            s.sweep(usize::MAX);
+            check(&s);
+        }
+    }
+    assert!(s.live_keys() > 0 && s.live_keys() < 40, "both live keys and deleted ones: {}", s.live_keys());
+    let restored = MvccStore::restore(s.versions().collect::<Vec<_>>(), s.revision(), s.compact_revision());
+    assert_eq!(restored.live_keys(), s.live_keys());
+    let mut replayed = MvccStore::default();
+    let mut versions: Vec<_> = s.versions().collect();
+    versions.sort_by_key(|v| (v.revision, v.sub));
+    for v in versions {
+        replayed.replay(v);
+    }
+    assert_eq!(replayed.live_keys(), s.live_keys());
+    check(&replayed);
+}
+
 fn cmp(key: &str, target: CompareTarget, result: CompareResult, number: i64, value: &str) -> Compare {
     Compare { result, target, key: key.into(), range_end: vec![], number, value: value.into() }
 }
