@@ -286,8 +286,11 @@ impl Drop for RevisionWait {
 #[derive(Default)]
 struct DeletionWaits {
     next_id: AtomicU64,
-    by_key: Mutex<HashMap<Vec<u8>, HashMap<u64, Arc<Notify>>>>,
+    by_key: Mutex<HashMap<Vec<u8>, WaitsOnKey>>,
 }
+
+/// The waits on one key's deletion, by wait ID.
+type WaitsOnKey = HashMap<u64, Arc<Notify>>;
 
 impl DeletionWaits {
     fn register(self: &Arc<Self>, keys: Vec<Vec<u8>>) -> DeletionWait {
