@@ -109,8 +109,9 @@ pub struct MvccStore {
     response_limit: usize,
     /// Where superseded values go; `None`: they stay in memory.
     spill: Option<Spill>,
-    /// The keys whose newest version is live ([`MvccStore::live_keys`]),
-    /// kept as versions are pushed, so that reading it walks nothing.
+    /// The keys whose newest version is live ([`MvccStore::live_keys`]):
+    /// counted once when a store is restored, then kept as versions are
+    /// pushed, so that reading it walks nothing.
     live: usize,
 }
 

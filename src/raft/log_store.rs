@@ -99,10 +99,10 @@ struct Held {
     /// Its encoded size (what the log holds in bytes, see
     /// [`LogStore::bytes_between`]).
     size: u64,
-    /// The sizes of the entries held up to and including this one, summed
-    /// from an origin that only differences cancel out: what a range of
-    /// entries holds is the difference of two of these, found without a
-    /// walk over the range (see [`LogCache::bytes_in`]).
+    /// A running total: the sizes of the entries held up to and including
+    /// this one, counted from an arbitrary start (only differences are
+    /// used). What a range of entries holds is the difference of two of
+    /// these, found without a walk over the range (see [`LogCache::bytes_in`]).
     through: u64,
     at: EntryAt,
 }
