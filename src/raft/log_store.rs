@@ -646,21 +646,28 @@ mod tests {
                 }
             }
         };
+        enum Step {
+            Append { from: u64, to: u64, term: u64 },
+            Truncate(u64),
+            Purge(u64),
+        }
         check(&store);
-        append(1, 30, 1);
-        check(&store);
-        store.cache().truncate(18);
-        check(&store);
-        append(18, 40, 2);
-        check(&store);
-        store.cache().purge(25);
-        check(&store);
-        append(41, 45, 2);
-        check(&store);
-        store.cache().purge(45);
-        check(&store);
-        append(46, 50, 3);
-        check(&store);
+        for step in [
+            Step::Append { from: 1, to: 30, term: 1 },
+            Step::Truncate(18),
+            Step::Append { from: 18, to: 40, term: 2 },
+            Step::Purge(25),
+            Step::Append { from: 41, to: 45, term: 2 },
+            Step::Purge(45),
+            Step::Append { from: 46, to: 50, term: 3 },
+        ] {
+            match step {
+                Step::Append { from, to, term } => append(from, to, term),
+                Step::Truncate(index) => store.cache().truncate(index),
+                Step::Purge(index) => store.cache().purge(index),
+            }
+            check(&store);
+        }
     }
 
     fn indexes(read: Result<Vec<Entry>, LogMoved>) -> Result<Vec<u64>, LogMoved> {
