@@ -312,7 +312,7 @@ impl DeletionWaits {
         if by_key.is_empty() {
             return;
         }
-        let wake = |waits: &HashMap<u64, Arc<Notify>>| waits.values().for_each(|n| n.notify_one());
+        let wake = |waits: &WaitsOnKey| waits.values().for_each(|n| n.notify_one());
         if changes.resync {
             by_key.values().for_each(wake);
             return;

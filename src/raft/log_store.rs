@@ -184,23 +184,18 @@ impl LogCache {
             return 0;
         }
         let mut range = self.held.range(from..=upto);
-        match (range.next(), range.next_back()) {
-            (Some((_, first)), Some((_, last))) => last.through - first.before(),
-            (Some((_, only)), None) => only.size,
-            _ => 0,
-        }
+        let Some((_, first)) = range.next() else { return 0 };
+        let last = range.next_back().map_or(first, |(_, last)| last);
+        last.through - first.before()
     }
 
     /// See [`LogStore::keep_at_most`]. The entries held are contiguous and
     /// their running sums grow with their index, so the answer is found by
     /// bisection.
     fn keep_at_most(&self, upto: u64, bytes: u64) -> u64 {
-        let nothing_to_drop = self.held.keys().next().map_or(upto, |first| first.saturating_sub(1));
-        let (Some((&first, _)), Some((&last, last_held))) =
-            (self.held.iter().next(), self.held.range(..=upto).next_back())
-        else {
-            return nothing_to_drop;
-        };
+        let Some((&first, _)) = self.held.first_key_value() else { return upto };
+        let nothing_to_drop = first.saturating_sub(1);
+        let Some((&last, last_held)) = self.held.range(..=upto).next_back() else { return nothing_to_drop };
         // The bytes of the entries from `i` through `last`.
         let from = |i: u64| last_held.through - self.held.get(&i).expect("the entries held are contiguous").before();
         if from(first) <= bytes {
