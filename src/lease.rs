@@ -9,9 +9,13 @@
 //! none of them ever reads a clock in apply.
 //!
 //! Invariants: a key is attached to at most one lease; `attached[key] == id`
-//! exactly when `leases[id].keys` contains `key`.
+//! exactly when `leases[id].keys` contains `key`. Every live lease is in
+//! `by_grant` under the order of its grant, and nothing else is: a reader
+//! that remembers a [`GrantMark`] learns of the grants made since without
+//! walking the table (the lease keeper does, every tick).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
@@ -26,6 +30,10 @@ pub struct Lease {
     /// The TTL granted, in seconds (after raising it to the floor).
     pub ttl: i64,
     pub keys: BTreeSet<Vec<u8>>,
+    /// Where its grant falls among the grants made into this table
+    /// (this member's memory only: a restored table numbers them anew).
+    #[serde(skip)]
+    pub grant_order: u64,
 }
 
 /// A lease as TimeToLive reports it: what only the leader, which keeps
@@ -40,10 +48,40 @@ pub struct LeaseStatus {
     pub keys: Vec<Vec<u8>>,
 }
 
-#[derive(Debug, Default)]
+/// A point in one table's sequence of grants: what a reader of
+/// [`LeaseTable::grants_since`] has seen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GrantMark {
+    table: u64,
+    grants: u64,
+}
+
+/// Tells tables apart: a table rebuilt by [`LeaseTable::restore`] (or made
+/// anew) starts its own sequence of grants.
+static TABLES_MADE: AtomicU64 = AtomicU64::new(0);
+
+#[derive(Debug)]
 pub struct LeaseTable {
     leases: BTreeMap<i64, Lease>,
     attached: HashMap<Vec<u8>, i64>,
+    /// This table's identity, from [`TABLES_MADE`].
+    table: u64,
+    /// Grants made into this table: the `grant_order` of the latest.
+    grants: u64,
+    /// Live leases by `grant_order`.
+    by_grant: BTreeMap<u64, i64>,
+}
+
+impl Default for LeaseTable {
+    fn default() -> Self {
+        LeaseTable {
+            leases: BTreeMap::new(),
+            attached: HashMap::new(),
+            table: TABLES_MADE.fetch_add(1, Ordering::Relaxed),
+            grants: 0,
+            by_grant: BTreeMap::new(),
+        }
+    }
 }
 
 impl LeaseView for LeaseTable {
@@ -75,13 +113,16 @@ impl LeaseTable {
         if self.leases.contains_key(&id) {
             return false;
         }
-        self.leases.insert(id, Lease { id, ttl, keys: BTreeSet::new() });
+        self.grants += 1;
+        self.by_grant.insert(self.grants, id);
+        self.leases.insert(id, Lease { id, ttl, keys: BTreeSet::new(), grant_order: self.grants });
         true
     }
 
     /// Remove a lease; returns its keys (to delete), or `None` if unknown.
     pub fn revoke(&mut self, id: i64) -> Option<BTreeSet<Vec<u8>>> {
         let lease = self.leases.remove(&id)?;
+        self.by_grant.remove(&lease.grant_order);
         for k in &lease.keys {
             self.attached.remove(k);
         }
@@ -127,6 +168,21 @@ impl LeaseTable {
         table
     }
 
+    /// Where this table's grants stand now.
+    pub fn grant_mark(&self) -> GrantMark {
+        GrantMark { table: self.table, grants: self.grants }
+    }
+
+    /// The leases granted after `mark` and still live, (id, ttl) in the
+    /// order of their grants; `None` if `mark` is from another table (one
+    /// this table replaced), whose grants cannot be told from these.
+    pub fn grants_since(&self, mark: GrantMark) -> Option<impl Iterator<Item = (i64, i64)> + '_> {
+        if mark.table != self.table {
+            return None;
+        }
+        Some(self.by_grant.range(mark.grants + 1..).map(|(_, id)| (*id, self.leases[id].ttl)))
+    }
+
     /// (id, ttl) of every lease: what a checkpoint stores.
     pub fn grants(&self) -> Vec<(i64, i64)> {
         self.leases.values().map(|l| (l.id, l.ttl)).collect()
@@ -164,5 +220,25 @@ mod tests {
         assert_eq!(t.revoke(2), Some(BTreeSet::from([b"b".to_vec()])));
         assert_eq!(t.revoke(2), None);
         assert!(t.lease_exists(1) && !t.lease_exists(2));
+    }
+
+    #[test]
+    fn grants_since_a_mark_are_the_live_leases_granted_after_it() {
+        let mut t = LeaseTable::default();
+        assert!(t.grant(1, 10));
+        let mark = t.grant_mark();
+        assert_eq!(t.grants_since(mark).unwrap().count(), 0);
+        assert!(t.grant(2, 20));
+        assert!(t.grant(3, 30));
+        assert!(!t.grant(2, 5), "a refused grant is no grant");
+        t.revoke(3);
+        // Revoked, then granted again under the same ID: a new grant.
+        assert!(t.grant(3, 40));
+        t.revoke(1);
+        assert_eq!(t.grants_since(mark).unwrap().collect::<Vec<_>>(), vec![(2, 20), (3, 40)]);
+        assert_eq!(t.grants_since(t.grant_mark()).unwrap().count(), 0);
+        let restored = LeaseTable::restore(t.grants(), Vec::new());
+        assert!(restored.grants_since(mark).is_none(), "a mark of another table");
+        assert_eq!(restored.grants_since(restored.grant_mark()).unwrap().count(), 0);
     }
 }

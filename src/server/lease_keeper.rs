@@ -34,16 +34,22 @@
 //! Caveats: deadlines live in the leader's memory only, so after a leader
 //! change a lease lives up to one extra TTL (never less than its TTL). Expiry
 //! is checked every tick ([`TICK`]); a lease is revoked within a tick, a
-//! quorum round and one commit after its deadline.
+//! quorum round and one commit after its deadline. A tick visits the grants
+//! made since the one before and the deadlines that have passed, so its
+//! cost does not grow with the number of leases; the first tick of a term
+//! walks them all once. A lease revoked and granted again under the same ID
+//! is a new lease with a full TTL; but an expiry already proposed for the
+//! old one, applied after the new grant, revokes the new one (the command
+//! names the ID and the term, as etcd's names the ID).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::Node;
-use crate::lease::LeaseTable;
+use crate::lease::{GrantMark, LeaseTable};
 use crate::shutdown::Stopping;
 
 /// How often the leader looks for expired leases.
@@ -58,15 +64,27 @@ pub struct LeaseKeeper {
     inner: Mutex<Deadlines>,
 }
 
+/// The leader's deadlines. A tick costs the leases granted since the last
+/// one and the deadlines that have passed, not a walk over every lease:
+/// with 200,000 leases the walk took 75 ms of every 100 ms tick, under the
+/// lease table's read lock, which every applied write waits for.
 #[derive(Default)]
 struct Deadlines {
     /// The term whose leader this member was at the last tick, if it led.
     term: Option<u64>,
     /// When the last tick ran (to notice time the keeper did not see).
     last_tick: Option<Instant>,
+    /// Each lease's deadline. May still hold leases revoked since (they
+    /// are dropped when their deadline comes, or by `reconcile`); readers
+    /// look a lease up in the table first.
     at: HashMap<i64, Instant>,
+    /// The same deadlines, soonest first.
+    due: BTreeSet<(Instant, i64)>,
     /// Leases whose expiry has been proposed and not yet answered.
     expiring: HashSet<i64>,
+    /// The table's grants this keeper has given deadlines to; `None` until
+    /// the first sync of a term.
+    seen: Option<GrantMark>,
 }
 
 impl Deadlines {
@@ -78,13 +96,89 @@ impl Deadlines {
         }
     }
 
-    /// Bring the deadlines in line with the table: new leases get a full TTL.
-    fn sync(&mut self, table: &LeaseTable, now: Instant) {
-        self.at.retain(|id, _| table.get(*id).is_some());
-        self.expiring.retain(|id| table.get(*id).is_some());
-        for (id, ttl) in table.grants() {
-            self.at.entry(id).or_insert_with(|| now + secs(ttl));
+    fn set(&mut self, id: i64, deadline: Instant) {
+        if let Some(old) = self.at.insert(id, deadline) {
+            self.due.remove(&(old, id));
         }
+        self.due.insert((deadline, id));
+    }
+
+    fn forget(&mut self, id: i64) {
+        if let Some(old) = self.at.remove(&id) {
+            self.due.remove(&(old, id));
+        }
+    }
+
+    /// Give the leases granted since the last sync a full TTL from now —
+    /// a lease revoked and granted again under its ID is a new lease, and
+    /// gets one too. Only what is new is visited; a table this keeper has
+    /// not followed (a new term's first sync, a restored table) is walked
+    /// whole, keeping the deadlines of the leases it already knew.
+    fn sync(&mut self, table: &LeaseTable, now: Instant) {
+        if !self.catch_up(table, now) {
+            self.reconcile(table);
+            for (id, ttl) in table.grants() {
+                if !self.at.contains_key(&id) {
+                    self.set(id, now + secs(ttl));
+                }
+            }
+            self.seen = Some(table.grant_mark());
+        }
+        // Deadlines of revoked leases go when they come due; a keeper whose
+        // leases are granted and revoked faster than they expire drops
+        // them here once they outnumber the live ones (amortized: a walk
+        // per so many revocations).
+        if self.at.len() > 2 * table.len() + 1024 {
+            self.reconcile(table);
+        }
+    }
+
+    /// The incremental part of `sync`; false if the table is not the one
+    /// this keeper followed.
+    fn catch_up(&mut self, table: &LeaseTable, now: Instant) -> bool {
+        let Some(new) = self.seen.and_then(|mark| table.grants_since(mark)) else { return false };
+        for (id, ttl) in new {
+            self.set(id, now + secs(ttl));
+        }
+        self.seen = Some(table.grant_mark());
+        true
+    }
+
+    /// Drop the deadlines of leases the table no longer has.
+    fn reconcile(&mut self, table: &LeaseTable) {
+        self.at.retain(|id, _| table.get(*id).is_some());
+        self.due.retain(|(_, id)| table.get(*id).is_some());
+        self.expiring.retain(|id| table.get(*id).is_some());
+    }
+
+    /// Move every deadline later by `by`.
+    fn postpone(&mut self, by: Duration) {
+        for deadline in self.at.values_mut() {
+            *deadline += by;
+        }
+        self.due = self.at.iter().map(|(id, t)| (*t, *id)).collect();
+    }
+
+    /// The live leases whose deadline is `now` or before and whose expiry
+    /// is not already proposed; deadlines of revoked leases met on the way
+    /// are dropped.
+    fn passed(&mut self, table: &LeaseTable, now: Instant) -> Vec<i64> {
+        let mut expired = Vec::new();
+        let mut gone = Vec::new();
+        for &(deadline, id) in &self.due {
+            if deadline > now {
+                break;
+            }
+            if table.get(id).is_none() {
+                gone.push(id);
+            } else if !self.expiring.contains(&id) {
+                expired.push(id);
+            }
+        }
+        for id in gone {
+            self.forget(id);
+        }
+        expired
     }
 }
 
@@ -100,10 +194,13 @@ impl LeaseKeeper {
         let mut d = self.inner.lock().expect("lease keeper lock poisoned");
         let now = Instant::now();
         d.begin_term(Some(term), now);
+        // A lease granted since the last tick (perhaps under the ID of a
+        // revoked one, whose deadline may have passed) is not expired.
+        d.catch_up(table, now);
         match d.at.get(&id) {
             Some(deadline) if *deadline <= now => None,
             _ => {
-                d.at.insert(id, now + secs(lease.ttl));
+                d.set(id, now + secs(lease.ttl));
                 Some(lease.ttl)
             }
         }
@@ -112,9 +209,11 @@ impl LeaseKeeper {
     /// Whole seconds left before a lease expires (on the leader).
     pub fn remaining(&self, table: &LeaseTable, id: i64) -> Option<i64> {
         let lease = table.get(id)?;
-        let d = self.inner.lock().expect("lease keeper lock poisoned");
+        let mut d = self.inner.lock().expect("lease keeper lock poisoned");
+        let now = Instant::now();
+        d.catch_up(table, now);
         Some(match d.at.get(&id) {
-            Some(deadline) => deadline.saturating_duration_since(Instant::now()).as_secs() as i64,
+            Some(deadline) => deadline.saturating_duration_since(now).as_secs() as i64,
             None => lease.ttl,
         })
     }
@@ -133,16 +232,13 @@ impl LeaseKeeper {
                 unseen_ms = unseen.as_millis() as u64,
                 "the lease keeper was held up; every lease deadline moves by the time it could not see"
             );
-            for deadline in d.at.values_mut() {
-                *deadline += unseen;
-            }
+            d.postpone(unseen);
         }
         if leading.is_none() {
             return Vec::new();
         }
         d.sync(table, now);
-        let expired: Vec<i64> =
-            d.at.iter().filter(|(id, t)| **t <= now && !d.expiring.contains(id)).map(|(id, _)| *id).collect();
+        let expired = d.passed(table, now);
         d.expiring.extend(&expired);
         expired
     }
@@ -239,7 +335,7 @@ mod tests {
         keeper.tick(Some(3), &table, t0);
         // Term 3's deadline passed long ago; term 5 has not ticked yet.
         std::thread::sleep(Duration::from_millis(10));
-        keeper.inner.lock().unwrap().at.insert(1, t0);
+        keeper.inner.lock().unwrap().set(1, t0);
         assert_eq!(keeper.renew(5, &table, 1), Some(2), "a live lease was answered as gone");
     }
 
@@ -256,5 +352,79 @@ mod tests {
         assert!(keeper.tick(Some(3), &table, woke).is_empty(), "a lease expired across a pause");
         let expired = ticks_until_expiry(&keeper, &table, 3, woke, Duration::from_secs(5)).expect("expires");
         assert!(expired >= Duration::from_millis(900) && expired <= Duration::from_millis(1100), "{expired:?}");
+    }
+
+    #[test]
+    fn leases_expire_in_the_order_of_their_deadlines_and_revoked_ones_do_not() {
+        let keeper = LeaseKeeper::default();
+        let mut table = LeaseTable::default();
+        for (id, ttl) in [(1, 3), (2, 1), (3, 2), (4, 1)] {
+            assert!(table.grant(id, ttl));
+        }
+        let t0 = Instant::now();
+        assert!(keeper.tick(Some(3), &table, t0).is_empty());
+        table.revoke(4);
+        let mut order = Vec::new();
+        let mut now = t0;
+        while now < t0 + Duration::from_secs(4) {
+            now += TICK;
+            for id in keeper.tick(Some(3), &table, now) {
+                order.push((id, now - t0));
+            }
+        }
+        let s = Duration::from_secs;
+        assert_eq!(order, vec![(2, s(1)), (3, s(2)), (1, s(3))]);
+    }
+
+    #[test]
+    fn a_lease_granted_again_under_its_id_gets_a_full_ttl() {
+        let keeper = LeaseKeeper::default();
+        let mut table = table_with(1, 2);
+        let t0 = Instant::now();
+        keeper.tick(Some(3), &table, t0);
+        assert_eq!(ticks_until_expiry(&keeper, &table, 3, t0, Duration::from_millis(1900)), None);
+        // Between two ticks the old lease 1 is revoked and a new one granted
+        // under its ID: the old deadline (at 2 s) is not the new lease's.
+        table.revoke(1);
+        assert!(table.grant(1, 10));
+        let t1 = t0 + Duration::from_millis(1900);
+        // The next tick, at t1 + TICK, sees the grant and gives it 10 s.
+        let expired = ticks_until_expiry(&keeper, &table, 3, t1, Duration::from_secs(11));
+        assert_eq!(expired, Some(TICK + Duration::from_secs(10)));
+    }
+
+    #[test]
+    fn a_keepalive_finds_a_lease_granted_again_since_the_last_tick_alive() {
+        let keeper = LeaseKeeper::default();
+        let mut table = table_with(1, 2);
+        let t0 = Instant::now();
+        keeper.tick(Some(3), &table, t0);
+        // The old lease 1's deadline has passed; it is revoked and granted
+        // again before the keeper's next tick.
+        keeper.inner.lock().unwrap().set(1, t0);
+        table.revoke(1);
+        assert!(table.grant(1, 2));
+        std::thread::sleep(Duration::from_millis(10));
+        assert_eq!(keeper.renew(3, &table, 1), Some(2), "a new lease was answered as expired");
+    }
+
+    #[test]
+    fn deadlines_of_revoked_leases_do_not_pile_up() {
+        let keeper = LeaseKeeper::default();
+        let mut table = LeaseTable::default();
+        let t0 = Instant::now();
+        keeper.tick(Some(3), &table, t0);
+        for id in 1..=5000 {
+            assert!(table.grant(id, 3600));
+        }
+        keeper.tick(Some(3), &table, t0 + TICK);
+        assert_eq!(keeper.inner.lock().unwrap().at.len(), 5000);
+        for id in 1..=5000 {
+            table.revoke(id);
+        }
+        assert!(table.grant(5001, 3600));
+        assert!(keeper.tick(Some(3), &table, t0 + TICK * 2).is_empty());
+        let d = keeper.inner.lock().unwrap();
+        assert_eq!((d.at.len(), d.due.len()), (1, 1), "the revoked leases' deadlines were kept");
     }
 }
