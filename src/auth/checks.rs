@@ -55,9 +55,11 @@ pub fn check_command(
 }
 
 /// WRITE on every key attached to lease `id` (none for no lease, or one
-/// that does not exist).
+/// that does not exist). With auth off, nothing to check: the lease's keys
+/// are not walked (a keepalive or Lock on a lease with many keys paid for
+/// the walk).
 pub fn check_lease_keys(auth: &AuthStore, caller: &Caller, id: i64, leases: &LeaseTable) -> Result<(), AuthError> {
-    if id == 0 {
+    if id == 0 || !auth.enabled {
         return Ok(());
     }
     match leases.get(id) {
