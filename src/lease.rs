@@ -31,7 +31,8 @@ pub struct Lease {
     pub ttl: i64,
     pub keys: BTreeSet<Vec<u8>>,
     /// Where its grant falls among the grants made into this table
-    /// (this member's memory only: a restored table numbers them anew).
+    /// (this member's memory only: a restored table numbers them anew, so
+    /// the same lease in two tables may compare unequal).
     #[serde(skip)]
     pub grant_order: u64,
 }

@@ -82,8 +82,9 @@ struct Deadlines {
     due: BTreeSet<(Instant, i64)>,
     /// Leases whose expiry has been proposed and not yet answered.
     expiring: HashSet<i64>,
-    /// The table's grants this keeper has given deadlines to; `None` until
-    /// the first sync of a term.
+    /// The table's grants this keeper has given deadlines to; `None` while
+    /// not leading, and in a term until its first tick (a keepalive may
+    /// have begun the term before it).
     seen: Option<GrantMark>,
 }
 
@@ -116,6 +117,13 @@ impl Deadlines {
     /// whole, keeping the deadlines of the leases it already knew.
     fn sync(&mut self, table: &LeaseTable, now: Instant) {
         if !self.catch_up(table, now) {
+            if self.seen.is_some() {
+                // The table was replaced (restored) within this term: an ID
+                // known here may name a different lease there, so every
+                // lease gets a full TTL, as in a new term.
+                self.at.clear();
+                self.due.clear();
+            }
             self.reconcile(table);
             for (id, ttl) in table.grants() {
                 if !self.at.contains_key(&id) {
@@ -161,7 +169,8 @@ impl Deadlines {
 
     /// The live leases whose deadline is `now` or before and whose expiry
     /// is not already proposed; deadlines of revoked leases met on the way
-    /// are dropped.
+    /// are dropped. Leases whose expiry is in flight are passed over again
+    /// each tick until it is answered (and their lease revoked).
     fn passed(&mut self, table: &LeaseTable, now: Instant) -> Vec<i64> {
         let mut expired = Vec::new();
         let mut gone = Vec::new();
@@ -427,4 +436,20 @@ mod tests {
         let d = keeper.inner.lock().unwrap();
         assert_eq!((d.at.len(), d.due.len()), (1, 1), "the revoked leases' deadlines were kept");
     }
+
+    #[test]
+    fn a_table_restored_within_a_term_gives_every_lease_a_full_ttl() {
+        let keeper = LeaseKeeper::default();
+        let table = table_with(1, 2);
+        let t0 = Instant::now();
+        keeper.tick(Some(3), &table, t0);
+        assert_eq!(ticks_until_expiry(&keeper, &table, 3, t0, Duration::from_millis(1900)), None);
+        // The table is rebuilt from a snapshot in which ID 1 is another
+        // lease: the old lease's deadline (at 2 s) is not its deadline.
+        let restored = LeaseTable::restore([(1, 10)], Vec::new());
+        let t1 = t0 + Duration::from_millis(1900);
+        let expired = ticks_until_expiry(&keeper, &restored, 3, t1, Duration::from_secs(11));
+        assert_eq!(expired, Some(TICK + Duration::from_secs(10)));
+    }
 }
+

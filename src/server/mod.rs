@@ -183,7 +183,8 @@ pub struct Node {
     /// The election timer, pre-vote and check-quorum (`raft::election`).
     elections: Arc<Elections>,
     /// True while this member has been without a leader for three election
-    /// timeouts in a row: one task decides it (`watch_for_a_leader`) for
+    /// timeouts in a row, as sampled every 100 ms (so it may lag a leader's
+    /// return by a sample): one task decides it (`watch_for_a_leader`) for
     /// every stream that requires a leader.
     leaderless: tokio::sync::watch::Sender<bool>,
     /// `--bcrypt-cost` for the passwords this member hashes.
@@ -452,8 +453,10 @@ impl Node {
     /// already.
     pub async fn leaderless(&self) {
         let mut leaderless = self.leaderless.subscribe();
-        // An error only if the sender is gone, with the node: nothing to wait for.
-        let _ = leaderless.wait_for(|&without| without).await;
+        // The flag is sampled every 100 ms: a leader found since the last
+        // sample is not "leaderless" for a stream opened in between. An error
+        // only if the sender is gone, with the node: nothing to wait for.
+        let _ = leaderless.wait_for(|&without| without && !self.has_leader()).await;
     }
 
     /// The one task that decides [`Node::leaderless`], looking every 100 ms
