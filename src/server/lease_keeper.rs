@@ -452,4 +452,3 @@ mod tests {
         assert_eq!(expired, Some(TICK + Duration::from_secs(10)));
     }
 }
-
