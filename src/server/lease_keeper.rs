@@ -311,6 +311,16 @@ mod tests {
         None
     }
 
+    /// A keeper leading term 3 from `t0`, ticked until 100 ms before the
+    /// 2 s lease in `table` expires.
+    fn leading_until_just_before_expiry(table: &LeaseTable) -> (LeaseKeeper, Instant) {
+        let keeper = LeaseKeeper::default();
+        let t0 = Instant::now();
+        keeper.tick(Some(3), table, t0);
+        assert_eq!(ticks_until_expiry(&keeper, table, 3, t0, Duration::from_millis(1900)), None);
+        (keeper, t0)
+    }
+
     #[test]
     fn a_lease_expires_after_its_ttl_in_one_term() {
         let keeper = LeaseKeeper::default();
@@ -324,11 +334,8 @@ mod tests {
 
     #[test]
     fn a_new_term_gives_every_lease_a_full_ttl() {
-        let keeper = LeaseKeeper::default();
         let table = table_with(1, 2);
-        let t0 = Instant::now();
-        keeper.tick(Some(3), &table, t0);
-        assert_eq!(ticks_until_expiry(&keeper, &table, 3, t0, Duration::from_millis(1900)), None);
+        let (keeper, t0) = leading_until_just_before_expiry(&table);
         // Led term 3, then (between two ticks) term 5: the deadline of term 3
         // knows nothing of the keepalives term 4's leader took.
         let t1 = t0 + Duration::from_millis(2000);
@@ -387,11 +394,8 @@ mod tests {
 
     #[test]
     fn a_lease_granted_again_under_its_id_gets_a_full_ttl() {
-        let keeper = LeaseKeeper::default();
         let mut table = table_with(1, 2);
-        let t0 = Instant::now();
-        keeper.tick(Some(3), &table, t0);
-        assert_eq!(ticks_until_expiry(&keeper, &table, 3, t0, Duration::from_millis(1900)), None);
+        let (keeper, t0) = leading_until_just_before_expiry(&table);
         // Between two ticks the old lease 1 is revoked and a new one granted
         // under its ID: the old deadline (at 2 s) is not the new lease's.
         table.revoke(1);
@@ -439,11 +443,8 @@ mod tests {
 
     #[test]
     fn a_table_restored_within_a_term_gives_every_lease_a_full_ttl() {
-        let keeper = LeaseKeeper::default();
         let table = table_with(1, 2);
-        let t0 = Instant::now();
-        keeper.tick(Some(3), &table, t0);
-        assert_eq!(ticks_until_expiry(&keeper, &table, 3, t0, Duration::from_millis(1900)), None);
+        let (keeper, t0) = leading_until_just_before_expiry(&table);
         // The table is rebuilt from a snapshot in which ID 1 is another
         // lease: the old lease's deadline (at 2 s) is not its deadline.
         let restored = LeaseTable::restore([(1, 10)], Vec::new());
