@@ -62,8 +62,11 @@ fn prune(grants: &mut HashMap<Vec<u8>, i64>, state: &AppliedState) {
     let mut checked = 0usize;
     grants.retain(|key, token| {
         if checked.is_multiple_of(PRUNE_CHUNK) {
-            // Let a waiting writer in between two chunks.
-            mvcc = None;
+            // Let go of the last chunk's hold before taking the next, so a
+            // waiting writer gets in between (and a second read hold is
+            // never asked for while one is held: with a writer waiting, it
+            // would wait for that writer, which waits for the first).
+            drop(mvcc.take());
             mvcc = Some(state.mvcc());
         }
         checked += 1;
