@@ -60,4 +60,5 @@ mod watch_routes;
 
 pub use api::{serve_clients, serve_metrics};
 pub use locks::prefix_end;
+pub use server::listen::bind as bind_listeners;
 pub use server::Node;

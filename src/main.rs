@@ -54,8 +54,12 @@ async fn serve() -> anyhow::Result<()> {
         .init();
     disable_transparent_huge_pages();
 
-    let (peer_listeners, client_listeners) = (config.listeners(Port::Peer)?, config.listeners(Port::Client)?);
-    let metrics_listeners = config.metrics_listeners()?;
+    // Every port is bound before the node opens its storage: a taken port
+    // stops the start before anything is written (a fresh data directory
+    // would otherwise hold a newly bootstrapped cluster).
+    let peer_listeners = raftlock::bind_listeners(config.listeners(Port::Peer)?)?;
+    let client_listeners = raftlock::bind_listeners(config.listeners(Port::Client)?)?;
+    let metrics_listeners = raftlock::bind_listeners(config.metrics_listeners()?)?;
     let node = Node::start(&config).await?;
     let peers = tokio::spawn(node.clone().serve_peers(peer_listeners));
     if config.experimental_initial_corrupt_check {

@@ -504,3 +504,28 @@ async fn a_cluster_restored_from_a_saved_snapshot_serves_the_saved_data() {
     assert!(revision > saved_revision);
     restored.wait_for_keys(0, "saved/", 53).await;
 }
+
+/// A member whose port is taken stops before it opens its storage: nothing
+/// is written (a fresh data directory would otherwise hold a cluster it
+/// bootstrapped), it never says it serves, and the error names the address.
+/// Once the port is free, the same member starts and serves.
+#[tokio::test]
+async fn a_taken_port_stops_the_start_before_anything_is_written() {
+    let mut cluster = Cluster::unstarted(1);
+    let (peer_port, client_port) = (cluster.members[0].peer_port, cluster.members[0].client_port);
+    for taken in [peer_port, client_port] {
+        let holder = std::net::TcpListener::bind(("127.0.0.1", taken)).unwrap();
+        cluster.restart(0);
+        let status = cluster.wait_exit(0, Duration::from_secs(20)).expect("the member exits by itself");
+        assert!(!status.success());
+        let log = cluster.log_of(0);
+        assert!(log.contains(&format!("binding 127.0.0.1:{taken}")), "{log}");
+        assert!(!log.contains("raftlock is serving"), "{log}");
+        assert!(!cluster.members[0].data_dir.exists(), "the data directory was made: {log}");
+        drop(holder);
+    }
+    cluster.start_all().await;
+    let mut c = cluster.client(0).await;
+    c.put("started", "1", None).await.unwrap();
+    assert!(cluster.members[0].data_dir.exists());
+}

@@ -50,7 +50,7 @@ pub fn header(node: &Node, revision: i64) -> Option<ResponseHeader> {
 
 /// Serve the client API on `listeners` until the node shuts down: the gRPC
 /// services, and the HTTP endpoints ([`http`]) on the same port.
-pub async fn serve_clients(node: Arc<Node>, listeners: Vec<crate::server::listen::Listener>) -> anyhow::Result<()> {
+pub async fn serve_clients(node: Arc<Node>, listeners: Vec<crate::server::listen::Bound>) -> anyhow::Result<()> {
     let health = health::service(node.clone());
     let make = || {
         let mut grpc = Routes::builder();
@@ -76,7 +76,7 @@ pub async fn serve_clients(node: Arc<Node>, listeners: Vec<crate::server::listen
 
 /// Serve only the HTTP endpoints ([`http`]) on `listeners`
 /// (`--listen-metrics-urls`) until the node shuts down.
-pub async fn serve_metrics(node: Arc<Node>, listeners: Vec<crate::server::listen::Listener>) -> anyhow::Result<()> {
+pub async fn serve_metrics(node: Arc<Node>, listeners: Vec<crate::server::listen::Bound>) -> anyhow::Result<()> {
     if listeners.is_empty() {
         node.stopping().stopped().await;
         return Ok(());

@@ -1,6 +1,13 @@
-//! Listening: bind every address first (so that a taken port fails start-up
-//! at once), then serve a router on each until the node stops. Used for the
-//! peer port (by the node) and the client port (`crate::api`).
+//! Listening: bind every address first ([`bind`], before the node opens its
+//! storage, so that a taken port stops start-up before anything is written),
+//! then serve a router on each until the node stops ([`serve`]). Used for the
+//! peer port (by the node), the client and metrics ports (`crate::api`).
+//!
+//! A bound address does not listen until it is served: until then a
+//! connection to it is refused at once, as to a closed port, rather than
+//! left waiting in a backlog nobody accepts from. A new member's start-up
+//! check dials its peers while they may be in that state, and must not hang
+//! on them.
 //!
 //! A listener with TLS (an `https://` URL) runs each accepted connection's
 //! handshake in a task of its own (`crate::tls::ServerTls::accept`, bounded
@@ -18,7 +25,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tonic::transport::server::{Router, TcpIncoming};
@@ -33,22 +40,54 @@ pub struct Listener {
     pub tls: Option<Arc<ServerTls>>,
 }
 
+/// An address bound and not yet listening (see the module doc), to be
+/// served with [`serve`].
+pub struct Bound {
+    socket: TcpSocket,
+    addr: SocketAddr,
+    tls: Option<Arc<ServerTls>>,
+}
+
+/// Bind every address of `listeners`; the first that cannot be bound (a port
+/// taken by another process, an address not on this host) is the error.
+pub fn bind(listeners: Vec<Listener>) -> anyhow::Result<Vec<Bound>> {
+    listeners
+        .into_iter()
+        .map(|Listener { addr, tls }| {
+            let bound = || {
+                let socket = if addr.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+                // As a listener bound by the standard library: a restarted
+                // member may take its port back while old connections linger
+                // in TIME_WAIT. A port another socket listens on stays taken.
+                socket.set_reuseaddr(true)?;
+                socket.bind(addr)?;
+                std::io::Result::Ok(socket)
+            };
+            let socket = bound().map_err(|e| anyhow::anyhow!("binding {addr}: {e}"))?;
+            Ok(Bound { socket, addr, tls })
+        })
+        .collect()
+}
+
+/// The backlog of connections the kernel holds for a served address.
+const LISTEN_BACKLOG: u32 = 1024;
+
 /// Handshakes finished but not yet taken by the server, per listener.
 const ACCEPTED_BACKLOG: usize = 64;
 
 /// How long requests in flight at a stop have to finish.
 pub const STOP_GRACE: Duration = Duration::from_secs(1);
 
-/// Serve a router made by `make` on each of `addrs` until the node stops (see
+/// Serve a router made by `make` on each of `bound` until the node stops (see
 /// the module doc); the node's stop waits for this to return.
-pub async fn serve(listeners: Vec<Listener>, make: impl Fn() -> Router, mut stopping: Stopping) -> anyhow::Result<()> {
-    let mut bound = Vec::new();
-    for Listener { addr, tls } in listeners {
-        let listener = TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("binding {addr}: {e}"))?;
-        bound.push((listener, tls));
+pub async fn serve(bound: Vec<Bound>, make: impl Fn() -> Router, mut stopping: Stopping) -> anyhow::Result<()> {
+    let mut listening = Vec::new();
+    for Bound { socket, addr, tls } in bound {
+        let listener = socket.listen(LISTEN_BACKLOG).map_err(|e| anyhow::anyhow!("listening on {addr}: {e}"))?;
+        listening.push((listener, tls));
     }
     let mut servers = JoinSet::new();
-    for (listener, tls) in bound {
+    for (listener, tls) in listening {
         let mut stopping = stopping.clone();
         let stopped = async move { stopping.stopped().await };
         match tls {

@@ -337,8 +337,9 @@ impl Node {
         Ok(node)
     }
 
-    /// Serve the peer protocol on `listeners` until the node shuts down.
-    pub async fn serve_peers(self: Arc<Self>, listeners: Vec<listen::Listener>) -> anyhow::Result<()> {
+    /// Serve the peer protocol on `listeners` (bound by [`listen::bind`])
+    /// until the node shuts down.
+    pub async fn serve_peers(self: Arc<Self>, listeners: Vec<listen::Bound>) -> anyhow::Result<()> {
         let make = || {
             let leases: Arc<dyn LeaseAuthority> = self.clone();
             PeerService {
