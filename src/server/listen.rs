@@ -7,7 +7,12 @@
 //! connection to it is refused at once, as to a closed port, rather than
 //! left waiting in a backlog nobody accepts from. A new member's start-up
 //! check dials its peers while they may be in that state, and must not hang
-//! on them.
+//! on them. Caveat: the sockets are bound with `SO_REUSEADDR` (as the
+//! standard library's listeners are, so a restarted member takes its port
+//! back while old connections linger in TIME_WAIT), which on Linux lets two
+//! sockets that do not listen yet share an address: of two members started
+//! at the same instant on one port, the second fails only when it listens,
+//! after its storage is open.
 //!
 //! A listener with TLS (an `https://` URL) runs each accepted connection's
 //! handshake in a task of its own (`crate::tls::ServerTls::accept`, bounded
@@ -56,9 +61,8 @@ pub fn bind(listeners: Vec<Listener>) -> anyhow::Result<Vec<Bound>> {
         .map(|Listener { addr, tls }| {
             let bound = || {
                 let socket = if addr.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
-                // As a listener bound by the standard library: a restarted
-                // member may take its port back while old connections linger
-                // in TIME_WAIT. A port another socket listens on stays taken.
+                // See the module doc. A port another socket listens on
+                // stays taken.
                 socket.set_reuseaddr(true)?;
                 socket.bind(addr)?;
                 std::io::Result::Ok(socket)
