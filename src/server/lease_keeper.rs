@@ -31,10 +31,21 @@
 //! (a pause shorter than an election leaves it leading). Shorter delays are
 //! ordinary scheduling and count as time passed.
 //!
+//! Rate (as etcd's `leaseRevokeRate`): at most [`EXPIRIES_PER_SECOND`]
+//! leases are proposed for expiry a second, [`EXPIRIES_PER_TICK`] a tick,
+//! soonest deadline first. When many leases lapse at once — a new term
+//! gives every lease the same deadline, and a fleet of clients that died
+//! together leaves theirs to lapse together — their revocations are spread
+//! out instead of arriving as one burst that fills the proposer's queue
+//! (clients' writes would then be refused as "too many requests") and that
+//! every watcher of those keys must take at once. The price is that a lease
+//! may be revoked later than its deadline, by its place in the backlog.
+//!
 //! Caveats: deadlines live in the leader's memory only, so after a leader
 //! change a lease lives up to one extra TTL (never less than its TTL). Expiry
 //! is checked every tick ([`TICK`]); a lease is revoked within a tick, a
-//! quorum round and one commit after its deadline. A tick visits the grants
+//! quorum round and one commit after its deadline, unless more leases than
+//! a tick's share lapsed before it (see Rate). A tick visits the grants
 //! made since the one before and the deadlines that have passed, so its
 //! cost does not grow with the number of leases; the first tick of a term
 //! walks them all once. A lease revoked and granted again under the same ID
@@ -57,6 +68,11 @@ pub const TICK: Duration = Duration::from_millis(100);
 /// A tick this much later than due means the keeper was held up (stopped,
 /// starved): the time it missed moves every deadline.
 pub const STALL: Duration = Duration::from_millis(500);
+/// The most leases proposed for expiry in a second: etcd's rate.
+pub const EXPIRIES_PER_SECOND: usize = 1000;
+/// The most leases proposed for expiry in one tick (a tick's share of
+/// [`EXPIRIES_PER_SECOND`]).
+pub const EXPIRIES_PER_TICK: usize = EXPIRIES_PER_SECOND * TICK.as_millis() as usize / 1000;
 
 #[derive(Default)]
 pub struct LeaseKeeper {
@@ -167,15 +183,17 @@ impl Deadlines {
         self.due = self.at.iter().map(|(id, t)| (*t, *id)).collect();
     }
 
-    /// The live leases whose deadline is `now` or before and whose expiry
-    /// is not already proposed; deadlines of revoked leases met on the way
-    /// are dropped. Leases whose expiry is in flight are passed over again
-    /// each tick until it is answered (and their lease revoked).
-    fn passed(&mut self, table: &LeaseTable, now: Instant) -> Vec<i64> {
+    /// Up to `limit` live leases whose deadline is `now` or before and
+    /// whose expiry is not already proposed, soonest deadline first;
+    /// deadlines of revoked leases met on the way are dropped. Leases whose
+    /// expiry is in flight are passed over again each tick until it is
+    /// answered (and their lease revoked); those beyond `limit` wait for a
+    /// later tick.
+    fn passed(&mut self, table: &LeaseTable, now: Instant, limit: usize) -> Vec<i64> {
         let mut expired = Vec::new();
         let mut gone = Vec::new();
         for &(deadline, id) in &self.due {
-            if deadline > now {
+            if deadline > now || expired.len() == limit {
                 break;
             }
             if table.get(id).is_none() {
@@ -247,7 +265,7 @@ impl LeaseKeeper {
             return Vec::new();
         }
         d.sync(table, now);
-        let expired = d.passed(table, now);
+        let expired = d.passed(table, now, EXPIRIES_PER_TICK);
         d.expiring.extend(&expired);
         expired
     }
@@ -419,6 +437,52 @@ mod tests {
         assert!(table.grant(1, 2));
         std::thread::sleep(Duration::from_millis(10));
         assert_eq!(keeper.renew(3, &table, 1), Some(2), "a new lease was answered as expired");
+    }
+
+    #[test]
+    fn leases_that_lapse_together_are_expired_a_ticks_share_at_a_time() {
+        let keeper = LeaseKeeper::default();
+        let mut table = LeaseTable::default();
+        // Two ticks' share and 50 more, and one lease due a second later.
+        let lapsing = EXPIRIES_PER_TICK as i64 * 2 + 50;
+        for id in 1..=lapsing {
+            assert!(table.grant(id, 2));
+        }
+        assert!(table.grant(lapsing + 1, 3));
+        let t0 = Instant::now();
+        // A new term: every lease gets its full TTL from t0, so all but the
+        // last fall due at the same instant, t0 + 2 s.
+        assert!(keeper.tick(Some(3), &table, t0).is_empty());
+        assert_eq!(ticks_until_expiry(&keeper, &table, 3, t0, Duration::from_millis(1900)), None);
+        let mut rounds: Vec<Vec<i64>> = Vec::new();
+        let mut now = t0 + Duration::from_secs(2);
+        // No expiry is answered meanwhile: those in flight are not proposed again.
+        while rounds.iter().map(Vec::len).sum::<usize>() < lapsing as usize {
+            rounds.push(keeper.tick(Some(3), &table, now));
+            now += TICK;
+            assert!(rounds.len() < 10, "expiry stalled: {:?}", rounds.iter().map(Vec::len).collect::<Vec<_>>());
+        }
+        let per_tick = EXPIRIES_PER_TICK as i64;
+        let expected: Vec<Vec<i64>> = vec![
+            (1..=per_tick).collect(),
+            (per_tick + 1..=2 * per_tick).collect(),
+            (2 * per_tick + 1..=lapsing).collect(),
+        ];
+        assert_eq!(rounds, expected, "a tick's share at a time, in the order of their deadlines");
+        // Answered and revoked: nothing is left to expire until the last
+        // lease's deadline, which is not held back by the backlog before it.
+        for id in 1..=lapsing {
+            table.revoke(id);
+            keeper.expiry_answered(id);
+        }
+        let mut last = Vec::new();
+        while last.is_empty() {
+            assert!(now <= t0 + Duration::from_secs(3), "the last lease was not expired at its deadline");
+            last = keeper.tick(Some(3), &table, now);
+            assert!(last.is_empty() || now == t0 + Duration::from_secs(3), "expired at {:?}", now - t0);
+            now += TICK;
+        }
+        assert_eq!(last, vec![lapsing + 1]);
     }
 
     #[test]
