@@ -60,5 +60,7 @@ mod watch_routes;
 
 pub use api::{serve_clients, serve_metrics};
 pub use locks::prefix_end;
+/// How fast a leader expires leases that lapsed together (etcd's rate).
+pub use server::lease_keeper::{EXPIRIES_PER_TICK, TICK as LEASE_TICK};
 pub use server::listen::bind as bind_listeners;
 pub use server::Node;

@@ -1,6 +1,7 @@
 //! Leases on a real 3-member cluster, driven by `etcd-client`: grant, revoke,
 //! expiry timing, keepalive through a follower, a leader killed while a lease
-//! is kept alive, and leases across restarts.
+//! is kept alive, leases across restarts, and the rate at which leases that
+//! lapse together are revoked.
 
 mod common;
 
@@ -205,4 +206,72 @@ async fn a_paused_leader_does_not_revoke_a_lease_kept_alive_elsewhere() {
     assert!(exists(&mut c, "held").await, "the lease was revoked while its holder kept it alive");
     let left = c.lease_time_to_live(id, None).await.unwrap().ttl();
     assert!(left > 0, "the lease is gone (TTL {left})");
+}
+
+/// Leases that lapse together are revoked at etcd's rate, a keeper tick's
+/// share at a time, not all in one burst, and all of them are revoked.
+/// Leadership is moved after the grants, so that the new leader gives every
+/// lease its full TTL at the same instant: without the rate, its first
+/// tick past the deadline would revoke them all at once.
+#[tokio::test]
+async fn leases_that_lapse_together_are_revoked_at_a_bounded_rate() {
+    use raftlock::{EXPIRIES_PER_TICK, LEASE_TICK};
+    const LEASES: usize = 3000;
+    const TTL: i64 = 8;
+    let cluster = Cluster::start(3).await;
+    let leader = cluster.leader().await;
+    let target = (leader + 1) % 3;
+    let mut c = cluster.client(target).await;
+    let target_id = c.status().await.unwrap().header().unwrap().member_id();
+
+    // No deadline of any leader falls before `start + TTL`.
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..32)
+        .map(|t| {
+            let mut c = c.clone();
+            tokio::spawn(async move {
+                for _ in (t..LEASES).step_by(32) {
+                    c.lease_grant(TTL, None).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    // MoveLeader is the leader's to answer, as etcd's.
+    cluster.client(leader).await.move_leader(target_id).await.unwrap();
+    let moved = Instant::now();
+    assert_eq!(c.leases().await.unwrap().leases().len(), LEASES);
+
+    // The most keeper ticks that can have expired leases by `until`, on one
+    // leader leading from before `start`: none before the first deadline,
+    // then one a tick (a tokio interval may fire up to 5 ms early after a
+    // late tick), and one more for the tick in progress.
+    let first_due = start + Duration::from_secs(TTL as u64);
+    let ticks = |until: Instant| -> usize {
+        match until.checked_duration_since(first_due) {
+            None => 0,
+            Some(d) => (d.as_millis() / (LEASE_TICK.as_millis() - 5)) as usize + 2,
+        }
+    };
+    let mut seen = Vec::new();
+    let give_up = moved + Duration::from_secs(TTL as u64 + (LEASES / 1000) as u64 + 20);
+    loop {
+        let left = c.leases().await.unwrap().leases().len();
+        let read = Instant::now();
+        let revoked = LEASES - left;
+        // The leader before the move (until it moved) and the one after.
+        let most = EXPIRIES_PER_TICK * (ticks(moved) + ticks(read));
+        seen.push((read.saturating_duration_since(start).as_millis(), revoked));
+        assert!(revoked <= most, "{revoked} leases revoked when at most {most} could be: {seen:?}");
+        if left == 0 {
+            break;
+        }
+        assert!(read < give_up, "leases outlived their TTL: {seen:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Spread over more than one tick: the backlog did not arrive at once.
+    let partial = seen.iter().filter(|(_, revoked)| *revoked > 0 && *revoked < LEASES).count();
+    assert!(partial >= 2, "the leases were revoked in one burst: {seen:?}");
 }
