@@ -7,9 +7,17 @@
 //! link, one way or both, without touching the suite's own clients (which
 //! connect from 127.0.0.1).
 //!
-//! Faults here are process faults: kill -9, SIGSTOP/SIGCONT, restart, and a
-//! restart with an empty data directory. Every member is killed when the
-//! cluster is dropped.
+//! Faults here are process faults: kill -9, SIGSTOP/SIGCONT, restart, a
+//! restart with an empty data directory, and — in a cluster started with
+//! [`Clocks`] — jumps of a member's wall clock. Every member is killed when
+//! the cluster is dropped.
+//!
+//! Wall clocks: each member then runs under libfaketime (`LD_PRELOAD`),
+//! which offsets what `CLOCK_REALTIME` tells it by the offset written in
+//! its own clock file, read again at most once a second. Its monotonic
+//! clock (`DONT_FAKE_MONOTONIC`) is left alone: that is the clock lease
+//! time and elections run on, and the point of the fault is that jumps of
+//! the other one change nothing they decide.
 //!
 //! Caveat: the fixed ports mean one suite at a time per machine.
 
@@ -53,6 +61,42 @@ pub struct Cluster {
     pub members: Vec<Member>,
     binary: PathBuf,
     initial_cluster: String,
+    clocks: Option<Clocks>,
+}
+
+/// Wall clocks the cluster can move (see the module doc): libfaketime's
+/// library, and the directory of the members' clock files.
+#[derive(Clone, Debug)]
+pub struct Clocks {
+    library: PathBuf,
+    dir: PathBuf,
+}
+
+impl Clocks {
+    /// Clock files under `dir`, with Debian's libfaketime (package
+    /// `libfaketime`), found wherever its multiarch directory is.
+    pub fn new(dir: &Path) -> anyhow::Result<Clocks> {
+        let library = std::fs::read_dir("/usr/lib")?
+            .filter_map(|e| e.ok())
+            .map(|e| e.path().join("faketime/libfaketimeMT.so.1"))
+            .find(|p| p.exists())
+            .ok_or_else(|| anyhow::anyhow!("no libfaketime under /usr/lib/*/faketime (Debian's libfaketime)"))?;
+        Ok(Clocks { library, dir: dir.to_path_buf() })
+    }
+
+    fn file(&self, i: usize) -> PathBuf {
+        self.dir.join(format!("m{i}.clock"))
+    }
+
+    /// Member `i`'s wall clock `offset_secs` from the true one: written
+    /// aside and renamed, so that libfaketime never reads half of it.
+    fn set(&self, i: usize, offset_secs: i64) -> anyhow::Result<()> {
+        let file = self.file(i);
+        let aside = file.with_extension("next");
+        std::fs::write(&aside, format!("{offset_secs:+}\n"))?;
+        std::fs::rename(&aside, &file)?;
+        Ok(())
+    }
 }
 
 /// What one member said of the cluster: its ID, the leader it knows (0:
@@ -65,8 +109,9 @@ pub struct View {
 }
 
 impl Cluster {
-    /// Start `n` members with data and logs under `dir`.
-    pub fn start(binary: &Path, dir: &Path, n: usize) -> anyhow::Result<Cluster> {
+    /// Start `n` members with data and logs under `dir`; with `clocks`,
+    /// under libfaketime, their wall clocks true until moved.
+    pub fn start(binary: &Path, dir: &Path, n: usize, clocks: Option<Clocks>) -> anyhow::Result<Cluster> {
         let members: Vec<Member> = (0..n)
             .map(|i| Member {
                 name: format!("m{i}"),
@@ -80,7 +125,12 @@ impl Cluster {
             .collect();
         let initial_cluster =
             members.iter().map(|m| format!("{}=http://{}:2380", m.name, m.ip)).collect::<Vec<_>>().join(",");
-        let mut cluster = Cluster { members, binary: binary.to_path_buf(), initial_cluster };
+        if let Some(clocks) = &clocks {
+            for i in 0..n {
+                clocks.set(i, 0)?;
+            }
+        }
+        let mut cluster = Cluster { members, binary: binary.to_path_buf(), initial_cluster, clocks };
         for i in 0..n {
             cluster.spawn(i)?;
         }
@@ -90,7 +140,15 @@ impl Cluster {
     fn spawn(&mut self, i: usize) -> anyhow::Result<()> {
         let m = &mut self.members[i];
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&m.log)?;
-        let child = Command::new(&self.binary)
+        let mut command = Command::new(&self.binary);
+        if let Some(clocks) = &self.clocks {
+            command
+                .env("LD_PRELOAD", &clocks.library)
+                .env("FAKETIME_TIMESTAMP_FILE", clocks.file(i))
+                .env("FAKETIME_CACHE_DURATION", "1")
+                .env("DONT_FAKE_MONOTONIC", "1");
+        }
+        let child = command
             .args(["--name", &m.name])
             .args(["--data-dir", &m.data_dir.to_string_lossy()])
             .args(["--listen-client-urls", &m.endpoint()])
@@ -200,13 +258,24 @@ impl Cluster {
         }
     }
 
-    /// Resume every paused member and restart every killed one.
+    /// Move member `i`'s wall clock to `offset_secs` from the true time
+    /// (it follows within a second).
+    pub fn set_clock(&mut self, i: usize, offset_secs: i64) -> anyhow::Result<()> {
+        let clocks = self.clocks.as_ref().ok_or_else(|| anyhow::anyhow!("the cluster was started without clocks"))?;
+        clocks.set(i, offset_secs)
+    }
+
+    /// Resume every paused member, restart every killed one, and set every
+    /// wall clock true again.
     pub fn heal(&mut self) -> anyhow::Result<()> {
         for i in 0..self.len() {
             if self.members[i].paused {
                 self.resume(i);
             }
             self.restart(i)?;
+            if let Some(clocks) = &self.clocks {
+                clocks.set(i, 0)?;
+            }
         }
         Ok(())
     }

@@ -25,7 +25,7 @@ const ELECTION: Duration = Duration::from_millis(ELECTION_MS);
 
 /// Run both scenarios; `Err` says what went wrong.
 pub async fn run(binary: &Path, dir: &Path) -> anyhow::Result<()> {
-    let mut cluster = Cluster::start(binary, dir, 3)?;
+    let mut cluster = Cluster::start(binary, dir, 3, None)?;
     let outcome = async {
         cluster.wait_healthy(Duration::from_secs(60)).await?;
         pre_vote(&cluster).await?;
