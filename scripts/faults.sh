@@ -13,12 +13,14 @@
 #
 # A failing run keeps its histories, data and logs under target/faults/.
 # Needs root (nftables cuts links between the members' addresses); installs
-# Debian's nftables if it is missing, and protobuf-compiler (the suite's
+# Debian's nftables if it is missing, libfaketime (the clock-jump nemesis
+# moves members' wall clocks with it), and protobuf-compiler (the suite's
 # client, the etcd-client crate, needs protoc to build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 missing=()
 command -v nft >/dev/null || missing+=(nftables)
+compgen -G '/usr/lib/*/faketime/libfaketimeMT.so.1' >/dev/null || missing+=(libfaketime)
 command -v protoc >/dev/null || missing+=(protobuf-compiler)
 scripts/apt-install.sh "${missing[@]}"
 # Both packages' binaries (a `--bin` filter would apply to both and skip the suite's).

@@ -38,7 +38,7 @@ use raftlock_faults::check::{check_register, check_serializable_reads, Verdict};
 use raftlock_faults::history::Anomaly;
 use tokio::task::JoinHandle;
 
-use cluster::{connect, Cluster, ELECTION_MS};
+use cluster::{connect, Clocks, Cluster, ELECTION_MS};
 use nemesis::{Injector, Nemesis};
 use net::Partition;
 use workload::locks::{Api, LockHistory};
@@ -307,7 +307,8 @@ async fn run(
 ) -> anyhow::Result<Row> {
     let mut rng = Rng::new(seed);
     let mut net = Partition::new()?;
-    let mut cluster = Cluster::start(binary, dir, members)?;
+    let clocks = if nemesis.moves_clocks() { Some(Clocks::new(dir)?) } else { None };
+    let mut cluster = Cluster::start(binary, dir, members, clocks)?;
     cluster.wait_healthy(Duration::from_secs(60)).await?;
     let clock = Clock::start();
     let start_revision =

@@ -42,11 +42,20 @@ pub enum Nemesis {
     /// must refuse to start; then it is removed, added back as a learner,
     /// started empty to join, and promoted — a membership change under load.
     WipeFollower,
+    /// The wall clock of one member (the leader half the time), or of two
+    /// in opposite directions, jumps by minutes to a year, forward or
+    /// back, and jumps back at the heal (libfaketime; see
+    /// `cluster::Clocks`). Lease time and elections run on the monotonic
+    /// clock: nothing may change.
+    ClockJump,
     /// Any of the above, drawn at random each cycle.
     Mixed,
 }
 
-const SINGLE: [Nemesis; 11] = [
+/// The wall-clock jumps [`Nemesis::ClockJump`] draws from, in seconds.
+const CLOCK_JUMPS: [i64; 8] = [-86_400, -3_600, -300, -90, 90, 3_600, 86_400, 365 * 86_400];
+
+const SINGLE: [Nemesis; 12] = [
     Nemesis::KillRandom,
     Nemesis::KillLeader,
     Nemesis::KillAll,
@@ -58,6 +67,7 @@ const SINGLE: [Nemesis; 11] = [
     Nemesis::Bridge,
     Nemesis::OneWayFromLeader,
     Nemesis::WipeFollower,
+    Nemesis::ClockJump,
 ];
 
 impl Nemesis {
@@ -81,12 +91,18 @@ impl Nemesis {
             Nemesis::Bridge => "bridge",
             Nemesis::OneWayFromLeader => "one-way-from-leader",
             Nemesis::WipeFollower => "wipe-follower",
+            Nemesis::ClockJump => "clock-jump",
             Nemesis::Mixed => "mixed",
         }
     }
 
     pub fn parse(name: &str) -> Option<Nemesis> {
         Nemesis::all().into_iter().find(|n| n.name() == name)
+    }
+
+    /// Whether its cluster must run under libfaketime (`cluster::Clocks`).
+    pub fn moves_clocks(self) -> bool {
+        matches!(self, Nemesis::ClockJump | Nemesis::Mixed)
     }
 }
 
@@ -266,6 +282,24 @@ impl Injector {
                 }
                 rejoin(cluster, i).await?;
                 (format!("wiped m{i}: refused, removed, added back, rejoined and promoted"), Duration::ZERO)
+            }
+            Nemesis::ClockJump => {
+                let i = if self.rng.below(2) == 0 {
+                    self.leader_or_any(cluster).await
+                } else {
+                    self.rng.below(cluster.len())
+                };
+                let jump = CLOCK_JUMPS[self.rng.below(CLOCK_JUMPS.len())];
+                cluster.set_clock(i, jump)?;
+                let mut what = format!("m{i}'s wall clock {jump:+} s");
+                if self.rng.below(2) == 0 {
+                    let j = (i + 1 + self.rng.below(cluster.len() - 1)) % cluster.len();
+                    cluster.set_clock(j, -jump)?;
+                    what += &format!(", m{j}'s {:+} s", -jump);
+                }
+                // Held for up to twice the workloads' lease TTL, so that
+                // deadlines fall due while the clocks disagree.
+                (what, self.rng.between(ms(1000), ms(6000)))
             }
             Nemesis::Mixed => unreachable!("drawn above"),
         };
