@@ -239,30 +239,33 @@ async fn leases_that_lapse_together_are_revoked_at_a_bounded_rate() {
     for t in tasks {
         t.await.unwrap();
     }
-    // MoveLeader is the leader's to answer, as etcd's.
+    // MoveLeader is the leader's to answer, as etcd's. The new leader's
+    // term, and so its deadlines' count, begin after `moving`.
+    let moving = Instant::now();
     cluster.client(leader).await.move_leader(target_id).await.unwrap();
     let moved = Instant::now();
-    assert_eq!(c.leases().await.unwrap().leases().len(), LEASES);
 
-    // The most keeper ticks that can have expired leases by `until`, on one
-    // leader leading from before `start`: none before the first deadline,
-    // then one a tick (a tokio interval may fire up to 5 ms early after a
-    // late tick), and one more for the tick in progress.
-    let first_due = start + Duration::from_secs(TTL as u64);
-    let ticks = |until: Instant| -> usize {
+    // The most keeper ticks, on a leader whose deadlines all fall at
+    // `first_due` or later, that can have expired leases by `until`: none
+    // before `first_due`, then one a tick (a tick up to 5 ms late does not
+    // move the schedule, so the next may come 95 ms after it), and one more
+    // for a tick that began before `first_due` and read its clock after.
+    let ticks = |first_due: Instant, until: Instant| -> usize {
         match until.checked_duration_since(first_due) {
             None => 0,
             Some(d) => (d.as_millis() / (LEASE_TICK.as_millis() - 5)) as usize + 2,
         }
     };
+    let ttl = Duration::from_secs(TTL as u64);
     let mut seen = Vec::new();
     let give_up = moved + Duration::from_secs(TTL as u64 + (LEASES / 1000) as u64 + 20);
     loop {
         let left = c.leases().await.unwrap().leases().len();
         let read = Instant::now();
         let revoked = LEASES - left;
-        // The leader before the move (until it moved) and the one after.
-        let most = EXPIRIES_PER_TICK * (ticks(moved) + ticks(read));
+        // The leader before the move (until it moved; its deadlines count
+        // from the grants) and the one after (from its term).
+        let most = EXPIRIES_PER_TICK * (ticks(start + ttl, moved) + ticks(moving + ttl, read));
         seen.push((read.saturating_duration_since(start).as_millis(), revoked));
         assert!(revoked <= most, "{revoked} leases revoked when at most {most} could be: {seen:?}");
         if left == 0 {
