@@ -31,15 +31,23 @@
 //! (a pause shorter than an election leaves it leading). Shorter delays are
 //! ordinary scheduling and count as time passed.
 //!
-//! Rate (as etcd's `leaseRevokeRate`): at most [`EXPIRIES_PER_SECOND`]
-//! leases are proposed for expiry a second, [`EXPIRIES_PER_TICK`] a tick,
-//! soonest deadline first. When many leases lapse at once — a new term
-//! gives every lease the same deadline, and a fleet of clients that died
-//! together leaves theirs to lapse together — their revocations are spread
-//! out instead of arriving as one burst that fills the proposer's queue
-//! (clients' writes would then be refused as "too many requests") and that
+//! Rate (as etcd's `leaseRevokeRate`): about [`EXPIRIES_PER_SECOND`]
+//! leases are proposed for expiry a second — [`EXPIRIES_PER_TICK`] a tick,
+//! soonest deadline first (a tick up to 5 ms late keeps the schedule, so two
+//! may come 95 ms apart; an expiry that failed is proposed again within a
+//! later tick's share).
+//! When many leases lapse at once — a new term gives every lease the same
+//! deadline, and a fleet of clients that died together leaves theirs to
+//! lapse together — their revocations are spread out instead of arriving
+//! as one burst that every client's write queues behind (20,000 at once
+//! held writes up to about 100 ms; docs/performance-notes.md) and that
 //! every watcher of those keys must take at once. The price is that a lease
 //! may be revoked later than its deadline, by its place in the backlog.
+//! Meanwhile a keepalive is answered with TTL 0 at once (the lease is lost:
+//! its deadline passed), while its keys, and any lock they hold, stay until
+//! the revocation is applied: its holder learns it lost the lease before
+//! anyone else can take what it held. etcd's keepalive waits for the
+//! revocation instead.
 //!
 //! Caveats: deadlines live in the leader's memory only, so after a leader
 //! change a lease lives up to one extra TTL (never less than its TTL). Expiry
