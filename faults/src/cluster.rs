@@ -269,13 +269,14 @@ impl Cluster {
     /// wall clock true again.
     pub fn heal(&mut self) -> anyhow::Result<()> {
         for i in 0..self.len() {
+            // The clock first, so that a member restarted here starts true.
+            if let Some(clocks) = &self.clocks {
+                clocks.set(i, 0)?;
+            }
             if self.members[i].paused {
                 self.resume(i);
             }
             self.restart(i)?;
-            if let Some(clocks) = &self.clocks {
-                clocks.set(i, 0)?;
-            }
         }
         Ok(())
     }

@@ -16,8 +16,9 @@
 //! its histories (`history.json`) and the members' data and logs for the
 //! post-mortem; a clean run deletes them unless `--keep` is given.
 //!
-//! Needs root (nftables) and the `raftlock` binary (by default the one
-//! beside this binary, as cargo builds both).
+//! Needs root (nftables), Debian's libfaketime for the clock-jump and mixed
+//! nemeses, and the `raftlock` binary (by default the one beside this
+//! binary, as cargo builds both).
 
 mod cluster;
 mod elections;

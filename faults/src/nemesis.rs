@@ -1,7 +1,8 @@
 //! Nemeses: the faults the suite injects, one cycle at a time.
 //!
 //! A cycle injects one fault, holds it for a while, heals everything
-//! (resumes paused members, restarts killed ones, restores every link) and
+//! (resumes paused members, restarts killed ones, sets moved wall clocks
+//! true, restores every link) and
 //! lets the cluster settle. Durations are drawn around the timings in use:
 //! the election timeout ([`ELECTION_MS`]) and the TTLs of the workloads'
 //! leases (3 s), so that pauses and partitions come both shorter and longer
