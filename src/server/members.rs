@@ -170,10 +170,17 @@ impl Node {
         Ok(Some(target))
     }
 
-    /// Every member, with the client URLs it published.
+    /// Every member, with the client URLs it published, as of the
+    /// configuration this member has applied: a reader that waited for an
+    /// index to be applied here (a linearizable read, a membership change)
+    /// sees the configuration as of that index or later. A member that has
+    /// applied none yet (just started, or just added) lists the newest it
+    /// was sent.
     pub fn members(&self) -> Vec<MemberInfo> {
-        let m = self.metrics();
-        let membership = m.membership_config.membership();
+        let mut membership = self.configuration.get();
+        if membership.nodes().next().is_none() {
+            membership = self.metrics().membership_config.membership().clone();
+        }
         let voters: std::collections::BTreeSet<u64> = membership.voter_ids().collect();
         let attrs = self.state.members();
         membership

@@ -58,7 +58,7 @@ use crate::raft::peer::gate::{PeerGate, PeerIdentity};
 use crate::raft::peer::server::{LeaseAuthority, PeerService};
 use crate::raft::proposer::Proposer;
 use crate::raft::read_index::ReadFloor;
-use crate::raft::state_machine::StateMachine;
+use crate::raft::state_machine::{AppliedConfiguration, StateMachine};
 use crate::raft::{MemberNode, Raft, RaftMetrics, RaftSettings, ServerMetrics, ServerState};
 use crate::shutdown::{Shutdown, Stopping};
 use crate::storage::wal::DEFAULT_SEGMENT_BYTES;
@@ -173,6 +173,8 @@ pub struct Node {
     /// Linearizable reads that arrive together share one ReadIndex round.
     read_barriers: Batcher<(), Result<(), ServerError>>,
     state: Arc<AppliedState>,
+    /// The configuration as applied here: what the member list shows.
+    configuration: AppliedConfiguration,
     peers: PeerClients,
     /// Admits peer requests from this cluster's members only.
     peer_gate: PeerGate,
@@ -225,6 +227,7 @@ impl Node {
             .spilling_history(&data_dir.join("spill"))?
             .staggering_checkpoints(id)
             .applying_only_durable(log_store.durable());
+        let configuration = state_machine.configuration();
         let network = PeerNetwork::new(log_store.clone(), peers.clone());
 
         let settings = RaftSettings {
@@ -291,6 +294,7 @@ impl Node {
                 lock_grants: Default::default(),
                 watch_progress_interval: Duration::from_millis(config.watch_progress_notify_interval),
                 state,
+                configuration,
                 peers,
                 peer_gate,
                 state_store,

@@ -55,6 +55,8 @@ pub struct StateMachine {
     persisted: Persisted,
     /// The last entry applied and the configuration.
     position: Position,
+    /// The configuration as applied, shared with the API's readers.
+    configuration: AppliedConfiguration,
     /// The last snapshot built or received, and its file: what is sent to
     /// members that are too far behind for the log.
     last_snapshot: Arc<std::sync::Mutex<Option<SnapshotFile>>>,
@@ -64,6 +66,27 @@ pub struct StateMachine {
     /// (the leader syncs its own appends while it replicates them: see
     /// `raft::log_store`).
     durable_log: Option<Durable>,
+}
+
+/// The configuration (members, voters) as the state machine last applied
+/// it, from a membership entry or a snapshot. Set before the apply call that
+/// reached it returns, so a reader that waited until this member applied an
+/// index sees the configuration as of at least that index; openraft's
+/// metrics, by contrast, publish the applied index a moment before the
+/// configuration, and their configuration is the newest appended, applied
+/// or not.
+#[derive(Clone)]
+pub struct AppliedConfiguration(Arc<std::sync::RwLock<Membership>>);
+
+impl AppliedConfiguration {
+    /// The applied configuration.
+    pub fn get(&self) -> openraft::Membership<u64, MemberNode> {
+        self.0.read().expect("configuration lock poisoned").membership().clone()
+    }
+
+    fn set(&self, membership: &Membership) {
+        *self.0.write().expect("configuration lock poisoned") = membership.clone();
+    }
 }
 
 /// A snapshot kept as a file (see the module doc).
@@ -129,10 +152,12 @@ impl StateMachine {
 
     fn open_with(db: StateStore, state: Arc<AppliedState>, checkpoint_min: u64) -> anyhow::Result<StateMachine> {
         let (persisted, position) = Persisted::restore(db, &state, checkpoint_min)?;
+        let configuration = AppliedConfiguration(Arc::new(std::sync::RwLock::new(position.membership.clone())));
         Ok(StateMachine {
             state,
             persisted,
             position,
+            configuration,
             last_snapshot: Default::default(),
             incoming_count: 0,
             durable_log: None,
@@ -165,6 +190,19 @@ impl StateMachine {
     pub fn applying_only_durable(mut self, durable: Durable) -> StateMachine {
         self.durable_log = Some(durable);
         self
+    }
+
+    /// The configuration as this state machine applies it (see
+    /// [`AppliedConfiguration`]).
+    pub fn configuration(&self) -> AppliedConfiguration {
+        self.configuration.clone()
+    }
+
+    /// Move to `position`, and publish its configuration to the readers of
+    /// [`AppliedConfiguration`].
+    fn set_position(&mut self, position: Position) {
+        self.configuration.set(&position.membership);
+        self.position = position;
     }
 
     fn snapshot_meta(&self, revision: i64) -> SnapshotMeta<u64, MemberNode> {
@@ -210,6 +248,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 EntryPayload::Membership(m) => {
                     apply.configuration(&|id| m.get_node(&id).is_some());
                     self.position.membership = StoredMembership::new(Some(entry.log_id), m);
+                    self.configuration.set(&self.position.membership);
                     CommandResult::Empty
                 }
             };
@@ -275,7 +314,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let revision = image.revision;
         let before = self.state.mvcc().revision();
         image.install(&self.state);
-        self.position = Position { last_applied: meta.last_log_id, membership: meta.last_membership.clone() };
+        self.set_position(Position { last_applied: meta.last_log_id, membership: meta.last_membership.clone() });
         // Watchers and lock waiters here look at the store as it was at
         // `before`: publish what the snapshot skipped over, as history
         // still has it — all of it only if no compaction reached past
@@ -696,6 +735,55 @@ mod tests {
             .unwrap()
             .kvs
             .is_empty());
+    }
+
+    /// The configuration the API lists is the one applied: a membership
+    /// entry's once the apply call that holds it returns, a snapshot's once
+    /// it is installed, and the persisted one after a restart.
+    #[tokio::test]
+    async fn the_applied_configuration_follows_apply_install_and_restart() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let node = |port: u16| MemberNode { name: String::new(), peer_url: format!("http://127.0.0.1:{port}") };
+        let configuration = |voters: &[u64], learners: &[u64]| {
+            let nodes: std::collections::BTreeMap<u64, MemberNode> =
+                voters.iter().chain(learners).map(|&id| (id, node(id as u16))).collect();
+            openraft::Membership::new(vec![voters.iter().copied().collect()], nodes)
+        };
+        let ids = |m: openraft::Membership<u64, MemberNode>| {
+            (m.voter_ids().collect::<Vec<_>>(), m.nodes().map(|(id, _)| *id).collect::<Vec<_>>())
+        };
+        let (_dir, db, _state, mut sm) = fresh(1 << 20);
+        let listed = sm.configuration();
+        assert_eq!(ids(listed.get()), (vec![], vec![]));
+        let membership = |index: u64, m| Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+            payload: EntryPayload::Membership(m),
+        };
+        sm.apply([membership(1, configuration(&[1, 2, 3], &[]))]).await.unwrap();
+        assert_eq!(ids(listed.get()), (vec![1, 2, 3], vec![1, 2, 3]));
+        // Several entries in one call: the last configuration among them.
+        sm.apply([entry(2, put("k", "v")), membership(3, configuration(&[1, 2, 3], &[4])), entry(4, put("k", "w"))])
+            .await
+            .unwrap();
+        assert_eq!(ids(listed.get()), (vec![1, 2, 3], vec![1, 2, 3, 4]));
+
+        db.sync().unwrap();
+        let reopened = StateMachine::open_with(db.clone(), Arc::new(AppliedState::default()), 1 << 20).unwrap();
+        assert_eq!(ids(reopened.configuration().get()), (vec![1, 2, 3], vec![1, 2, 3, 4]));
+        drop(reopened);
+
+        // A member that installs a snapshot lists the snapshot's configuration.
+        let mut sent = sm.get_snapshot_builder().await.build_snapshot().await.unwrap();
+        let (_dir2, _db2, _received, mut receiver) = fresh(1 << 20);
+        let received = receiver.configuration();
+        receiver.apply([membership(1, configuration(&[1, 2, 3], &[]))]).await.unwrap();
+        let mut incoming = receiver.begin_receiving_snapshot().await.unwrap();
+        let mut bytes = Vec::new();
+        sent.snapshot.read_to_end(&mut bytes).await.unwrap();
+        incoming.write_all(&bytes).await.unwrap();
+        incoming.shutdown().await.unwrap();
+        receiver.install_snapshot(&sent.meta, incoming).await.unwrap();
+        assert_eq!(ids(received.get()), (vec![1, 2, 3], vec![1, 2, 3, 4]));
     }
 
     /// A snapshot's checkpoint is a checkpoint like any other: a restart
