@@ -1,7 +1,8 @@
 //! Leases on a real 3-member cluster, driven by `etcd-client`: grant, revoke,
 //! expiry timing, keepalive through a follower, a leader killed while a lease
-//! is kept alive, leases across restarts, and the rate at which leases that
-//! lapse together are revoked.
+//! is kept alive, leases across restarts, the rate at which leases that
+//! lapse together are revoked, and leases granted again under the IDs of
+//! ones being expired.
 
 mod common;
 
@@ -277,4 +278,94 @@ async fn leases_that_lapse_together_are_revoked_at_a_bounded_rate() {
     // Spread over more than one tick: the backlog did not arrive at once.
     let partial = seen.iter().filter(|(_, revoked)| *revoked > 0 && *revoked < LEASES).count();
     assert!(partial >= 2, "the leases were revoked in one burst: {seen:?}");
+}
+
+/// Leases revoked and granted again under their IDs while a backlog of
+/// expiries works through them (the keeper takes a tick's share of the
+/// lapsed leases, in ID order here): every lease granted again keeps its
+/// new TTL, whichever moment its grant met the keeper's expiry of the old
+/// one in (`raft::lease_order`), and every other lease expires.
+#[tokio::test]
+async fn leases_granted_again_under_their_ids_while_the_old_ones_expire_are_kept() {
+    use raftlock::{EXPIRIES_PER_TICK, LEASE_TICK};
+    const LEASES: i64 = 2000;
+    const TTL: i64 = 2;
+    let cluster = Cluster::start(3).await;
+    let leader = cluster.leader().await;
+    let target = (leader + 1) % 3;
+    let mut c = cluster.client(target).await;
+    let target_id = c.status().await.unwrap().header().unwrap().member_id();
+    let tasks: Vec<_> = (0..16)
+        .map(|t| {
+            let mut c = c.clone();
+            tokio::spawn(async move {
+                for id in (1 + t..=LEASES).step_by(16) {
+                    c.lease_grant(TTL, Some(LeaseGrantOptions::new().with_id(id))).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    // The new leader gives every lease one deadline: its keeper then
+    // expires them a tick's share at a time, lowest ID first.
+    cluster.client(leader).await.move_leader(target_id).await.unwrap();
+    let ttl_of = |c: &mut Client, id: i64| {
+        let mut c = c.clone();
+        async move { c.lease_time_to_live(id, None).await.unwrap().ttl() }
+    };
+    let deadline = Instant::now() + Duration::from_secs(TTL as u64 + 10);
+    while ttl_of(&mut c, 1).await != -1 {
+        assert!(Instant::now() < deadline, "lease 1 never expired");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let front = Instant::now();
+
+    // Every third lease is revoked and granted again around the tick its
+    // expiry is due in, at moments spread over the tick.
+    let per_tick = EXPIRIES_PER_TICK as i64;
+    let tick = LEASE_TICK;
+    let again: Vec<i64> = (2..=LEASES).filter(|id| id % 3 == 0).collect();
+    let tasks: Vec<_> = (0..16)
+        .map(|t| {
+            let mut c = c.clone();
+            let mine: Vec<i64> = again.iter().copied().skip(t).step_by(16).collect();
+            tokio::spawn(async move {
+                let mut kept = Vec::new();
+                for id in mine {
+                    let due = front + tick * ((id - 1) / per_tick) as u32;
+                    let spread = tick.mul_f64(((id * 37) % 100) as f64 / 100.0);
+                    tokio::time::sleep_until((due + spread - tick / 2).into()).await;
+                    let _ = c.lease_revoke(id).await;
+                    if c.lease_grant(60, Some(LeaseGrantOptions::new().with_id(id))).await.is_ok() {
+                        kept.push(id);
+                    }
+                }
+                kept
+            })
+        })
+        .collect();
+    let mut kept = Vec::new();
+    for t in tasks {
+        kept.extend(t.await.unwrap());
+    }
+    assert!(kept.len() > again.len() / 2, "few leases could be granted again: {}", kept.len());
+
+    // Once the backlog is through: the leases granted again are there with
+    // their new TTL, the others are gone.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let left: std::collections::BTreeSet<i64> = c.leases().await.unwrap().leases().iter().map(|l| l.id()).collect();
+        let lost: Vec<i64> = kept.iter().copied().filter(|id| !left.contains(id)).collect();
+        assert!(lost.is_empty(), "leases granted again were revoked: {lost:?}");
+        if left.len() == kept.len() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{} leases outlived their TTL", left.len() - kept.len());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for &id in kept.iter().step_by(50) {
+        assert!(ttl_of(&mut c, id).await > 50, "lease {id} lost its new TTL");
+    }
 }

@@ -26,6 +26,7 @@ use std::sync::Arc;
 use openraft::error::{ClientWriteError, RaftError};
 
 use super::election::Elections;
+use super::lease_order::{Admitted, LeaseOrder, Mark};
 use super::Raft;
 use crate::batcher::{Batcher, CallError, Limits};
 use crate::command::{Command, CommandResult};
@@ -62,12 +63,17 @@ pub enum ProposeError {
     Stopped,
     /// The queue is full: nothing was proposed.
     Overloaded,
+    /// A lease expiry not proposed: a grant under its ID may have been
+    /// applied after the expiry was decided (see `raft::lease_order`).
+    Superseded,
 }
 
 /// Handle to the batching task; cheap to clone.
 #[derive(Clone)]
 pub struct Proposer {
     batcher: Batcher<Command, Result<CommandResult, ProposeError>>,
+    /// Orders each lease ID's grants and expiries (see `raft::lease_order`).
+    lease_order: Arc<LeaseOrder>,
 }
 
 impl Proposer {
@@ -77,16 +83,66 @@ impl Proposer {
     /// `NotLeader`, leader unknown, at once: nothing was proposed, and the
     /// caller tries again once there is news of a leader.
     pub fn start(raft: Raft, elections: Arc<Elections>) -> Proposer {
+        let lease_order = Arc::new(LeaseOrder::default());
+        let order = lease_order.clone();
         let batcher = Batcher::start(LIMITS, Command::encoded_len, move |cmds: Vec<Command>| {
-            let (raft, elections) = (raft.clone(), elections.clone());
+            let (raft, elections, order) = (raft.clone(), elections.clone(), order.clone());
             async move {
                 if elections.holds_proposals() {
                     return vec![Err(ProposeError::NotLeader { leader: None }); cmds.len()];
                 }
-                propose_batch(&raft, cmds).await
+                let n = cmds.len();
+                let Admitted { commands, dropped, in_flight } = order.admit(cmds).await;
+                let proposed = if commands.is_empty() {
+                    Vec::new()
+                } else if in_flight.is_empty() {
+                    propose_batch(&raft, commands).await
+                } else {
+                    // Its grants and expiries stay in flight until the entry
+                    // is answered (applied, or refused), even if the caller
+                    // running this batch stops waiting (see `crate::batcher`).
+                    let len = commands.len();
+                    let proposal = tokio::spawn(async move {
+                        let results = propose_batch(&raft, commands).await;
+                        drop(in_flight);
+                        results
+                    });
+                    match proposal.await {
+                        Ok(results) => results,
+                        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                        Err(_) => vec![Err(ProposeError::Stopped); len],
+                    }
+                };
+                if dropped.is_empty() {
+                    return proposed;
+                }
+                let mut proposed = proposed.into_iter();
+                (0..n)
+                    .map(|i| {
+                        if dropped.contains(&i) {
+                            Err(ProposeError::Superseded)
+                        } else {
+                            proposed.next().expect("a result for each command proposed")
+                        }
+                    })
+                    .collect()
             }
         });
-        Proposer { batcher }
+        Proposer { batcher, lease_order }
+    }
+
+    /// A mark for the lease keeper to take before it reads the lease table
+    /// to decide expiries (see `raft::lease_order`).
+    pub fn lease_mark(&self) -> Mark {
+        self.lease_order.mark()
+    }
+
+    /// Propose the expiry of lease `id`, decided by the leader of `term`
+    /// from a lease table read after `mark`; `Superseded` if a grant of `id`
+    /// may have been applied since (nothing was proposed).
+    pub async fn propose_expiry(&self, id: i64, term: u64, mark: &Mark) -> Result<CommandResult, ProposeError> {
+        let _decided = self.lease_order.decided(id, mark);
+        self.propose(Command::LeaseExpire { id, term }).await
     }
 
     /// Commands waiting for a batch.

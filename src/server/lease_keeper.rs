@@ -57,9 +57,12 @@
 //! made since the one before and the deadlines that have passed, so its
 //! cost does not grow with the number of leases; the first tick of a term
 //! walks them all once. A lease revoked and granted again under the same ID
-//! is a new lease with a full TTL; but an expiry already proposed for the
-//! old one, applied after the new grant, revokes the new one (the command
-//! names the ID and the term, as etcd's names the ID).
+//! is a new lease with a full TTL. The expiry command names only the ID and
+//! the term (as etcd's names the ID), so an expiry decided for the old lease
+//! and applied after the new grant would revoke the new one; the proposer
+//! orders the two (`raft::lease_order`): the keeper takes a mark before it
+//! reads the table, and an expiry whose ID was granted since is not
+//! proposed (the next tick decides again).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -293,11 +296,14 @@ pub async fn run(node: Arc<Node>, mut stopping: Stopping) {
             _ = stopping.stopped() => return,
         }
         let term = node.leading_term();
+        // Before the table is read: grants after this are ordered against
+        // the expiries decided from it (`raft::lease_order`).
+        let mark = node.proposer.lease_mark();
         let expired = node.lease_keeper.tick(term, &node.state().leases(), Instant::now());
         if let (Some(term), false) = (term, expired.is_empty()) {
             let n = node.clone();
             tokio::spawn(async move {
-                if let Err(e) = n.expire_leases(term, &expired).await {
+                if let Err(e) = n.expire_leases(term, &expired, &mark).await {
                     tracing::debug!(leases = ?expired, error = %e, "expiring leases failed; will retry while leading");
                 }
                 for id in expired {

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use super::route::{Attempt, Route};
 use super::{Node, ServerError};
-use crate::command::{Command, CommandResult};
+use crate::command::CommandResult;
 use crate::lease::LeaseStatus;
 use crate::raft::peer::messages::{LeaseAnswer, LeaseQuery};
 use crate::raft::peer::server::LeaseAuthority;
@@ -70,13 +70,18 @@ impl Node {
     /// `term`, proposed here and nowhere else, and never retried — the next
     /// tick decides again. Apply ignores the expiry if its entry is not of
     /// `term`.
-    pub(crate) async fn expire_leases(&self, term: u64, ids: &[i64]) -> Result<(), ServerError> {
+    pub(crate) async fn expire_leases(
+        &self,
+        term: u64,
+        ids: &[i64],
+        mark: &crate::raft::lease_order::Mark,
+    ) -> Result<(), ServerError> {
         let confirmed =
             tokio::time::timeout(self.request_timeout, read_index(&self.raft, &self.read_floor, &self.elections)).await;
         if !matches!(confirmed, Ok(Ok(_))) || self.leading_term() != Some(term) {
             return Err(ServerError::LeaderChanged);
         }
-        let proposals = ids.iter().map(|&id| self.proposer.propose(Command::LeaseExpire { id, term }));
+        let proposals = ids.iter().map(|&id| self.proposer.propose_expiry(id, term, mark));
         let outcomes = tokio::time::timeout(self.request_timeout, futures::future::join_all(proposals))
             .await
             .map_err(|_| ServerError::Timeout)?;
@@ -84,6 +89,11 @@ impl Node {
             match outcome {
                 Ok(CommandResult::LeaseRevoked { .. }) => tracing::debug!(lease = id, term, "lease expired"),
                 Ok(other) => tracing::info!(lease = id, term, result = ?other, "lease expiry not applied"),
+                // Granted again under its ID since the deadline was read: the
+                // next tick decides from a deadline that includes the grant.
+                Err(ProposeError::Superseded) => {
+                    tracing::debug!(lease = id, term, "lease granted again since its expiry was decided; not expired")
+                }
                 Err(ProposeError::NotLeader { .. }) => return Err(ServerError::LeaderChanged),
                 Err(ProposeError::Stopped) => return Err(ServerError::Stopped),
                 // The keeper tries again on its next round.

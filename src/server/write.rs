@@ -209,6 +209,7 @@ impl Node {
                 Ok(Err(ProposeError::NotLeader { .. })) => Attempt::Retry,
                 Ok(Err(ProposeError::Stopped)) => Attempt::Done(Err(ServerError::Stopped)),
                 Ok(Err(ProposeError::Overloaded)) => Attempt::Done(Err(ServerError::TooManyRequests)),
+                Ok(Err(ProposeError::Superseded)) => unreachable!("only the keeper's lease expiries are superseded"),
             },
             Route::Leader { url, .. } => {
                 let forwarded = self.forwarder.forward(url, cmd);

@@ -372,6 +372,8 @@ async fn run_forwarded(
             Err(ProposeError::NotLeader { leader }) => Err(ForwardError::NotLeader { leader }),
             Err(ProposeError::Stopped) => Err(ForwardError::Failed("raft stopped".into())),
             Err(ProposeError::Overloaded) => Err(ForwardError::Overloaded),
+            // Only a lease expiry, which raftlock's followers never forward.
+            Err(ProposeError::Superseded) => Err(ForwardError::Failed("lease expiry superseded by a grant".into())),
         })
         .collect();
     std::mem::forget(unanswered);
