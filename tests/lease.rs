@@ -284,12 +284,15 @@ async fn leases_that_lapse_together_are_revoked_at_a_bounded_rate() {
 /// expiries works through them (the keeper takes a tick's share of the
 /// lapsed leases, in ID order here): every lease granted again keeps its
 /// new TTL, whichever moment its grant met the keeper's expiry of the old
-/// one in (`raft::lease_order`), and every other lease expires.
+/// one in (`raft::lease_order`), and every other lease expires, even those
+/// whose IDs clients keep asking to grant all along (refused while the old
+/// lease is there).
 #[tokio::test]
 async fn leases_granted_again_under_their_ids_while_the_old_ones_expire_are_kept() {
     use raftlock::{EXPIRIES_PER_TICK, LEASE_TICK};
     const LEASES: i64 = 2000;
-    const TTL: i64 = 2;
+    // Long enough for the grants to end before the first deadline.
+    const TTL: i64 = 5;
     let cluster = Cluster::start(3).await;
     let leader = cluster.leader().await;
     let target = (leader + 1) % 3;
@@ -338,11 +341,29 @@ async fn leases_granted_again_under_their_ids_while_the_old_ones_expire_are_kept
                     let spread = tick.mul_f64(((id * 37) % 100) as f64 / 100.0);
                     tokio::time::sleep_until((due + spread - tick / 2).into()).await;
                     let _ = c.lease_revoke(id).await;
-                    if c.lease_grant(60, Some(LeaseGrantOptions::new().with_id(id))).await.is_ok() {
+                    let granted = c.lease_grant(60, Some(LeaseGrantOptions::new().with_id(id))).await.is_ok();
+                    // An error may hide a grant that was made: the lease with
+                    // a TTL above the old one's is the new one.
+                    if granted || c.lease_time_to_live(id, None).await.unwrap().ttl() > TTL {
                         kept.push(id);
                     }
                 }
                 kept
+            })
+        })
+        .collect();
+    // Clients that ask to grant a lease of the backlog again and again,
+    // refused until it has expired.
+    let insistent: Vec<i64> = (LEASES / 2..LEASES / 2 + 24).filter(|id| id % 3 == 1).collect();
+    let insisting: Vec<_> = insistent
+        .iter()
+        .map(|&id| {
+            let mut c = c.clone();
+            tokio::spawn(async move {
+                let give_up = Instant::now() + Duration::from_secs(20);
+                while c.lease_grant(60, Some(LeaseGrantOptions::new().with_id(id))).await.is_err() {
+                    assert!(Instant::now() < give_up, "lease {id} never expired while its ID was asked for");
+                }
             })
         })
         .collect();
@@ -351,6 +372,10 @@ async fn leases_granted_again_under_their_ids_while_the_old_ones_expire_are_kept
         kept.extend(t.await.unwrap());
     }
     assert!(kept.len() > again.len() / 2, "few leases could be granted again: {}", kept.len());
+    for t in insisting {
+        t.await.unwrap();
+    }
+    kept.extend(insistent);
 
     // Once the backlog is through: the leases granted again are there with
     // their new TTL, the others are gone.

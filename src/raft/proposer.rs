@@ -97,6 +97,9 @@ impl Proposer {
                     Vec::new()
                 } else if in_flight.is_empty() {
                     propose_batch(&raft, commands).await
+                } else if elections.holds_proposals() {
+                    // It may have waited (see `raft::lease_order`): asked again.
+                    vec![Err(ProposeError::NotLeader { leader: None }); commands.len()]
                 } else {
                     // Its grants and expiries stay in flight until the entry
                     // is answered (applied, or refused), even if the caller
@@ -104,7 +107,7 @@ impl Proposer {
                     let len = commands.len();
                     let proposal = tokio::spawn(async move {
                         let results = propose_batch(&raft, commands).await;
-                        drop(in_flight);
+                        in_flight.answered(&results);
                         results
                     });
                     match proposal.await {
