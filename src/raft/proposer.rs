@@ -92,14 +92,14 @@ impl Proposer {
                     return vec![Err(ProposeError::NotLeader { leader: None }); cmds.len()];
                 }
                 let n = cmds.len();
-                let Admitted { commands, dropped, in_flight } = order.admit(cmds).await;
+                let Admitted { commands, dropped, in_flight, waited } = order.admit(cmds).await;
                 let proposed = if commands.is_empty() {
                     Vec::new()
+                } else if waited && elections.holds_proposals() {
+                    // It waited for an expiry (see `raft::lease_order`): asked again.
+                    vec![Err(ProposeError::NotLeader { leader: None }); commands.len()]
                 } else if in_flight.is_empty() {
                     propose_batch(&raft, commands).await
-                } else if elections.holds_proposals() {
-                    // It may have waited (see `raft::lease_order`): asked again.
-                    vec![Err(ProposeError::NotLeader { leader: None }); commands.len()]
                 } else {
                     // Its grants and expiries stay in flight until the entry
                     // is answered (applied, or refused), even if the caller
