@@ -9,6 +9,11 @@
 //! result), in queue order, so a batch is indistinguishable from its commands
 //! proposed one after the other.
 //!
+//! Each batch is admitted by `raft::lease_order` before it is proposed: a
+//! lease grant may wait there for an expiry of its ID, and a lease expiry
+//! that a grant of its ID has overtaken is answered
+//! [`ProposeError::Superseded`] instead of proposed.
+//!
 //! Invariants: a command is proposed at most once; every caller gets exactly
 //! one answer. "Not leader" is only reported for a batch openraft refused to
 //! append (or truncated before commit), so the caller may retry elsewhere.
@@ -63,8 +68,9 @@ pub enum ProposeError {
     Stopped,
     /// The queue is full: nothing was proposed.
     Overloaded,
-    /// A lease expiry not proposed: a grant under its ID may have been
-    /// applied after the expiry was decided (see `raft::lease_order`).
+    /// A lease expiry not proposed: a grant of its ID was in flight, or was
+    /// made after the expiry was decided, or the decision is no longer
+    /// known (see `raft::lease_order`).
     Superseded,
 }
 
@@ -141,8 +147,8 @@ impl Proposer {
     }
 
     /// Propose the expiry of lease `id`, decided by the leader of `term`
-    /// from a lease table read after `mark`; `Superseded` if a grant of `id`
-    /// may have been applied since (nothing was proposed).
+    /// from a lease table read after `mark`; `Superseded` (nothing was
+    /// proposed) if a grant of `id` was in flight or made since.
     pub async fn propose_expiry(&self, id: i64, term: u64, mark: &Mark) -> Result<CommandResult, ProposeError> {
         let _decided = self.lease_order.decided(id, mark);
         self.propose(Command::LeaseExpire { id, term }).await

@@ -61,8 +61,8 @@
 //! the term (as etcd's names the ID), so an expiry decided for the old lease
 //! and applied after the new grant would revoke the new one; the proposer
 //! orders the two (`raft::lease_order`): the keeper takes a mark before it
-//! reads the table, and an expiry whose ID was granted since is not
-//! proposed (the next tick decides again).
+//! reads the table, and an expiry whose ID was granted since, or has a
+//! grant in flight, is not proposed (the next tick decides again).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};

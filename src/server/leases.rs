@@ -89,8 +89,8 @@ impl Node {
             match outcome {
                 Ok(CommandResult::LeaseRevoked { .. }) => tracing::debug!(lease = id, term, "lease expired"),
                 Ok(other) => tracing::info!(lease = id, term, result = ?other, "lease expiry not applied"),
-                // Granted again under its ID since the deadline was read: the
-                // next tick decides from a deadline that includes the grant.
+                // Granted again under its ID since the deadline was read, or a
+                // grant of it in flight: the next tick decides again.
                 Err(ProposeError::Superseded) => {
                     tracing::debug!(lease = id, term, "lease granted again since its expiry was decided; not expired")
                 }

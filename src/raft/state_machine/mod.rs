@@ -14,6 +14,11 @@
 //! An entry is applied only once it is durable in the local log: the leader
 //! syncs its own appends while it replicates them (see `raft::log_store`).
 //!
+//! The configuration (members, voters) a membership entry or a snapshot
+//! brings is published to the member list ([`AppliedConfiguration`]) before
+//! the apply call returns, so that a reader that waited for an index to be
+//! applied lists the members as of that index.
+//!
 //! Snapshots are the whole state (every version, leases, members) in a file,
 //! `snapshot-<id>.image`, in the state store's file directory. openraft asks
 //! for one when the log since the last is large (see `raft::bound_log`); a
