@@ -464,6 +464,17 @@ mod tests {
         Command::Put(PutRequest { key: k.into(), value: v.into(), ..Default::default() })
     }
 
+    /// Send `sent` to `receiver` as a member receives a snapshot, and install it.
+    async fn install(receiver: &mut StateMachine, sent: &mut Snapshot<TypeConfig>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut incoming = receiver.begin_receiving_snapshot().await.unwrap();
+        let mut bytes = Vec::new();
+        sent.snapshot.read_to_end(&mut bytes).await.unwrap();
+        incoming.write_all(&bytes).await.unwrap();
+        incoming.shutdown().await.unwrap();
+        receiver.install_snapshot(&sent.meta, incoming).await.unwrap();
+    }
+
     fn dump(state: &AppliedState) -> (Vec<StoredVersion>, Revision, Revision) {
         let mvcc = state.mvcc();
         (mvcc.versions().collect(), mvcc.revision(), mvcc.compact_revision())
@@ -710,7 +721,6 @@ mod tests {
     /// from history, so apply cannot hand it on.
     #[tokio::test]
     async fn a_snapshot_compacted_past_the_members_revision_wakes_the_waits() {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let (_dir, _db, _state, mut sm) = fresh(1 << 20);
         let (_dir2, _db2, received_state, mut receiver) = fresh(1 << 20);
         for i in 1..=3u64 {
@@ -725,12 +735,7 @@ mod tests {
 
         let wait = received_state.wait_for_deletion(vec![b"w/1".to_vec()]);
         let followed = received_state.follow(&KeyRange::with_prefix(b"w/"));
-        let mut incoming = receiver.begin_receiving_snapshot().await.unwrap();
-        let mut bytes = Vec::new();
-        sent.snapshot.read_to_end(&mut bytes).await.unwrap();
-        incoming.write_all(&bytes).await.unwrap();
-        incoming.shutdown().await.unwrap();
-        receiver.install_snapshot(&sent.meta, incoming).await.unwrap();
+        install(&mut receiver, &mut sent).await;
         let woken = tokio::time::timeout(std::time::Duration::from_secs(1), wait.deleted()).await;
         assert!(woken.is_ok(), "the wait on the key the snapshot deleted was not woken");
         assert!(followed.take().lost_after.is_some(), "the followers of its keys must look at the store again");
@@ -747,7 +752,6 @@ mod tests {
     /// it is installed, and the persisted one after a restart.
     #[tokio::test]
     async fn the_applied_configuration_follows_apply_install_and_restart() {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let node = |port: u16| MemberNode { name: String::new(), peer_url: format!("http://127.0.0.1:{port}") };
         let configuration = |voters: &[u64], learners: &[u64]| {
             let nodes: std::collections::BTreeMap<u64, MemberNode> =
@@ -782,12 +786,7 @@ mod tests {
         let (_dir2, _db2, _received, mut receiver) = fresh(1 << 20);
         let received = receiver.configuration();
         receiver.apply([membership(1, configuration(&[1, 2, 3], &[]))]).await.unwrap();
-        let mut incoming = receiver.begin_receiving_snapshot().await.unwrap();
-        let mut bytes = Vec::new();
-        sent.snapshot.read_to_end(&mut bytes).await.unwrap();
-        incoming.write_all(&bytes).await.unwrap();
-        incoming.shutdown().await.unwrap();
-        receiver.install_snapshot(&sent.meta, incoming).await.unwrap();
+        install(&mut receiver, &mut sent).await;
         assert_eq!(ids(received.get()), (vec![1, 2, 3], vec![1, 2, 3, 4]));
     }
 
