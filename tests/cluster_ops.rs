@@ -363,6 +363,42 @@ async fn a_follower_forwards_again_to_a_leader_that_was_killed_and_leads_again()
     assert!(versions.iter().all(|&v| v == 1), "a write was applied more than once: {versions:?}");
 }
 
+/// A write that reaches a follower after its leader died, with the end of
+/// the leader's connection not yet read there (the follower was stopped
+/// meanwhile, so that both arrive at once), is sent on to the next leader,
+/// never failed as "leader changed" (`peer::forward`). Three rounds, each
+/// killing the leader of the moment.
+#[tokio::test]
+async fn a_write_that_reaches_a_follower_after_its_leader_died_goes_to_the_next_leader() {
+    let mut cluster = Cluster::start(3).await;
+    for round in 0..3 {
+        let leader = cluster.leader().await;
+        let follower = (leader + 1) % 3;
+        let mut via = cluster.client(follower).await;
+        // The follower's forwarding stream to this leader is open.
+        via.put(format!("round/{round}/before"), "1", None).await.unwrap();
+        cluster.pause(follower);
+        let write = tokio::spawn({
+            let mut via = via.clone();
+            async move { via.put(format!("round/{round}/after"), "1", None).await }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        cluster.kill(leader);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        cluster.resume(follower);
+        let written = tokio::time::timeout(Duration::from_secs(20), write).await.expect("the write never ended");
+        if let Err(e) = written.unwrap() {
+            panic!("round {round}: the write failed: {e}\n{}", cluster.logs());
+        }
+        cluster.restart(leader);
+        cluster.wait_ready().await;
+    }
+    let mut c = cluster.client(0).await;
+    let got = c.get("round/", Some(GetOptions::new().with_prefix())).await.unwrap();
+    assert_eq!(got.kvs().len(), 6, "every write, once");
+    assert!(got.kvs().iter().all(|kv| kv.version() == 1), "a write was applied more than once");
+}
+
 /// A planned stop (SIGTERM) of the leader hands leadership to a caught-up
 /// voter before the process exits, so that the others need not wait out an
 /// election timeout: the member it names leads, and leads already when the

@@ -15,9 +15,18 @@
 //! Retry safety: a call that failed before its connection was made
 //! ([`never_sent`]) can be sent elsewhere; any other failure of a write may
 //! have been applied and is reported as unknown.
+//!
+//! Each channel's connections are made by this module's connector, which
+//! keeps the socket of the connection in use ([`PeerSocket`]), so that a
+//! caller can ask the kernel whether the peer has closed it (a process that
+//! died closes its connections) before HTTP/2 has read the end of it.
 
 use std::collections::HashMap;
+use std::os::fd::{AsRawFd, RawFd};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use serde::de::DeserializeOwned;
@@ -42,6 +51,8 @@ pub struct PeerClients {
     identity: PeerIdentity,
     /// std Mutex: held only to look up or insert a channel, never across I/O.
     channels: Arc<Mutex<HashMap<String, Channel>>>,
+    /// The socket of each channel's connection (same lock rule).
+    sockets: Arc<Mutex<HashMap<String, Arc<PeerSocket>>>>,
     /// The address peer connections leave from: the one this member listens
     /// on for peers, when it listens on one address. Peers then see every
     /// packet of this member come from its own address, so that a firewall
@@ -82,7 +93,7 @@ impl PeerClients {
         source: Option<std::net::IpAddr>,
         tls: Option<Arc<rustls::ClientConfig>>,
     ) -> PeerClients {
-        PeerClients { identity, channels: Arc::default(), source, tls, heard: Arc::default() }
+        PeerClients { identity, channels: Arc::default(), sockets: Arc::default(), source, tls, heard: Arc::default() }
     }
 
     pub fn client(&self, url: &str) -> Result<PeerStub, tonic::transport::Error> {
@@ -90,8 +101,14 @@ impl PeerClients {
         let channel = match channels.get(url) {
             Some(c) => c.clone(),
             None => {
-                let c = if crate::config::is_https(url) { self.tls_channel(url)? } else { self.plain_channel(url)? };
+                let socket = Arc::new(PeerSocket::default());
+                let c = if crate::config::is_https(url) {
+                    self.tls_channel(url, socket.clone())?
+                } else {
+                    self.plain_channel(url, socket.clone())?
+                };
                 channels.insert(url.to_string(), c.clone());
+                self.sockets.lock().expect("peer socket lock poisoned").insert(url.to_string(), socket);
                 c
             }
         };
@@ -100,33 +117,53 @@ impl PeerClients {
             .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES))
     }
 
-    fn plain_channel(&self, url: &str) -> Result<Channel, tonic::transport::Error> {
-        Ok(Endpoint::from_shared(url.to_string())?
-            .connect_timeout(CONNECT_TIMEOUT)
-            .tcp_nodelay(true)
+    /// Whether this member's kernel has seen the peer at `url` close the
+    /// connection its channel holds (a FIN or a reset: the peer's process
+    /// ended, or closed it), though HTTP/2 may not have read that yet. False
+    /// without a connection, or while it is established.
+    pub fn closed_by_peer(&self, url: &str) -> bool {
+        let socket = self.sockets.lock().expect("peer socket lock poisoned").get(url).cloned();
+        socket.is_some_and(|s| s.closed_by_peer())
+    }
+
+    /// A channel to an `http://` peer: this member's own connector makes the
+    /// TCP connection (from `source`).
+    fn plain_channel(&self, url: &str, socket: Arc<PeerSocket>) -> Result<Channel, tonic::transport::Error> {
+        let hostport = url.trim_start_matches("http://").trim_end_matches('/').to_string();
+        let source = self.source;
+        let connector = tower::service_fn(move |_: tonic::transport::Uri| {
+            let (hostport, socket) = (hostport.clone(), socket.clone());
+            async move {
+                let target = tokio::net::lookup_host(hostport.as_str()).await?.next().ok_or_else(|| {
+                    std::io::Error::new(std::io::ErrorKind::AddrNotAvailable, format!("{hostport}: no address"))
+                })?;
+                let tcp = connect_tcp(target, source).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(Tracked::new(tcp, socket)))
+            }
+        });
+        let endpoint = Endpoint::from_shared(url.to_string())?
             .http2_keep_alive_interval(PEER_KEEPALIVE)
-            .keep_alive_timeout(PEER_KEEPALIVE)
-            .local_address(self.source)
-            .connect_lazy())
+            .keep_alive_timeout(PEER_KEEPALIVE);
+        Ok(endpoint.connect_with_connector_lazy(connector))
     }
 
     /// A channel to an `https://` peer: this member's own connector makes the
     /// TCP connection (from `source`) and the TLS handshake (with `tls`: its
     /// certificate, the peer CA, the peer's host as the name to verify).
     /// Without peer TLS every connection attempt fails, as unreachable.
-    fn tls_channel(&self, url: &str) -> Result<Channel, tonic::transport::Error> {
+    fn tls_channel(&self, url: &str, socket: Arc<PeerSocket>) -> Result<Channel, tonic::transport::Error> {
         let target = crate::config::url_addr(url).map_err(|e| e.to_string());
         let name = crate::config::url_host(url)
             .map_err(|e| e.to_string())
             .and_then(|h| crate::tls::server_name(h).map_err(|e| e.to_string()));
         let (tls, source) = (self.tls.clone(), self.source);
         let connector = tower::service_fn(move |_: tonic::transport::Uri| {
-            let (target, name, tls) = (target.clone(), name.clone(), tls.clone());
+            let (target, name, tls, socket) = (target.clone(), name.clone(), tls.clone(), socket.clone());
             async move {
                 let invalid = |e: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, e);
                 let tls = tls.ok_or_else(|| invalid("an https:// peer URL needs peer TLS flags".into()))?;
                 let (target, name) = (target.map_err(invalid)?, name.map_err(invalid)?);
-                let tcp = connect_tcp(target, source).await?;
+                let tcp = Tracked::new(connect_tcp(target, source).await?, socket);
                 let stream = tokio_rustls::TlsConnector::from(tls).connect(name, tcp).await?;
                 Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
             }
@@ -195,6 +232,102 @@ impl PeerClients {
     }
 }
 
+/// The socket of the connection a peer channel holds now, if any: a
+/// connection's [`Tracked`] stream sets it when made and clears it when
+/// dropped, before its socket is closed.
+#[derive(Default)]
+pub struct PeerSocket {
+    /// The connection's number and its socket. std Mutex: held while the
+    /// kernel is asked about the socket, so that it is not closed (and its
+    /// number reused) meanwhile.
+    current: Mutex<Option<(u64, RawFd)>>,
+    connections: AtomicU64,
+}
+
+impl PeerSocket {
+    /// See [`PeerClients::closed_by_peer`].
+    fn closed_by_peer(&self) -> bool {
+        let current = self.current.lock().expect("peer socket lock poisoned");
+        current.is_some_and(|(_, fd)| tcp_state(fd).is_some_and(|state| state != TCP_ESTABLISHED))
+    }
+}
+
+/// `tcpi_state` of an established connection (Linux's `TCP_ESTABLISHED`).
+const TCP_ESTABLISHED: u8 = 1;
+
+/// The kernel's state of the TCP socket `fd` (`TCP_INFO`'s `tcpi_state`).
+fn tcp_state(fd: RawFd) -> Option<u8> {
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: `info` is a writable tcp_info of `len` bytes; the caller keeps `fd` open.
+    let rc = unsafe {
+        libc::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_INFO, (&mut info as *mut libc::tcp_info).cast(), &mut len)
+    };
+    (rc == 0).then_some(info.tcpi_state)
+}
+
+/// A peer connection's TCP stream, registered in its channel's
+/// [`PeerSocket`] while it is open.
+struct Tracked {
+    tcp: tokio::net::TcpStream,
+    socket: Arc<PeerSocket>,
+    connection: u64,
+}
+
+impl Tracked {
+    fn new(tcp: tokio::net::TcpStream, socket: Arc<PeerSocket>) -> Tracked {
+        let connection = socket.connections.fetch_add(1, Ordering::Relaxed);
+        *socket.current.lock().expect("peer socket lock poisoned") = Some((connection, tcp.as_raw_fd()));
+        Tracked { tcp, socket, connection }
+    }
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        // Before `tcp` is closed (fields drop after this).
+        let mut current = self.socket.current.lock().expect("peer socket lock poisoned");
+        if current.is_some_and(|(connection, _)| connection == self.connection) {
+            *current = None;
+        }
+    }
+}
+
+impl tokio::io::AsyncRead for Tracked {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Tracked {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.tcp).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.tcp).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.tcp.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_shutdown(cx)
+    }
+}
+
 /// How long a connection to a peer may take to open.
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 
@@ -243,4 +376,35 @@ pub(super) fn never_sent(status: &tonic::Status) -> bool {
         source = e.source();
     }
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kernel tells a connection the peer closed (its process died)
+    /// before anything reads from it; a connection dropped here is
+    /// forgotten.
+    #[tokio::test]
+    async fn a_connection_the_peer_closed_is_seen_before_it_is_read() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let socket = Arc::new(PeerSocket::default());
+        assert!(!socket.closed_by_peer(), "no connection yet");
+        let tracked = Tracked::new(connect_tcp(listener.local_addr().unwrap(), None).await.unwrap(), socket.clone());
+        let (accepted, _) = listener.accept().await.unwrap();
+        assert!(!socket.closed_by_peer(), "established");
+        drop(accepted);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !socket.closed_by_peer() {
+            assert!(Instant::now() < deadline, "the peer's close was never seen");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // A newer connection replaces it; the older one's drop leaves it be.
+        let newer = Tracked::new(connect_tcp(listener.local_addr().unwrap(), None).await.unwrap(), socket.clone());
+        let _accepted = listener.accept().await.unwrap();
+        drop(tracked);
+        assert!(!socket.closed_by_peer(), "the newer connection is established");
+        drop(newer);
+        assert!(socket.current.lock().unwrap().is_none());
+    }
 }

@@ -24,18 +24,22 @@
 //!   queued never left, and are `Unreachable`. The link is ended (its stream
 //!   reset); the next batch to that URL opens a new one.
 //!
-//! The last rule, and a yield, make a write that arrives just after the
-//! leader died retryable. The follower learns that a connection died only
-//! when the connection's task reads the EOF; the request that carries the
-//! write may be run first (its task woken by the same poll of the reactor),
-//! and had it queued a batch that the stream's body task then took, that
-//! batch would be `Unknown`: seen in CI, and in 3 of 25 local runs of
+//! The last rule, a yield and a question to the kernel make a write that
+//! arrives just after the leader died retryable. HTTP/2 learns that a
+//! connection died only when the connection's task reads the EOF; the
+//! request that carries the write may be run first (its task woken by the
+//! same poll of the reactor), and had it queued a batch that the stream's
+//! body task then took, that batch would be `Unknown`: seen in CI, and in 3
+//! of 25 local runs of
 //! `go_election_campaign_observe_resign_with_the_leader_killed`. So a batch
 //! is handed to a link only after a `yield_now`, which lets the tasks
-//! already woken run; the connection's task then closes the stream, HTTP/2
-//! no longer polls its request body, and the link's end finds the batch
-//! still queued (0 of 40 runs). What is left is a leader that dies while
-//! the batch is on its way: that one is truly `Unknown`.
+//! already woken run (the connection's task then closes the stream, and the
+//! link's end finds the batch still queued: 0 of 40 runs), and only if the
+//! kernel does not already hold the leader's FIN or reset on the channel's
+//! connection (`PeerClients::closed_by_peer`; with the yield alone, a later
+//! CI run still lost the test's write to "leader changed"). What is left is
+//! a leader that dies while the batch is on its way: that one is truly
+//! `Unknown`.
 //!
 //! Invariants: every batch handed to a link gets exactly one answer, from the
 //! leader or from the link's end, or is forgotten when its waiter goes; a
@@ -159,6 +163,13 @@ impl Links {
             Ok(link) => link,
             Err(e) => return failed(ForwardFailure::Unreachable(e.to_string())),
         };
+        // The kernel has seen the leader close the connection, which HTTP/2
+        // may not have read yet: this batch is not sent into it.
+        if self.clients.closed_by_peer(url) {
+            let why = "the leader closed its connection";
+            link.end(ForwardFailure::Unknown(why.into()), None);
+            return failed(ForwardFailure::Unreachable(why.into()));
+        }
         // A link that ended since it was looked up never sent the batch.
         let Some((id, answer)) = link.submit(cmds) else {
             return failed(ForwardFailure::Unreachable("the forwarding stream ended".into()));
