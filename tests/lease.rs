@@ -19,6 +19,26 @@ async fn exists(c: &mut Client, key: &str) -> bool {
     !c.get(key, None).await.unwrap().kvs().is_empty()
 }
 
+/// Grant a lease of `ttl` for each of `ids` (0: the server chooses), 32
+/// grants at a time.
+async fn grant_leases(c: &Client, ids: Vec<i64>, ttl: i64) {
+    let tasks: Vec<_> = (0..32)
+        .map(|t| {
+            let mut c = c.clone();
+            let mine: Vec<i64> = ids.iter().copied().skip(t).step_by(32).collect();
+            tokio::spawn(async move {
+                for id in mine {
+                    let chosen = (id != 0).then(|| LeaseGrantOptions::new().with_id(id));
+                    c.lease_grant(ttl, chosen).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
 #[tokio::test]
 async fn grant_attach_revoke_and_time_to_live() {
     let cluster = Cluster::start(3).await;
@@ -227,19 +247,7 @@ async fn leases_that_lapse_together_are_revoked_at_a_bounded_rate() {
 
     // No deadline of any leader falls before `start + TTL`.
     let start = Instant::now();
-    let tasks: Vec<_> = (0..32)
-        .map(|t| {
-            let mut c = c.clone();
-            tokio::spawn(async move {
-                for _ in (t..LEASES).step_by(32) {
-                    c.lease_grant(TTL, None).await.unwrap();
-                }
-            })
-        })
-        .collect();
-    for t in tasks {
-        t.await.unwrap();
-    }
+    grant_leases(&c, vec![0; LEASES], TTL).await;
     // MoveLeader is the leader's to answer, as etcd's. The new leader's
     // term, and so its deadlines' count, begin after `moving`.
     let moving = Instant::now();
@@ -298,19 +306,7 @@ async fn leases_granted_again_under_their_ids_while_the_old_ones_expire_are_kept
     let target = (leader + 1) % 3;
     let mut c = cluster.client(target).await;
     let target_id = c.status().await.unwrap().header().unwrap().member_id();
-    let tasks: Vec<_> = (0..16)
-        .map(|t| {
-            let mut c = c.clone();
-            tokio::spawn(async move {
-                for id in (1 + t..=LEASES).step_by(16) {
-                    c.lease_grant(TTL, Some(LeaseGrantOptions::new().with_id(id))).await.unwrap();
-                }
-            })
-        })
-        .collect();
-    for t in tasks {
-        t.await.unwrap();
-    }
+    grant_leases(&c, (1..=LEASES).collect(), TTL).await;
     // The new leader gives every lease one deadline: its keeper then
     // expires them a tick's share at a time, lowest ID first.
     cluster.client(leader).await.move_leader(target_id).await.unwrap();

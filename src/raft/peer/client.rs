@@ -42,6 +42,9 @@ use crate::proto::raftlock::peer::{RaftPayload, ReadIndexRequest};
 use crate::raft::{decode, encode};
 
 /// A client of one peer: its cached channel, stamping this member's identity.
+/// A peer URL's channel, and the socket of the connection it holds.
+type PeerChannel = (Channel, Arc<PeerSocket>);
+
 pub type PeerStub = PeerClient<InterceptedService<Channel, PeerIdentity>>;
 
 /// Cached channels to peers, by peer URL.
@@ -49,10 +52,9 @@ pub type PeerStub = PeerClient<InterceptedService<Channel, PeerIdentity>>;
 pub struct PeerClients {
     /// Who this member is, on every request.
     identity: PeerIdentity,
-    /// std Mutex: held only to look up or insert a channel, never across I/O.
-    channels: Arc<Mutex<HashMap<String, Channel>>>,
-    /// The socket of each channel's connection (same lock rule).
-    sockets: Arc<Mutex<HashMap<String, Arc<PeerSocket>>>>,
+    /// Each peer URL's channel, and the socket of its connection. std
+    /// Mutex: held only to look up or insert a channel, never across I/O.
+    channels: Arc<Mutex<HashMap<String, PeerChannel>>>,
     /// The address peer connections leave from: the one this member listens
     /// on for peers, when it listens on one address. Peers then see every
     /// packet of this member come from its own address, so that a firewall
@@ -93,13 +95,13 @@ impl PeerClients {
         source: Option<std::net::IpAddr>,
         tls: Option<Arc<rustls::ClientConfig>>,
     ) -> PeerClients {
-        PeerClients { identity, channels: Arc::default(), sockets: Arc::default(), source, tls, heard: Arc::default() }
+        PeerClients { identity, channels: Arc::default(), source, tls, heard: Arc::default() }
     }
 
     pub fn client(&self, url: &str) -> Result<PeerStub, tonic::transport::Error> {
         let mut channels = self.channels.lock().expect("peer channel lock poisoned");
         let channel = match channels.get(url) {
-            Some(c) => c.clone(),
+            Some((c, _)) => c.clone(),
             None => {
                 let socket = Arc::new(PeerSocket::default());
                 let c = if crate::config::is_https(url) {
@@ -107,8 +109,7 @@ impl PeerClients {
                 } else {
                     self.plain_channel(url, socket.clone())?
                 };
-                channels.insert(url.to_string(), c.clone());
-                self.sockets.lock().expect("peer socket lock poisoned").insert(url.to_string(), socket);
+                channels.insert(url.to_string(), (c.clone(), socket));
                 c
             }
         };
@@ -122,7 +123,7 @@ impl PeerClients {
     /// ended, or closed it), though HTTP/2 may not have read that yet. False
     /// without a connection, or while it is established.
     pub fn closed_by_peer(&self, url: &str) -> bool {
-        let socket = self.sockets.lock().expect("peer socket lock poisoned").get(url).cloned();
+        let socket = self.channels.lock().expect("peer channel lock poisoned").get(url).map(|(_, s)| s.clone());
         socket.is_some_and(|s| s.closed_by_peer())
     }
 

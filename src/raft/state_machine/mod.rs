@@ -203,13 +203,6 @@ impl StateMachine {
         self.configuration.clone()
     }
 
-    /// Move to `position`, and publish its configuration to the readers of
-    /// [`AppliedConfiguration`].
-    fn set_position(&mut self, position: Position) {
-        self.configuration.set(&position.membership);
-        self.position = position;
-    }
-
     fn snapshot_meta(&self, revision: i64) -> SnapshotMeta<u64, MemberNode> {
         let id = match self.position.last_applied {
             Some(l) => format!("{}-{}-{}", l.leader_id.term, l.index, revision),
@@ -319,7 +312,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let revision = image.revision;
         let before = self.state.mvcc().revision();
         image.install(&self.state);
-        self.set_position(Position { last_applied: meta.last_log_id, membership: meta.last_membership.clone() });
+        self.position = Position { last_applied: meta.last_log_id, membership: meta.last_membership.clone() };
+        self.configuration.set(&self.position.membership);
         // Watchers and lock waiters here look at the store as it was at
         // `before`: publish what the snapshot skipped over, as history
         // still has it — all of it only if no compaction reached past
