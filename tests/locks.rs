@@ -176,6 +176,48 @@ async fn a_waiter_whose_lease_ends_gets_an_error_and_a_cancelled_waiter_leaves_n
 }
 
 #[tokio::test]
+async fn an_abandoned_lock_call_never_frees_a_place_granted_to_another_call_of_its_lease() {
+    let cluster = Cluster::start(3).await;
+    let leader = cluster.leader().await;
+    let follower = cluster.follower().await;
+    let mut c = cluster.client(leader).await;
+    let holder = lease(&mut c, 60).await;
+    let held = lock(&mut c, "shared", holder).await.unwrap();
+
+    // A call of lease `both` makes its key through a follower and waits; a
+    // second call of the same lease, through the leader, joins that place.
+    let both = lease(&mut c, 60).await;
+    let key = format!("shared/{both:x}");
+    let mut fc = cluster.client(follower).await;
+    let first = tokio::spawn(async move { lock(&mut fc, "shared", both).await });
+    common::wait_for_key(&mut c, &key).await;
+    let mut sc = cluster.client(leader).await;
+    let second = tokio::spawn(async move { lock(&mut sc, "shared", both).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // The follower stops. Meanwhile the first call's client goes away, and
+    // the holder unlocks: the second call is granted the place.
+    cluster.pause(follower);
+    first.abort();
+    c.unlock(held).await.unwrap();
+    let granted = tokio::time::timeout(Duration::from_secs(5), second).await.expect("granted").unwrap().unwrap();
+    assert_eq!(granted, key.as_bytes());
+    let token = create_revision(&mut c, &granted).await;
+
+    // The follower resumes and learns, together, that the first call's client
+    // went away and that its turn came. Its cleanup must leave the place to
+    // the call that was granted it.
+    cluster.resume(follower);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let kvs = c.get(key.as_str(), None).await.unwrap().kvs().to_vec();
+    assert_eq!(kvs.first().map(|kv| kv.create_revision()), Some(token), "the granted place was removed");
+    let other = lease(&mut c, 60).await;
+    let mut oc = cluster.client(leader).await;
+    let taken = tokio::time::timeout(Duration::from_secs(1), lock(&mut oc, "shared", other)).await;
+    assert!(taken.is_err(), "another lease got the lock while lease {both:x} holds it");
+}
+
+#[tokio::test]
 async fn elections_campaign_proclaim_observe_and_resign() {
     let cluster = Cluster::start(3).await;
     let mut a = cluster.client(0).await;

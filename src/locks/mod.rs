@@ -23,7 +23,10 @@
 //! answers, a waiter checks that its own key still exists in the committed
 //! state in which its turn came: if its lease ended while it waited, it gets
 //! an error, not the lock (etcd issue 11456). A waiter that gives up, times
-//! out or is cancelled (the client went away) deletes its key.
+//! out or is cancelled (the client went away) deletes its key, unless
+//! another acquire of the same lease joined its place and the place may hold
+//! (see [`CleanupOnDrop`]): a place belongs to the lease, and one of its
+//! acquires may have been told it holds.
 //!
 //! Fencing: a grant's token is its key's create_revision, strictly greater for
 //! every later holder of the same name. Releases can be fenced by it, so a
@@ -307,8 +310,24 @@ pub async fn enqueue(node: &Node, place: &Place<'_>) -> Result<Queued, RecipeErr
         lease: place.lease,
         ..Default::default()
     });
-    let txn =
-        TxnRequest { compare, success: std::iter::once(put).chain(reads.iter().cloned()).collect(), failure: reads };
+    // A lease queued already: its key is touched (value and lease kept), so
+    // that its mod_revision moves and an abandoned acquire that made the key
+    // knows another acquire of the lease has joined it (see [`CleanupOnDrop`]).
+    let touch = RequestOp::Txn(TxnRequest {
+        compare: vec![self::compare(&key, CompareTarget::Create, CompareResult::Greater, 0)],
+        success: vec![RequestOp::Put(PutRequest {
+            key: key.clone(),
+            ignore_value: true,
+            ignore_lease: true,
+            ..Default::default()
+        })],
+        failure: vec![],
+    });
+    let txn = TxnRequest {
+        compare,
+        success: std::iter::once(put).chain(reads.iter().cloned()).collect(),
+        failure: std::iter::once(touch).chain(reads).collect(),
+    };
     let result = node.txn(txn, None).await?;
     let mut ranges = result.responses.into_iter().filter_map(|r| match r {
         ResponseOp::Range(r) => Some(r.kvs),
@@ -545,24 +564,19 @@ pub struct Release {
     pub current_token: i64,
 }
 
-/// Delete `key` only if its create_revision is still `token`: a release that
-/// cannot touch a later grant of the same key.
-pub async fn release(node: &Node, key: &[u8], token: i64) -> Result<Release, RecipeError> {
+/// Delete the place `key` made with `token` if no other acquire has joined
+/// it since: its mod_revision is still `made_at`. Whether it was deleted.
+async fn release_unjoined(node: &Node, key: &[u8], token: i64, made_at: i64) -> Result<bool, RecipeError> {
     let txn = TxnRequest {
-        compare: vec![create_revision_is(key, token)],
+        compare: vec![create_revision_is(key, token), compare(key, CompareTarget::Mod, CompareResult::Equal, made_at)],
         success: vec![RequestOp::DeleteRange(DeleteRangeRequest {
             key: key.to_vec(),
             range_end: vec![],
             prev_kv: false,
         })],
-        failure: vec![RequestOp::Range(RangeRequest { key: key.to_vec(), keys_only: true, ..Default::default() })],
+        failure: vec![],
     };
-    let result = node.txn(txn, None).await?;
-    let current_token = match result.responses.first() {
-        Some(ResponseOp::Range(r)) => r.kvs.first().map_or(0, |kv| kv.create_revision),
-        _ => 0,
-    };
-    Ok(Release { revision: result.revision, released: result.succeeded, current_token })
+    Ok(node.txn(txn, None).await?.succeeded)
 }
 
 /// How a place in a queue waits: what [`give_up`] must find still ahead of it.
@@ -622,27 +636,32 @@ pub async fn give_up(node: &Node, key: &[u8], token: i64, waits: &Waits) -> Resu
 /// background when it is dropped mid-wait (the client went away).
 ///
 /// A place this acquire made is removed in the background whether or not its
-/// turn has just come, fenced by its token: nobody else knows of it. A place
-/// it joined (the lease was queued already, by another acquire) is removed
-/// only while it still waits ([`give_up`]): the acquire that made it may
-/// have been told it holds.
+/// turn has just come, fenced by its token, as long as no other acquire of
+/// the lease has joined it: each join touches the key ([`enqueue`]), and the
+/// removal is guarded by the key's mod_revision as made. A place that was
+/// joined, and a place this acquire joined (the lease was queued already),
+/// is removed only while it still waits ([`give_up`]): the other acquire
+/// may have been told it holds. Such a place, if its turn came, stays until
+/// its lease ends or the lease releases it.
 pub struct CleanupOnDrop {
     node: Option<Arc<Node>>,
     key: Vec<u8>,
     token: i64,
     waits: Waits,
-    made: bool,
+    /// The key's mod_revision when this acquire made it; None if it joined.
+    made_at: Option<i64>,
 }
 
 impl CleanupOnDrop {
     /// Armed for the place `mine`, which this acquire made (`made`) or joined.
     pub fn new(node: Arc<Node>, mine: &KeyValue, waits: Waits, made: bool) -> Self {
-        CleanupOnDrop { node: Some(node), key: mine.key.clone(), token: mine.create_revision, waits, made }
+        let made_at = made.then_some(mine.mod_revision);
+        CleanupOnDrop { node: Some(node), key: mine.key.clone(), token: mine.create_revision, waits, made_at }
     }
 
     /// A guard that removes nothing.
     fn unarmed(waits: Waits) -> Self {
-        CleanupOnDrop { node: None, key: Vec::new(), token: 0, waits, made: false }
+        CleanupOnDrop { node: None, key: Vec::new(), token: 0, waits, made_at: None }
     }
 
     /// The wait ended with the lock; keep the key.
@@ -664,11 +683,16 @@ impl CleanupOnDrop {
 impl Drop for CleanupOnDrop {
     fn drop(&mut self) {
         if let Some(node) = self.node.take() {
-            let (key, token, waits, made) = (std::mem::take(&mut self.key), self.token, self.waits.clone(), self.made);
+            let (key, token, waits, made_at) =
+                (std::mem::take(&mut self.key), self.token, self.waits.clone(), self.made_at);
             tokio::spawn(async move {
-                let removed = match made {
-                    true => release(&node, &key, token).await.map(|_| ()),
-                    false => give_up(&node, &key, token, &waits).await.map(|_| ()),
+                let removed = match made_at {
+                    Some(made_at) => match release_unjoined(&node, &key, token, made_at).await {
+                        Ok(true) => Ok(()),
+                        Ok(false) => give_up(&node, &key, token, &waits).await.map(|_| ()),
+                        Err(e) => Err(e),
+                    },
+                    None => give_up(&node, &key, token, &waits).await.map(|_| ()),
                 };
                 if let Err(e) = removed {
                     tracing::warn!(error = %e, "removing an abandoned waiter's key");
