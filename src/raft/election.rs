@@ -140,6 +140,11 @@ impl Elections {
         self.transferring.load(std::sync::atomic::Ordering::SeqCst)
     }
 
+    /// Whether openraft has this member lead.
+    pub fn leads(&self) -> bool {
+        self.raft.metrics().borrow().current_leader == Some(self.id)
+    }
+
     /// Whether openraft has this member lead but it must propose nothing:
     /// no quorum has acknowledged it for an election timeout (check-quorum),
     /// or it is handing leadership over.

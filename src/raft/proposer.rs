@@ -15,8 +15,14 @@
 //! [`ProposeError::Superseded`] instead of proposed.
 //!
 //! Invariants: a command is proposed at most once; every caller gets exactly
-//! one answer. "Not leader" is only reported for a batch openraft refused to
-//! append (or truncated before commit), so the caller may retry elsewhere.
+//! one answer. "Not leader" is only reported for a batch that was not handed
+//! to openraft (this member did not lead, or led but must not propose), so
+//! the caller may retry elsewhere. A batch openraft took and then answered
+//! "forward to the leader" is [`ProposeError::LeaderChanged`]: openraft
+//! answers so both when it refuses to append and when it truncates an entry
+//! it appended, and a truncated entry may still be committed by a later
+//! leader that holds a copy (with five voters, an entry on two of them can
+//! be truncated on one and committed from the other).
 //!
 //! Limits: a batch holds at most [`MAX_BATCH_COMMANDS`] commands and
 //! [`MAX_BATCH_BYTES`] of encoded commands (a larger command travels alone);
@@ -64,6 +70,9 @@ const LIMITS: Limits = Limits {
 pub enum ProposeError {
     /// This member is not the leader (it may know who is); nothing was applied.
     NotLeader { leader: Option<u64> },
+    /// This member lost the lead after the batch was handed to openraft: it
+    /// may or may not be applied (see the module doc).
+    LeaderChanged,
     /// Raft stopped.
     Stopped,
     /// The queue is full: nothing was proposed.
@@ -94,14 +103,14 @@ impl Proposer {
         let batcher = Batcher::start(LIMITS, Command::encoded_len, move |cmds: Vec<Command>| {
             let (raft, elections, order) = (raft.clone(), elections.clone(), order.clone());
             async move {
-                if elections.holds_proposals() {
+                if elections.holds_proposals() || !elections.leads() {
                     return vec![Err(ProposeError::NotLeader { leader: None }); cmds.len()];
                 }
                 let n = cmds.len();
                 let Admitted { commands, dropped, in_flight, waited } = order.admit(cmds).await;
                 let proposed = if commands.is_empty() {
                     Vec::new()
-                } else if waited && elections.holds_proposals() {
+                } else if waited && (elections.holds_proposals() || !elections.leads()) {
                     // It waited for an expiry (see `raft::lease_order`): asked again.
                     vec![Err(ProposeError::NotLeader { leader: None }); commands.len()]
                 } else if in_flight.is_empty() {
@@ -184,9 +193,9 @@ async fn propose_batch(raft: &Raft, cmds: Vec<Command>) -> Vec<Result<CommandRes
     let cmd = if n == 1 { cmds.into_iter().next().expect("one command") } else { Command::Batch(Arc::new(cmds)) };
     let outcome = match raft.client_write(cmd).await {
         Ok(resp) => Ok(resp.data),
-        Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
-            Err(ProposeError::NotLeader { leader: f.leader_id })
-        }
+        // Refused to append, or truncated after it was appended: which one
+        // is not told (see the module doc).
+        Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => Err(ProposeError::LeaderChanged),
         Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => {
             unreachable!("a command is not a membership change: {e}")
         }

@@ -94,7 +94,9 @@ impl Node {
                 Err(ProposeError::Superseded) => {
                     tracing::debug!(lease = id, term, "lease granted again since its expiry was decided; not expired")
                 }
-                Err(ProposeError::NotLeader { .. }) => return Err(ServerError::LeaderChanged),
+                Err(ProposeError::NotLeader { .. } | ProposeError::LeaderChanged) => {
+                    return Err(ServerError::LeaderChanged)
+                }
                 Err(ProposeError::Stopped) => return Err(ServerError::Stopped),
                 // The keeper tries again on its next round.
                 Err(ProposeError::Overloaded) => return Err(ServerError::TooManyRequests),

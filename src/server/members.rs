@@ -69,8 +69,9 @@ impl Node {
     /// wait until this member has the new configuration; returns the ID of the
     /// member concerned.
     pub async fn change_membership(&self, change: MembershipChange) -> Result<u64, MembershipFailure> {
-        // Set once an attempt may have reached the leader without an answer:
-        // a refusal of the retry may then only mean the change was made.
+        // Set once an attempt may have been appended without an answer (the
+        // leader could not be reached, or lost the lead): a refusal of the
+        // retry may then only mean the change was made.
         let uncertain = AtomicBool::new(false);
         let (answer, deadline) =
             self.routed(|route, deadline| self.membership_attempt(route, deadline, &change, &uncertain)).await?;
@@ -87,6 +88,12 @@ impl Node {
                     Ok(crate::config::member_id(peer_urls, &self.cluster_token))
                 }
                 (MembershipChange::Remove { id }, MembershipRefusal::MemberNotFound)
+                    if uncertain.load(Ordering::Relaxed) =>
+                {
+                    Ok(*id)
+                }
+                // An earlier attempt did promote it.
+                (MembershipChange::Promote { id }, MembershipRefusal::NotLearner)
                     if uncertain.load(Ordering::Relaxed) =>
                 {
                     Ok(*id)
@@ -127,7 +134,13 @@ impl Node {
             }
         };
         match answer {
-            MembershipAnswer::NotLeader => Attempt::Retry,
+            // openraft answers so when it refuses the change, and when it
+            // truncates the change's entry, which a later leader may still
+            // commit (see `raft::proposer`).
+            MembershipAnswer::NotLeader => {
+                uncertain.store(true, Ordering::Relaxed);
+                Attempt::Retry
+            }
             answer => Attempt::Done(Ok((answer, deadline))),
         }
     }

@@ -205,8 +205,10 @@ impl Node {
             Route::Here => match tokio::time::timeout_at(deadline, self.proposer.propose(cmd)).await {
                 Err(_) => Attempt::Done(Err(ServerError::Timeout)),
                 Ok(Ok(result)) => Attempt::Done(Ok(result)),
-                // Not appended (or truncated before commit): safe to retry.
+                // Not handed to openraft: safe to retry.
                 Ok(Err(ProposeError::NotLeader { .. })) => Attempt::Retry,
+                // Appended, then the lead was lost: its fate is unknown.
+                Ok(Err(ProposeError::LeaderChanged)) => Attempt::Done(Err(ServerError::LeaderChanged)),
                 Ok(Err(ProposeError::Stopped)) => Attempt::Done(Err(ServerError::Stopped)),
                 Ok(Err(ProposeError::Overloaded)) => Attempt::Done(Err(ServerError::TooManyRequests)),
                 Ok(Err(ProposeError::Superseded)) => unreachable!("only the keeper's lease expiries are superseded"),

@@ -370,6 +370,7 @@ async fn run_forwarded(
         .map(|r| match r {
             Ok(r) => Ok(r),
             Err(ProposeError::NotLeader { leader }) => Err(ForwardError::NotLeader { leader }),
+            Err(ProposeError::LeaderChanged) => Err(ForwardError::Failed("etcdserver: leader changed".into())),
             Err(ProposeError::Stopped) => Err(ForwardError::Failed("raft stopped".into())),
             Err(ProposeError::Overloaded) => Err(ForwardError::Overloaded),
             // Only a lease expiry, which raftlock's followers never forward.
