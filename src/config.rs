@@ -110,8 +110,13 @@ pub struct Config {
     )]
     pub experimental_log_memory_bytes: u64,
     /// How often watchers that asked for progress notifications get one, in ms
-    /// (etcd's default is ten minutes).
-    #[arg(long, env = "RAFTLOCK_WATCH_PROGRESS_NOTIFY_INTERVAL", default_value_t = 600_000)]
+    /// (etcd's default is ten minutes); at least 1.
+    #[arg(
+        long,
+        env = "RAFTLOCK_WATCH_PROGRESS_NOTIFY_INTERVAL",
+        default_value_t = 600_000,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
     pub watch_progress_notify_interval: u64,
     /// Client TLS: the server certificate (PEM) for `https://` client URLs.
     #[arg(long, env = "RAFTLOCK_CERT_FILE")]
@@ -578,6 +583,13 @@ mod tests {
         let members = c.initial_members().unwrap();
         assert_eq!(members.len(), 1);
         assert!(members.contains_key(&c.member_id()));
+    }
+
+    #[test]
+    fn a_progress_notify_interval_of_zero_is_refused() {
+        assert!(Config::try_parse_from(["raftlock", "--watch-progress-notify-interval", "0"]).is_err());
+        let c = Config::parse_from(["raftlock", "--watch-progress-notify-interval", "1"]);
+        assert_eq!(c.watch_progress_notify_interval, 1);
     }
 
     #[test]

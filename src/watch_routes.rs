@@ -297,6 +297,12 @@ impl Inbox {
         self.queue.ready.notified().await
     }
 
+    /// How far the routes have routed: every change after this revision that
+    /// concerns a range watched now will be queued here.
+    pub fn routed_through(&self) -> i64 {
+        self.routes.routed_through.load(Ordering::Acquire)
+    }
+
     /// Take what was queued (see [`Taken`]).
     pub fn take(&self) -> Taken {
         // Read before draining: a batch routed up to here is queued already.

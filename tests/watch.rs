@@ -462,3 +462,30 @@ async fn each_watcher_gets_its_own_keys_events_among_unwatched_writes() {
         assert_eq!(p.header().unwrap().revision(), last);
     }
 }
+
+/// A client that closes its side of the stream once it has sent its create
+/// requests (grpcurl does, as may any client with nothing more to ask) still
+/// gets the events, as from etcd: the stream lasts until the client goes away.
+#[tokio::test]
+async fn a_stream_whose_client_closed_its_side_still_delivers_events() {
+    use raftlock::proto::etcdserverpb as pb;
+    let cluster = Cluster::start(1).await;
+    let mut c = cluster.client(0).await;
+    let mut raw = pb::watch_client::WatchClient::connect(cluster.members[0].endpoint()).await.unwrap();
+    let create = pb::WatchCreateRequest { key: b"half-closed".to_vec(), ..Default::default() };
+    let requests = tokio_stream::iter([pb::WatchRequest {
+        request_union: Some(pb::watch_request::RequestUnion::CreateRequest(create)),
+    }]);
+    let mut responses = raw.watch(requests).await.unwrap().into_inner();
+    assert!(responses.message().await.unwrap().unwrap().created);
+    // Time for the end of the requests to reach the member.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    c.put("half-closed", "v", None).await.unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(5), responses.message())
+        .await
+        .expect("an event within 5 s")
+        .unwrap()
+        .expect("the stream stays open");
+    assert_eq!(resp.events.len(), 1);
+    assert_eq!(resp.events[0].kv.as_ref().unwrap().key, b"half-closed");
+}

@@ -151,12 +151,21 @@ impl Session {
         };
         tokio::pin!(leaderless);
         let mut progress = tokio::time::interval_at(tokio::time::Instant::now() + progress_interval, progress_interval);
+        // A client that closed its side of the stream still gets its events,
+        // as from etcd, until it goes away (the outbox closes).
+        let mut reading = true;
+        let outbox = self.outbox.clone();
         loop {
             let step = tokio::select! {
-                msg = inbound.next() => match msg {
+                msg = inbound.next(), if reading => match msg {
                     Some(Ok(req)) => self.handle(req).await,
-                    _ => return,
+                    None => {
+                        reading = false;
+                        Ok(())
+                    }
+                    Some(Err(_)) => return,
                 },
+                _ = outbox.closed() => return,
                 _ = self.inbox.ready() => self.take_inbox().await,
                 _ = progress.tick() => self.progress().await,
                 _ = &mut leaderless => {
@@ -329,12 +338,18 @@ impl Session {
         }
     }
 
-    /// Bring one watcher up to the store's revision from history: scans of
-    /// bounded size, each a few thousand keys per hold of the store's lock.
+    /// Bring one watcher up from history to what the routes have routed
+    /// (the changes after it come through the inbox, the watcher's range
+    /// being routed already): scans of bounded size, each a few thousand
+    /// keys per hold of the store's lock. The target is read once, so that
+    /// a range written faster than its client reads cannot keep the session
+    /// here; and it is not the store's revision, which can be ahead of what
+    /// has been routed, and so of what a progress notification may promise
+    /// for the session's other watchers.
     async fn catch_up(&mut self, id: i64) -> Result<(), Gone> {
+        let current = self.inbox.routed_through().min(self.node.state().mvcc().revision());
         loop {
             let Some(w) = self.watchers.get(&id) else { return Ok(()) };
-            let current = self.node.state().mvcc().revision();
             if w.next_revision > current {
                 return Ok(());
             }

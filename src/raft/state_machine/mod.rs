@@ -157,6 +157,10 @@ impl StateMachine {
 
     fn open_with(db: StateStore, state: Arc<AppliedState>, checkpoint_min: u64) -> anyhow::Result<StateMachine> {
         let (persisted, position) = Persisted::restore(db, &state, checkpoint_min)?;
+        // The watch routes count from the restored revision: no session
+        // existed before it, so every change up to it counts as routed.
+        let revision = state.mvcc().revision();
+        state.publish(AppliedChanges { revision, changes: Vec::new(), resync: false });
         let configuration = AppliedConfiguration(Arc::new(std::sync::RwLock::new(position.membership.clone())));
         Ok(StateMachine {
             state,
