@@ -164,7 +164,7 @@ pub async fn change(raft: &Raft, peers: &PeerClients, token: &str, change: Membe
     };
     match result {
         Ok(response) => MembershipAnswer::Changed { id, log_index: response.log_id.index },
-        Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => MembershipAnswer::NotLeader,
+        Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => MembershipAnswer::Uncertain,
         Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => {
             tracing::warn!(error = %e, "membership change refused");
             match e {

@@ -100,7 +100,9 @@ impl Node {
                 }
                 (_, refusal) => Err(MembershipFailure::Refused(refusal)),
             },
-            MembershipAnswer::NotLeader => unreachable!("an attempt that met no leader is retried"),
+            MembershipAnswer::NotLeader | MembershipAnswer::Uncertain => {
+                unreachable!("an attempt that met no leader, or an uncertain one, is retried")
+            }
         }
     }
 
@@ -134,10 +136,8 @@ impl Node {
             }
         };
         match answer {
-            // openraft answers so when it refuses the change, and when it
-            // truncates the change's entry, which a later leader may still
-            // commit (see `raft::proposer`).
-            MembershipAnswer::NotLeader => {
+            MembershipAnswer::NotLeader => Attempt::Retry,
+            MembershipAnswer::Uncertain => {
                 uncertain.store(true, Ordering::Relaxed);
                 Attempt::Retry
             }

@@ -154,4 +154,8 @@ pub enum MembershipAnswer {
         log_index: u64,
     },
     Refused(MembershipRefusal),
+    /// openraft took the change, then answered that another member leads:
+    /// it refused to append it, or truncated it after it was appended, and a
+    /// later leader may still commit it (see `raft::proposer`).
+    Uncertain,
 }
