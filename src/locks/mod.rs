@@ -362,7 +362,14 @@ pub async fn enqueue_guarded(node: &Arc<Node>, place: &Place<'_>) -> Result<(Que
     let place = Place { name: &[], value: &[], ..place.clone() };
     let task = tokio::spawn(async move {
         let place = Place { name: &name, value: &value, ..place };
-        let queued = enqueue(&node, &place).await?;
+        let queued = match enqueue(&node, &place).await {
+            // Its txn may or may not have been applied: queue again. A place
+            // the first try made is then joined, and so removed, if it comes
+            // to that, only while it waits. Not for the native API, where a
+            // reentrant acquire would count a join as a second hold.
+            Err(RecipeError::Server(ServerError::LeaderChanged)) if !place.native => enqueue(&node, &place).await?,
+            queued => queued?,
+        };
         let waits = Waits { prefix: queue_prefix(place.name), mode: place.mode, permits: place.permits };
         let guard = match !queued.created && queued.holds() {
             // The lease held the lock already: nothing of this acquire's to remove.
@@ -564,6 +571,40 @@ pub struct Release {
     pub current_token: i64,
 }
 
+/// How many times the removal of an abandoned place is tried while its
+/// writes end with their fate unknown (a leader change).
+const CLEANUP_TRIES: usize = 5;
+
+/// Remove an abandoned place (see [`CleanupOnDrop`]): one this acquire made
+/// (at `made_at`) unless another acquire has joined it, else only while it
+/// waits. Both removals are guarded txns, so one whose fate is unknown is
+/// tried again.
+async fn remove_abandoned(
+    node: &Node,
+    key: &[u8],
+    token: i64,
+    made_at: Option<i64>,
+    waits: &Waits,
+) -> Result<(), RecipeError> {
+    let mut tries = 1;
+    loop {
+        let removed = match made_at {
+            Some(made_at) => match release_unjoined(node, key, token, made_at).await {
+                Ok(true) => Ok(()),
+                Ok(false) => give_up(node, key, token, waits).await.map(|_| ()),
+                Err(e) => Err(e),
+            },
+            None => give_up(node, key, token, waits).await.map(|_| ()),
+        };
+        match removed {
+            Err(RecipeError::Server(ServerError::LeaderChanged | ServerError::Timeout)) if tries < CLEANUP_TRIES => {
+                tries += 1
+            }
+            removed => return removed,
+        }
+    }
+}
+
 /// Delete the place `key` made with `token` if no other acquire has joined
 /// it since: its mod_revision is still `made_at`. Whether it was deleted.
 async fn release_unjoined(node: &Node, key: &[u8], token: i64, made_at: i64) -> Result<bool, RecipeError> {
@@ -686,15 +727,7 @@ impl Drop for CleanupOnDrop {
             let (key, token, waits, made_at) =
                 (std::mem::take(&mut self.key), self.token, self.waits.clone(), self.made_at);
             tokio::spawn(async move {
-                let removed = match made_at {
-                    Some(made_at) => match release_unjoined(&node, &key, token, made_at).await {
-                        Ok(true) => Ok(()),
-                        Ok(false) => give_up(&node, &key, token, &waits).await.map(|_| ()),
-                        Err(e) => Err(e),
-                    },
-                    None => give_up(&node, &key, token, &waits).await.map(|_| ()),
-                };
-                if let Err(e) = removed {
+                if let Err(e) = remove_abandoned(&node, &key, token, made_at, &waits).await {
                     tracing::warn!(error = %e, "removing an abandoned waiter's key");
                 }
             });
