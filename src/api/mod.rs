@@ -36,6 +36,12 @@ use crate::server::Node;
 pub use limits::{check_request_size, MAX_GRPC_MESSAGE_BYTES, MAX_REQUEST_BYTES};
 /// The most operations in one branch of a txn.
 pub const MAX_TXN_OPS: usize = 128;
+/// How long a client connection may be idle before the server pings it
+/// (etcd's `--grpc-keepalive-interval` default).
+const CLIENT_KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2 * 60 * 60);
+/// How long the server waits for the answer to that ping before it closes
+/// the connection (etcd's `--grpc-keepalive-timeout` default).
+const CLIENT_KEEPALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// Whether a request carries etcd's `hasleader: true` metadata (clientv3's
 /// `WithRequireLeader`): it must not be served by a member without a leader.
@@ -69,6 +75,11 @@ pub async fn serve_clients(node: Arc<Node>, listeners: Vec<crate::server::listen
         Server::builder()
             .accept_http1(true)
             .max_concurrent_streams(Some(node.max_concurrent_streams))
+            // etcd's --grpc-keepalive-interval and -timeout defaults: a client
+            // that vanished without closing its connection (its watch and
+            // keepalive streams with it) is let go of within about two hours.
+            .http2_keepalive_interval(Some(CLIENT_KEEPALIVE_INTERVAL))
+            .http2_keepalive_timeout(Some(CLIENT_KEEPALIVE_TIMEOUT))
             .add_routes(Routes::from(routes))
     };
     crate::server::listen::serve(listeners, make, node.stopping()).await
