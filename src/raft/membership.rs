@@ -71,6 +71,23 @@ pub async fn change(raft: &Raft, peers: &PeerClients, token: &str, change: Membe
             return MembershipAnswer::NotLeader;
         }
     }
+    // openraft changes voters in two steps, through a joint configuration; a
+    // leader that lost the lead between them left the configuration joint.
+    // It is made uniform first, to its newer half (what that change was for).
+    let halves = metrics.membership_config.membership().get_joint_config().clone();
+    if let [.., newer] = halves.as_slice() {
+        if halves.len() > 1 {
+            tracing::warn!(?halves, "an earlier change left the configuration joint: it is completed first");
+            match raft.change_membership(ChangeMembers::ReplaceAllVoters(newer.clone()), false).await {
+                Ok(_) => {}
+                Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => return MembershipAnswer::NotLeader,
+                Err(e) => {
+                    tracing::warn!(error = %e, "completing a joint configuration");
+                    return MembershipAnswer::Refused(MembershipRefusal::Unhealthy);
+                }
+            }
+        }
+    }
     let metrics = raft.metrics().borrow().clone();
     if metrics.current_leader != Some(metrics.id) {
         return MembershipAnswer::NotLeader;

@@ -128,6 +128,8 @@ impl Node {
                 let remaining = deadline.saturating_duration_since(Instant::now());
                 match self.peers.membership(&url, change, remaining).await {
                     Ok(answer) => answer,
+                    // No connection could be made: nothing reached the leader.
+                    Err(status) if crate::raft::peer::client::never_sent(&status) => return Attempt::Retry,
                     Err(_) => {
                         uncertain.store(true, Ordering::Relaxed);
                         return Attempt::Retry;

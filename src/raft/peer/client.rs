@@ -364,7 +364,7 @@ fn reply<T: DeserializeOwned>(resp: tonic::Response<RaftPayload>) -> Result<T, t
 /// True when a failed call certainly did not reach the server (the connection
 /// could not be made), so that sending it elsewhere cannot apply it twice.
 /// Decided by the I/O error under the transport error, not by its text.
-pub(super) fn never_sent(status: &tonic::Status) -> bool {
+pub(crate) fn never_sent(status: &tonic::Status) -> bool {
     if status.code() != tonic::Code::Unavailable {
         return false;
     }
