@@ -364,9 +364,10 @@ pub async fn enqueue_guarded(node: &Arc<Node>, place: &Place<'_>) -> Result<(Que
         let place = Place { name: &name, value: &value, ..place };
         let queued = match enqueue(&node, &place).await {
             // Its txn may or may not have been applied: queue again. A place
-            // the first try made is then joined, and so removed, if it comes
-            // to that, only while it waits. Not for the native API, where a
-            // reentrant acquire would count a join as a second hold.
+            // the first try made is then joined: if the caller goes away, it
+            // is removed only while it waits, and kept if it holds already
+            // (until the lease releases it or ends). Not for the native API,
+            // where a reentrant acquire would count a join as a second hold.
             Err(RecipeError::Server(ServerError::LeaderChanged)) if !place.native => enqueue(&node, &place).await?,
             queued => queued?,
         };
@@ -572,13 +573,13 @@ pub struct Release {
 }
 
 /// How many times the removal of an abandoned place is tried while its
-/// writes end with their fate unknown (a leader change).
-const CLEANUP_TRIES: usize = 5;
+/// writes end with their fate unknown or find no leader (an election).
+const CLEANUP_TRIES: u32 = 5;
 
 /// Remove an abandoned place (see [`CleanupOnDrop`]): one this acquire made
 /// (at `made_at`) unless another acquire has joined it, else only while it
 /// waits. Both removals are guarded txns, so one whose fate is unknown is
-/// tried again.
+/// tried again, after a pause that grows with each try.
 async fn remove_abandoned(
     node: &Node,
     key: &[u8],
@@ -597,8 +598,11 @@ async fn remove_abandoned(
             None => give_up(node, key, token, waits).await.map(|_| ()),
         };
         match removed {
-            Err(RecipeError::Server(ServerError::LeaderChanged | ServerError::Timeout)) if tries < CLEANUP_TRIES => {
-                tries += 1
+            Err(RecipeError::Server(ServerError::LeaderChanged | ServerError::Timeout | ServerError::NoLeader))
+                if tries < CLEANUP_TRIES =>
+            {
+                tokio::time::sleep(std::time::Duration::from_millis(200) * tries).await;
+                tries += 1;
             }
             removed => return removed,
         }
