@@ -19,9 +19,7 @@ pub struct LeaderKey {
 }
 
 /// Wait to become leader of `name` with `value`; a campaign again by the same
-/// lease keeps its place and updates the value. (That campaign touches the
-/// key, see `enqueue`: observers of a leader campaigning again see it written
-/// again, as they see a Proclaim.) Returns the leader key and, for
+/// lease keeps its place and updates the value. Returns the leader key and, for
 /// the response header, the revision of the campaign's txn (as etcd does).
 pub async fn campaign(node: Arc<Node>, name: &[u8], lease: i64, value: &[u8]) -> Result<(LeaderKey, i64), RecipeError> {
     let (queued, cleanup) = enqueue_guarded(&node, &Place::etcd(name, lease, value, 1)).await?;

@@ -17,10 +17,10 @@
 //!
 //! Invariant: an acquire that does not answer "acquired" leaves no key behind
 //! (its removal is fenced by the key's token, so it can never remove a later
-//! grant), unless another acquire of its lease joined its place, which may
-//! have been told it holds: then the place is removed only while it waits
-//! (see `CleanupOnDrop`). One that finds the lease holding the lock never
-//! removes it. A
+//! grant) while its place waits; a place whose turn came as its caller went
+//! away is kept for the lease, which another acquire of it may have been
+//! told it holds (see `CleanupOnDrop`). One that finds the lease holding the
+//! lock never removes it. A
 //! place in the queue belongs to the lease, as in etcd: acquires by one lease
 //! of one lock share it; one that gives up while the place waits gives it up,
 //! and each reentrant one that is granted adds a hold.

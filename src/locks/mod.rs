@@ -23,10 +23,10 @@
 //! answers, a waiter checks that its own key still exists in the committed
 //! state in which its turn came: if its lease ended while it waited, it gets
 //! an error, not the lock (etcd issue 11456). A waiter that gives up, times
-//! out or is cancelled (the client went away) deletes its key, unless
-//! another acquire of the same lease joined its place and the place may hold
-//! (see [`CleanupOnDrop`]): a place belongs to the lease, and one of its
-//! acquires may have been told it holds.
+//! out or is cancelled (the client went away) deletes its key while it
+//! waits, never once its turn has come (see [`CleanupOnDrop`]): a place
+//! belongs to the lease, and another acquire of it may have been told it
+//! holds.
 //!
 //! Fencing: a grant's token is its key's create_revision, strictly greater for
 //! every later holder of the same name. Releases can be fenced by it, so a
@@ -310,24 +310,8 @@ pub async fn enqueue(node: &Node, place: &Place<'_>) -> Result<Queued, RecipeErr
         lease: place.lease,
         ..Default::default()
     });
-    // A lease queued already: its key is touched (value and lease kept), so
-    // that its mod_revision moves and an abandoned acquire that made the key
-    // knows another acquire of the lease has joined it (see [`CleanupOnDrop`]).
-    let touch = RequestOp::Txn(TxnRequest {
-        compare: vec![self::compare(&key, CompareTarget::Create, CompareResult::Greater, 0)],
-        success: vec![RequestOp::Put(PutRequest {
-            key: key.clone(),
-            ignore_value: true,
-            ignore_lease: true,
-            ..Default::default()
-        })],
-        failure: vec![],
-    });
-    let txn = TxnRequest {
-        compare,
-        success: std::iter::once(put).chain(reads.iter().cloned()).collect(),
-        failure: std::iter::once(touch).chain(reads).collect(),
-    };
+    let txn =
+        TxnRequest { compare, success: std::iter::once(put).chain(reads.iter().cloned()).collect(), failure: reads };
     let result = node.txn(txn, None).await?;
     let mut ranges = result.responses.into_iter().filter_map(|r| match r {
         ResponseOp::Range(r) => Some(r.kvs),
@@ -363,10 +347,8 @@ pub async fn enqueue_guarded(node: &Arc<Node>, place: &Place<'_>) -> Result<(Que
     let task = tokio::spawn(async move {
         let place = Place { name: &name, value: &value, ..place };
         let queued = match enqueue(&node, &place).await {
-            // Its txn may or may not have been applied: queue again. A place
-            // the first try made is then joined: if the caller goes away, it
-            // is removed only while it waits, and kept if it holds already
-            // (until the lease releases it or ends). Not for the native API,
+            // Its txn may or may not have been applied: queue again (a place
+            // the first try made is then joined). Not for the native API,
             // where a reentrant acquire would count a join as a second hold.
             Err(RecipeError::Server(ServerError::LeaderChanged)) if !place.native => enqueue(&node, &place).await?,
             queued => queued?,
@@ -375,7 +357,7 @@ pub async fn enqueue_guarded(node: &Arc<Node>, place: &Place<'_>) -> Result<(Que
         let guard = match !queued.created && queued.holds() {
             // The lease held the lock already: nothing of this acquire's to remove.
             true => CleanupOnDrop::unarmed(waits),
-            false => CleanupOnDrop::new(node, &queued.mine, waits, queued.created),
+            false => CleanupOnDrop::new(node, &queued.mine, waits),
         };
         Ok((queued, guard))
     });
@@ -576,52 +558,22 @@ pub struct Release {
 /// writes end with their fate unknown or find no leader (an election).
 const CLEANUP_TRIES: u32 = 5;
 
-/// Remove an abandoned place (see [`CleanupOnDrop`]): one this acquire made
-/// (at `made_at`) unless another acquire has joined it, else only while it
-/// waits. Both removals are guarded txns, so one whose fate is unknown is
-/// tried again, after a pause that grows with each try.
-async fn remove_abandoned(
-    node: &Node,
-    key: &[u8],
-    token: i64,
-    made_at: Option<i64>,
-    waits: &Waits,
-) -> Result<(), RecipeError> {
+/// Remove an abandoned place while it still waits (see [`CleanupOnDrop`]).
+/// The removal is a guarded txn, so one whose fate is unknown is tried
+/// again, after a pause that grows with each try.
+async fn remove_abandoned(node: &Node, key: &[u8], token: i64, waits: &Waits) -> Result<(), RecipeError> {
     let mut tries = 1;
     loop {
-        let removed = match made_at {
-            Some(made_at) => match release_unjoined(node, key, token, made_at).await {
-                Ok(true) => Ok(()),
-                Ok(false) => give_up(node, key, token, waits).await.map(|_| ()),
-                Err(e) => Err(e),
-            },
-            None => give_up(node, key, token, waits).await.map(|_| ()),
-        };
-        match removed {
+        match give_up(node, key, token, waits).await {
             Err(RecipeError::Server(ServerError::LeaderChanged | ServerError::Timeout | ServerError::NoLeader))
                 if tries < CLEANUP_TRIES =>
             {
                 tokio::time::sleep(std::time::Duration::from_millis(200) * tries).await;
                 tries += 1;
             }
-            removed => return removed,
+            removed => return removed.map(|_| ()),
         }
     }
-}
-
-/// Delete the place `key` made with `token` if no other acquire has joined
-/// it since: its mod_revision is still `made_at`. Whether it was deleted.
-async fn release_unjoined(node: &Node, key: &[u8], token: i64, made_at: i64) -> Result<bool, RecipeError> {
-    let txn = TxnRequest {
-        compare: vec![create_revision_is(key, token), compare(key, CompareTarget::Mod, CompareResult::Equal, made_at)],
-        success: vec![RequestOp::DeleteRange(DeleteRangeRequest {
-            key: key.to_vec(),
-            range_end: vec![],
-            prev_kv: false,
-        })],
-        failure: vec![],
-    };
-    Ok(node.txn(txn, None).await?.succeeded)
 }
 
 /// How a place in a queue waits: what [`give_up`] must find still ahead of it.
@@ -680,33 +632,28 @@ pub async fn give_up(node: &Node, key: &[u8], token: i64, waits: &Waits) -> Resu
 /// ([`CleanupOnDrop::give_up`]) when the waiter gives up, or in the
 /// background when it is dropped mid-wait (the client went away).
 ///
-/// A place this acquire made is removed in the background whether or not its
-/// turn has just come, fenced by its token, as long as no other acquire of
-/// the lease has joined it: each join touches the key ([`enqueue`]), and the
-/// removal is guarded by the key's mod_revision as made. A place that was
-/// joined, and a place this acquire joined (the lease was queued already),
-/// is removed only while it still waits ([`give_up`]): the other acquire
-/// may have been told it holds. Such a place, if its turn came, stays until
-/// its lease ends or the lease releases it.
+/// Either way a place is removed only while it still waits ([`give_up`]),
+/// never once its turn has come: the place belongs to the lease, and another
+/// acquire of the lease (a retry, say) may have joined it and been told it
+/// holds, which nothing in the store records (a join writes nothing, as in
+/// etcd). A place whose turn came as its caller went away stays until its
+/// lease releases it or ends; a retry by the same lease is granted it.
 pub struct CleanupOnDrop {
     node: Option<Arc<Node>>,
     key: Vec<u8>,
     token: i64,
     waits: Waits,
-    /// The key's mod_revision when this acquire made it; None if it joined.
-    made_at: Option<i64>,
 }
 
 impl CleanupOnDrop {
-    /// Armed for the place `mine`, which this acquire made (`made`) or joined.
-    pub fn new(node: Arc<Node>, mine: &KeyValue, waits: Waits, made: bool) -> Self {
-        let made_at = made.then_some(mine.mod_revision);
-        CleanupOnDrop { node: Some(node), key: mine.key.clone(), token: mine.create_revision, waits, made_at }
+    /// Armed for the place `mine`.
+    pub fn new(node: Arc<Node>, mine: &KeyValue, waits: Waits) -> Self {
+        CleanupOnDrop { node: Some(node), key: mine.key.clone(), token: mine.create_revision, waits }
     }
 
     /// A guard that removes nothing.
     fn unarmed(waits: Waits) -> Self {
-        CleanupOnDrop { node: None, key: Vec::new(), token: 0, waits, made_at: None }
+        CleanupOnDrop { node: None, key: Vec::new(), token: 0, waits }
     }
 
     /// The wait ended with the lock; keep the key.
@@ -728,10 +675,9 @@ impl CleanupOnDrop {
 impl Drop for CleanupOnDrop {
     fn drop(&mut self) {
         if let Some(node) = self.node.take() {
-            let (key, token, waits, made_at) =
-                (std::mem::take(&mut self.key), self.token, self.waits.clone(), self.made_at);
+            let (key, token, waits) = (std::mem::take(&mut self.key), self.token, self.waits.clone());
             tokio::spawn(async move {
-                if let Err(e) = remove_abandoned(&node, &key, token, made_at, &waits).await {
+                if let Err(e) = remove_abandoned(&node, &key, token, &waits).await {
                     tracing::warn!(error = %e, "removing an abandoned waiter's key");
                 }
             });
