@@ -306,7 +306,7 @@ impl Inbox {
     /// Take what was queued (see [`Taken`]).
     pub fn take(&self) -> Taken {
         // Read before draining: a batch routed up to here is queued already.
-        let through = self.routes.routed_through.load(Ordering::Acquire);
+        let through = self.routed_through();
         let mut queued = self.queue.batches.lock().expect("watch inbox lock poisoned");
         let lost_after = queued.lost_after.take();
         // Nothing is queued while batches are lost (see `Queue::push`).

@@ -140,17 +140,12 @@ impl Elections {
         self.transferring.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    /// Whether openraft has this member lead.
-    pub fn leads(&self) -> bool {
-        self.raft.metrics().borrow().current_leader == Some(self.id)
-    }
-
-    /// Whether openraft has this member lead but it must propose nothing:
-    /// no quorum has acknowledged it for an election timeout (check-quorum),
-    /// or it is handing leadership over.
-    pub fn holds_proposals(&self) -> bool {
+    /// Whether this member may propose: openraft has it lead, a quorum has
+    /// acknowledged it within an election timeout (check-quorum), and it is
+    /// not handing leadership over.
+    pub fn may_propose(&self) -> bool {
         let (leader, quiet) = self.leader_view();
-        leader == Some(self.id) && (self.transferring() || quiet >= self.timeout)
+        leader == Some(self.id) && !self.transferring() && quiet < self.timeout
     }
 
     /// Campaign now, skipping pre-vote (the target of a leader transfer).

@@ -75,16 +75,14 @@ pub async fn change(raft: &Raft, peers: &PeerClients, token: &str, change: Membe
     // leader that lost the lead between them left the configuration joint.
     // It is made uniform first, to its newer half (what that change was for).
     let halves = metrics.membership_config.membership().get_joint_config().clone();
-    if let [.., newer] = halves.as_slice() {
-        if halves.len() > 1 {
-            tracing::warn!(?halves, "an earlier change left the configuration joint: it is completed first");
-            match raft.change_membership(ChangeMembers::ReplaceAllVoters(newer.clone()), false).await {
-                Ok(_) => {}
-                Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => return MembershipAnswer::NotLeader,
-                Err(e) => {
-                    tracing::warn!(error = %e, "completing a joint configuration");
-                    return MembershipAnswer::Refused(MembershipRefusal::Unhealthy);
-                }
+    if let [_, .., newer] = halves.as_slice() {
+        tracing::warn!(?halves, "an earlier change left the configuration joint: it is completed first");
+        match raft.change_membership(ChangeMembers::ReplaceAllVoters(newer.clone()), false).await {
+            Ok(_) => {}
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => return MembershipAnswer::NotLeader,
+            Err(e) => {
+                tracing::warn!(error = %e, "completing a joint configuration");
+                return MembershipAnswer::Refused(MembershipRefusal::Unhealthy);
             }
         }
     }

@@ -103,14 +103,14 @@ impl Proposer {
         let batcher = Batcher::start(LIMITS, Command::encoded_len, move |cmds: Vec<Command>| {
             let (raft, elections, order) = (raft.clone(), elections.clone(), order.clone());
             async move {
-                if elections.holds_proposals() || !elections.leads() {
+                if !elections.may_propose() {
                     return vec![Err(ProposeError::NotLeader { leader: None }); cmds.len()];
                 }
                 let n = cmds.len();
                 let Admitted { commands, dropped, in_flight, waited } = order.admit(cmds).await;
                 let proposed = if commands.is_empty() {
                     Vec::new()
-                } else if waited && (elections.holds_proposals() || !elections.leads()) {
+                } else if waited && !elections.may_propose() {
                     // It waited for an expiry (see `raft::lease_order`): asked again.
                     vec![Err(ProposeError::NotLeader { leader: None }); commands.len()]
                 } else if in_flight.is_empty() {
