@@ -85,6 +85,15 @@ pub enum Command {
         member: u64,
         kind: AlarmKind,
     },
+    /// A write member `origin` forwarded to the leader, as the leader
+    /// proposed it: applied as `command`, and the member that forwarded it
+    /// answers its client from its own apply, where it finds its `tag`
+    /// (`raft::forwarded`). Never holds a batch or another forwarded write.
+    Forwarded {
+        origin: u64,
+        tag: u64,
+        command: Box<Command>,
+    },
 }
 
 /// What a client may ask for in a `Command::AsUser`: a separate type, so

@@ -309,6 +309,29 @@ async fn every_member_serves_writes_with_etcd_headers() {
     assert!(status.raft_index() > 0);
 }
 
+/// A follower answers a write it forwarded from its own apply, so a
+/// serializable read on that member right after the answer sees the write
+/// (with the leader's answer relayed instead, the follower could still be
+/// an entry behind when its client read).
+#[tokio::test]
+async fn a_follower_has_applied_the_writes_it_answers() {
+    let cluster = Cluster::start(3).await;
+    let follower = cluster.follower().await;
+    let mut c = cluster.client(follower).await;
+    let serializable = || Some(GetOptions::new().with_serializable());
+    for i in 0..300 {
+        let put = c.put("ryw/k", i.to_string(), None).await.unwrap();
+        let written = put.header().unwrap().revision();
+        let got = c.get("ryw/k", serializable()).await.unwrap();
+        assert!(
+            got.header().unwrap().revision() >= written,
+            "write {i} answered at revision {written}, read there at {}",
+            got.header().unwrap().revision()
+        );
+        assert_eq!(got.kvs()[0].value(), i.to_string().as_bytes(), "write {i}");
+    }
+}
+
 async fn cluster_leader_id(cluster: &Cluster, leader: usize) -> u64 {
     let mut c = cluster.client(leader).await;
     c.status().await.unwrap().header().unwrap().member_id()

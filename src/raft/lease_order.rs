@@ -92,6 +92,7 @@ enum LeaseCommand {
 
 fn lease_command(cmd: &Command) -> Option<LeaseCommand> {
     match cmd {
+        Command::Forwarded { command, .. } => lease_command(command),
         Command::LeaseGrant { id, .. } | Command::AsUser { command: UserCommand::LeaseGrant { id, .. }, .. } => {
             Some(LeaseCommand::Grant(*id))
         }

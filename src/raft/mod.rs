@@ -50,6 +50,7 @@
 //!   members.
 
 pub mod election;
+pub mod forwarded;
 pub mod lease_order;
 pub mod log_store;
 pub mod membership;

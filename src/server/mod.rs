@@ -50,6 +50,7 @@ use crate::applied::{AppliedState, MemberAttrs};
 use crate::batcher::Batcher;
 use crate::config::{ClusterState, Config};
 use crate::raft::election::Elections;
+use crate::raft::forwarded::ForwardedAnswers;
 use crate::raft::log_store::LogStore;
 use crate::raft::network::PeerNetwork;
 use crate::raft::peer::client::PeerClients;
@@ -222,11 +223,13 @@ impl Node {
             .map(|log| log.keeping_in_memory(config.experimental_log_memory_bytes))
             .context("opening the WAL")?;
         let state = Arc::new(AppliedState::with_tokens(crate::auth::Tokens::new(config.auth_tokens()?)));
+        let forwarded = Arc::new(ForwardedAnswers::new(id, 0));
         let state_machine = StateMachine::open(state_store.clone(), state.clone())
             .context("loading the state machine")?
             .spilling_history(&data_dir.join("spill"))?
             .staggering_checkpoints(id)
-            .applying_only_durable(log_store.durable());
+            .applying_only_durable(log_store.durable())
+            .answering_forwarded(forwarded.clone());
         let configuration = state_machine.configuration();
         let network = PeerNetwork::new(log_store.clone(), peers.clone());
 
@@ -261,7 +264,7 @@ impl Node {
         ));
         let proposer = Proposer::start(raft.clone(), elections.clone());
         let request_timeout = Duration::from_secs(5) + config.election_timeout() * 2;
-        let forwarder = Forwarder::start(peers.clone(), request_timeout);
+        let forwarder = Forwarder::start(peers.clone(), forwarded, request_timeout);
         let peer_gate = PeerGate::new(cluster_id, members.keys().copied(), raft.clone(), peers.clone());
         let node = Arc::new_cyclic(|me: &std::sync::Weak<Node>| {
             let me = me.clone();

@@ -4,27 +4,40 @@
 //! travel together as one batch (see `crate::batcher`), and each waiter gets
 //! its own command's apply result, or why it has none. Batches go to the
 //! leader on one long-lived `Peer.Forward` stream per leader URL (a
-//! [`Link`]): a batch is one message tagged with an ID, and the leader
-//! answers each batch with that ID once its commands are applied, in whatever
-//! order they finish. Against one unary call per batch, a batch opens no
-//! HTTP/2 stream of its own: no request and response headers, no task per
-//! call on either side, no identity metadata to stamp and check (the leader
-//! checks the sender's membership per batch, from its configuration).
+//! [`Link`]): a batch is one message tagged with an ID, and each command
+//! carries a tag from this member's [`ForwardedAnswers`]. Against one unary
+//! call per batch, a batch opens no HTTP/2 stream of its own: no request and
+//! response headers, no task per call on either side, no identity metadata
+//! to stamp and check (the leader checks the sender's membership per batch,
+//! from its configuration).
+//!
+//! The leader proposes each command as a `Command::Forwarded` naming this
+//! member and the tag, and answers a batch (with its ID) only if some of its
+//! commands failed. The others are answered by this member's own apply
+//! (`raft::forwarded`): a successful batch costs the leader no message, and
+//! a client that got its answer here reads its write here.
 //!
 //! What a failure means (what `server::write` may retry):
 //! - the stream could not be opened because no connection could be made
 //!   (`client::never_sent`): the batches queued on it never left, and are
 //!   `Unreachable`;
-//! - the leader stops: it answers the batches it read, then says which was
-//!   the last (`ForwardReply::Closing`); those after it never ran, and are
-//!   `Unreachable`;
-//! - the stream failed or ended otherwise, or a batch went unanswered for
-//!   the forwarding timeout: the batches the transport had taken from the
-//!   link's queue may have been applied, and are `Unknown`; those still
+//! - the leader stops: it finishes the batches it read (answering what
+//!   failed), then says which was the last (`ForwardReply::Closing`); those
+//!   after it never ran, and are `Unreachable`;
+//! - the stream failed or ended otherwise: the batches the transport had
+//!   taken from the link's queue may have been applied, and those still
 //!   queued never left, and are `Unreachable`. The link is ended (its stream
-//!   reset); the next batch to that URL opens a new one.
+//!   reset); the next batch to that URL opens a new one;
+//! - a batch that may have reached the leader (those the transport took, or
+//!   the leader read before it closed) waits on for this member's apply, but
+//!   only until this member applies an entry of a later term than it had
+//!   applied when the batch left: an entry the old leader committed, or one
+//!   a later leader kept, comes before that one in the log. What is still
+//!   unanswered then is `Unknown`;
+//! - a batch that gets no results within the forwarding timeout is
+//!   `Unknown`, and its link, if it has not ended, is ended.
 //!
-//! The last rule, a yield and a question to the kernel make a write that
+//! The third rule, a yield and a question to the kernel make a write that
 //! arrives just after the leader died retryable. HTTP/2 learns that a
 //! connection died only when the connection's task reads the EOF; the
 //! request that carries the write may be run first (its task woken by the
@@ -38,11 +51,14 @@
 //! kernel does not already hold the leader's FIN or reset on the channel's
 //! connection (`PeerClients::closed_by_peer`; with the yield alone, a later
 //! CI run still lost the test's write to "leader changed"). What is left is
-//! a leader that dies while the batch is on its way: that one is truly
-//! `Unknown`.
+//! a leader that dies while the batch is on its way: that one waits for the
+//! next term, as above, and is then answered from this member's apply if a
+//! later leader kept it, else `Unknown`.
 //!
-//! Invariants: every batch handed to a link gets exactly one answer, from the
-//! leader or from the link's end, or is forgotten when its waiter goes; a
+//! Invariants: every batch handed to a link gets at most one answer, from
+//! the leader or from the link's end, and is forgotten when its waiter goes;
+//! each command gets exactly one result: from this member's apply, from the
+//! leader's answer, from the link's end, or from the timeout; a
 //! link that ended takes no more batches, and its transport takes no more
 //! from its queue (both are decided under the link's lock, so a batch the
 //! end calls never sent cannot leave afterwards).
@@ -65,11 +81,14 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 
+use futures::StreamExt;
+
 use super::client::{never_sent, ForwardFailure, PeerClients};
 use super::messages::{ForwardBatch, ForwardError, ForwardReply};
 use crate::batcher::{Batcher, CallError, Limits};
 use crate::command::{Command, CommandResult};
 use crate::proto::raftlock::peer::RaftPayload;
+use crate::raft::forwarded::ForwardedAnswers;
 use crate::raft::{decode, encode};
 
 /// Writes on their way from this follower to the leader (see the module doc).
@@ -96,10 +115,11 @@ fn weigh((_, cmd): &(String, Command)) -> u64 {
 }
 
 impl Forwarder {
-    /// Forward through `clients`' channels; a batch unanswered for `timeout`
+    /// Forward through `clients`' channels, the results handed to
+    /// `answers` by this member's apply; a command unanswered for `timeout`
     /// is reported `Unknown`.
-    pub fn start(clients: PeerClients, timeout: Duration) -> Forwarder {
-        let links = Arc::new(Links { clients, open: Mutex::default() });
+    pub fn start(clients: PeerClients, answers: Arc<ForwardedAnswers>, timeout: Duration) -> Forwarder {
+        let links = Arc::new(Links { clients, answers, open: Mutex::default() });
         let batcher = Batcher::start(LIMITS, weigh, move |items: Vec<(String, Command)>| {
             let links = links.clone();
             async move {
@@ -139,12 +159,31 @@ impl Forwarder {
 /// The open links, by leader URL.
 struct Links {
     clients: PeerClients,
+    /// Where this member's apply hands its forwarded writes their results.
+    answers: Arc<ForwardedAnswers>,
     /// std Mutex: held only to look up, insert or remove a link.
     open: Mutex<HashMap<String, Arc<Link>>>,
 }
 
-/// What a batch gets back from its link: the leader's results, or why not.
-type Answer = Result<Vec<Result<CommandResult, ForwardError>>, ForwardFailure>;
+/// What a batch gets back from its link: what the leader said, or why it
+/// will not say anything.
+type Answer = Result<LeaderAnswer, ForwardFailure>;
+
+/// What the leader says about a batch.
+enum LeaderAnswer {
+    /// Which commands failed (the others were applied).
+    Failed(Vec<(u32, ForwardError)>),
+    /// Every command's result (a leader of an earlier raftlock).
+    Results(Vec<Result<CommandResult, ForwardError>>),
+}
+
+fn failure(error: ForwardError) -> ForwardFailure {
+    match error {
+        ForwardError::NotLeader { leader } => ForwardFailure::NotLeader { leader },
+        ForwardError::Failed(msg) => ForwardFailure::Unknown(msg),
+        ForwardError::Overloaded => ForwardFailure::Overloaded,
+    }
+}
 
 impl Links {
     /// Hand `cmds` to the leader at `url`; one answer per command, in order.
@@ -156,6 +195,7 @@ impl Links {
     ) -> Vec<Result<CommandResult, ForwardFailure>> {
         let n = cmds.len();
         let failed = |f: ForwardFailure| vec![Err(f); n];
+        let deadline = tokio::time::Instant::now() + timeout;
         // Let the tasks already woken run first: among them, a connection's
         // task that has a dead leader's EOF to read (see the module doc).
         tokio::task::yield_now().await;
@@ -170,38 +210,87 @@ impl Links {
             link.end(ForwardFailure::Unknown(why.into()), None);
             return failed(ForwardFailure::Unreachable(why.into()));
         }
+        // Waiters for this member's apply to hand out the results, from
+        // before the batch leaves; forgotten when this call ends.
+        let mut expected = self.answers.expect(n);
         // A link that ended since it was looked up never sent the batch.
-        let Some((id, answer)) = link.submit(cmds) else {
+        let Some((id, answer)) = link.submit(cmds, expected.first_tag) else {
             return failed(ForwardFailure::Unreachable("the forwarding stream ended".into()));
         };
         crate::metrics::metrics().forwarded_batch.observe(n as f64);
         // If this wait is cancelled (its caller's deadline), nobody waits for
         // the answer any more.
         let _waiting = Waiting { link: &link, id };
-        let results = match tokio::time::timeout(timeout, answer).await {
-            Ok(Ok(Ok(results))) => results,
-            Ok(Ok(Err(failure))) => return failed(failure),
-            Ok(Err(_)) => return failed(ForwardFailure::Unknown("the forwarding stream ended".into())),
-            Err(_) => {
-                let why = format!("no answer from the leader within {timeout:?}");
-                // Ended, it is replaced at the next lookup.
-                link.end(ForwardFailure::Unknown(why.clone()), None);
-                return failed(ForwardFailure::Unknown(why));
-            }
-        };
-        if results.len() != n {
-            return failed(ForwardFailure::Unknown("forward: wrong number of results".into()));
-        }
-        results
+        let (first_tag, applied_term) = (expected.first_tag, expected.applied_term);
+        let mut results: Vec<Option<Result<CommandResult, ForwardFailure>>> = vec![None; n];
+        let mut applied: futures::stream::FuturesUnordered<_> = std::mem::take(&mut expected.receivers)
             .into_iter()
-            .map(|r| {
-                r.map_err(|e| match e {
-                    ForwardError::NotLeader { leader } => ForwardFailure::NotLeader { leader },
-                    ForwardError::Failed(msg) => ForwardFailure::Unknown(msg),
-                    ForwardError::Overloaded => ForwardFailure::Overloaded,
-                })
-            })
-            .collect()
+            .enumerate()
+            .map(|(i, rx)| async move { (i, rx.await) })
+            .collect();
+        let mut answer = Some(answer);
+        // Why the way to the leader broke, if it did: from then on the
+        // batch waits for its results only until this member applies an
+        // entry of a later term than it had applied when the batch left.
+        let mut broken: Option<ForwardFailure> = None;
+        let mut unanswered = n;
+        while unanswered > 0 {
+            tokio::select! {
+                // Results first: one handed out in the same apply call as a
+                // later term's entry must not be taken for lost.
+                biased;
+                Some((i, result)) = applied.next() => {
+                    if results[i].is_none() {
+                        unanswered -= 1;
+                        results[i] = Some(result.map_err(|_| {
+                            ForwardFailure::Unknown("applied here through a snapshot: its result is not known".into())
+                        }));
+                    }
+                }
+                said = async { answer.as_mut().expect("guarded").await }, if answer.is_some() => {
+                    answer = None;
+                    match said {
+                        Ok(Ok(LeaderAnswer::Failed(failures))) => {
+                            for (i, error) in failures {
+                                let i = i as usize;
+                                if i < n && results[i].is_none() {
+                                    self.answers.forget(first_tag.wrapping_add(i as u64));
+                                    unanswered -= 1;
+                                    results[i] = Some(Err(failure(error)));
+                                }
+                            }
+                        }
+                        Ok(Ok(LeaderAnswer::Results(all))) => {
+                            if all.len() != n {
+                                return failed(ForwardFailure::Unknown("forward: wrong number of results".into()));
+                            }
+                            for (i, r) in all.into_iter().enumerate() {
+                                results[i].get_or_insert(r.map_err(failure));
+                            }
+                            unanswered = 0;
+                        }
+                        // Nothing of it reached the leader: nothing of it will be applied.
+                        Ok(Err(unreachable @ ForwardFailure::Unreachable(_))) => return failed(unreachable),
+                        Ok(Err(why)) => broken = Some(why),
+                        Err(_) => broken = Some(ForwardFailure::Unknown("the forwarding stream ended".into())),
+                    }
+                }
+                _ = self.answers.applied_past(applied_term), if broken.is_some() => {
+                    let why = broken.take().expect("guarded");
+                    return unanswered_as(results, why);
+                }
+                _ = tokio::time::sleep_until(deadline) => {
+                    let why = format!("no answer within {timeout:?}");
+                    // A stream the leader stopped answering on is ended; it is
+                    // replaced at the next lookup.
+                    if broken.is_none() {
+                        link.end(ForwardFailure::Unknown(why.clone()), None);
+                    }
+                    return unanswered_as(results, ForwardFailure::Unknown(why));
+                }
+            }
+        }
+        results.into_iter().map(|r| r.expect("every command answered")).collect()
     }
 
     /// The open link to `url`, or a new one (an ended link is replaced).
@@ -214,6 +303,14 @@ impl Links {
         open.insert(url.to_string(), link.clone());
         Ok(link)
     }
+}
+
+/// `results` with each command still unanswered failed as `why`.
+fn unanswered_as(
+    results: Vec<Option<Result<CommandResult, ForwardFailure>>>,
+    why: ForwardFailure,
+) -> Vec<Result<CommandResult, ForwardFailure>> {
+    results.into_iter().map(|r| r.unwrap_or_else(|| Err(why.clone()))).collect()
 }
 
 /// A batch waiting for its answer on `link`: dropped, it is forgotten there
@@ -271,8 +368,12 @@ impl Link {
                     loop {
                         let why = match answers.message().await {
                             Ok(Some(payload)) => match decode::<ForwardReply>(&payload.data) {
+                                Ok(ForwardReply::Failed { id, failed }) => {
+                                    reading.answer(id, LeaderAnswer::Failed(failed));
+                                    continue;
+                                }
                                 Ok(ForwardReply::Answer { id, results }) => {
-                                    reading.answer(id, results);
+                                    reading.answer(id, LeaderAnswer::Results(results));
                                     continue;
                                 }
                                 Ok(ForwardReply::Closing { last_read }) => {
@@ -326,10 +427,10 @@ impl Link {
 
     /// Send `commands` as one batch; its ID, and the receiver that gets its
     /// answer. None if the link has ended (the batch was not sent).
-    fn submit(&self, commands: Vec<Command>) -> Option<(u64, oneshot::Receiver<Answer>)> {
+    fn submit(&self, commands: Vec<Command>, first_tag: u64) -> Option<(u64, oneshot::Receiver<Answer>)> {
         let mut state = self.state.lock().expect("forward link lock poisoned");
         let id = state.next_id;
-        let payload = RaftPayload { data: encode(&ForwardBatch { id, commands }) };
+        let payload = RaftPayload { data: encode(&ForwardBatch { id, commands, first_tag }) };
         state.outgoing.as_ref()?.send((id, payload)).ok()?;
         state.next_id += 1;
         let (tx, rx) = oneshot::channel();
@@ -337,12 +438,12 @@ impl Link {
         Some((id, rx))
     }
 
-    /// Hand the leader's `results` to the batch `id` if it still waits (one
-    /// that timed out has gone).
-    fn answer(&self, id: u64, results: Vec<Result<CommandResult, ForwardError>>) {
+    /// Hand what the leader said to the batch `id` if it still waits (one
+    /// that was answered or timed out has gone).
+    fn answer(&self, id: u64, said: LeaderAnswer) {
         let waiter = self.state.lock().expect("forward link lock poisoned").waiting.remove(&id);
         if let Some(waiter) = waiter {
-            let _ = waiter.send(Ok(results));
+            let _ = waiter.send(Ok(said));
         }
     }
 
@@ -402,7 +503,6 @@ impl futures::Stream for Outgoing {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use futures::StreamExt;
 
     fn compact(revision: i64) -> Command {
         Command::Compact { revision }
@@ -411,8 +511,8 @@ mod tests {
     #[tokio::test]
     async fn a_batch_the_transport_never_took_is_unreachable_when_the_link_ends() {
         let (link, mut body) = Link::new();
-        let (first, taken) = link.submit(vec![compact(1)]).expect("link open");
-        let (_, queued) = link.submit(vec![compact(2)]).expect("link open");
+        let (first, taken) = link.submit(vec![compact(1)], 0).expect("link open");
+        let (_, queued) = link.submit(vec![compact(2)], 1).expect("link open");
         // The transport takes the first batch only; then the stream dies.
         let sent = body.next().await.expect("a batch to send");
         assert_eq!(decode::<ForwardBatch>(&sent.data).expect("a batch").id, first);
@@ -422,14 +522,14 @@ mod tests {
         assert!(matches!(queued.await, Ok(Err(ForwardFailure::Unreachable(_)))), "the queued batch never left");
         // Nothing more leaves, and nothing more is taken.
         assert!(body.next().await.is_none());
-        assert!(link.submit(vec![compact(3)]).is_none());
+        assert!(link.submit(vec![compact(3)], 2).is_none());
     }
 
     #[tokio::test]
     async fn the_batches_a_closing_leader_did_not_read_are_unreachable() {
         let (link, mut body) = Link::new();
-        let (_, read) = link.submit(vec![compact(1)]).expect("link open");
-        let (_, unread) = link.submit(vec![compact(2)]).expect("link open");
+        let (_, read) = link.submit(vec![compact(1)], 0).expect("link open");
+        let (_, unread) = link.submit(vec![compact(2)], 1).expect("link open");
         // The transport takes both; the leader says it read the first only.
         for _ in 0..2 {
             body.next().await.expect("a batch to send");

@@ -23,25 +23,33 @@ pub enum ForwardError {
 }
 
 /// A batch of writes a follower hands the leader on its forwarding stream
-/// (`Peer.Forward`); the leader answers it with a [`ForwardReply::Answer`]
-/// of the same `id`. IDs rise by one per batch, in the order sent.
+/// (`Peer.Forward`). The leader proposes each as a `Command::Forwarded`
+/// with its tag, and tells the follower only what failed
+/// ([`ForwardReply::Failed`]); the follower answers the others from its own
+/// apply (`raft::forwarded`). IDs rise by one per batch, in the order sent.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct ForwardBatch {
     /// Unique on its stream.
     pub id: u64,
     pub commands: Vec<Command>,
+    /// The first command's tag; each next command's is one more.
+    pub first_tag: u64,
 }
 
 /// What the leader sends on a forwarding stream.
 #[derive(Debug, Serialize, Deserialize)]
 pub enum ForwardReply {
     /// The results of the [`ForwardBatch`] `id`: one per command, in the
-    /// batch's order.
+    /// batch's order. What raftlock's leaders sent before
+    /// [`ForwardReply::Failed`]; still understood.
     Answer { id: u64, results: Vec<Result<CommandResult, ForwardError>> },
     /// The leader stops: the last thing it sends. It read no batch after
     /// `last_read` (none at all if None), so those never ran; every batch
     /// it read has been answered.
     Closing { last_read: Option<u64> },
+    /// The commands of the [`ForwardBatch`] `id` that failed, by their
+    /// place in it; the others were applied. Sent only if one failed.
+    Failed { id: u64, failed: Vec<(u32, ForwardError)> },
 }
 
 /// A lease question only the leader can answer: lease time is the leader's.

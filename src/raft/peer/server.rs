@@ -4,7 +4,9 @@
 //! refusal) goes back encoded. `Forward` is a follower's stream of write
 //! batches (`peer::forward`): each batch runs through the leader's proposer
 //! (so it is batched with the leader's own writes) while later ones are
-//! read, and is answered with its ID as soon as it is applied. The sender's
+//! read, each command as a `Command::Forwarded` that its sender answers from
+//! its own apply (`raft::forwarded`); the leader answers a batch (with its
+//! ID) only for the commands that failed. The sender's
 //! membership is checked again for each batch, since the stream outlives
 //! configurations. `ReadIndex` confirms leadership with a quorum and returns the index a
 //! follower must apply before it reads; `Lease` and `Membership` carry the
@@ -42,7 +44,7 @@ use super::gate::PeerGate;
 use super::messages::{
     ControlRequest, ForwardBatch, ForwardError, ForwardReply, LeaseAnswer, LeaseQuery, MembershipChange,
 };
-use crate::command::{Command, CommandResult};
+use crate::command::Command;
 use crate::proto::raftlock::peer::peer_server::{Peer, PeerServer};
 use crate::proto::raftlock::peer::{RaftPayload, ReadIndexRequest, ReadIndexResponse};
 use crate::raft::election::Elections;
@@ -190,7 +192,7 @@ impl Peer for PeerService {
                     Ok(batch) => {
                         let Ok(slot) = slots.clone().acquire_owned().await else { return };
                         last_read = Some(batch.id);
-                        tokio::spawn(run_forwarded(proposer.clone(), batch, answers.clone(), slot));
+                        tokio::spawn(run_forwarded(proposer.clone(), sender, batch, answers.clone(), slot));
                     }
                     Err(status) => {
                         let _ = answers.send(Err(status)).await;
@@ -345,41 +347,60 @@ async fn forwarded_batch(
     let payload = received?;
     gate.admit_member(sender).await?;
     let batch: ForwardBatch = decoded(&payload)?;
-    if batch.commands.iter().any(|c| matches!(c, Command::Batch(_))) {
-        return Err(Status::invalid_argument("peer: a forwarded command cannot be a batch"));
+    if batch.commands.iter().any(|c| matches!(c, Command::Batch(_) | Command::Forwarded { .. })) {
+        return Err(Status::invalid_argument("peer: a forwarded command cannot be a batch or a forwarded write"));
     }
     Ok(batch)
 }
 
-/// Run a forwarded batch through this member's proposer, which puts its
-/// commands in one entry, and queue its answer on `answers`; `slot` is given
-/// back once it is queued. A batch whose run ended without an answer (it
-/// panicked, or the runtime is shutting down) is answered with an
-/// internal error if there is room (the follower treats it as unknown).
+/// Run a forwarded batch from member `sender` through this member's
+/// proposer, which puts its commands in one entry, each as a
+/// `Command::Forwarded` with `sender` and its tag, so that `sender` answers
+/// them from its own apply (`raft::forwarded`); queue an answer on `answers`
+/// only for the commands that failed. `slot` is given back once the batch
+/// is done. A batch whose run ended without being done (it panicked, or the
+/// runtime is shutting down) is answered with an internal error if there is
+/// room (the follower treats it as unknown).
 async fn run_forwarded(
     proposer: Proposer,
+    sender: u64,
     batch: ForwardBatch,
     answers: mpsc::Sender<Result<RaftPayload, Status>>,
     slot: tokio::sync::OwnedSemaphorePermit,
 ) {
     let unanswered = Unanswered(&answers);
-    let results: Vec<Result<CommandResult, ForwardError>> = proposer
-        .propose_all(batch.commands)
+    let ForwardBatch { id, commands, first_tag } = batch;
+    let tagged = commands
+        .into_iter()
+        .enumerate()
+        .map(|(i, command)| Command::Forwarded {
+            origin: sender,
+            tag: first_tag.wrapping_add(i as u64),
+            command: Box::new(command),
+        })
+        .collect();
+    let failed: Vec<(u32, ForwardError)> = proposer
+        .propose_all(tagged)
         .await
         .into_iter()
-        .map(|r| match r {
-            Ok(r) => Ok(r),
-            Err(ProposeError::NotLeader { leader }) => Err(ForwardError::NotLeader { leader }),
-            Err(ProposeError::LeaderChanged) => Err(ForwardError::Failed("etcdserver: leader changed".into())),
-            Err(ProposeError::Stopped) => Err(ForwardError::Failed("raft stopped".into())),
-            Err(ProposeError::Overloaded) => Err(ForwardError::Overloaded),
-            // Only a lease expiry, which raftlock's followers never forward.
-            Err(ProposeError::Superseded) => Err(ForwardError::Failed("lease expiry superseded by a grant".into())),
+        .enumerate()
+        .filter_map(|(i, r)| {
+            let error = match r.err()? {
+                ProposeError::NotLeader { leader } => ForwardError::NotLeader { leader },
+                ProposeError::LeaderChanged => ForwardError::Failed("etcdserver: leader changed".into()),
+                ProposeError::Stopped => ForwardError::Failed("raft stopped".into()),
+                ProposeError::Overloaded => ForwardError::Overloaded,
+                // Only a lease expiry, which raftlock's followers never forward.
+                ProposeError::Superseded => ForwardError::Failed("lease expiry superseded by a grant".into()),
+            };
+            Some((i as u32, error))
         })
         .collect();
     std::mem::forget(unanswered);
-    let answer = RaftPayload { data: encode(&ForwardReply::Answer { id: batch.id, results }) };
-    let _ = answers.send(Ok(answer)).await;
+    if !failed.is_empty() {
+        let answer = RaftPayload { data: encode(&ForwardReply::Failed { id, failed }) };
+        let _ = answers.send(Ok(answer)).await;
+    }
     drop(slot);
 }
 

@@ -28,11 +28,17 @@ pub(super) struct Apply<'a> {
     state: &'a AppliedState,
     pub journal: Vec<JournalOp<SharedVersion>>,
     pub published: Vec<Change>,
+    /// This member's ID, by which it finds its own forwarded writes (None:
+    /// it answers none).
+    me: Option<u64>,
+    /// The results of this member's forwarded writes, by tag, for their
+    /// waiters (`raft::forwarded`) once the call ends.
+    pub answered: Vec<(u64, CommandResult)>,
 }
 
 impl<'a> Apply<'a> {
-    pub fn new(state: &'a AppliedState) -> Apply<'a> {
-        Apply { state, journal: Vec::new(), published: Vec::new() }
+    pub fn new(state: &'a AppliedState, me: Option<u64>) -> Apply<'a> {
+        Apply { state, journal: Vec::new(), published: Vec::new(), me, answered: Vec::new() }
     }
 
     /// Apply one command of an entry appended in `term`; `is_member` tells
@@ -51,6 +57,20 @@ impl<'a> Apply<'a> {
                     })
                     .collect(),
             );
+        }
+        if let Command::Forwarded { origin, tag, command } = cmd {
+            assert!(
+                !matches!(*command, Command::Batch(_) | Command::Forwarded { .. }),
+                "a forwarded write is one command"
+            );
+            let result = self.command(*command, term, is_member);
+            // Its own member answers it; the leader only needs to know that
+            // it was applied (`raft::peer::server`).
+            if self.me == Some(origin) {
+                self.answered.push((tag, result));
+                return CommandResult::Empty;
+            }
+            return result;
         }
         if let Command::AsUser { user, auth_revision, command } = cmd {
             // While auth is off (the common case) nothing needs checking.
@@ -164,7 +184,11 @@ impl<'a> Apply<'a> {
                 }
                 CommandResult::MemberPublished { revision: mvcc.revision() }
             }
-            Command::Batch(_) | Command::AsUser { .. } | Command::Auth(_) | Command::Alarm { .. } => {
+            Command::Batch(_)
+            | Command::Forwarded { .. }
+            | Command::AsUser { .. }
+            | Command::Auth(_)
+            | Command::Alarm { .. } => {
                 unreachable!("handled above")
             }
         }
@@ -229,7 +253,7 @@ mod tests {
     #[test]
     fn an_expiry_is_applied_only_in_the_term_that_decided_it() {
         let state = AppliedState::default();
-        let mut apply = Apply::new(&state);
+        let mut apply = Apply::new(&state, None);
         apply.command(Command::LeaseGrant { id: 7, ttl: 5 }, 1, &everyone);
         let attached = PutRequest { key: "held".into(), value: "v".into(), lease: 7, ..Default::default() };
         apply.command(Command::Put(attached), 1, &everyone);
@@ -243,12 +267,33 @@ mod tests {
         assert_eq!(apply.published.len(), 2, "the put and the deletion of its key");
     }
 
+    /// A forwarded write is applied as its command on every member; only
+    /// the member it came from keeps the result, for its waiter.
+    #[test]
+    fn a_forwarded_write_is_answered_by_the_member_it_came_from() {
+        let forwarded = || Command::Forwarded {
+            origin: 2,
+            tag: 40,
+            command: Box::new(Command::Put(PutRequest { key: "k".into(), value: "v".into(), ..Default::default() })),
+        };
+        let (leader, origin) = (AppliedState::default(), AppliedState::default());
+        let mut on_leader = Apply::new(&leader, Some(1));
+        let result = on_leader.command(Command::Batch(Arc::new(vec![forwarded()])), 1, &everyone);
+        let CommandResult::Batch(results) = result else { panic!("a batch result") };
+        assert!(matches!(&results[..], [CommandResult::Put(p)] if p.revision == 2), "{results:?}");
+        assert!(on_leader.answered.is_empty());
+        let mut on_origin = Apply::new(&origin, Some(2));
+        assert_eq!(on_origin.command(forwarded(), 1, &everyone), CommandResult::Empty);
+        assert!(matches!(&on_origin.answered[..], [(40, CommandResult::Put(p))] if p.revision == 2));
+        assert_eq!(origin.mvcc().revision(), 2, "applied there too");
+    }
+
     /// A member's publish that commits after its removal changes nothing; a
     /// configuration without a member drops what it published.
     #[test]
     fn only_members_keep_published_attributes() {
         let state = AppliedState::default();
-        let mut apply = Apply::new(&state);
+        let mut apply = Apply::new(&state, None);
         let publish = |id| Command::PublishMember { id, name: format!("m{id}"), client_urls: vec![] };
         apply.command(publish(1), 1, &|id| id == 1);
         apply.command(publish(2), 1, &|id| id == 1);

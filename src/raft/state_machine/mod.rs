@@ -44,6 +44,7 @@ use std::sync::Arc;
 use openraft::storage::{RaftStateMachine, Snapshot, SnapshotMeta};
 use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder, StorageError, StorageIOError, StoredMembership};
 
+use super::forwarded::ForwardedAnswers;
 use super::{Entry, LogId, MemberNode, TypeConfig};
 use crate::applied::{AppliedChanges, AppliedState};
 use crate::command::CommandResult;
@@ -71,6 +72,8 @@ pub struct StateMachine {
     /// (the leader syncs its own appends while it replicates them: see
     /// `raft::log_store`).
     durable_log: Option<Durable>,
+    /// The waiters of this member's forwarded writes (`raft::forwarded`).
+    forwarded: Option<Arc<ForwardedAnswers>>,
 }
 
 /// The configuration (members, voters) as the state machine last applied
@@ -170,6 +173,7 @@ impl StateMachine {
             last_snapshot: Default::default(),
             incoming_count: 0,
             durable_log: None,
+            forwarded: None,
         })
     }
 
@@ -199,6 +203,19 @@ impl StateMachine {
     pub fn applying_only_durable(mut self, durable: Durable) -> StateMachine {
         self.durable_log = Some(durable);
         self
+    }
+
+    /// Hand this member's forwarded writes their results as they are
+    /// applied, and publish the applied term there (see `raft::forwarded`).
+    pub fn answering_forwarded(mut self, answers: Arc<ForwardedAnswers>) -> StateMachine {
+        answers.applied(self.applied_term());
+        self.forwarded = Some(answers);
+        self
+    }
+
+    /// The term of the last entry applied (0: none).
+    pub fn applied_term(&self) -> u64 {
+        self.position.last_applied.map_or(0, |l| l.leader_id.term)
     }
 
     /// The configuration as this state machine applies it (see
@@ -237,7 +254,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             durable.wait_for(last.log_id.index).await.map_err(|e| StorageIOError::write_logs(&e))?;
         }
         let started = std::time::Instant::now();
-        let mut apply = Apply::new(&self.state);
+        let mut apply = Apply::new(&self.state, self.forwarded.as_ref().map(|f| f.me()));
         let mut results = Vec::with_capacity(entries.len());
         for entry in entries {
             self.position.last_applied = Some(entry.log_id);
@@ -256,11 +273,17 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             };
             results.push(result);
         }
-        let Apply { journal, published, .. } = apply;
+        let Apply { journal, published, answered, .. } = apply;
         self.persisted.commit_apply(&self.state, &journal, &self.position);
         if !published.is_empty() {
             let revision = self.state.mvcc().revision();
             self.state.publish(AppliedChanges { revision, changes: published, resync: false });
+        }
+        // Answers first, then the term: a waiter that sees the term move on
+        // has already been handed its result if it had one here.
+        if let Some(forwarded) = &self.forwarded {
+            forwarded.deliver(answered);
+            forwarded.applied(self.applied_term());
         }
         if started.elapsed() > crate::metrics::SLOW_APPLY {
             crate::metrics::metrics().slow_apply.inc();
@@ -344,6 +367,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 );
                 self.state.publish(AppliedChanges { revision: current, changes: Vec::new(), resync: true });
             }
+        }
+        // The entries the snapshot covers are not applied here: a forwarded
+        // write among them has no result to hand out.
+        if let Some(forwarded) = &self.forwarded {
+            forwarded.forget_all();
+            forwarded.applied(self.applied_term());
         }
         // The whole store becomes one checkpoint of the installed state.
         self.persisted
