@@ -89,6 +89,11 @@ pub enum Command {
     /// proposed it: applied as `command`, and the member that forwarded it
     /// answers its client from its own apply, where it finds its `tag`
     /// (`raft::forwarded`). Never holds a batch or another forwarded write.
+    /// Caveat: raftlocks before it cannot decode it. In a rolling upgrade,
+    /// once a member of this version leads and another one forwards to it,
+    /// a member still on an older version stops applying until it is
+    /// upgraded too (a follower of an older version still forwards: its
+    /// batches are proposed as they are).
     Forwarded {
         origin: u64,
         tag: u64,

@@ -179,7 +179,9 @@ fn from(identity: Option<(u64, u64)>, data: Vec<u8>) -> tonic::Request<RaftPaylo
 /// A forwarded batch as the peer protocol encodes it: format byte 1, then
 /// bincode (fixed-width little-endian) of a `ForwardBatch` numbered 7 holding
 /// one `Command::Put` (variant 0) of `key` = `value`.
-fn forwarded_put(key: &str, value: &str) -> Vec<u8> {
+/// A forwarded batch of one put, with its first tag, or without one (as
+/// followers of earlier raftlocks send it).
+fn forwarded_put(key: &str, value: &str, tag: Option<u64>) -> Vec<u8> {
     let mut out = vec![1u8];
     out.extend(7u64.to_le_bytes()); // the batch's ID
     out.extend(1u64.to_le_bytes()); // one command
@@ -190,7 +192,9 @@ fn forwarded_put(key: &str, value: &str) -> Vec<u8> {
     }
     out.extend(0i64.to_le_bytes()); // lease
     out.extend([0u8, 0, 0]); // prev_kv, ignore_value, ignore_lease
-    out.extend(99u64.to_le_bytes()); // the first command's tag
+    if let Some(tag) = tag {
+        out.extend(tag.to_le_bytes()); // the first command's tag
+    }
     out
 }
 
@@ -233,7 +237,7 @@ async fn peers_from_another_cluster_or_with_an_id_that_is_not_a_member_are_refus
     ];
     for (i, (what, identity, code)) in refusals.into_iter().enumerate() {
         let key = format!("rogue/{i}");
-        let status = forward_once(&mut peer, identity, forwarded_put(&key, "x")).await.unwrap_err();
+        let status = forward_once(&mut peer, identity, forwarded_put(&key, "x", Some(99))).await.unwrap_err();
         assert_eq!(status.code(), code, "a forward from {what}: {status:?}");
         let status = peer.vote(from(identity, vec![1, 0])).await.unwrap_err();
         assert_eq!(status.code(), code, "a vote from {what}: {status:?}");
@@ -247,9 +251,15 @@ async fn peers_from_another_cluster_or_with_an_id_that_is_not_a_member_are_refus
     }
     // The same bytes from a member of this cluster are applied: the refusals
     // above were for who sent them, not for what they said.
-    let answer = forward_once(&mut peer, Some((cluster_id, member_id)), forwarded_put("rogue/member", "y")).await;
+    let member = Some((cluster_id, member_id));
+    let answer = forward_once(&mut peer, member, forwarded_put("rogue/member", "y", Some(99))).await;
     assert!(matches!(answer, Ok(None)), "applied, so not answered: {answer:?}");
     assert_eq!(kv.get("rogue/member", None).await.unwrap().kvs()[0].value(), b"y");
+    // Without tags, as a follower of an earlier raftlock sends it: applied,
+    // and answered with its result.
+    let answer = forward_once(&mut peer, member, forwarded_put("rogue/untagged", "z", None)).await;
+    assert!(matches!(answer, Ok(Some(_))), "answered with its results: {answer:?}");
+    assert_eq!(kv.get("rogue/untagged", None).await.unwrap().kvs()[0].value(), b"z");
 
     // Each refused sender is logged once, however often it retries.
     for _ in 0..20 {

@@ -28,6 +28,9 @@
 //!   has been persisted and its changes published, and before the applied
 //!   term moves past that call's last entry.
 //!
+//! Caveat: members of raftlocks before this one cannot apply a
+//! `Command::Forwarded` (see its doc): finish a rolling upgrade quickly.
+//!
 //! Caveat: a snapshot install replaces the state without applying the
 //! entries it covers; every waiter is then told its result is unknown
 //! (its sender is dropped), whether its write was among them or not.

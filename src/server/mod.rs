@@ -264,7 +264,7 @@ impl Node {
         ));
         let proposer = Proposer::start(raft.clone(), elections.clone());
         let request_timeout = Duration::from_secs(5) + config.election_timeout() * 2;
-        let forwarder = Forwarder::start(peers.clone(), forwarded, request_timeout);
+        let forwarder = Forwarder::start(peers.clone(), forwarded, request_timeout, config.election_timeout() * 2);
         let peer_gate = PeerGate::new(cluster_id, members.keys().copied(), raft.clone(), peers.clone());
         let node = Arc::new_cyclic(|me: &std::sync::Weak<Node>| {
             let me = me.clone();

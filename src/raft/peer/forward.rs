@@ -31,11 +31,14 @@
 //! - a batch that may have reached the leader (those the transport took, or
 //!   the leader read before it closed) waits on for this member's apply, but
 //!   only until this member applies an entry of a later term than it had
-//!   applied when the batch left: an entry the old leader committed, or one
-//!   a later leader kept, comes before that one in the log. What is still
-//!   unanswered then is `Unknown`;
+//!   applied when the batch left (an entry the old leader committed, or one
+//!   a later leader kept, comes before that one in the log), and for two
+//!   election timeouts at most (a stream that broke while its leader lives
+//!   brings no new term). What is still unanswered then is `Unknown`;
 //! - a batch that gets no results within the forwarding timeout is
-//!   `Unknown`, and its link, if it has not ended, is ended.
+//!   `Unknown`. Its link stays: with no answer due for what succeeded, a
+//!   slow apply here looks the same as a silent leader, and a leader whose
+//!   connection died is found by HTTP/2 keepalive.
 //!
 //! The third rule, a yield and a question to the kernel make a write that
 //! arrives just after the leader died retryable. HTTP/2 learns that a
@@ -116,10 +119,16 @@ fn weigh((_, cmd): &(String, Command)) -> u64 {
 
 impl Forwarder {
     /// Forward through `clients`' channels, the results handed to
-    /// `answers` by this member's apply; a command unanswered for `timeout`
-    /// is reported `Unknown`.
-    pub fn start(clients: PeerClients, answers: Arc<ForwardedAnswers>, timeout: Duration) -> Forwarder {
-        let links = Arc::new(Links { clients, answers, open: Mutex::default() });
+    /// `answers` by this member's apply; a command unanswered for `timeout`,
+    /// or for `grace` after its way to the leader broke, is reported
+    /// `Unknown`.
+    pub fn start(
+        clients: PeerClients,
+        answers: Arc<ForwardedAnswers>,
+        timeout: Duration,
+        grace: Duration,
+    ) -> Forwarder {
+        let links = Arc::new(Links { clients, answers, grace, open: Mutex::default() });
         let batcher = Batcher::start(LIMITS, weigh, move |items: Vec<(String, Command)>| {
             let links = links.clone();
             async move {
@@ -161,6 +170,9 @@ struct Links {
     clients: PeerClients,
     /// Where this member's apply hands its forwarded writes their results.
     answers: Arc<ForwardedAnswers>,
+    /// How long a batch whose way to the leader broke waits for its
+    /// results at most (see the module doc).
+    grace: Duration,
     /// std Mutex: held only to look up, insert or remove a link.
     open: Mutex<HashMap<String, Arc<Link>>>,
 }
@@ -195,7 +207,7 @@ impl Links {
     ) -> Vec<Result<CommandResult, ForwardFailure>> {
         let n = cmds.len();
         let failed = |f: ForwardFailure| vec![Err(f); n];
-        let deadline = tokio::time::Instant::now() + timeout;
+        let (deadline, grace) = (tokio::time::Instant::now() + timeout, self.grace);
         // Let the tasks already woken run first: among them, a connection's
         // task that has a dead leader's EOF to read (see the module doc).
         tokio::task::yield_now().await;
@@ -233,6 +245,7 @@ impl Links {
         // batch waits for its results only until this member applies an
         // entry of a later term than it had applied when the batch left.
         let mut broken: Option<ForwardFailure> = None;
+        let mut broke_at: Option<tokio::time::Instant> = None;
         let mut unanswered = n;
         while unanswered > 0 {
             tokio::select! {
@@ -274,19 +287,24 @@ impl Links {
                         Ok(Err(why)) => broken = Some(why),
                         Err(_) => broken = Some(ForwardFailure::Unknown("the forwarding stream ended".into())),
                     }
+                    if broken.is_some() {
+                        broke_at = Some(tokio::time::Instant::now());
+                    }
                 }
                 _ = self.answers.applied_past(applied_term), if broken.is_some() => {
                     let why = broken.take().expect("guarded");
                     return unanswered_as(results, why);
                 }
-                _ = tokio::time::sleep_until(deadline) => {
-                    let why = format!("no answer within {timeout:?}");
-                    // A stream the leader stopped answering on is ended; it is
-                    // replaced at the next lookup.
-                    if broken.is_none() {
-                        link.end(ForwardFailure::Unknown(why.clone()), None);
-                    }
-                    return unanswered_as(results, ForwardFailure::Unknown(why));
+                _ = tokio::time::sleep_until(broke_at.map_or(deadline, |at| deadline.min(at + grace))) => {
+                    // The link is left open: with no answer due from a
+                    // leader for what succeeded, a slow apply here looks
+                    // the same, and a leader that went away is found by
+                    // HTTP/2 keepalive.
+                    let why = match broken {
+                        Some(why) => why,
+                        None => ForwardFailure::Unknown(format!("not applied here within {timeout:?}")),
+                    };
+                    return unanswered_as(results, why);
                 }
             }
         }
@@ -377,7 +395,9 @@ impl Link {
                                     continue;
                                 }
                                 Ok(ForwardReply::Closing { last_read }) => {
-                                    // It answered every batch it read first.
+                                    // It ran every batch it read first (and
+                                    // answered what failed): what succeeded
+                                    // is applied here in time.
                                     let why = "the leader closed the forwarding stream without answering";
                                     break (
                                         ForwardFailure::Unknown(why.into()),

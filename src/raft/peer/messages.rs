@@ -36,16 +36,27 @@ pub struct ForwardBatch {
     pub first_tag: u64,
 }
 
+/// A batch as followers of raftlocks before tags sent it: its commands are
+/// proposed as they are, and it is answered with every result
+/// ([`ForwardReply::Answer`]). A [`ForwardBatch`] that does not decode is
+/// read as one of these, so such a follower keeps forwarding to a leader
+/// of this version.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct UntaggedForwardBatch {
+    pub id: u64,
+    pub commands: Vec<Command>,
+}
+
 /// What the leader sends on a forwarding stream.
 #[derive(Debug, Serialize, Deserialize)]
 pub enum ForwardReply {
-    /// The results of the [`ForwardBatch`] `id`: one per command, in the
-    /// batch's order. What raftlock's leaders sent before
-    /// [`ForwardReply::Failed`]; still understood.
+    /// The results of the batch `id`: one per command, in the batch's
+    /// order. The answer to an [`UntaggedForwardBatch`] (and all that
+    /// raftlock's leaders sent before [`ForwardReply::Failed`]).
     Answer { id: u64, results: Vec<Result<CommandResult, ForwardError>> },
     /// The leader stops: the last thing it sends. It read no batch after
     /// `last_read` (none at all if None), so those never ran; every batch
-    /// it read has been answered.
+    /// it read has been run, and answered if it was to be.
     Closing { last_read: Option<u64> },
     /// The commands of the [`ForwardBatch`] `id` that failed, by their
     /// place in it; the others were applied. Sent only if one failed.

@@ -43,6 +43,7 @@ use super::client::{PeerClients, PEER_KEEPALIVE};
 use super::gate::PeerGate;
 use super::messages::{
     ControlRequest, ForwardBatch, ForwardError, ForwardReply, LeaseAnswer, LeaseQuery, MembershipChange,
+    UntaggedForwardBatch,
 };
 use crate::command::Command;
 use crate::proto::raftlock::peer::peer_server::{Peer, PeerServer};
@@ -336,6 +337,15 @@ impl Replicating {
 /// these, the leader reads no more of its batches until the follower reads.
 const FORWARD_ANSWERS_QUEUED: usize = 16;
 
+/// A batch as read from a forwarding stream: its commands' tags start at
+/// `first_tag`, or it has none (a follower of an earlier raftlock, answered
+/// with every result).
+struct ReadBatch {
+    id: u64,
+    commands: Vec<Command>,
+    first_tag: Option<u64>,
+}
+
 /// A batch received on a forwarding stream from `sender`, decoded, if
 /// `sender` is still a member and the batch holds no batch; else the status
 /// that ends the stream.
@@ -343,10 +353,16 @@ async fn forwarded_batch(
     gate: &PeerGate,
     sender: u64,
     received: Result<RaftPayload, Status>,
-) -> Result<ForwardBatch, Status> {
+) -> Result<ReadBatch, Status> {
     let payload = received?;
     gate.admit_member(sender).await?;
-    let batch: ForwardBatch = decoded(&payload)?;
+    let batch = match decoded::<ForwardBatch>(&payload) {
+        Ok(ForwardBatch { id, commands, first_tag }) => ReadBatch { id, commands, first_tag: Some(first_tag) },
+        Err(_) => {
+            let UntaggedForwardBatch { id, commands } = decoded(&payload)?;
+            ReadBatch { id, commands, first_tag: None }
+        }
+    };
     if batch.commands.iter().any(|c| matches!(c, Command::Batch(_) | Command::Forwarded { .. })) {
         return Err(Status::invalid_argument("peer: a forwarded command cannot be a batch or a forwarded write"));
     }
@@ -354,52 +370,55 @@ async fn forwarded_batch(
 }
 
 /// Run a forwarded batch from member `sender` through this member's
-/// proposer, which puts its commands in one entry, each as a
+/// proposer, which puts its commands in one entry; `slot` is given back once
+/// the batch is done. A tagged batch's commands are proposed each as a
 /// `Command::Forwarded` with `sender` and its tag, so that `sender` answers
-/// them from its own apply (`raft::forwarded`); queue an answer on `answers`
-/// only for the commands that failed. `slot` is given back once the batch
-/// is done. A batch whose run ended without being done (it panicked, or the
-/// runtime is shutting down) is answered with an internal error if there is
-/// room (the follower treats it as unknown).
+/// them from its own apply (`raft::forwarded`), and an answer is queued on
+/// `answers` only for the commands that failed; an untagged one is answered
+/// with every result. A batch whose run ended without being done (it
+/// panicked, or the runtime is shutting down) is answered with an internal
+/// error if there is room (the follower treats it as unknown).
 async fn run_forwarded(
     proposer: Proposer,
     sender: u64,
-    batch: ForwardBatch,
+    batch: ReadBatch,
     answers: mpsc::Sender<Result<RaftPayload, Status>>,
     slot: tokio::sync::OwnedSemaphorePermit,
 ) {
     let unanswered = Unanswered(&answers);
-    let ForwardBatch { id, commands, first_tag } = batch;
-    let tagged = commands
-        .into_iter()
-        .enumerate()
-        .map(|(i, command)| Command::Forwarded {
-            origin: sender,
-            tag: first_tag.wrapping_add(i as u64),
-            command: Box::new(command),
+    let ReadBatch { id, commands, first_tag } = batch;
+    let proposed = match first_tag {
+        Some(first_tag) => commands
+            .into_iter()
+            .enumerate()
+            .map(|(i, command)| Command::Forwarded {
+                origin: sender,
+                tag: first_tag.wrapping_add(i as u64),
+                command: Box::new(command),
+            })
+            .collect(),
+        None => commands,
+    };
+    let results = proposer.propose_all(proposed).await.into_iter().map(|r| {
+        r.map_err(|e| match e {
+            ProposeError::NotLeader { leader } => ForwardError::NotLeader { leader },
+            ProposeError::LeaderChanged => ForwardError::Failed("etcdserver: leader changed".into()),
+            ProposeError::Stopped => ForwardError::Failed("raft stopped".into()),
+            ProposeError::Overloaded => ForwardError::Overloaded,
+            // Only a lease expiry, which raftlock's followers never forward.
+            ProposeError::Superseded => ForwardError::Failed("lease expiry superseded by a grant".into()),
         })
-        .collect();
-    let failed: Vec<(u32, ForwardError)> = proposer
-        .propose_all(tagged)
-        .await
-        .into_iter()
-        .enumerate()
-        .filter_map(|(i, r)| {
-            let error = match r.err()? {
-                ProposeError::NotLeader { leader } => ForwardError::NotLeader { leader },
-                ProposeError::LeaderChanged => ForwardError::Failed("etcdserver: leader changed".into()),
-                ProposeError::Stopped => ForwardError::Failed("raft stopped".into()),
-                ProposeError::Overloaded => ForwardError::Overloaded,
-                // Only a lease expiry, which raftlock's followers never forward.
-                ProposeError::Superseded => ForwardError::Failed("lease expiry superseded by a grant".into()),
-            };
-            Some((i as u32, error))
-        })
-        .collect();
+    });
+    let answer = if first_tag.is_some() {
+        let failed: Vec<(u32, ForwardError)> =
+            results.enumerate().filter_map(|(i, r)| Some((i as u32, r.err()?))).collect();
+        (!failed.is_empty()).then_some(ForwardReply::Failed { id, failed })
+    } else {
+        Some(ForwardReply::Answer { id, results: results.collect() })
+    };
     std::mem::forget(unanswered);
-    if !failed.is_empty() {
-        let answer = RaftPayload { data: encode(&ForwardReply::Failed { id, failed }) };
-        let _ = answers.send(Ok(answer)).await;
+    if let Some(answer) = answer {
+        let _ = answers.send(Ok(RaftPayload { data: encode(&answer) })).await;
     }
     drop(slot);
 }
