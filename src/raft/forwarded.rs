@@ -70,7 +70,9 @@ impl ForwardedAnswers {
     pub fn new(me: u64, applied_term: u64) -> ForwardedAnswers {
         ForwardedAnswers {
             me,
-            next_tag: AtomicU64::new(random_start()),
+            // A random start (seeded from the OS): two runs of a member, or two
+            // members, draw ranges that do not meet.
+            next_tag: AtomicU64::new(rand::random()),
             waiting: Mutex::default(),
             applied_term: watch::Sender::new(applied_term),
         }
@@ -117,6 +119,11 @@ impl ForwardedAnswers {
 
     /// This member has applied an entry of `term`.
     pub fn applied(&self, term: u64) {
+        // Almost every call repeats the term already published: a read
+        // (shared) lock answers it, and only a rise takes the write lock.
+        if *self.applied_term.borrow() >= term {
+            return;
+        }
         self.applied_term.send_if_modified(|applied| {
             let later = term > *applied;
             if later {
@@ -152,17 +159,6 @@ impl Drop for Expected<'_> {
             waiting.remove(&self.first_tag.wrapping_add(i));
         }
     }
-}
-
-/// A start for this process's tags: std's randomly keyed hasher over the
-/// time and the process ID, so that two runs of a member (or two members)
-/// draw ranges that do not meet.
-fn random_start() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
-    h.write_u32(std::process::id());
-    h.finish()
 }
 
 #[cfg(test)]

@@ -266,10 +266,7 @@ fn as_user(by: OnBehalf<'_>, cmd: UserCommand) -> Command {
     }
 }
 
-/// A random positive lease ID (std's randomly keyed hasher as the source).
+/// A random positive lease ID (from a generator seeded by the OS).
 fn random_lease_id() -> i64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64));
-    (h.finish() & i64::MAX as u64).max(1) as i64
+    (rand::random::<u64>() & i64::MAX as u64).max(1) as i64
 }
