@@ -183,6 +183,25 @@ pub enum CommandResult {
 }
 
 impl Command {
+    /// The command's kind, for errors and logs.
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            Command::Put(_) => "a put",
+            Command::DeleteRange(_) => "a delete",
+            Command::Txn(_) => "a txn",
+            Command::Compact { .. } => "a compaction",
+            Command::PublishMember { .. } => "a member's publish",
+            Command::Batch(_) => "a batch",
+            Command::LeaseGrant { .. } => "a lease grant",
+            Command::LeaseRevoke { .. } => "a lease revoke",
+            Command::LeaseExpire { .. } => "a lease expiry",
+            Command::Auth(_) => "an auth change without its caller",
+            Command::AsUser { .. } => "a user's command",
+            Command::Alarm { .. } => "an alarm",
+            Command::Forwarded { .. } => "a forwarded write",
+        }
+    }
+
     /// The command's size as the log encodes it (bincode), found without
     /// encoding it: what proposal batches and queues are bounded by.
     pub fn encoded_len(&self) -> u64 {

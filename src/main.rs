@@ -48,6 +48,11 @@ fn main() -> anyhow::Result<()> {
 
 async fn serve() -> anyhow::Result<()> {
     let config = Config::parse();
+    // Files this process creates are its own alone (0600, directories 0700):
+    // the data directory holds tokens and password hashes
+    // (`storage::data_dir`).
+    // SAFETY: umask only sets the process's file mode mask.
+    unsafe { libc::umask(0o077) };
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(&config.log_level))
         .with_target(false)
@@ -61,6 +66,14 @@ async fn serve() -> anyhow::Result<()> {
     let client_listeners = raftlock::bind_listeners(config.listeners(Port::Client)?)?;
     let metrics_listeners = raftlock::bind_listeners(config.metrics_listeners()?)?;
     let node = Node::start(&config).await?;
+    if node.state().auth().enabled && !config.peers_authenticated() {
+        tracing::warn!(
+            "auth is on, but peers are not authenticated (no --peer-client-cert-auth): whoever reaches the peer \
+             port can act as a member — replicate, vote, and forward writes as any user, root included. Serve \
+             peers over https:// with --peer-client-cert-auth and --peer-trusted-ca-file, or keep the peer port \
+             on a network only members reach"
+        );
+    }
     let peers = tokio::spawn(node.clone().serve_peers(peer_listeners));
     if config.experimental_initial_corrupt_check {
         if let Err(e) = node.check_initial_corruption().await {

@@ -8,6 +8,11 @@
 //! the token and peer URLs, as for any new cluster (a new token gives new
 //! IDs). The old cluster's member attributes and alarms are not carried over.
 //!
+//! The revision jumps forward by [`DEFAULT_BUMP_REVISION`] unless told
+//! otherwise, and the jumped-to revision is marked compacted: a restore must
+//! never hand out a fencing token (a revision) the old cluster may already
+//! have handed out after the backup was taken.
+//!
 //! Invariants: the file's SHA-256 trailer (etcd's format, which etcdctl also
 //! checks) must match unless `skip_hash_check`; the data directory must not
 //! exist (nothing is overwritten); on failure nothing is left behind.
@@ -36,7 +41,27 @@ pub struct RestoreOptions {
     /// Default: `<name>.raftlock`, as the server's.
     pub data_dir: Option<PathBuf>,
     pub skip_hash_check: bool,
+    /// How far the restored store's revision jumps past the backup's
+    /// ([`DEFAULT_BUMP_REVISION`]; etcdutl's `--bump-revision`).
+    pub bump_revision: u64,
+    /// Whether the jumped-to revision is also the compaction revision
+    /// (etcdutl's `--mark-compacted`): reads and watches from before it are
+    /// refused as compacted, instead of silently missing what the old
+    /// cluster wrote after the backup.
+    pub mark_compacted: bool,
 }
+
+/// How far a restore moves the revision by default: a billion. Revisions
+/// are raftlock's fencing tokens, and the cluster a backup came from went on
+/// handing them out after the backup was taken — up to a revision nobody
+/// can know from the file. A restored cluster that started again at the
+/// backup's revision would hand out the same tokens a second time, and a
+/// resource that remembers the highest token it has seen would obey a stale
+/// holder and refuse the new one. A billion covers years of writes at this
+/// rate (a few thousand a second would need about four days of writes after
+/// the backup to reach it; past that, pass a larger bump), and leaves room
+/// for billions of restores in a 63-bit revision.
+pub const DEFAULT_BUMP_REVISION: u64 = 1_000_000_000;
 
 /// What a restore made.
 #[derive(Clone, Debug)]
@@ -71,6 +96,11 @@ pub async fn restore(opts: &RestoreOptions) -> anyhow::Result<Restored> {
             opts.initial_advertise_peer_urls
         ),
     }
+    if opts.mark_compacted && opts.bump_revision == 0 {
+        bail!("--mark-compacted needs --bump-revision above 0 (there is nothing to mark)");
+    }
+    let bump = i64::try_from(opts.bump_revision).ok().filter(|b| *b <= i64::MAX / 2);
+    let Some(bump) = bump else { bail!("--bump-revision {} is too large", opts.bump_revision) };
     let data_dir = config.data_dir();
     if data_dir.exists() {
         bail!("data directory {} exists; restore makes a new one", data_dir.display());
@@ -80,7 +110,8 @@ pub async fn restore(opts: &RestoreOptions) -> anyhow::Result<Restored> {
         .values()
         .map(|m| (m.id, crate::raft::MemberNode { name: m.name.clone(), peer_url: m.peer_urls[0].clone() }))
         .collect();
-    let made = crate::raft::restore_member(&data_dir, &image, nodes, me).await;
+    let bump = crate::raft::RevisionBump { by: bump, mark_compacted: opts.mark_compacted };
+    let made = crate::raft::restore_member(&data_dir, &image, nodes, me, bump).await;
     match made {
         Ok(revision) => Ok(Restored {
             data_dir,

@@ -40,7 +40,8 @@
 //! project's `KeyRange`); and the sessions of each matched entry,
 //! deduplicated once per batch. Nothing is spent on a batch while no session
 //! is open. Caveat: ranges that are not prefixes are still tested one by one
-//! (etcd keeps them in an interval tree).
+//! (etcd keeps them in an interval tree); their number is capped per member
+//! ([`MAX_DISTINCT_RANGES`]), which bounds that cost.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -56,6 +57,13 @@ pub const INBOX_CAPACITY: usize = 1024;
 /// Bytes of changes (keys, values and previous values) one session's inbox
 /// holds before it is told it lagged.
 pub const INBOX_BYTES: usize = 64 << 20;
+
+/// The most distinct ranges that are neither a single key nor a prefix a
+/// member routes at once: each is tested against every changed key in
+/// apply (see the module doc's caveat), so their number bounds apply's
+/// cost. A watch over one more is refused ([`Inbox::watch`]); watchers of
+/// a range already routed, prefixes and single keys are never refused.
+pub const MAX_DISTINCT_RANGES: usize = 4096;
 
 /// The routing table of one member's watch sessions (see the module doc).
 #[derive(Default)]
@@ -220,20 +228,23 @@ pub struct Inbox {
 }
 
 impl Table {
-    /// Put session `id` in `range`'s entry.
-    fn join(&mut self, range: &KeyRange, id: u64) {
+    /// Put session `id` in `range`'s entry; false (and nothing changed)
+    /// if that would route more than [`MAX_DISTINCT_RANGES`] other ranges.
+    fn join(&mut self, range: &KeyRange, id: u64) -> bool {
         if let Some(prefix) = range.prefix() {
             let sessions = self.prefixes.entry(prefix.to_vec()).or_default();
             if sessions.is_empty() {
                 *self.prefix_lengths.entry(prefix.len()).or_default() += 1;
             }
             sessions.insert(id);
-            return;
+            return true;
         }
         match range {
             KeyRange::Single(key) => self.keys.entry(key.clone()).or_default().insert(id),
+            _ if !self.ranges.contains_key(range) && self.ranges.len() >= MAX_DISTINCT_RANGES => return false,
             _ => self.ranges.entry(range.clone()).or_default().insert(id),
         };
+        true
     }
 
     /// Take session `id` out of `range`'s entry, and the entry out of the
@@ -271,13 +282,16 @@ impl Table {
 
 impl Inbox {
     /// One more watcher of this session watches `range`: batches that
-    /// change a key in it are queued from now on.
-    pub fn watch(&mut self, range: &KeyRange) {
-        let count = self.watched.entry(range.clone()).or_default();
-        *count += 1;
-        if *count == 1 {
-            self.routes.table().join(range, self.id);
+    /// change a key in it are queued from now on. False, and nothing
+    /// changed, when the member routes [`MAX_DISTINCT_RANGES`] other ranges
+    /// already (never for a prefix or a single key).
+    #[must_use]
+    pub fn watch(&mut self, range: &KeyRange) -> bool {
+        if self.watched.contains_key(range) || self.routes.table().join(range, self.id) {
+            *self.watched.entry(range.clone()).or_default() += 1;
+            return true;
         }
+        false
     }
 
     /// One watcher of this session no longer watches `range`.
@@ -367,10 +381,10 @@ mod tests {
     async fn a_session_gets_only_the_batches_that_change_its_keys() {
         let routes = Arc::new(WatchRoutes::default());
         let mut single = routes.open();
-        single.watch(&KeyRange::new(b"a", b""));
+        assert!(single.watch(&KeyRange::new(b"a", b"")));
         let mut ranged = routes.open();
-        ranged.watch(&KeyRange::new(b"b", b"c"));
-        ranged.watch(&KeyRange::new(b"x", b"\0"));
+        assert!(ranged.watch(&KeyRange::new(b"b", b"c")));
+        assert!(ranged.watch(&KeyRange::new(b"x", b"\0")));
         routes.route(&batch(2, &["a"]));
         routes.route(&batch(3, &["bb", "zz"]));
         routes.route(&batch(4, &["c", "ab"]));
@@ -393,15 +407,15 @@ mod tests {
         let routes = Arc::new(WatchRoutes::default());
         let mut inbox = routes.open();
         let range = KeyRange::new(b"k", b"");
-        inbox.watch(&range);
-        inbox.watch(&range);
+        assert!(inbox.watch(&range));
+        assert!(inbox.watch(&range));
         inbox.unwatch(&range);
         routes.route(&batch(2, &["k"]));
         assert_eq!(revisions(&inbox.take()), vec![2]);
         inbox.unwatch(&range);
         routes.route(&batch(3, &["k"]));
         assert_eq!(revisions(&inbox.take()), Vec::<Revision>::new());
-        inbox.watch(&KeyRange::new(b"a", b"b"));
+        assert!(inbox.watch(&KeyRange::new(b"a", b"b")));
         drop(inbox);
         let table = routes.table();
         assert!(table.keys.is_empty() && table.ranges.is_empty() && table.inboxes.is_empty());
@@ -416,12 +430,12 @@ mod tests {
         let routes = Arc::new(WatchRoutes::default());
         let prefix = KeyRange::with_prefix;
         let mut outer = routes.open();
-        outer.watch(&prefix(b"el/"));
+        assert!(outer.watch(&prefix(b"el/")));
         let mut inner = routes.open();
-        inner.watch(&prefix(b"el/a/"));
-        inner.watch(&KeyRange::new(b"y", b"\0"));
+        assert!(inner.watch(&prefix(b"el/a/")));
+        assert!(inner.watch(&KeyRange::new(b"y", b"\0")));
         let mut interval = routes.open();
-        interval.watch(&KeyRange::new(b"el/", b"el/b"));
+        assert!(interval.watch(&KeyRange::new(b"el/", b"el/b")));
         assert_eq!(routes.table().prefix_lengths, BTreeMap::from([(3, 1), (5, 1)]));
         assert_eq!(routes.table().ranges.len(), 2, "a range to the end and an interval that is no prefix");
         routes.route(&batch(2, &["el/a/1"]));
@@ -446,7 +460,7 @@ mod tests {
     async fn an_overflowing_inbox_says_from_where_it_lost_batches() {
         let routes = Arc::new(WatchRoutes::default());
         let mut inbox = routes.open();
-        inbox.watch(&KeyRange::new(b"k", b""));
+        assert!(inbox.watch(&KeyRange::new(b"k", b"")));
         routes.route(&batch(2, &["k"]));
         assert_eq!(revisions(&inbox.take()), vec![2]);
         routes.route(&batch(3, &["x"]));
@@ -482,5 +496,24 @@ mod tests {
         routes.route(&batch(6004, &["k"]));
         let taken = inbox.take();
         assert_eq!((revisions(&taken), taken.lost_after), (vec![6004], None));
+    }
+
+    /// Distinct ranges that are neither keys nor prefixes are capped per
+    /// member; a range already routed, a prefix and a key still are; one
+    /// freed makes room.
+    #[test]
+    fn distinct_ranges_are_capped() {
+        let routes = Arc::new(WatchRoutes::default());
+        let mut inbox = routes.open();
+        let interval = |i: usize| KeyRange::new(format!("r{i:05}").as_bytes(), format!("r{i:05}z").as_bytes());
+        for i in 0..MAX_DISTINCT_RANGES {
+            assert!(inbox.watch(&interval(i)));
+        }
+        let mut other = routes.open();
+        assert!(!other.watch(&interval(MAX_DISTINCT_RANGES)), "one over the cap");
+        assert!(other.watch(&interval(7)), "a range already routed");
+        assert!(other.watch(&KeyRange::with_prefix(b"p/")) && other.watch(&KeyRange::new(b"k", b"")));
+        inbox.unwatch(&interval(0));
+        assert!(other.watch(&interval(MAX_DISTINCT_RANGES)), "room once one is gone");
     }
 }

@@ -433,8 +433,11 @@ async fn metrics_and_health_endpoints_answer_as_etcds() {
 
 /// `raftlockctl snapshot restore` (etcdutl's flags) makes a new cluster from
 /// a file etcdctl saved: every member restored from it serves the saved keys,
-/// history, leases and users, under new member IDs; a damaged file and an
-/// existing data directory are refused.
+/// leases and users, under new member IDs; a damaged file and an existing
+/// data directory are refused. The revision jumps a billion past the
+/// backup's and is marked compacted, so that no fencing token (revision)
+/// goes backwards and old history reads as compacted; `--bump-revision 0`
+/// keeps the backup's revision and its history.
 #[tokio::test]
 async fn a_cluster_restored_from_a_saved_snapshot_serves_the_saved_data() {
     let source = Cluster::start(3).await;
@@ -456,16 +459,25 @@ async fn a_cluster_restored_from_a_saved_snapshot_serves_the_saved_data() {
     drop(source);
 
     let mut restored = Cluster::unstarted(3);
-    let restore = |i: usize, file: &std::path::Path, data_dir: &std::path::Path| {
+    let restore_with = |i: usize, file: &std::path::Path, data_dir: &std::path::Path, extra: &[&str]| {
         common::raftlockctl()
             .args(["snapshot", "restore", file.to_str().unwrap()])
             .args(["--name", &restored.members[i].name])
             .args(["--initial-cluster", restored.initial_cluster()])
             .args(["--initial-advertise-peer-urls", &restored.peer_url(i)])
             .args(["--data-dir", data_dir.to_str().unwrap()])
+            .args(extra)
             .output()
             .unwrap()
     };
+    let restore = |i: usize, file: &std::path::Path, data_dir: &std::path::Path| restore_with(i, file, data_dir, &[]);
+    // Without a bump, the backup's revision and history are kept.
+    let unbumped = dir.path().join("unbumped.raftlock");
+    let out = restore_with(0, &file, &unbumped, &["--bump-revision", "0"]);
+    assert!(common::text(&out).contains(&format!("Restored revision {saved_revision} ")), "{}", common::text(&out));
+    let out = restore_with(0, &file, &dir.path().join("refused"), &["--bump-revision", "0", "--mark-compacted"]);
+    assert!(!out.status.success() && common::text(&out).contains("--mark-compacted needs"), "{}", common::text(&out));
+    let bumped_revision = saved_revision + 1_000_000_000;
     // A damaged file is refused, and leaves nothing behind.
     let mut damaged = std::fs::read(&file).unwrap();
     damaged[100] ^= 1;
@@ -477,7 +489,11 @@ async fn a_cluster_restored_from_a_saved_snapshot_serves_the_saved_data() {
     for i in 0..3 {
         let out = restore(i, &file, &restored.members[i].data_dir);
         assert!(out.status.success(), "{}", common::text(&out));
-        assert!(common::text(&out).contains(&format!("Restored revision {saved_revision}")), "{}", common::text(&out));
+        assert!(
+            common::text(&out).contains(&format!("Restored revision {bumped_revision} ")),
+            "{}",
+            common::text(&out)
+        );
     }
     // An existing data directory is never overwritten.
     let out = restore(0, &file, &restored.members[0].data_dir);
@@ -488,8 +504,9 @@ async fn a_cluster_restored_from_a_saved_snapshot_serves_the_saved_data() {
         let mut c = restored.client(i).await;
         let all = c.get("saved/", Some(GetOptions::new().with_prefix().with_serializable())).await.unwrap();
         assert_eq!(all.kvs().len(), 52, "member {i}");
-        let old = c.get("saved/history", Some(GetOptions::new().with_revision(first))).await.unwrap();
-        assert_eq!(old.kvs()[0].value(), b"old", "history came along");
+        let old = c.get("saved/history", Some(GetOptions::new().with_revision(first))).await.unwrap_err();
+        assert!(old.to_string().contains("required revision has been compacted"), "{old}");
+        assert_eq!(all.kvs().iter().map(|kv| kv.mod_revision()).max(), Some(saved_revision), "kept as written");
     }
     let mut c = restored.client(2).await;
     let ttl = c.lease_time_to_live(lease, None).await.unwrap();
@@ -501,7 +518,7 @@ async fn a_cluster_restored_from_a_saved_snapshot_serves_the_saved_data() {
     assert!(users.contains("alice"), "{users}");
     // The new cluster takes writes, replicated to every member.
     let revision = c.put("saved/after", "1", None).await.unwrap().header().unwrap().revision();
-    assert!(revision > saved_revision);
+    assert_eq!(revision, bumped_revision + 1, "past every revision the old cluster could have handed out");
     restored.wait_for_keys(0, "saved/", 53).await;
 }
 

@@ -261,6 +261,20 @@ async fn peers_from_another_cluster_or_with_an_id_that_is_not_a_member_are_refus
     assert!(matches!(answer, Ok(Some(_))), "answered with its results: {answer:?}");
     assert_eq!(kv.get("rogue/untagged", None).await.unwrap().kvs()[0].value(), b"z");
 
+    // Only what a follower's clients' writes become is forwarded: a bare
+    // auth change (Command::Auth, variant 9: Disable, variant 1) — which a
+    // follower always wraps in its caller's AsUser — ends the stream, and
+    // nothing is applied.
+    let mut disable = vec![1u8];
+    disable.extend(8u64.to_le_bytes()); // the batch's ID
+    disable.extend(1u64.to_le_bytes()); // one command
+    disable.extend(9u32.to_le_bytes()); // Command::Auth
+    disable.extend(1u32.to_le_bytes()); // AuthCommand::Disable
+    disable.extend(500u64.to_le_bytes()); // the first tag
+    let status = forward_once(&mut peer, member, disable).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("does not forward an auth change without its caller"), "{status:?}");
+
     // Each refused sender is logged once, however often it retries.
     for _ in 0..20 {
         let _ = peer.vote(from(Some((cluster_id, 0x5eed)), vec![1])).await;

@@ -207,8 +207,9 @@ impl Auth for AuthService {
         &self,
         req: Request<pb::AuthenticateRequest>,
     ) -> Result<Response<pb::AuthenticateResponse>, Status> {
+        let from = req.remote_addr().map(|a| a.ip());
         let req = req.into_inner();
-        let (token, revision) = self.node.authenticate(req.name, req.password).await.map_err(error::write)?;
+        let (token, revision) = self.node.authenticate(req.name, req.password, from).await.map_err(error::write)?;
         Ok(Response::new(pb::AuthenticateResponse { header: header(&self.node, revision), token }))
     }
 

@@ -116,6 +116,7 @@ pub fn mvcc(e: MvccError) -> Status {
             "etcdserver: mvcc: range response is too large (the limit is {} bytes; read it in pages with a limit)",
             crate::mvcc::MAX_RANGE_RESPONSE_BYTES
         )),
+        MvccError::Malformed => Status::invalid_argument("etcdserver: invalid command"),
     }
 }
 

@@ -43,7 +43,7 @@ impl Kv for KvService {
         // committed before this read (a password change) no longer counts.
         let caller = credentials.caller(&self.node).await?;
         auth::check(&self.node, &caller, &req.key, &req.range_end, PermKind::Read)?;
-        let result = self.node.state().mvcc().range(&range).map_err(error::mvcc)?;
+        let result = range_in_steps(self.node.state(), range).await.map_err(error::mvcc)?;
         crate::metrics::metrics().ranges.inc();
         Ok(Response::new(range_response(&self.node, result)))
     }
@@ -145,6 +145,27 @@ fn check_delete(r: &pb::DeleteRangeRequest) -> Result<(), Status> {
 
 /// etcd's checkTxnRequest: op counts (nested txns get what the parent left),
 /// compare keys, then each op.
+/// Keys a range reads per step while it holds the store's lock.
+pub const RANGE_STEP_KEYS: usize = 1024;
+
+/// Read `req` from the applied state [`RANGE_STEP_KEYS`] keys at a time,
+/// letting go of the store between steps (`mvcc::RangeScan`): a range over
+/// millions of keys, or over history read back from disk, holds up apply
+/// for one step at a time, not for its whole length.
+pub(super) async fn range_in_steps(
+    state: &crate::applied::AppliedState,
+    req: crate::mvcc::RangeRequest,
+) -> Result<crate::mvcc::RangeResult, crate::mvcc::MvccError> {
+    let mut scan = crate::mvcc::RangeScan::new(&state.mvcc(), req)?;
+    loop {
+        state.mvcc().range_step(&mut scan, RANGE_STEP_KEYS)?;
+        if scan.finished() {
+            return scan.finish();
+        }
+        tokio::task::yield_now().await;
+    }
+}
+
 fn check_txn(r: &pb::TxnRequest, max_ops: usize) -> Result<(), Status> {
     let ops = r.compare.len().max(r.success.len()).max(r.failure.len());
     if ops > max_ops {

@@ -44,6 +44,8 @@ impl Lease for LeaseService {
         req: Request<pb::LeaseGrantRequest>,
     ) -> Result<Response<pb::LeaseGrantResponse>, Status> {
         let caller = auth::caller(&self.node, &req).await?;
+        // Refused before proposing; apply checks again (`auth::checks`).
+        self.node.state().auth().check_user(&caller).map_err(error::auth)?;
         let req = req.into_inner();
         if req.ttl > MAX_LEASE_TTL {
             return Err(error::too_large_ttl());

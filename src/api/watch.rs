@@ -249,6 +249,18 @@ impl Session {
             resp.cancel_reason = format!("rpc error: code = PermissionDenied desc = {}", denied.message());
             return self.send(resp).await;
         }
+        // Routed before history is read: nothing falls between the two.
+        if !self.inbox.watch(&range) {
+            let mut resp = self.response(-1, current);
+            resp.created = true;
+            resp.canceled = true;
+            resp.cancel_reason = format!(
+                "etcdserver: too many key ranges watched on this member (at most {}); watch a prefix or single \
+                 keys instead",
+                crate::watch_routes::MAX_DISTINCT_RANGES
+            );
+            return self.send(resp).await;
+        }
         let id = if c.watch_id != 0 {
             c.watch_id
         } else {
@@ -272,8 +284,6 @@ impl Session {
             progress_notify: c.progress_notify,
             fragment: c.fragment,
         };
-        // Routed before history is read: nothing falls between the two.
-        self.inbox.watch(&watcher.range);
         match &watcher.range {
             KeyRange::Single(key) => {
                 self.by_key.entry(key.clone()).or_default().insert(id);

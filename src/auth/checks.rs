@@ -8,7 +8,9 @@
 //!   above (inside a txn a put's `prev_kv` needs no READ, as in etcd; its
 //!   lease's keys do need WRITE, which etcd 3.5.1 forgets), nested txns
 //!   included.
-//! - LeaseRevoke: WRITE on every attached key. LeaseGrant: nothing.
+//! - LeaseRevoke: WRITE on every attached key. LeaseGrant: an authenticated
+//!   user (etcd asks for nothing; raftlock refuses anonymous grants, which
+//!   could fill the space quota for everyone).
 //! - Compact and every auth change: a `root` user (etcd's admin).
 //!
 //! Used by apply for `Command::AsUser` (against the store as it stands then)
@@ -46,7 +48,7 @@ pub fn check_command(
             Ok(())
         }
         UserCommand::Txn(txn) => check_txn(auth, caller, txn, leases),
-        UserCommand::LeaseGrant { .. } => Ok(()),
+        UserCommand::LeaseGrant { .. } => auth.check_user(caller),
         UserCommand::LeaseRevoke { id } => check_lease_keys(auth, caller, *id, leases),
         UserCommand::Compact { .. } => auth.check_admin(caller),
         UserCommand::Auth(a) if a.needs_admin() => auth.check_admin(caller),

@@ -418,6 +418,26 @@ impl AuthStore {
         Err(AuthError::PermissionDenied)
     }
 
+    /// Is `caller` a user at all (while auth is on): authenticated, at a
+    /// revision not older than the store's, and still there? What a request
+    /// that touches no key but takes room needs (LeaseGrant: anonymous
+    /// leases would fill the quota for everyone).
+    pub fn check_user(&self, caller: &Caller) -> Result<(), AuthError> {
+        if !self.enabled {
+            return Ok(());
+        }
+        if caller.revision == 0 || caller.user.is_empty() {
+            return Err(AuthError::UserEmpty);
+        }
+        if caller.revision < self.revision {
+            return Err(AuthError::OldRevision);
+        }
+        if !self.users.contains_key(&caller.user) {
+            return Err(AuthError::UserNotFound);
+        }
+        Ok(())
+    }
+
     /// May `caller` manage the cluster and auth (does it hold role `root`)?
     pub fn check_admin(&self, caller: &Caller) -> Result<(), AuthError> {
         if !self.enabled {

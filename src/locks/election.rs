@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use super::{enqueue_guarded, queue_prefix, wait_for_turn, Mode, Place, RecipeError};
-use crate::mvcc::{KeyRange, KeyValue, PutRequest, RequestOp, TxnRequest};
+use crate::mvcc::{CompareResult, CompareTarget, KeyRange, KeyValue, PutRequest, RequestOp, TxnRequest};
 use crate::server::Node;
 
 /// Who leads: the election's name, the leader's key, its create_revision and lease.
@@ -48,17 +48,52 @@ async fn while_leader(node: &Node, leader: &LeaderKey, op: RequestOp) -> Result<
 }
 
 /// Change the leader's value, if `leader` still leads.
+///
+/// The leader key comes from the client, so everything in it is checked
+/// against the store rather than trusted: the key must lie under the
+/// election's prefix and exist with create_revision `rev` (so `rev > 0`),
+/// and its lease must be the one it already has. Without the lease guard
+/// the put would attach the key to any lease the caller names — a victim's,
+/// whose keepalives and revokes auth would then refuse the victim (it lacks
+/// rights on the attached key). A key that fails any of these is
+/// `election: not leader`, as etcd answers a stale leader key.
 pub async fn proclaim(node: &Node, leader: &LeaderKey, value: &[u8]) -> Result<i64, RecipeError> {
-    let put = PutRequest { key: leader.key.clone(), value: value.to_vec(), lease: leader.lease, ..Default::default() };
-    match while_leader(node, leader, RequestOp::Put(put)).await? {
-        (revision, true) => Ok(revision),
-        (_, false) => Err(RecipeError::NotLeader),
+    if !is_candidate_key(leader) {
+        return Err(RecipeError::NotLeader);
     }
+    let put = PutRequest { key: leader.key.clone(), value: value.to_vec(), lease: leader.lease, ..Default::default() };
+    let txn = TxnRequest {
+        compare: vec![
+            super::create_revision_is(&leader.key, leader.rev),
+            super::compare(&leader.key, CompareTarget::Lease, CompareResult::Equal, leader.lease),
+        ],
+        success: vec![RequestOp::Put(put)],
+        failure: vec![],
+    };
+    let r = node.txn(txn, None).await?;
+    match r.succeeded {
+        true => Ok(r.revision),
+        false => Err(RecipeError::NotLeader),
+    }
+}
+
+/// Whether a client's leader key can name a campaign of its election at
+/// all: a key strictly under the election's prefix, created at a real
+/// revision. (That it still exists, with that revision and lease, is the
+/// txn's guard.)
+fn is_candidate_key(leader: &LeaderKey) -> bool {
+    let prefix = queue_prefix(&leader.name);
+    leader.rev > 0 && leader.key.len() > prefix.len() && leader.key.starts_with(&prefix)
 }
 
 /// Give up leadership (delete the leader's key), if `leader` still leads. A
 /// stale leader key resigns nothing and is not an error, as in etcd.
 pub async fn resign(node: &Node, leader: &LeaderKey) -> Result<i64, RecipeError> {
+    if !is_candidate_key(leader) {
+        // Nothing a campaign made: resigns nothing (etcd answers the header).
+        node.read_barrier().await?;
+        return Ok(node.revision());
+    }
     let del = crate::mvcc::DeleteRangeRequest { key: leader.key.clone(), range_end: vec![], prev_kv: false };
     Ok(while_leader(node, leader, RequestOp::DeleteRange(del)).await?.0)
 }

@@ -144,7 +144,7 @@ impl MvccStore {
 
     /// The histories of the keys of `range` from `resume` on (all of them
     /// when `None`), in key order.
-    fn histories_from<'a>(
+    pub(super) fn histories_from<'a>(
         &'a self,
         range: &'a KeyRange,
         resume: Option<&'a [u8]>,

@@ -41,6 +41,7 @@
 //! history is spilled, so a member's peak memory at start is the state's size.
 
 mod history;
+mod range;
 pub mod spill;
 mod txn;
 pub mod types;
@@ -51,6 +52,7 @@ use std::sync::Arc;
 
 use history::visible_from;
 pub use history::HistoryScan;
+pub use range::RangeScan;
 pub use spill::Spill;
 use spill::Spilled;
 pub use txn::LeaseView;
@@ -422,120 +424,79 @@ impl MvccStore {
         Ok((hash.finalize(), self.compact_revision))
     }
 
-    /// A read at the store's current revision (or `req.revision`).
-    /// Fails with [`MvccError::ResponseTooLarge`] past the response limit.
+    /// A read at the store's current revision (or `req.revision`), in one
+    /// step. Fails with [`MvccError::ResponseTooLarge`] past the response
+    /// limit. A reader that may meet a large range reads it in steps
+    /// instead ([`RangeScan`]), releasing the store between them.
     pub fn range(&self, req: &RangeRequest) -> Result<RangeResult, MvccError> {
-        self.range_at(req, self.revision, Some(self.response_limit))
+        let mut scan = RangeScan::new(self, req.clone())?;
+        self.range_step(&mut scan, usize::MAX)?;
+        scan.finish()
     }
 
     /// A read as seen by a write in progress whose view is at `current`
     /// (the store's revision, or one more once the write has changed something).
     /// A range in a txn is not bounded here (a txn must not fail halfway):
-    /// `check_path` weighed it before the txn started
-    /// ([`MvccStore::range_within_limit`]).
-    fn range_at(&self, req: &RangeRequest, current: Revision, bound: Option<usize>) -> Result<RangeResult, MvccError> {
-        if req.revision > current {
-            return Err(MvccError::FutureRevision);
+    /// `check_path` weighed the whole txn before it started
+    /// ([`MvccStore::range_weight_bound`]).
+    fn range_at(&self, req: &RangeRequest, current: Revision) -> Result<RangeResult, MvccError> {
+        let mut scan = RangeScan::at(self, req.clone(), current, None)?;
+        self.range_step(&mut scan, usize::MAX)?;
+        scan.finish()
+    }
+
+    /// An upper bound on what the key-values of `req` weigh in its response
+    /// ([`response_weight`]), judged on the store as it is now; `None` once
+    /// it passes `budget` (the scan stops there). Exact for a plain range in
+    /// key order (its first `limit` live keys); for a sorted or filtered one
+    /// it is the weight of the `limit` heaviest live keys it matches (all of
+    /// them without a limit), which no choice among them can exceed. Reads
+    /// only the index: no value is loaded.
+    pub(super) fn range_weight_bound(&self, req: &RangeRequest, budget: usize) -> Option<usize> {
+        if req.count_only {
+            return Some(0);
         }
-        let rev = if req.revision <= 0 { current } else { req.revision };
-        if rev < self.compact_revision {
-            return Err(MvccError::Compacted);
-        }
+        let rev = if req.revision <= 0 { self.revision } else { req.revision };
         let range = KeyRange::new(&req.key, &req.range_end);
+        let in_key_order = req.sort_order == SortOrder::None
+            || (req.sort_target == SortTarget::Key && req.sort_order == SortOrder::Ascend);
         let filtered = req.min_mod_revision != 0
             || req.max_mod_revision != 0
             || req.min_create_revision != 0
             || req.max_create_revision != 0;
-        // Sorting on anything but (key, ascending) needs every key first.
-        let order = match (req.sort_target, req.sort_order) {
-            (SortTarget::Key, SortOrder::Ascend) => SortOrder::None,
-            (t, SortOrder::None) if t != SortTarget::Key => SortOrder::Ascend,
-            (_, o) => o,
-        };
-        let fetch_limit = if req.limit > 0 && order == SortOrder::None && !filtered {
-            // One more than asked, so that `more` can be told.
-            Some(req.limit as usize + 1)
-        } else {
-            None
-        };
-
-        let mut count = 0i64;
-        let mut kvs = Vec::new();
-        self.visit_live(&range, rev, |kv| {
-            count += 1;
-            if !req.count_only && fetch_limit.is_none_or(|l| kvs.len() < l) {
-                kvs.push(kv);
-            }
+        let limit = usize::try_from(req.limit).ok().filter(|l| *l > 0);
+        let weights = self.histories(&range).filter_map(|(key, versions)| {
+            let value_len = visible_at(versions, rev).and_then(Version::value_len)?;
+            Some(response_weight(req, key, value_len))
         });
-        if req.count_only {
-            return Ok(RangeResult { kvs: Vec::new(), more: false, count, revision: current });
-        }
-
-        // Filter, sort and cut the shared key-values; copy only what is returned.
-        if filtered {
-            kvs.retain(|kv| {
-                !(req.max_mod_revision != 0 && kv.mod_revision > req.max_mod_revision
-                    || req.min_mod_revision != 0 && kv.mod_revision < req.min_mod_revision
-                    || req.max_create_revision != 0 && kv.create_revision > req.max_create_revision
-                    || req.min_create_revision != 0 && kv.create_revision < req.min_create_revision)
-            });
-        }
-        if order != SortOrder::None {
-            match req.sort_target {
-                SortTarget::Key => kvs.sort_by(|a, b| a.key.cmp(&b.key)),
-                SortTarget::Version => kvs.sort_by_key(|kv| kv.version),
-                SortTarget::Create => kvs.sort_by_key(|kv| kv.create_revision),
-                SortTarget::Mod => kvs.sort_by_key(|kv| kv.mod_revision),
-                SortTarget::Value => kvs.sort_by(|a, b| a.value.cmp(&b.value)),
-            }
-            if order == SortOrder::Descend {
-                kvs.reverse();
-            }
-        }
-        let mut more = false;
-        if req.limit > 0 && kvs.len() > req.limit as usize {
-            kvs.truncate(req.limit as usize);
-            more = true;
-        }
-        if bound.is_some_and(|bound| {
-            kvs.iter().map(|kv| response_weight(req, &kv.key, kv.value.len())).sum::<usize>() > bound
-        }) {
-            return Err(MvccError::ResponseTooLarge);
-        }
-        let kvs = kvs
-            .into_iter()
-            .map(|kv| match req.keys_only {
-                false => kv.as_ref().clone(),
-                true => KeyValue { key: kv.key.clone(), value: Vec::new(), ..*kv },
-            })
-            .collect();
-        Ok(RangeResult { kvs, more, count, revision: current })
-    }
-
-    /// Whether a range in a txn is within the response limit, judged on the
-    /// store as it is before the txn runs: the live keys it matches, the
-    /// first `limit` of them in key order. (A txn's own writes can add to
-    /// its ranges at most what its request carries.)
-    pub(super) fn range_within_limit(&self, req: &RangeRequest) -> bool {
-        if req.count_only {
-            return true;
-        }
-        let rev = if req.revision <= 0 { self.revision } else { req.revision };
-        let range = KeyRange::new(&req.key, &req.range_end);
-        let (mut weight, mut seen) = (0usize, 0i64);
-        for (key, versions) in self.histories(&range) {
-            if req.limit > 0 && seen >= req.limit {
-                break;
-            }
-            if let Some(value_len) = visible_at(versions, rev).and_then(Version::value_len) {
-                seen += 1;
-                weight += response_weight(req, key, value_len);
-                if weight > self.response_limit {
-                    return false;
+        match limit {
+            Some(limit) if !in_key_order || filtered => {
+                // The heaviest `limit` seen so far; their sum only grows.
+                let mut heaviest = std::collections::BinaryHeap::new();
+                let mut sum = 0usize;
+                for w in weights {
+                    heaviest.push(std::cmp::Reverse(w));
+                    sum += w;
+                    if heaviest.len() > limit {
+                        sum -= heaviest.pop().expect("more than limit").0;
+                    }
+                    if sum > budget {
+                        return None;
+                    }
                 }
+                Some(sum)
+            }
+            _ => {
+                let mut sum = 0usize;
+                for w in weights.take(limit.unwrap_or(usize::MAX)) {
+                    sum += w;
+                    if sum > budget {
+                        return None;
+                    }
+                }
+                Some(sum)
             }
         }
-        true
     }
 
     /// Calls `f` for every key in `range` that has a live value at `rev`, in key order.

@@ -13,6 +13,9 @@
 //! 2. every request on that path is checked (lease exists, `ignore_*` keys exist,
 //!    read revisions are neither compacted nor in the future), also against the
 //!    state before the txn — a failing check fails the whole txn unchanged;
+//!    so does an answer that could weigh more than the response limit, counted
+//!    over all the txn's ranges together (`ResponseBudget`): apply is bounded,
+//!    and decides this the same way on every member;
 //! 3. the requests run in order, each seeing the changes of those before it.
 
 use std::borrow::Cow;
@@ -36,6 +39,64 @@ impl LeaseView for () {
 pub(super) struct TxnPath {
     pub(super) succeeded: bool,
     nested: Vec<TxnPath>,
+}
+
+/// What is left of a txn's response limit while its path is checked: the
+/// key-values of all its ranges (and of its deletions' `prev_kv`) together
+/// must weigh no more than one range may ([`MAX_RANGE_RESPONSE_BYTES`]).
+/// Without it a txn of 128 ranges, each within the limit, answered 128
+/// times as much — enough to exhaust a member's memory in apply, on every
+/// member and again at every restart, since the entry is committed.
+///
+/// Each op is weighed on the store as it is before the txn
+/// ([`MvccStore::range_weight_bound`]), plus everything the txn's puts on
+/// the chosen path could add inside its range: an upper bound on what the
+/// op can answer once the ops before it have run, so the check is decided
+/// before anything changes and is the same on every member.
+struct ResponseBudget<'t> {
+    left: usize,
+    /// The puts on the chosen path (any depth).
+    puts: Vec<&'t PutRequest>,
+}
+
+impl ResponseBudget<'_> {
+    fn spend_range(&mut self, store: &MvccStore, r: &RangeRequest) -> Result<(), MvccError> {
+        if r.count_only {
+            return Ok(());
+        }
+        let range = KeyRange::new(&r.key, &r.range_end);
+        let added: usize = self
+            .puts
+            .iter()
+            .filter(|p| range.contains(&p.key))
+            .map(|p| response_weight(r, &p.key, p.value.len()))
+            .sum();
+        let budget = self.left.checked_sub(added).ok_or(MvccError::ResponseTooLarge)?;
+        let weight = store.range_weight_bound(r, budget).ok_or(MvccError::ResponseTooLarge)?;
+        self.left = budget - weight;
+        Ok(())
+    }
+
+    fn spend_delete(&mut self, store: &MvccStore, d: &DeleteRangeRequest) -> Result<(), MvccError> {
+        if !d.prev_kv {
+            return Ok(());
+        }
+        let as_range = RangeRequest { key: d.key.clone(), range_end: d.range_end.clone(), ..Default::default() };
+        self.spend_range(store, &as_range)
+    }
+}
+
+/// The puts on a txn's chosen path, at any depth.
+fn collect_puts<'t>(req: &'t TxnRequest, path: &TxnPath, out: &mut Vec<&'t PutRequest>) {
+    let ops = if path.succeeded { &req.success } else { &req.failure };
+    let mut nested = path.nested.iter();
+    for op in ops {
+        match op {
+            RequestOp::Put(p) => out.push(p),
+            RequestOp::Txn(t) => collect_puts(t, nested.next().expect("path per txn"), out),
+            RequestOp::Range(_) | RequestOp::DeleteRange(_) => {}
+        }
+    }
 }
 
 /// A write in progress (see the module doc).
@@ -103,7 +164,7 @@ impl WriteTxn<'_> {
     }
 
     fn range(&self, req: &RangeRequest) -> Result<RangeResult, MvccError> {
-        self.store.range_at(req, self.read_revision(), None)
+        self.store.range_at(req, self.read_revision())
     }
 
     fn txn(&mut self, req: &TxnRequest, path: &TxnPath) -> TxnResult {
@@ -179,6 +240,28 @@ impl MvccStore {
         Ok((result, changes))
     }
 
+    /// Whether `req`'s response, as it would run on the store now, is within
+    /// the response limit ([`ResponseBudget`]): what a member checks before
+    /// proposing a txn, so that one bound to be refused costs no log entry.
+    /// Apply checks again against the state the txn meets there.
+    pub fn check_txn_response(&self, req: &TxnRequest) -> Result<(), MvccError> {
+        self.check_response(req, &self.choose_path(req))
+    }
+
+    fn spend_path(&self, req: &TxnRequest, path: &TxnPath, budget: &mut ResponseBudget<'_>) -> Result<(), MvccError> {
+        let ops = if path.succeeded { &req.success } else { &req.failure };
+        let mut nested = path.nested.iter();
+        for op in ops {
+            match op {
+                RequestOp::Range(r) => budget.spend_range(self, r)?,
+                RequestOp::DeleteRange(d) => budget.spend_delete(self, d)?,
+                RequestOp::Put(_) => {}
+                RequestOp::Txn(t) => self.spend_path(t, nested.next().expect("path per txn"), budget)?,
+            }
+        }
+        Ok(())
+    }
+
     /// A txn with no write in it (see [`TxnRequest::is_read_only`]), evaluated
     /// without changing the store: what a read-only txn served locally needs.
     pub fn read_txn(&self, req: &TxnRequest) -> Result<TxnResult, MvccError> {
@@ -197,7 +280,7 @@ impl MvccStore {
             .iter()
             .map(|op| match op {
                 RequestOp::Range(r) => {
-                    ResponseOp::Range(self.range_at(r, self.revision, None).expect("txn range was checked"))
+                    ResponseOp::Range(self.range_at(r, self.revision).expect("txn range was checked"))
                 }
                 RequestOp::Txn(t) => ResponseOp::Txn(self.read_path(t, nested.next().expect("path per txn"))),
                 RequestOp::Put(_) | RequestOp::DeleteRange(_) => unreachable!("checked read-only"),
@@ -219,7 +302,15 @@ impl MvccStore {
         TxnPath { succeeded, nested }
     }
 
+    /// Checks every request on the chosen path against the store before
+    /// the txn (see the module doc), then the whole txn's response against
+    /// the response limit.
     fn check_path(&self, req: &TxnRequest, path: &TxnPath, leases: &dyn LeaseView) -> Result<(), MvccError> {
+        self.check_requests(req, path, leases)?;
+        self.check_response(req, path)
+    }
+
+    fn check_requests(&self, req: &TxnRequest, path: &TxnPath, leases: &dyn LeaseView) -> Result<(), MvccError> {
         let ops = if path.succeeded { &req.success } else { &req.failure };
         let mut nested = path.nested.iter();
         for op in ops {
@@ -227,10 +318,19 @@ impl MvccStore {
                 RequestOp::Range(r) => self.check_range(r)?,
                 RequestOp::Put(p) => self.check_put(p, leases)?,
                 RequestOp::DeleteRange(_) => {}
-                RequestOp::Txn(t) => self.check_path(t, nested.next().expect("path per txn"), leases)?,
+                RequestOp::Txn(t) => self.check_requests(t, nested.next().expect("path per txn"), leases)?,
             }
         }
         Ok(())
+    }
+
+    /// Whether what the txn answers on `path` fits the response limit
+    /// ([`ResponseBudget`]).
+    fn check_response(&self, req: &TxnRequest, path: &TxnPath) -> Result<(), MvccError> {
+        let mut puts = Vec::new();
+        collect_puts(req, path, &mut puts);
+        let mut budget = ResponseBudget { left: self.response_limit, puts };
+        self.spend_path(req, path, &mut budget)
     }
 
     fn check_range(&self, req: &RangeRequest) -> Result<(), MvccError> {
@@ -239,9 +339,6 @@ impl MvccStore {
         }
         if req.revision > 0 && req.revision < self.compact_revision {
             return Err(MvccError::Compacted);
-        }
-        if !self.range_within_limit(req) {
-            return Err(MvccError::ResponseTooLarge);
         }
         Ok(())
     }

@@ -345,6 +345,12 @@ pub enum MvccError {
     /// [`MAX_RANGE_RESPONSE_BYTES`](super::MAX_RANGE_RESPONSE_BYTES).
     #[error("mvcc: range response is too large")]
     ResponseTooLarge,
+    /// A command no proposer of this code makes (a batch inside a batch, a
+    /// forwarded batch): only a hostile or broken peer can put one in the
+    /// log. Apply answers it with this instead of running it, on every
+    /// member alike.
+    #[error("invalid command")]
+    Malformed,
 }
 
 /// One change made by a write, in (main, sub) revision order: what the state

@@ -333,6 +333,15 @@ pub async fn bootstrap(raft: &Raft, members: std::collections::BTreeMap<u64, Mem
     }
 }
 
+/// How a restore moves the backup's revision (see `crate::restore`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RevisionBump {
+    /// Added to the backup's revision.
+    pub by: crate::mvcc::Revision,
+    /// The new revision is also the compaction revision.
+    pub mark_compacted: bool,
+}
+
 /// Make a new member's data directory `data_dir` (state store and empty
 /// WAL) hold a backup `image` as applied at the start of a new cluster of
 /// `members` (see `crate::restore`); returns the image's revision.
@@ -341,15 +350,16 @@ pub async fn restore_member(
     image: &[u8],
     members: std::collections::BTreeMap<u64, MemberNode>,
     id: u64,
+    bump: RevisionBump,
 ) -> anyhow::Result<crate::mvcc::Revision> {
     use anyhow::Context;
-    std::fs::create_dir_all(data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
+    crate::storage::data_dir::prepare(data_dir)?;
     let db = crate::storage::StateStore::open(&data_dir.join("state"), &data_dir.join("images"))
         .context("creating the state store")?;
     // One position for every restored member: index 1, before any term
     // (as openraft's own bootstrap entry is), so any leader's term is later.
     let applied = LogId::new(openraft::CommittedLeaderId::new(0, 0), 1);
-    let revision = state_machine::restore_backup(db.clone(), image, applied, members)?;
+    let revision = state_machine::restore_backup(db.clone(), image, applied, members, bump)?;
     db.sync().context("syncing the state store")?;
     let log = log_store::LogStore::open(&data_dir.join("wal"), crate::storage::wal::DEFAULT_SEGMENT_BYTES, db, id)
         .context("creating the WAL")?;

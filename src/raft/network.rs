@@ -175,6 +175,17 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         if let Some(committed) = rpc.leader_commit {
             self.durable_log.wait_for(committed.index).await.map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         }
+        // A request alone may carry many entries (openraft's own batch): one
+        // over the peers' message limit would be refused by the follower
+        // every time, so openraft is told to send fewer, down to one (which
+        // always fits: an entry is one proposal batch).
+        if rpc.entries.len() > 1 {
+            let size = bincode::serialized_size(&rpc).unwrap_or(u64::MAX);
+            if size > crate::raft::peer::server::MAX_PEER_MESSAGE_BYTES as u64 / 2 {
+                let hint = (rpc.entries.len() / 2).max(1) as u64;
+                return Err(RPCError::PayloadTooLarge(openraft::error::PayloadTooLarge::new_entries_hint(hint)));
+            }
+        }
         let has_entries = !rpc.entries.is_empty();
         let answer = self.call(RaftRpc::AppendEntries, &rpc, &option).await;
         if answer.is_ok() {

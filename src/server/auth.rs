@@ -3,11 +3,13 @@
 //! simple tokens, or signs one for JWT).
 //!
 //! bcrypt is slow on purpose (tens of milliseconds at the default cost): it
-//! runs on tokio's blocking pool, never on the runtime's workers, and only
-//! after the caller was found allowed to ask.
+//! runs on tokio's blocking pool, never on the runtime's workers, in one of
+//! a few slots, and not at all for a name or address locked out after
+//! failing too often (`server::passwords`).
 
+use super::passwords::Refused;
 use super::{Node, ServerError, WriteError};
-use crate::auth::{self, AuthCommand, AuthError, Caller, Tokens};
+use crate::auth::{AuthCommand, AuthError, Caller, Tokens};
 use crate::mvcc::Revision;
 
 /// How often an authentication is tried again when users or roles changed
@@ -41,7 +43,14 @@ impl Node {
 
     /// Check `name`'s password and hand out a token; returns the token and
     /// the store's revision.
-    pub async fn authenticate(&self, name: String, password: String) -> Result<(String, Revision), WriteError> {
+    /// `from` is the client's address, if known (failures are counted per
+    /// address too).
+    pub async fn authenticate(
+        &self,
+        name: String,
+        password: String,
+        from: Option<std::net::IpAddr>,
+    ) -> Result<(String, Revision), WriteError> {
         for attempt in 1..=AUTHENTICATE_ATTEMPTS {
             self.read_barrier().await?;
             let (hash, checked) = {
@@ -52,9 +61,7 @@ impl Node {
                 let user = auth.users.get(&name).ok_or(AuthError::AuthFailed)?;
                 (user.password.clone().ok_or(AuthError::NoPasswordUser)?, auth.revision)
             };
-            let given = password.clone();
-            let matches =
-                tokio::task::spawn_blocking(move || auth::password_matches(&given, &hash)).await.unwrap_or(false);
+            let matches = self.passwords.check(&name, from, password.clone(), hash).await.map_err(refused)?;
             if !matches {
                 return Err(AuthError::AuthFailed.into());
             }
@@ -78,14 +85,20 @@ impl Node {
 
     /// A bcrypt hash of `password` at `--bcrypt-cost`.
     pub async fn hash_password(&self, password: String) -> Result<String, WriteError> {
-        let cost = self.bcrypt_cost;
-        match tokio::task::spawn_blocking(move || auth::hash_password(&password, cost)).await {
-            Ok(Ok(hash)) => Ok(hash),
-            Ok(Err(e)) => {
+        match self.passwords.hash(password).await.map_err(refused)? {
+            Ok(hash) => Ok(hash),
+            Err(e) => {
                 tracing::error!(error = %e, "hashing a password");
                 Err(ServerError::Stopped.into())
             }
-            Err(_) => Err(ServerError::Stopped.into()),
         }
+    }
+}
+
+/// A password check that did not run, as the client is told.
+fn refused(r: Refused) -> WriteError {
+    match r {
+        Refused::TooManyRequests => ServerError::TooManyRequests.into(),
+        Refused::Stopped => ServerError::Stopped.into(),
     }
 }

@@ -38,6 +38,7 @@ pub mod lease_keeper;
 mod leases;
 pub mod listen;
 mod members;
+pub mod passwords;
 mod read;
 mod route;
 mod write;
@@ -190,8 +191,8 @@ pub struct Node {
     /// return by a sample): one task decides it (`watch_for_a_leader`) for
     /// every stream that requires a leader.
     leaderless: tokio::sync::watch::Sender<bool>,
-    /// `--bcrypt-cost` for the passwords this member hashes.
-    bcrypt_cost: u32,
+    /// bcrypt's slots, lockouts and `--bcrypt-cost` (`passwords`).
+    passwords: passwords::PasswordGate,
     /// `--client-cert-auth`: a verified client certificate names the user.
     client_cert_auth: bool,
     shutdown: Shutdown,
@@ -215,7 +216,7 @@ impl Node {
             members::refuse_if_bootstrapped(&peers, id, &config.name, &members, &data_dir).await?;
         }
         disk::wait_for_space(&data_dir, config.disk_space_reserve_bytes / 2).await;
-        std::fs::create_dir_all(&data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
+        crate::storage::data_dir::prepare(&data_dir)?;
 
         let state_store =
             StateStore::open(&data_dir.join("state"), &data_dir.join("images")).context("opening the state store")?;
@@ -305,7 +306,7 @@ impl Node {
                 election_timeout: config.election_timeout(),
                 elections,
                 leaderless: tokio::sync::watch::Sender::new(false),
-                bcrypt_cost: config.bcrypt_cost,
+                passwords: passwords::PasswordGate::per_core(config.bcrypt_cost),
                 client_cert_auth: config.client_cert_auth,
                 shutdown,
             }

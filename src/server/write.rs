@@ -80,6 +80,8 @@ impl Node {
 
     pub async fn txn(&self, req: TxnRequest, by: OnBehalf<'_>) -> Result<TxnResult, WriteError> {
         self.check_quota(req.quota_cost()).await?;
+        // Refused here, a txn whose answer is over the limit costs no entry.
+        self.state.mvcc().check_txn_response(&req)?;
         match self.write(as_user(by, UserCommand::Txn(req))).await? {
             CommandResult::Txn(r) => Ok(r),
             other => Err(rejected("txn", other)),

@@ -43,6 +43,7 @@
 //! (`large`); they are still read, and removed by the first batch that
 //! deletes their key.
 
+pub mod data_dir;
 pub mod framing;
 pub mod wal;
 

@@ -230,6 +230,17 @@ pub(crate) struct RestoreArgs {
     /// Restore even if the file's SHA-256 trailer does not match.
     #[arg(long)]
     pub skip_hash_check: bool,
+    /// How far the revision jumps past the backup's, so that no fencing
+    /// token (a revision) the old cluster handed out after the backup is
+    /// handed out again. 0 keeps the backup's revision.
+    #[arg(long, default_value_t = raftlock::restore::DEFAULT_BUMP_REVISION)]
+    pub bump_revision: u64,
+    /// Mark the jumped-to revision compacted, so that reads and watches from
+    /// older revisions are refused rather than miss the old cluster's later
+    /// writes. On whenever --bump-revision is above 0 (the flag is accepted
+    /// as etcdutl's; with --bump-revision 0 it is an error).
+    #[arg(long)]
+    pub mark_compacted: bool,
 }
 
 #[derive(Subcommand)]

@@ -245,6 +245,8 @@ pub(crate) async fn snapshot_restore(args: &crate::cli::RestoreArgs, format: cra
         initial_advertise_peer_urls: args.initial_advertise_peer_urls.clone(),
         data_dir: args.data_dir.clone(),
         skip_hash_check: args.skip_hash_check,
+        bump_revision: args.bump_revision,
+        mark_compacted: args.mark_compacted || args.bump_revision > 0,
     };
     let r = raftlock::restore::restore(&opts).await?;
     match format {

@@ -101,7 +101,7 @@ impl PeerService {
 /// The largest peer message accepted or sent: far above any AppendEntries
 /// batch or snapshot chunk a member sends, and a bound on what a peer can
 /// make this member buffer.
-pub const MAX_PEER_MESSAGE_BYTES: usize = 1 << 30;
+pub const MAX_PEER_MESSAGE_BYTES: usize = 16 << 20;
 
 fn payload<T: for<'de> Deserialize<'de>>(req: Request<RaftPayload>) -> Result<T, Status> {
     decoded(&req.into_inner())
@@ -363,10 +363,32 @@ async fn forwarded_batch(
             ReadBatch { id, commands, first_tag: None }
         }
     };
-    if batch.commands.iter().any(|c| matches!(c, Command::Batch(_) | Command::Forwarded { .. })) {
-        return Err(Status::invalid_argument("peer: a forwarded command cannot be a batch or a forwarded write"));
+    if let Some(refused) = batch.commands.iter().find(|c| !forwardable(c)) {
+        return Err(Status::invalid_argument(format!("peer: a follower does not forward {}", refused.kind_name())));
     }
     Ok(batch)
+}
+
+/// Whether a follower ever forwards `command`: what its clients' writes
+/// become (`server::write`), and nothing else. Refused: batches and
+/// forwarded writes (a forwarded write is one command), an auth change
+/// not wrapped in its caller's `AsUser` (followers always wrap them, so
+/// that apply checks the caller: a bare one is an auth change nobody was
+/// checked for), and lease expiries (only a leader decides them, and
+/// proposes them itself).
+fn forwardable(command: &Command) -> bool {
+    match command {
+        Command::Put(_)
+        | Command::DeleteRange(_)
+        | Command::Txn(_)
+        | Command::Compact { .. }
+        | Command::PublishMember { .. }
+        | Command::LeaseGrant { .. }
+        | Command::LeaseRevoke { .. }
+        | Command::AsUser { .. }
+        | Command::Alarm { .. } => true,
+        Command::Batch(_) | Command::Forwarded { .. } | Command::Auth(_) | Command::LeaseExpire { .. } => false,
+    }
 }
 
 /// Run a forwarded batch from member `sender` through this member's

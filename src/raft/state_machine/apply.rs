@@ -49,21 +49,23 @@ impl<'a> Apply<'a> {
             // commands are copied here, as apply moves their keys and values
             // into the store.
             let cmds = Arc::unwrap_or_clone(shared);
+            // Batches are never nested: a nested one is refused whole,
+            // never run (see `malformed`).
             return CommandResult::Batch(
                 cmds.into_iter()
-                    .map(|c| {
-                        assert!(!matches!(c, Command::Batch(_)), "batches are never nested");
-                        self.command(c, term, is_member)
+                    .map(|c| match c {
+                        Command::Batch(_) => self.malformed(),
+                        c => self.command(c, term, is_member),
                     })
                     .collect(),
             );
         }
         if let Command::Forwarded { origin, tag, command } = cmd {
-            assert!(
-                !matches!(*command, Command::Batch(_) | Command::Forwarded { .. }),
-                "a forwarded write is one command"
-            );
-            let result = self.command(*command, term, is_member);
+            // A forwarded write is one command.
+            let result = match *command {
+                Command::Batch(_) | Command::Forwarded { .. } => self.malformed(),
+                command => self.command(command, term, is_member),
+            };
             // Its own member answers it; the leader only needs to know that
             // it was applied (`raft::peer::server`).
             if self.me == Some(origin) {
@@ -194,6 +196,14 @@ impl<'a> Apply<'a> {
         }
     }
 
+    /// The answer to a command this code never proposes (it can reach the
+    /// log only from a hostile or broken peer): nothing runs, and every
+    /// member answers the same. Apply must be total: a panic here would
+    /// stop every member at the same entry, and again at every restart.
+    fn malformed(&self) -> CommandResult {
+        CommandResult::Rejected { error: MvccError::Malformed, revision: self.state.mvcc().revision() }
+    }
+
     /// An auth change: the store changes (and is journaled whole: it is
     /// small), and this member's tokens follow.
     fn auth(&mut self, cmd: AuthCommand) -> CommandResult {
@@ -286,6 +296,24 @@ mod tests {
         assert_eq!(on_origin.command(forwarded(), 1, &everyone), CommandResult::Empty);
         assert!(matches!(&on_origin.answered[..], [(40, CommandResult::Put(p))] if p.revision == 2));
         assert_eq!(origin.mvcc().revision(), 2, "applied there too");
+    }
+
+    /// Commands no proposer makes (a batch in a batch, a forwarded batch)
+    /// are refused, not run and not a panic: apply is total.
+    #[test]
+    fn malformed_commands_are_refused_not_run() {
+        let state = AppliedState::default();
+        let mut apply = Apply::new(&state, Some(1));
+        let put = || Command::Put(PutRequest { key: "k".into(), value: "v".into(), ..Default::default() });
+        let nested = Command::Batch(Arc::new(vec![Command::Batch(Arc::new(vec![put()])), put()]));
+        let CommandResult::Batch(results) = apply.command(nested, 1, &everyone) else { panic!("a batch result") };
+        assert_eq!(results[0], CommandResult::Rejected { error: MvccError::Malformed, revision: 1 });
+        assert!(matches!(results[1], CommandResult::Put(_)), "the batch's good command still ran");
+        let forwarded_batch =
+            Command::Forwarded { origin: 2, tag: 1, command: Box::new(Command::Batch(Arc::new(vec![put()]))) };
+        let result = apply.command(forwarded_batch, 1, &everyone);
+        assert_eq!(result, CommandResult::Rejected { error: MvccError::Malformed, revision: 2 });
+        assert_eq!(state.mvcc().revision(), 2, "only the good put was applied");
     }
 
     /// A member's publish that commits after its removal changes nothing; a

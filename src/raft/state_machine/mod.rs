@@ -454,15 +454,24 @@ pub fn restore_backup(
     image: &[u8],
     applied: LogId,
     members: std::collections::BTreeMap<u64, MemberNode>,
+    bump: crate::raft::RevisionBump,
 ) -> anyhow::Result<crate::mvcc::Revision> {
     let mut image = SnapshotImage::decode(image).map_err(|e| anyhow::anyhow!("decoding the snapshot: {e}"))?;
     image.members.clear();
     image.alarms = Default::default();
-    let revision = image.revision;
+    let revision =
+        image.revision.checked_add(bump.by).ok_or_else(|| anyhow::anyhow!("the bumped revision overflows"))?;
+    image.revision = revision;
     let state = Arc::new(AppliedState::default());
     let mut sm = StateMachine::open(db, state.clone())?;
     anyhow::ensure!(sm.position.last_applied.is_none(), "the state store is not empty");
     image.install(&state);
+    if bump.mark_compacted && bump.by > 0 {
+        // History before the jump is unreadable: a watch or read from an
+        // old revision learns it was compacted. (Its versions are swept at
+        // the restored cluster's first compaction.)
+        state.mvcc_mut().compact(revision).map_err(|e| anyhow::anyhow!("marking {revision} compacted: {e}"))?;
+    }
     let voters = members.keys().copied().collect::<std::collections::BTreeSet<u64>>();
     let membership = openraft::Membership::new(vec![voters], members);
     sm.position =
