@@ -62,6 +62,8 @@ pub struct Cluster {
     binary: PathBuf,
     initial_cluster: String,
     clocks: Option<Clocks>,
+    /// Each member's address-space ceiling (`ulimit -v`), if any.
+    memory_limit: Option<u64>,
 }
 
 /// Wall clocks the cluster can move (see the module doc): libfaketime's
@@ -112,6 +114,23 @@ impl Cluster {
     /// Start `n` members with data and logs under `dir`; with `clocks`,
     /// under libfaketime, their wall clocks true until moved.
     pub fn start(binary: &Path, dir: &Path, n: usize, clocks: Option<Clocks>) -> anyhow::Result<Cluster> {
+        Cluster::start_with(binary, dir, n, clocks, None)
+    }
+
+    /// [`Cluster::start`], each member (and each restart of it) under an
+    /// address-space ceiling of `memory_limit` bytes, as `ulimit -v` sets
+    /// it: an allocation past it fails in the member, which aborts.
+    pub fn start_limited(binary: &Path, dir: &Path, n: usize, memory_limit: u64) -> anyhow::Result<Cluster> {
+        Cluster::start_with(binary, dir, n, None, Some(memory_limit))
+    }
+
+    fn start_with(
+        binary: &Path,
+        dir: &Path,
+        n: usize,
+        clocks: Option<Clocks>,
+        memory_limit: Option<u64>,
+    ) -> anyhow::Result<Cluster> {
         let members: Vec<Member> = (0..n)
             .map(|i| Member {
                 name: format!("m{i}"),
@@ -130,7 +149,7 @@ impl Cluster {
                 clocks.set(i, 0)?;
             }
         }
-        let mut cluster = Cluster { members, binary: binary.to_path_buf(), initial_cluster, clocks };
+        let mut cluster = Cluster { members, binary: binary.to_path_buf(), initial_cluster, clocks, memory_limit };
         for i in 0..n {
             cluster.spawn(i)?;
         }
@@ -147,6 +166,20 @@ impl Cluster {
                 .env("FAKETIME_TIMESTAMP_FILE", clocks.file(i))
                 .env("FAKETIME_CACHE_DURATION", "1")
                 .env("DONT_FAKE_MONOTONIC", "1");
+        }
+        if let Some(limit) = self.memory_limit {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: setrlimit is async-signal-safe, and nothing else runs
+            // between fork and exec.
+            unsafe {
+                command.pre_exec(move || {
+                    let rlimit = libc::rlimit { rlim_cur: limit, rlim_max: limit };
+                    if libc::setrlimit(libc::RLIMIT_AS, &rlimit) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                })
+            };
         }
         let child = command
             .args(["--name", &m.name])
@@ -185,6 +218,17 @@ impl Cluster {
             let _ = child.wait();
         }
         m.paused = false;
+    }
+
+    /// Member `i`'s process ID, while it runs.
+    pub fn pid(&self, i: usize) -> Option<u32> {
+        self.members[i].child.as_ref().map(Child::id)
+    }
+
+    /// Whether member `i` was started and has exited since (by itself: a
+    /// crash, an abort, or a refusal to start).
+    pub fn has_exited(&mut self, i: usize) -> bool {
+        matches!(self.members[i].child.as_mut().map(|c| c.try_wait()), Some(Ok(Some(_))))
     }
 
     /// Start a killed member again with its data.

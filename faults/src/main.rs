@@ -5,10 +5,13 @@
 //! ```text
 //!   raftlock-faults [--minutes M] [--nemesis a,b] [--members 3|5] [--seed S]
 //!   raftlock-faults --elections
+//!   raftlock-faults --hostile [--attack a,b]
 //! ```
 //!
 //! `--elections` runs the election checks of `elections` instead (pre-vote
-//! and check-quorum under partitions).
+//! and check-quorum under partitions); `--hostile` the hostile-client suite
+//! (`hostile`: attacks on a cluster under a memory ceiling, each followed by
+//! checks that every member still serves).
 //!
 //! Prints one row per nemesis — operations, faults injected, anomalies
 //! (must be 0), histories the linearizability checker could not decide —
@@ -22,6 +25,7 @@
 
 mod cluster;
 mod elections;
+mod hostile;
 mod nemesis;
 mod net;
 mod workload;
@@ -73,6 +77,12 @@ struct Args {
     /// Run the election checks (pre-vote, check-quorum) instead of nemeses.
     #[arg(long)]
     elections: bool,
+    /// Run the hostile-client suite instead of nemeses.
+    #[arg(long)]
+    hostile: bool,
+    /// With --hostile: the attacks to run, comma-separated (default: all).
+    #[arg(long, value_delimiter = ',')]
+    attack: Vec<String>,
 }
 
 /// The linearizability checker's budget of search steps per key.
@@ -116,6 +126,23 @@ async fn main() -> anyhow::Result<()> {
         println!("raftlock election checks: 3 members, data under {}", dir.display());
         elections::run(&binary, &dir).await?;
         let _ = std::fs::remove_dir_all(&run_dir);
+        return Ok(());
+    }
+    if args.hostile {
+        let dir = run_dir.join("hostile");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        println!("raftlock hostile-client suite: 3 members under ulimit -v, data under {}", dir.display());
+        let rows = hostile::run(&binary, &dir, &args.attack).await?;
+        let failed: Vec<&str> = rows.iter().filter(|r| r.outcome.is_err()).map(|r| r.attack).collect();
+        println!("{} passed, {} failed", rows.len() - failed.len(), failed.len());
+        if !failed.is_empty() {
+            println!("  data and logs kept in {}", dir.display());
+            anyhow::bail!("hostile suite: {} failed", failed.join(", "));
+        }
+        if !args.keep {
+            let _ = std::fs::remove_dir_all(&run_dir);
+        }
         return Ok(());
     }
     println!(

@@ -97,7 +97,10 @@ impl PasswordGate {
         if who.iter().flatten().any(|w| self.locked_out(w)) {
             return Err(Refused::TooManyRequests);
         }
-        let matches = self.run(move || crate::auth::password_matches(&password, &hash)).await?;
+        // Looked at again once a slot is had: checks queued behind a slot
+        // while the failures that lock them out were counted run no bcrypt.
+        let locked = || who.iter().flatten().any(|w| self.locked_out(w));
+        let matches = self.run(move || crate::auth::password_matches(&password, &hash), locked).await?;
         for w in who.into_iter().flatten() {
             self.record(w, matches);
         }
@@ -107,16 +110,24 @@ impl PasswordGate {
     /// A bcrypt hash of `password` at `--bcrypt-cost`, in a slot.
     pub async fn hash(&self, password: String) -> Result<anyhow::Result<String>, Refused> {
         let cost = self.cost;
-        self.run(move || crate::auth::hash_password(&password, cost)).await
+        self.run(move || crate::auth::hash_password(&password, cost), || false).await
     }
 
-    /// Run `work` (bcrypt) on the blocking pool once a slot is free.
-    async fn run<T: Send + 'static>(&self, work: impl FnOnce() -> T + Send + 'static) -> Result<T, Refused> {
+    /// Run `work` (bcrypt) on the blocking pool once a slot is free, unless
+    /// `refused` says by then that it must not run.
+    async fn run<T: Send + 'static>(
+        &self,
+        work: impl FnOnce() -> T + Send + 'static,
+        refused: impl FnOnce() -> bool,
+    ) -> Result<T, Refused> {
         let slot = match tokio::time::timeout(self.slot_wait, self.slots.acquire()).await {
             Ok(Ok(slot)) => slot,
             Ok(Err(_)) => return Err(Refused::Stopped),
             Err(_) => return Err(Refused::TooManyRequests),
         };
+        if refused() {
+            return Err(Refused::TooManyRequests);
+        }
         let done = tokio::task::spawn_blocking(work).await.map_err(|_| Refused::Stopped);
         drop(slot);
         done
