@@ -624,6 +624,28 @@ mod tests {
         assert!(members.contains_key(&c.member_id()));
     }
 
+    /// `--peer-client-cert-auth` that could not be kept stops the start:
+    /// without a CA (with or without `--peer-auto-tls`), or with a plaintext
+    /// peer URL; with https peers and a CA it is taken.
+    #[test]
+    fn peer_client_cert_auth_that_cannot_be_kept_is_refused() {
+        let https =
+            ["--listen-peer-urls", "https://127.0.0.1:2380", "--initial-advertise-peer-urls", "https://127.0.0.1:2380"];
+        let with = |extra: &[&str]| {
+            let mut args = vec!["raftlock", "--peer-client-cert-auth"];
+            args.extend(extra);
+            Config::parse_from(args).validate().map_err(|e| e.to_string())
+        };
+        let auto = with(&[&https[..], &["--peer-auto-tls"]].concat()).unwrap_err();
+        assert!(auto.contains("needs --peer-trusted-ca-file") && auto.contains("self-signed"), "{auto}");
+        let plain =
+            with(&["--peer-cert-file", "m.pem", "--peer-key-file", "m.key", "--peer-trusted-ca-file", "ca.pem"])
+                .unwrap_err();
+        assert!(plain.contains("http://127.0.0.1:2380") && plain.contains("present no certificate"), "{plain}");
+        let files = ["--peer-cert-file", "m.pem", "--peer-key-file", "m.key", "--peer-trusted-ca-file", "ca.pem"];
+        with(&[&https[..], &files[..]].concat()).unwrap();
+    }
+
     #[test]
     fn a_progress_notify_interval_of_zero_is_refused() {
         assert!(Config::try_parse_from(["raftlock", "--watch-progress-notify-interval", "0"]).is_err());

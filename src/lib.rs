@@ -18,7 +18,8 @@
 //! both ports, from etcd's TLS flags), `batcher` (group calls into
 //! batches), `shutdown` (how every task learns the node stops, and how the
 //! node waits for them), `proto` (generated gRPC types), `client` (the Rust client that
-//! `raftlockctl` uses).
+//! `raftlockctl` uses), and, only under `cfg(fuzzing)`, `fuzz` (the fuzz
+//! targets' entry points into the decoders and apply).
 //!
 //! A write: `api::kv` -> `server::write` (`Node::put`) -> on the leader
 //! `raft::proposer`, on a follower `raft::peer::forward` -> the leader's
@@ -44,6 +45,8 @@ mod batcher;
 pub mod client;
 mod command;
 pub mod config;
+#[cfg(fuzzing)]
+pub mod fuzz;
 mod lease;
 mod locks;
 mod metrics;

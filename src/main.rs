@@ -66,13 +66,8 @@ async fn serve() -> anyhow::Result<()> {
     let client_listeners = raftlock::bind_listeners(config.listeners(Port::Client)?)?;
     let metrics_listeners = raftlock::bind_listeners(config.metrics_listeners()?)?;
     let node = Node::start(&config).await?;
-    if node.state().auth().enabled && !config.peers_authenticated() {
-        tracing::warn!(
-            "auth is on, but peers are not authenticated (no --peer-client-cert-auth): whoever reaches the peer \
-             port can act as a member — replicate, vote, and forward writes as any user, root included. Serve \
-             peers over https:// with --peer-client-cert-auth and --peer-trusted-ca-file, or keep the peer port \
-             on a network only members reach"
-        );
+    if !config.peers_authenticated() {
+        tokio::spawn(warn_of_open_peers_under_auth(node.clone()));
     }
     let peers = tokio::spawn(node.clone().serve_peers(peer_listeners));
     if config.experimental_initial_corrupt_check {
@@ -134,5 +129,27 @@ fn disable_transparent_huge_pages() {
     // SAFETY: prctl with an integer option and integer arguments.
     if unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) } != 0 {
         tracing::debug!(error = %std::io::Error::last_os_error(), "could not turn transparent huge pages off");
+    }
+}
+
+/// With plaintext or unauthenticated peers, say once — as soon as the
+/// applied state shows auth on, at start (once the log is replayed) or when
+/// it is turned on later — what an open peer port allows.
+async fn warn_of_open_peers_under_auth(node: std::sync::Arc<Node>) {
+    let mut stopping = node.stopping();
+    loop {
+        if node.state().auth().enabled {
+            tracing::warn!(
+                "auth is on, but peers are not authenticated (no --peer-client-cert-auth): whoever reaches the peer \
+                 port can act as a member — replicate, vote, and forward writes as any user, root included. Serve \
+                 peers over https:// with --peer-client-cert-auth and --peer-trusted-ca-file, or keep the peer \
+                 port on a network only members reach"
+            );
+            return;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+            _ = stopping.stopped() => return,
+        }
     }
 }

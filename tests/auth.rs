@@ -93,6 +93,19 @@ async fn users_and_permissions_survive_restarts_and_serve_every_client() {
     }
     cluster.log_in_as("root", "rootpw");
     cluster.wait_ready().await;
+    // With auth on and plaintext peers, each member says (within a second
+    // of seeing auth on) what its open peer port allows.
+    for i in 0..3 {
+        let warned = || {
+            let log = cluster.log_of(i);
+            log.contains("peers are not authenticated") && log.contains("root included")
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !warned() && std::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        assert!(warned(), "member {i}: {}", cluster.log_of(i));
+    }
 
     for i in 0..3 {
         let options = ConnectOptions::new().with_user("ops", "opspw");

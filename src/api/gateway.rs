@@ -305,6 +305,33 @@ fn json_objects<T: DeserializeOwned + Send + 'static>(
     })
 }
 
+/// Find and parse the objects of `bytes` as the streamed calls' requests,
+/// and check the scan against serde's parse (the fuzz targets' entry).
+#[cfg(fuzzing)]
+pub(super) fn fuzz_objects(bytes: &[u8]) {
+    use crate::proto::etcdserverpb as pb;
+    let mut rest = bytes;
+    loop {
+        let mut scan = ObjectEnd::default();
+        let found = scan.find(rest);
+        // Where serde finds a whole object first, the scan ends there too.
+        let mut values = serde_json::Deserializer::from_slice(rest).into_iter::<serde_json::Value>();
+        if let Some(Ok(serde_json::Value::Object(_))) = values.next() {
+            assert_eq!(found, Scanned::Object(values.byte_offset()), "the scan and serde disagree");
+        }
+        match found {
+            Scanned::Object(end) => {
+                assert!(end <= rest.len() && matches!(rest[end - 1], b'}' | b']'));
+                let _ = serde_json::from_slice::<pb::WatchRequest>(&rest[..end]);
+                let _ = serde_json::from_slice::<pb::LeaseKeepAliveRequest>(&rest[..end]);
+                let _ = serde_json::from_slice::<pb::TxnRequest>(&rest[..end]);
+                rest = &rest[end..];
+            }
+            Scanned::NotAnObject | Scanned::Incomplete => return,
+        }
+    }
+}
+
 /// What [`ObjectEnd::find`] has found at the front of a buffer.
 #[derive(Debug, PartialEq, Eq)]
 enum Scanned {

@@ -95,3 +95,10 @@ pub async fn serve_metrics(node: Arc<Node>, listeners: Vec<crate::server::listen
     let make = || Server::builder().accept_http1(true).add_routes(Routes::from(http::routes(node.clone())));
     crate::server::listen::serve(listeners, make, node.stopping()).await
 }
+
+/// Parse a streamed gateway body as the gateway does (the fuzz targets'
+/// entry).
+#[cfg(fuzzing)]
+pub fn fuzz_gateway(bytes: &[u8]) {
+    gateway::fuzz_objects(bytes);
+}

@@ -171,6 +171,20 @@ fn garbage_on_client_port(t: &mut Target) -> BoxFuture<'_, anyhow::Result<String
             }
             seen.push(format!("{what}: {end}"));
         }
+        // The gateway: JSON that is cut, that is not JSON, and whose fields
+        // have the wrong types, each answered 400 with gRPC's code 3.
+        for (what, body) in [
+            ("cut JSON", &br#"{"key": "YQ==", "range_end": "#[..]),
+            ("not JSON", &noise[..1024]),
+            ("wrong types", &br#"{"key": 5, "limit": "many", "sort_order": [1]}"#[..]),
+        ] {
+            let (status, answer) = raw::http_post(&addr, "/v3/kv/range", body, within).await?;
+            anyhow::ensure!(
+                status.contains(" 400 ") && answer.contains("\"code\":3"),
+                "gateway, {what}: {status} {answer}"
+            );
+            seen.push(format!("gateway, {what}: {status}"));
+        }
         Ok(seen.join("; "))
     })
 }
@@ -191,16 +205,16 @@ fn gateway_bytewise(t: &mut Target) -> BoxFuture<'_, anyhow::Result<String>> {
                 _ => (r#"{"ID": "1", "junk": ""#, r#""}"#),
             };
             let mut body = open.as_bytes().to_vec();
-            body.extend(std::iter::repeat_n(b'}', 256 << 10));
+            body.extend(std::iter::repeat_n(b'}', 512 << 10));
             body.extend(close.as_bytes());
             let before = raw::cpu_seconds(pid).unwrap_or(0.0);
             let started = Instant::now();
             let answer = raw::post_bytewise(&addr, path, &body, Duration::from_secs(120)).await?;
             let cpu = raw::cpu_seconds(pid).unwrap_or(0.0) - before;
             let Some(answer) = answer else { anyhow::bail!("{path}: no answer to the request within 120 s") };
-            anyhow::ensure!(cpu < 10.0, "{path}: the member spent {cpu:.1} s of CPU on a 256 KiB body");
+            anyhow::ensure!(cpu < 10.0, "{path}: the member spent {cpu:.1} s of CPU on a 512 KiB body");
             seen.push(format!(
-                "{path}, 256 KiB a byte per chunk: {cpu:.2} s of the member's CPU, answered in {:.1} s with {}",
+                "{path}, 512 KiB a byte per chunk: {cpu:.2} s of the member's CPU, answered in {:.1} s with {}",
                 started.elapsed().as_secs_f64(),
                 answer.chars().take(60).collect::<String>()
             ));

@@ -210,6 +210,28 @@ pub async fn post_bytewise(addr: &str, path: &str, body: &[u8], within: Duration
     }
 }
 
+/// An HTTP/1.1 POST of `body` to `path`, read to its end: the status line
+/// and what follows the headers.
+pub async fn http_post(addr: &str, path: &str, body: &[u8], within: Duration) -> anyhow::Result<(String, String)> {
+    let talk = async {
+        let mut tcp = TcpStream::connect(addr).await?;
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+             Connection: close\r\n\r\n",
+            body.len()
+        );
+        tcp.write_all(head.as_bytes()).await?;
+        tcp.write_all(body).await?;
+        let mut answer = Vec::new();
+        tcp.read_to_end(&mut answer).await?;
+        let text = String::from_utf8_lossy(&answer).to_string();
+        let status = text.lines().next().unwrap_or_default().to_string();
+        let rest = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+        Ok::<_, anyhow::Error>((status, rest))
+    };
+    tokio::time::timeout(within, talk).await.map_err(|_| anyhow::anyhow!("no answer within {within:?}"))?
+}
+
 /// CPU seconds (user and system) process `pid` has used so far.
 pub fn cpu_seconds(pid: u32) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;

@@ -135,6 +135,14 @@ struct JournalFrameRef<'a> {
     ops: &'a [JournalOp<SharedVersion>],
 }
 
+/// Decode every journal frame in `bytes` (the fuzz targets' entry).
+#[cfg(fuzzing)]
+pub(super) fn fuzz_journal(bytes: &[u8]) {
+    for body in crate::storage::framing::bodies(bytes) {
+        let _ = decode::<JournalFrame>(body);
+    }
+}
+
 fn journal_file(checkpoint_seq: u64) -> String {
     format!("{}{checkpoint_seq:016x}", crate::storage::JOURNAL_FILE_PREFIX)
 }
@@ -243,7 +251,36 @@ impl SnapshotImage {
     /// [`SnapshotImage::decode`] from a reader of `len` bytes (a file),
     /// streamed: the image is never held encoded in memory. Bounded as
     /// `raft::decode` is: no length inside may claim more than `len`.
-    pub fn read(mut reader: impl Read, len: u64) -> Result<SnapshotImage, DecodeError> {
+    pub fn read(reader: impl Read, len: u64) -> Result<SnapshotImage, DecodeError> {
+        let image = Self::read_unchecked(reader, len)?;
+        image.check().map_err(|why| DecodeError::Malformed(Box::new(bincode::ErrorKind::Custom(why))))?;
+        Ok(image)
+    }
+
+    /// What installing an image takes for granted (`MvccStore::restore`'s
+    /// invariants), checked: an image that breaks them — damaged on disk
+    /// past its checksum, or sent by a broken or hostile peer — is refused
+    /// as malformed rather than stopping the member that installs it.
+    fn check(&self) -> Result<(), String> {
+        if self.compact_revision > self.revision {
+            return Err(format!("compact revision {} above revision {}", self.compact_revision, self.revision));
+        }
+        let mut seen = std::collections::HashSet::with_capacity(self.versions.len());
+        for v in &self.versions {
+            if v.kv.as_ref().is_some_and(|kv| kv.key != v.key) {
+                return Err("a version's key-value names another key".into());
+            }
+            if v.revision > self.revision {
+                return Err(format!("a version at revision {} above the image's {}", v.revision, self.revision));
+            }
+            if !seen.insert((v.key.as_slice(), v.revision, v.sub)) {
+                return Err(format!("two versions of one key at ({}, {})", v.revision, v.sub));
+            }
+        }
+        Ok(())
+    }
+
+    fn read_unchecked(mut reader: impl Read, len: u64) -> Result<SnapshotImage, DecodeError> {
         use bincode::Options;
         let mut tag = [0u8];
         reader.read_exact(&mut tag).map_err(|e| match e.kind() {

@@ -480,6 +480,48 @@ pub fn restore_backup(
     Ok(revision)
 }
 
+/// A small applied state for the fuzz targets: a few keys, one attached to
+/// a lease, a compaction.
+#[cfg(fuzzing)]
+pub(crate) fn fuzz_state() -> AppliedState {
+    let state = AppliedState::default();
+    let mut apply = apply::Apply::new(&state, Some(1));
+    let put = |k: &str, lease| {
+        crate::command::Command::Put(crate::mvcc::PutRequest {
+            key: k.into(),
+            value: k.into(),
+            lease,
+            ..Default::default()
+        })
+    };
+    apply.command(crate::command::Command::LeaseGrant { id: 7, ttl: 60 }, 1, &|_| true);
+    for (k, lease) in [("a", 0), ("b", 7), ("c", 0), ("a", 0)] {
+        apply.command(put(k, lease), 1, &|_| true);
+    }
+    apply.command(crate::command::Command::Compact { revision: 3 }, 1, &|_| true);
+    state
+}
+
+/// Apply one command to `state` as member 1 in term 1 (fuzz targets).
+#[cfg(fuzzing)]
+pub(crate) fn fuzz_apply(state: &AppliedState, command: crate::command::Command) -> crate::command::CommandResult {
+    apply::Apply::new(state, Some(1)).command(command, 1, &|id| id < 4)
+}
+
+/// Decode an image and, if it decodes, install it (fuzz targets).
+#[cfg(fuzzing)]
+pub(crate) fn fuzz_image(bytes: &[u8]) {
+    if let Ok(image) = SnapshotImage::decode(bytes) {
+        image.install(&AppliedState::default());
+    }
+}
+
+/// Decode journal frames (fuzz targets).
+#[cfg(fuzzing)]
+pub(crate) fn fuzz_journal(bytes: &[u8]) {
+    layout::fuzz_journal(bytes);
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::Ordering;

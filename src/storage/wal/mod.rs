@@ -128,6 +128,17 @@ pub struct EntryAt {
     len: u32,
 }
 
+/// Replay one segment's bytes into nothing (the fuzz targets' entry).
+#[cfg(fuzzing)]
+pub fn fuzz_replay(bytes: &[u8]) {
+    let mut recovered = Recovered::default();
+    let replayed = replay_segment(bytes, 1, &mut recovered);
+    assert!(replayed.end <= bytes.len());
+    if replayed.end < bytes.len() {
+        let _ = torn_at(bytes, replayed.end);
+    }
+}
+
 /// What replay found.
 #[derive(Debug, Default)]
 pub struct Recovered {
