@@ -30,6 +30,12 @@ pub const ALL: &[(&str, Attack)] = &[
     ("auth-flood", auth_flood),
 ];
 
+/// 64 KiB of bytes with no structure, the same every run (a multiplicative
+/// hash of the position with an odd `multiplier`).
+fn noise(multiplier: u32) -> Vec<u8> {
+    (0..65_536u32).map(|i| (i.wrapping_mul(multiplier) >> 13) as u8).collect()
+}
+
 /// The gRPC code and message of a client error.
 fn status(e: &Error) -> (tonic::Code, String) {
     match e {
@@ -142,7 +148,7 @@ fn garbage_on_client_port(t: &mut Target) -> BoxFuture<'_, anyhow::Result<String
     Box::pin(async move {
         let addr = t.client_addr(0);
         let within = Duration::from_secs(5);
-        let noise: Vec<u8> = (0..65_536u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        let noise = noise(2_654_435_761);
         raw::send_raw(&addr, &noise, within).await?;
         let mut frames = raw::H2_PREFACE.to_vec();
         frames.extend(&noise[..4096]);
@@ -428,7 +434,7 @@ fn peer_garbage(t: &mut Target) -> BoxFuture<'_, anyhow::Result<String>> {
     Box::pin(async move {
         let addr = t.peer_addr(0);
         let within = Duration::from_secs(10);
-        let noise: Vec<u8> = (0..65_536u32).map(|i| (i.wrapping_mul(2_246_822_519) >> 11) as u8).collect();
+        let noise = noise(2_246_822_519);
         raw::send_raw(&addr, &noise, Duration::from_secs(3)).await?;
         let identity = [
             ("raftlock-cluster-id", format!("{:x}", raftlock::config::cluster_id("raftlock-cluster"))),
