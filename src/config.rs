@@ -512,33 +512,11 @@ impl Config {
 }
 
 impl Config {
-    /// `--peer-client-cert-auth` is a promise that only holders of a
-    /// certificate signed by `--peer-trusted-ca-file` reach the peer API;
-    /// a setting that cannot keep it is refused rather than ignored: with
-    /// no CA to check against (self-signed `--peer-auto-tls` certificates
-    /// prove nothing), or with a plaintext peer URL, where no certificate
-    /// is asked for at all.
+    /// `--peer-client-cert-auth` that could not be kept is refused
+    /// (`tls::refuse_unkept_client_auth`).
     fn validate_peer_authentication(&self) -> anyhow::Result<()> {
-        if !self.peer_client_cert_auth {
-            return Ok(());
-        }
-        if self.peer_trusted_ca_file.is_none() {
-            bail!(
-                "--peer-client-cert-auth needs --peer-trusted-ca-file: {}peers could not be authenticated",
-                if self.peer_auto_tls {
-                    "with --peer-auto-tls alone, every certificate is self-signed and "
-                } else {
-                    ""
-                }
-            );
-        }
-        if let Some(url) = split_urls(&self.listen_peer_urls).into_iter().find(|u| !is_https(u)) {
-            bail!(
-                "--peer-client-cert-auth is set, but --listen-peer-urls has {url}, where peers present no \
-                 certificate: use https:// peer URLs"
-            );
-        }
-        Ok(())
+        let (listen, files, _) = self.port_tls(Port::Peer);
+        crate::tls::refuse_unkept_client_auth(&files, &listen, "peer-")
     }
 
     /// Whether peers must prove who they are (`--peer-client-cert-auth`,

@@ -22,19 +22,7 @@ use crate::raft::decode;
 
 /// Every message a member decodes from a peer.
 pub fn peer_payload(bytes: &[u8]) {
-    use crate::raft::peer::messages::*;
-    use crate::raft::TypeConfig;
-    use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
-    let _ = decode::<ForwardBatch>(bytes);
-    let _ = decode::<UntaggedForwardBatch>(bytes);
-    let _ = decode::<ForwardReply>(bytes);
-    let _ = decode::<AppendEntriesRequest<TypeConfig>>(bytes);
-    let _ = decode::<VoteRequest<u64>>(bytes);
-    let _ = decode::<InstallSnapshotRequest<TypeConfig>>(bytes);
-    let _ = decode::<LeaseQuery>(bytes);
-    let _ = decode::<LeaseAnswer>(bytes);
-    let _ = decode::<MembershipChange>(bytes);
-    let _ = decode::<ControlRequest>(bytes);
+    crate::raft::peer::messages::fuzz_decode(bytes);
 }
 
 /// A command as a log entry holds it, applied by two members whose states

@@ -55,6 +55,35 @@ pub struct TlsFiles {
     pub allowed_cn: Option<String>,
 }
 
+/// Refuse a port's `--{prefix}client-cert-auth` that could not be kept: it
+/// promises that only holders of a certificate signed by the trusted CA get
+/// in, which fails with no CA to check against (self-signed auto-TLS
+/// certificates prove nothing) or on a plaintext listen URL, where no
+/// certificate is asked for at all. Used for the peer port, where an open
+/// port lets anyone act as a member.
+pub fn refuse_unkept_client_auth(files: &TlsFiles, listen_urls: &[String], prefix: &str) -> anyhow::Result<()> {
+    if !files.client_cert_auth {
+        return Ok(());
+    }
+    if files.trusted_ca.is_none() {
+        bail!(
+            "--{prefix}client-cert-auth needs --{prefix}trusted-ca-file: {}peers could not be authenticated",
+            if files.auto {
+                format!("with --{prefix}auto-tls alone, every certificate is self-signed and ")
+            } else {
+                String::new()
+            }
+        );
+    }
+    if let Some(url) = listen_urls.iter().find(|u| !u.starts_with("https://")) {
+        bail!(
+            "--{prefix}client-cert-auth is set, but --listen-{prefix}urls has {url}, where peers present no \
+             certificate: use https:// URLs"
+        );
+    }
+    Ok(())
+}
+
 /// What both ports allow: protocol versions and cipher suites.
 #[derive(Clone, Debug, Default)]
 pub struct TlsPolicy {

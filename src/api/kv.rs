@@ -143,8 +143,6 @@ fn check_delete(r: &pb::DeleteRangeRequest) -> Result<(), Status> {
     Ok(())
 }
 
-/// etcd's checkTxnRequest: op counts (nested txns get what the parent left),
-/// compare keys, then each op.
 /// Keys a range reads per step while it holds the store's lock.
 pub const RANGE_STEP_KEYS: usize = 1024;
 
@@ -166,6 +164,8 @@ pub(super) async fn range_in_steps(
     }
 }
 
+/// etcd's checkTxnRequest: op counts (nested txns get what the parent left),
+/// compare keys, then each op.
 fn check_txn(r: &pb::TxnRequest, max_ops: usize) -> Result<(), Status> {
     let ops = r.compare.len().max(r.success.len()).max(r.failure.len());
     if ops > max_ops {

@@ -458,12 +458,8 @@ impl MvccStore {
         }
         let rev = if req.revision <= 0 { self.revision } else { req.revision };
         let range = KeyRange::new(&req.key, &req.range_end);
-        let in_key_order = req.sort_order == SortOrder::None
-            || (req.sort_target == SortTarget::Key && req.sort_order == SortOrder::Ascend);
-        let filtered = req.min_mod_revision != 0
-            || req.max_mod_revision != 0
-            || req.min_create_revision != 0
-            || req.max_create_revision != 0;
+        let in_key_order = req.order() == SortOrder::None;
+        let filtered = req.is_filtered();
         let limit = usize::try_from(req.limit).ok().filter(|l| *l > 0);
         let weights = self.histories(&range).filter_map(|(key, versions)| {
             let value_len = visible_at(versions, rev).and_then(Version::value_len)?;

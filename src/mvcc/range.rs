@@ -72,16 +72,9 @@ impl RangeScan {
         if rev < store.compact_revision {
             return Err(MvccError::Compacted);
         }
-        let filtered = req.min_mod_revision != 0
-            || req.max_mod_revision != 0
-            || req.min_create_revision != 0
-            || req.max_create_revision != 0;
+        let filtered = req.is_filtered();
         // Sorting on anything but (key, ascending) needs every key first.
-        let order = match (req.sort_target, req.sort_order) {
-            (SortTarget::Key, SortOrder::Ascend) => SortOrder::None,
-            (t, SortOrder::None) if t != SortTarget::Key => SortOrder::Ascend,
-            (_, o) => o,
-        };
+        let order = req.order();
         let fetch_limit = if req.limit > 0 && order == SortOrder::None && !filtered {
             // One more than asked, so that `more` can be told.
             Some(req.limit as usize + 1)
@@ -200,5 +193,41 @@ impl MvccStore {
             None => scan.finished = true,
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mvcc::tests::put;
+    use crate::mvcc::*;
+
+    /// A range read in steps answers what one read at its revision answers,
+    /// whatever is written between the steps; a compaction past its revision
+    /// between steps fails it as compacted.
+    #[test]
+    fn a_range_in_steps_reads_one_revision() {
+        let mut s = MvccStore::default();
+        for k in 0..10 {
+            put(&mut s, &format!("k{k}"), "old");
+        }
+        let all = RangeRequest { key: "k".into(), range_end: "l".into(), ..Default::default() };
+        let whole = s.range(&all).unwrap();
+        let mut scan = RangeScan::new(&s, all.clone()).unwrap();
+        s.range_step(&mut scan, 3).unwrap();
+        assert!(!scan.finished());
+        put(&mut s, "k5", "new");
+        put(&mut s, "k55", "new");
+        s.delete_range(&DeleteRangeRequest { key: "k9".into(), ..Default::default() });
+        while !scan.finished() {
+            s.range_step(&mut scan, 3).unwrap();
+        }
+        assert_eq!(scan.finish().unwrap(), whole, "the revision the scan began at");
+        let counted = RangeRequest { count_only: true, ..all.clone() };
+        let mut scan = RangeScan::new(&s, counted).unwrap();
+        s.range_step(&mut scan, 4).unwrap();
+        put(&mut s, "k77", "x");
+        s.compact(s.revision()).unwrap();
+        assert_eq!(s.range_step(&mut scan, 4), Err(MvccError::Compacted));
     }
 }

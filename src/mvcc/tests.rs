@@ -1,6 +1,7 @@
 use super::*;
 
-fn put(s: &mut MvccStore, k: &str, v: &str) -> Revision {
+/// Put `k` = `v` (no lease); the new revision. Shared by the submodules' tests.
+pub(super) fn put(s: &mut MvccStore, k: &str, v: &str) -> Revision {
     let req = PutRequest { key: k.into(), value: v.into(), ..Default::default() };
     s.put(req, &()).unwrap().0.revision
 }
@@ -414,87 +415,6 @@ fn a_range_too_large_is_refused() {
     assert_eq!(s.range(&RangeRequest { count_only: true, ..all.clone() }).unwrap().count, 10);
     let txn = TxnRequest { compare: vec![], success: vec![RequestOp::Range(all)], failure: vec![] };
     assert!(matches!(s.txn(&txn, &()), Err(MvccError::ResponseTooLarge)));
-}
-
-/// The response limit holds for a whole txn, not for each of its ranges:
-/// many ranges, each within the limit, are refused together before anything
-/// runs (the store is unchanged), as are ranges over what the txn's own puts
-/// add and deletions that return their previous values. A read-only txn
-/// served locally is bounded the same way.
-#[test]
-fn a_txn_is_bounded_as_a_whole() {
-    let mut s = MvccStore::default().with_response_limit(1000);
-    for k in 0..3 {
-        put(&mut s, &format!("k{k}"), &"v".repeat(100));
-    }
-    let all = RangeRequest { key: "k".into(), range_end: "l".into(), ..Default::default() };
-    assert!(s.range(&all).is_ok(), "one range is within the limit");
-    let ranges = |n| TxnRequest { compare: vec![], success: vec![RequestOp::Range(all.clone()); n], failure: vec![] };
-    assert!(s.txn(&ranges(2), &()).is_ok());
-    assert_eq!(s.read_txn(&ranges(3)).unwrap_err(), MvccError::ResponseTooLarge);
-    let delete = RequestOp::DeleteRange(DeleteRangeRequest { key: "k".into(), range_end: "l".into(), prev_kv: true });
-    let mut poison = ranges(2);
-    poison.success.push(delete);
-    let before = s.revision();
-    assert_eq!(s.txn(&poison, &()).unwrap_err(), MvccError::ResponseTooLarge);
-    assert_eq!((s.revision(), s.live_keys()), (before, 3), "nothing ran");
-    // What the txn's own puts add counts before they run.
-    let big = RequestOp::Put(PutRequest { key: "k9".into(), value: vec![b'x'; 600], ..Default::default() });
-    let grows = TxnRequest { compare: vec![], success: vec![big, RequestOp::Range(all.clone())], failure: vec![] };
-    assert_eq!(s.txn(&grows, &()).unwrap_err(), MvccError::ResponseTooLarge);
-    // Count-only ranges weigh nothing.
-    let counts = RequestOp::Range(RangeRequest { count_only: true, ..all.clone() });
-    assert!(s.txn(&TxnRequest { compare: vec![], success: vec![counts; 64], failure: vec![] }, &()).is_ok());
-}
-
-/// A sorted range with a limit is weighed by the keys it can return, not by
-/// the first keys in key order: here the one heavy key sorts first by value.
-#[test]
-fn a_sorted_range_is_weighed_by_what_it_can_return() {
-    let mut s = MvccStore::default().with_response_limit(1000);
-    put(&mut s, "a", "1");
-    put(&mut s, "b", &"z".repeat(2000));
-    let sorted = RangeRequest {
-        key: "a".into(),
-        range_end: "c".into(),
-        limit: 1,
-        sort_target: SortTarget::Value,
-        sort_order: SortOrder::Descend,
-        ..Default::default()
-    };
-    assert_eq!(s.range(&sorted).unwrap_err(), MvccError::ResponseTooLarge);
-    let txn = TxnRequest { compare: vec![], success: vec![RequestOp::Range(sorted)], failure: vec![] };
-    assert_eq!(s.read_txn(&txn).unwrap_err(), MvccError::ResponseTooLarge);
-    assert_eq!(s.txn(&txn, &()).unwrap_err(), MvccError::ResponseTooLarge);
-}
-
-/// A range read in steps answers what one read at its revision answers,
-/// whatever is written between the steps; a compaction past its revision
-/// between steps fails it as compacted.
-#[test]
-fn a_range_in_steps_reads_one_revision() {
-    let mut s = MvccStore::default();
-    for k in 0..10 {
-        put(&mut s, &format!("k{k}"), "old");
-    }
-    let all = RangeRequest { key: "k".into(), range_end: "l".into(), ..Default::default() };
-    let whole = s.range(&all).unwrap();
-    let mut scan = RangeScan::new(&s, all.clone()).unwrap();
-    s.range_step(&mut scan, 3).unwrap();
-    assert!(!scan.finished());
-    put(&mut s, "k5", "new");
-    put(&mut s, "k55", "new");
-    s.delete_range(&DeleteRangeRequest { key: "k9".into(), ..Default::default() });
-    while !scan.finished() {
-        s.range_step(&mut scan, 3).unwrap();
-    }
-    assert_eq!(scan.finish().unwrap(), whole, "the revision the scan began at");
-    let counted = RangeRequest { count_only: true, ..all.clone() };
-    let mut scan = RangeScan::new(&s, counted).unwrap();
-    s.range_step(&mut scan, 4).unwrap();
-    put(&mut s, "k77", "x");
-    s.compact(s.revision()).unwrap();
-    assert_eq!(s.range_step(&mut scan, 4), Err(MvccError::Compacted));
 }
 
 /// A store whose superseded values are spilled answers every read, history

@@ -245,6 +245,9 @@ impl MvccStore {
     /// proposing a txn, so that one bound to be refused costs no log entry.
     /// Apply checks again against the state the txn meets there.
     pub fn check_txn_response(&self, req: &TxnRequest) -> Result<(), MvccError> {
+        if !req.answers_values() {
+            return Ok(());
+        }
         self.check_response(req, &self.choose_path(req))
     }
 
@@ -327,6 +330,11 @@ impl MvccStore {
     /// Whether what the txn answers on `path` fits the response limit
     /// ([`ResponseBudget`]).
     fn check_response(&self, req: &TxnRequest, path: &TxnPath) -> Result<(), MvccError> {
+        // Most txns (a lock's, a put's) answer no key-values: nothing to
+        // weigh, and no walk of the index.
+        if !req.answers_values() {
+            return Ok(());
+        }
         let mut puts = Vec::new();
         collect_puts(req, path, &mut puts);
         let mut budget = ResponseBudget { left: self.response_limit, puts };
@@ -382,5 +390,71 @@ fn compare_kv(c: &Compare, kv: &KeyValue) -> bool {
         CompareResult::Greater => ord == Ordering::Greater,
         CompareResult::Less => ord == Ordering::Less,
         CompareResult::NotEqual => ord != Ordering::Equal,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mvcc::tests::put;
+
+    /// The response limit holds for a whole txn, not for each of its ranges:
+    /// many ranges, each within the limit, are refused together before anything
+    /// runs (the store is unchanged), as are ranges over what the txn's own puts
+    /// add and deletions that return their previous values. A read-only txn
+    /// served locally is bounded the same way.
+    #[test]
+    fn a_txn_is_bounded_as_a_whole() {
+        let mut s = MvccStore::default().with_response_limit(1000);
+        for k in 0..3 {
+            put(&mut s, &format!("k{k}"), &"v".repeat(100));
+        }
+        let all = RangeRequest { key: "k".into(), range_end: "l".into(), ..Default::default() };
+        assert!(s.range(&all).is_ok(), "one range is within the limit");
+        let ranges =
+            |n| TxnRequest { compare: vec![], success: vec![RequestOp::Range(all.clone()); n], failure: vec![] };
+        assert!(s.txn(&ranges(2), &()).is_ok());
+        assert_eq!(s.read_txn(&ranges(3)).unwrap_err(), MvccError::ResponseTooLarge);
+        let delete =
+            RequestOp::DeleteRange(DeleteRangeRequest { key: "k".into(), range_end: "l".into(), prev_kv: true });
+        let mut poison = ranges(2);
+        poison.success.push(delete);
+        let before = s.revision();
+        assert_eq!(s.txn(&poison, &()).unwrap_err(), MvccError::ResponseTooLarge);
+        assert_eq!((s.revision(), s.live_keys()), (before, 3), "nothing ran");
+        // What the txn's own puts add counts before they run.
+        let big = RequestOp::Put(PutRequest { key: "k9".into(), value: vec![b'x'; 600], ..Default::default() });
+        let grows = TxnRequest { compare: vec![], success: vec![big, RequestOp::Range(all.clone())], failure: vec![] };
+        assert_eq!(s.txn(&grows, &()).unwrap_err(), MvccError::ResponseTooLarge);
+        // Count-only ranges weigh nothing.
+        let counts = RequestOp::Range(RangeRequest { count_only: true, ..all.clone() });
+        assert!(s.txn(&TxnRequest { compare: vec![], success: vec![counts; 64], failure: vec![] }, &()).is_ok());
+    }
+
+    /// A sorted range with a limit is weighed by the keys it can return, not by
+    /// the first keys in key order: here the one heavy key sorts first by value.
+    #[test]
+    fn a_sorted_range_is_weighed_by_what_it_can_return() {
+        let mut s = MvccStore::default().with_response_limit(1000);
+        put(&mut s, "a", "1");
+        put(&mut s, "b", &"z".repeat(2000));
+        let sorted = RangeRequest {
+            key: "a".into(),
+            range_end: "c".into(),
+            limit: 1,
+            sort_target: SortTarget::Value,
+            sort_order: SortOrder::Descend,
+            ..Default::default()
+        };
+        assert_eq!(s.range(&sorted).unwrap_err(), MvccError::ResponseTooLarge);
+        let txn = TxnRequest { compare: vec![], success: vec![RequestOp::Range(sorted.clone())], failure: vec![] };
+        assert_eq!(s.read_txn(&txn).unwrap_err(), MvccError::ResponseTooLarge);
+        assert_eq!(s.txn(&txn, &()).unwrap_err(), MvccError::ResponseTooLarge);
+        // A target other than the key with no order sorts ascending (as etcd):
+        // "0…" comes before "1", so the heavy key is the one returned.
+        put(&mut s, "b", &"0".repeat(2000));
+        let by_value = RangeRequest { sort_target: SortTarget::Value, sort_order: SortOrder::None, ..sorted };
+        let txn = TxnRequest { compare: vec![], success: vec![RequestOp::Range(by_value)], failure: vec![] };
+        assert_eq!(s.read_txn(&txn).unwrap_err(), MvccError::ResponseTooLarge);
     }
 }

@@ -149,6 +149,28 @@ pub struct RangeRequest {
     pub max_create_revision: Revision,
 }
 
+impl RangeRequest {
+    /// Whether it keeps only some of the keys it matches, by their mod or
+    /// create revision.
+    pub fn is_filtered(&self) -> bool {
+        self.min_mod_revision != 0
+            || self.max_mod_revision != 0
+            || self.min_create_revision != 0
+            || self.max_create_revision != 0
+    }
+
+    /// The order its answer is sorted in, as etcd reads the two fields:
+    /// `None` for key order (the index's own: (key, ascending) and no order
+    /// at all), `Ascend` for another target given no order.
+    pub fn order(&self) -> SortOrder {
+        match (self.sort_target, self.sort_order) {
+            (SortTarget::Key, SortOrder::Ascend) => SortOrder::None,
+            (t, SortOrder::None) if t != SortTarget::Key => SortOrder::Ascend,
+            (_, o) => o,
+        }
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RangeResult {
     pub kvs: Vec<KeyValue>,
@@ -294,6 +316,18 @@ impl TxnRequest {
                 .sum()
         };
         branch(&self.success).max(branch(&self.failure))
+    }
+
+    /// Whether any branch, at any depth, answers key-values: a range that
+    /// is not count-only, or a delete with `prev_kv`. A txn that does not
+    /// has nothing to weigh against the response limit.
+    pub fn answers_values(&self) -> bool {
+        self.success.iter().chain(&self.failure).any(|op| match op {
+            RequestOp::Range(r) => !r.count_only,
+            RequestOp::DeleteRange(d) => d.prev_kv,
+            RequestOp::Txn(t) => t.answers_values(),
+            RequestOp::Put(_) => false,
+        })
     }
 
     /// True when no branch, at any depth, writes.

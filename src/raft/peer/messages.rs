@@ -178,3 +178,21 @@ pub enum MembershipAnswer {
     /// later leader may still commit it (see `raft::proposer`).
     Uncertain,
 }
+
+/// Decode `bytes` as every message the peer protocol carries (the fuzz
+/// targets' entry, `crate::fuzz`).
+#[cfg(fuzzing)]
+pub fn fuzz_decode(bytes: &[u8]) {
+    use crate::raft::{decode, TypeConfig};
+    use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
+    let _ = decode::<ForwardBatch>(bytes);
+    let _ = decode::<UntaggedForwardBatch>(bytes);
+    let _ = decode::<ForwardReply>(bytes);
+    let _ = decode::<AppendEntriesRequest<TypeConfig>>(bytes);
+    let _ = decode::<VoteRequest<u64>>(bytes);
+    let _ = decode::<InstallSnapshotRequest<TypeConfig>>(bytes);
+    let _ = decode::<LeaseQuery>(bytes);
+    let _ = decode::<LeaseAnswer>(bytes);
+    let _ = decode::<MembershipChange>(bytes);
+    let _ = decode::<ControlRequest>(bytes);
+}
