@@ -18,8 +18,10 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::{ArgAction, Parser, ValueEnum};
 
-use crate::server::listen::Listener;
-use crate::tls::{AutoCert, ServerTls, TlsFiles, TlsPolicy};
+use crate::base::ids::{go_duration, is_https, member_id, url_addr, url_host};
+use crate::base::limits::DEFAULT_QUOTA_BYTES;
+use crate::base::listen::Listener;
+use crate::base::tls::{AutoCert, ServerTls, TlsFiles, TlsPolicy};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ClusterState {
@@ -106,7 +108,7 @@ pub struct Config {
     #[arg(
         long,
         env = "RAFTLOCK_EXPERIMENTAL_LOG_MEMORY_BYTES",
-        default_value_t = crate::raft::log_store::HOT_LOG_BYTES
+        default_value_t = crate::base::limits::HOT_LOG_BYTES
     )]
     pub experimental_log_memory_bytes: u64,
     /// How often watchers that asked for progress notifications get one, in ms
@@ -212,35 +214,6 @@ pub enum AutoCompaction {
     Periodic(Duration),
     /// Keep this many revisions, looking every `every`.
     Revision { keep: i64, every: Duration },
-}
-
-/// The space quota when `--quota-backend-bytes` is 0 (etcd's).
-pub const DEFAULT_QUOTA_BYTES: u64 = 2 << 30;
-/// Above this etcd warns that the quota is larger than it supports well.
-pub const LARGE_QUOTA_BYTES: u64 = 8 << 30;
-
-/// A Go-style duration: `300s`, `5m`, `1h30m`, `1500ms`.
-pub fn go_duration(s: &str) -> anyhow::Result<Duration> {
-    let mut total = Duration::ZERO;
-    let mut rest = s;
-    if rest.is_empty() {
-        anyhow::bail!("empty duration");
-    }
-    while !rest.is_empty() {
-        let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
-        let n: u64 = rest[..digits].parse()?;
-        rest = &rest[digits..];
-        let unit = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
-        total += match &rest[..unit] {
-            "ms" => Duration::from_millis(n),
-            "s" => Duration::from_secs(n),
-            "m" => Duration::from_secs(n * 60),
-            "h" => Duration::from_secs(n * 3600),
-            u => anyhow::bail!("unknown unit '{u}'"),
-        };
-        rest = &rest[unit..];
-    }
-    Ok(total)
 }
 
 /// The two ports a member listens on.
@@ -424,7 +397,7 @@ impl Config {
     /// How this member dials `https://` peers (None without peer TLS).
     pub fn peer_client_tls(&self) -> anyhow::Result<Option<Arc<rustls::ClientConfig>>> {
         let (_, files, auto) = self.port_tls(Port::Peer);
-        crate::tls::peer_client_config(&files, &self.tls_policy(), &auto)
+        crate::base::tls::peer_client_config(&files, &self.tls_policy(), &auto)
     }
 
     /// The address peer connections leave from: the one peer address this
@@ -474,8 +447,8 @@ impl Config {
     }
 
     /// The auth tokens this member hands out and accepts (`--auth-token`).
-    pub fn auth_tokens(&self) -> anyhow::Result<crate::auth::TokenConfig> {
-        crate::auth::TokenConfig::parse(&self.auth_token, self.auth_token_ttl)
+    pub fn auth_tokens(&self) -> anyhow::Result<crate::model::auth::TokenConfig> {
+        crate::model::auth::TokenConfig::parse(&self.auth_token, self.auth_token_ttl)
     }
 
     pub fn validate(&self) -> anyhow::Result<()> {
@@ -516,7 +489,7 @@ impl Config {
     /// (`tls::refuse_unkept_client_auth`).
     fn validate_peer_authentication(&self) -> anyhow::Result<()> {
         let (listen, files, _) = self.port_tls(Port::Peer);
-        crate::tls::refuse_unkept_client_auth(&files, &listen, "peer-")
+        crate::base::tls::refuse_unkept_client_auth(&files, &listen, "peer-")
     }
 
     /// Whether peers must prove who they are (`--peer-client-cert-auth`,
@@ -529,62 +502,6 @@ impl Config {
 
 fn split_urls(s: &str) -> Vec<String> {
     s.split(',').map(str::trim).filter(|u| !u.is_empty()).map(String::from).collect()
-}
-
-/// Whether a URL asks for TLS.
-pub fn is_https(url: &str) -> bool {
-    url.starts_with("https://")
-}
-
-/// The host of an `http(s)://host:port` URL, as written.
-pub fn url_host(url: &str) -> anyhow::Result<&str> {
-    let rest = url.strip_prefix("http://").or_else(|| url.strip_prefix("https://"));
-    let hostport = rest.with_context(|| format!("`{url}`: only http:// and https:// URLs are supported"))?;
-    let hostport = hostport.trim_end_matches('/');
-    let host = hostport.rsplit_once(':').map_or(hostport, |(host, _)| host);
-    Ok(host.trim_start_matches('[').trim_end_matches(']'))
-}
-
-/// The socket address of an `http(s)://host:port` URL.
-pub fn url_addr(url: &str) -> anyhow::Result<SocketAddr> {
-    let rest = url.strip_prefix("http://").or_else(|| url.strip_prefix("https://"));
-    let rest = rest.with_context(|| format!("`{url}`: only http:// and https:// URLs are supported"))?;
-    let hostport = rest.trim_end_matches('/');
-    let hostport = if hostport.starts_with("localhost:") {
-        hostport.replacen("localhost", "127.0.0.1", 1)
-    } else {
-        hostport.to_string()
-    };
-    hostport.parse().with_context(|| format!("`{url}` is not http(s)://ip:port"))
-}
-
-/// FNV-1a, 64 bit: a stable hash that every member computes identically.
-fn fnv1a(parts: &[&[u8]]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for part in parts {
-        for b in part.iter().chain(std::iter::once(&0u8)) {
-            h ^= u64::from(*b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    h
-}
-
-/// A member's ID from its peer URLs and the cluster token (never 0).
-pub fn member_id(peer_urls: &[String], token: &str) -> u64 {
-    let mut urls: Vec<&str> = peer_urls.iter().map(String::as_str).collect();
-    urls.sort_unstable();
-    let mut parts: Vec<&[u8]> = urls.iter().map(|u| u.as_bytes()).collect();
-    parts.push(token.as_bytes());
-    fnv1a(&parts).max(1)
-}
-
-/// The cluster's ID, from its token (never 0). Not from the initial members,
-/// as etcd derives it: a member that joins later with
-/// `--initial-cluster-state existing` must compute the same ID from its own
-/// flags, and the token is what every member of a cluster shares.
-pub fn cluster_id(token: &str) -> u64 {
-    fnv1a(&[b"cluster".as_slice(), token.as_bytes()]).max(1)
 }
 
 #[cfg(test)]

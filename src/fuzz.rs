@@ -17,8 +17,8 @@
 //!   and installed.
 //! - [`gateway_json`]: the JSON gateway's streamed request objects.
 
-use crate::command::Command;
-use crate::raft::decode;
+use crate::base::codec::decode;
+use crate::model::command::Command;
 
 /// Every message a member decodes from a peer.
 pub fn peer_payload(bytes: &[u8]) {

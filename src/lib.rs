@@ -37,33 +37,24 @@
 //! The crate's public surface is what the binaries, the tests and the fault
 //! suite use; everything else is crate-private.
 
-mod alarm;
 mod api;
-mod applied;
-mod auth;
-mod batcher;
+mod base;
 pub mod client;
-mod command;
 pub mod config;
 #[cfg(fuzzing)]
 pub mod fuzz;
-mod lease;
 mod locks;
-mod metrics;
-mod mvcc;
+mod model;
+mod node;
 pub mod proto;
 mod raft;
 pub mod restore;
-mod server;
-mod shutdown;
 mod storage;
-mod tls;
-mod watch;
-mod watch_routes;
 
 pub use api::{serve_clients, serve_metrics};
+pub use base::ids;
+pub use base::listen::bind as bind_listeners;
 pub use locks::prefix_end;
 /// How fast a leader expires leases that lapsed together (etcd's rate).
-pub use server::lease_keeper::{EXPIRIES_PER_TICK, TICK as LEASE_TICK};
-pub use server::listen::bind as bind_listeners;
-pub use server::Node;
+pub use node::lease_keeper::{EXPIRIES_PER_TICK, TICK as LEASE_TICK};
+pub use node::Node;

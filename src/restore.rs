@@ -116,7 +116,7 @@ pub async fn restore(opts: &RestoreOptions) -> anyhow::Result<Restored> {
         Ok(revision) => Ok(Restored {
             data_dir,
             member_id: me,
-            cluster_id: crate::config::cluster_id(&opts.initial_cluster_token),
+            cluster_id: crate::base::ids::cluster_id(&opts.initial_cluster_token),
             members: members.len(),
             revision,
         }),

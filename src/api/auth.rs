@@ -20,11 +20,11 @@ use tokio_rustls::rustls::pki_types::CertificateDer;
 use tonic::{Request, Response, Status};
 
 use super::{error, header};
-use crate::auth::{AuthCommand, Caller, PermKind, Permission};
+use crate::model::auth::{AuthCommand, Caller, PermKind, Permission};
+use crate::node::Node;
 use crate::proto::authpb;
 use crate::proto::etcdserverpb as pb;
 use crate::proto::etcdserverpb::auth_server::{Auth, AuthServer};
-use crate::server::Node;
 
 /// Who sent `req` (see the module doc).
 pub async fn caller<T>(node: &Node, req: &Request<T>) -> Result<Caller, Status> {
@@ -82,7 +82,7 @@ pub fn check_read_write(
     caller: &Caller,
     key: &[u8],
     range_end: &[u8],
-) -> Result<(), crate::auth::AuthError> {
+) -> Result<(), crate::model::auth::AuthError> {
     let auth = node.state().auth();
     auth.check(caller, key, range_end, PermKind::Read)?;
     auth.check(caller, key, range_end, PermKind::Write)
@@ -90,17 +90,17 @@ pub fn check_read_write(
 
 /// Refuse `caller` unless it may read and write every key under `prefix`
 /// (what a lock or election on a name needs: READ and WRITE on `name/`).
-pub fn check_prefix(node: &Node, caller: &Caller, prefix: &[u8]) -> Result<(), crate::auth::AuthError> {
+pub fn check_prefix(node: &Node, caller: &Caller, prefix: &[u8]) -> Result<(), crate::model::auth::AuthError> {
     check_read_write(node, caller, prefix, &crate::locks::prefix_end(prefix))
 }
 
 /// Refuse `caller` unless it may write every key attached to lease `id`:
 /// who ties a key to a lease must be able to write the lease's other keys
 /// (else the lease's holder could no longer keep it alive or revoke it).
-pub fn check_lease(node: &Node, caller: &Caller, id: i64) -> Result<(), crate::auth::AuthError> {
+pub fn check_lease(node: &Node, caller: &Caller, id: i64) -> Result<(), crate::model::auth::AuthError> {
     let state = node.state();
     let (leases, auth) = (state.leases(), state.auth());
-    crate::auth::checks::check_lease_keys(&auth, caller, id, &leases)
+    crate::model::auth::checks::check_lease_keys(&auth, caller, id, &leases)
 }
 
 /// Refuse `caller` unless it is a `root` user (while auth is on).
@@ -121,7 +121,7 @@ pub async fn maintenance_admin<T>(node: &Node, req: &Request<T>) -> Result<(), S
     let caller = Credentials::of(req)
         .caller(node)
         .await
-        .map_err(|_| error::unchecked_auth(crate::auth::AuthError::InvalidToken))?;
+        .map_err(|_| error::unchecked_auth(crate::model::auth::AuthError::InvalidToken))?;
     node.state().auth().check_admin(&caller).map_err(error::unchecked_auth)
 }
 
@@ -132,7 +132,8 @@ pub struct AuthService {
 impl AuthService {
     pub fn server(node: Arc<Node>) -> super::served::Served<AuthServer<AuthService>> {
         super::served::Served(
-            AuthServer::new(AuthService { node }).max_decoding_message_size(super::MAX_GRPC_MESSAGE_BYTES),
+            AuthServer::new(AuthService { node })
+                .max_decoding_message_size(crate::base::limits::MAX_GRPC_MESSAGE_BYTES),
         )
     }
 
@@ -238,7 +239,7 @@ impl Auth for AuthService {
             check_admin(&self.node, &caller)?;
         }
         let auth = self.node.state().auth();
-        let user = auth.users.get(&name).ok_or(crate::auth::AuthError::UserNotFound).map_err(error::auth)?;
+        let user = auth.users.get(&name).ok_or(crate::model::auth::AuthError::UserNotFound).map_err(error::auth)?;
         let roles = user.roles.clone();
         drop(auth);
         Ok(Response::new(pb::AuthUserGetResponse { header: header(&self.node, self.node.revision()), roles }))
@@ -311,7 +312,7 @@ impl Auth for AuthService {
         if !auth.has_role(&caller.user, &name) {
             auth.check_admin(&caller).map_err(error::auth)?;
         }
-        let role = auth.roles.get(&name).ok_or(crate::auth::AuthError::RoleNotFound).map_err(error::auth)?;
+        let role = auth.roles.get(&name).ok_or(crate::model::auth::AuthError::RoleNotFound).map_err(error::auth)?;
         let perm = role
             .perms
             .iter()
@@ -350,7 +351,7 @@ impl Auth for AuthService {
     ) -> Result<Response<pb::AuthRoleGrantPermissionResponse>, Status> {
         let caller = admin(&self.node, &req).await?;
         let req = req.into_inner();
-        let perm = req.perm.ok_or(crate::auth::AuthError::PermissionNotGiven).map_err(error::auth)?;
+        let perm = req.perm.ok_or(crate::model::auth::AuthError::PermissionNotGiven).map_err(error::auth)?;
         let perm = Permission { kind: perm_kind(perm.perm_type), key: perm.key, range_end: perm.range_end };
         let header = self.apply(AuthCommand::RoleGrantPermission { role: req.name, perm }, &caller).await?;
         Ok(Response::new(pb::AuthRoleGrantPermissionResponse { header }))

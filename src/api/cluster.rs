@@ -8,9 +8,9 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use super::{auth, error, header};
+use crate::node::{MemberInfo, MembershipChange, Node};
 use crate::proto::etcdserverpb as pb;
 use crate::proto::etcdserverpb::cluster_server::{Cluster, ClusterServer};
-use crate::server::{MemberInfo, MembershipChange, Node};
 
 pub struct ClusterService {
     node: Arc<Node>,
@@ -19,7 +19,8 @@ pub struct ClusterService {
 impl ClusterService {
     pub fn server(node: Arc<Node>) -> super::served::Served<ClusterServer<ClusterService>> {
         super::served::Served(
-            ClusterServer::new(ClusterService { node }).max_decoding_message_size(super::MAX_GRPC_MESSAGE_BYTES),
+            ClusterServer::new(ClusterService { node })
+                .max_decoding_message_size(crate::base::limits::MAX_GRPC_MESSAGE_BYTES),
         )
     }
 }

@@ -7,10 +7,10 @@
 
 use tonic::Status;
 
-use crate::auth::AuthError;
 use crate::locks::RecipeError;
-use crate::mvcc::MvccError;
-use crate::server::{MembershipFailure, MembershipRefusal, ServerError, TransferError, WriteError};
+use crate::model::auth::AuthError;
+use crate::model::mvcc::MvccError;
+use crate::node::{MembershipFailure, MembershipRefusal, ServerError, TransferError, WriteError};
 
 // ---------------------------------------------------------------------------
 // Requests refused before they reach the node (etcd's checks and messages)
@@ -114,7 +114,7 @@ pub fn mvcc(e: MvccError) -> Status {
         MvccError::NoSpace => Status::resource_exhausted("etcdserver: mvcc: database space exceeded"),
         MvccError::ResponseTooLarge => Status::resource_exhausted(format!(
             "etcdserver: mvcc: range response is too large (the limit is {} bytes; read it in pages with a limit)",
-            crate::mvcc::MAX_RANGE_RESPONSE_BYTES
+            crate::base::limits::MAX_RANGE_RESPONSE_BYTES
         )),
         MvccError::Malformed => Status::invalid_argument("etcdserver: invalid command"),
     }

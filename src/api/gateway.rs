@@ -19,7 +19,7 @@
 //!   `/v3/lease/keepalive` is a sequence of request objects; the stream stays
 //!   open after the body ends, until the client goes away, as etcd's does;
 //!   then the call ends too. A request object larger than the body limit
-//!   ([`MAX_BODY_BYTES`]) ends the requests.
+//!   ([`MAX_GATEWAY_BODY_BYTES`]) ends the requests.
 //! - `Authorization: <token>` carries an auth token. raftlock also takes
 //!   `Bearer <token>`, as it does in gRPC metadata; etcd 3.5.1 refuses that
 //!   form as an invalid token.
@@ -42,6 +42,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tonic::{Code, Status};
 
+use crate::base::limits::MAX_GATEWAY_BODY_BYTES;
 use crate::proto::etcdserverpb::auth_client::AuthClient;
 use crate::proto::etcdserverpb::cluster_client::ClusterClient;
 use crate::proto::etcdserverpb::kv_client::KvClient;
@@ -51,10 +52,6 @@ use crate::proto::etcdserverpb::watch_client::WatchClient;
 use crate::proto::raftlock::v1::locks_client::LocksClient;
 use crate::proto::v3electionpb::election_client::ElectionClient;
 use crate::proto::v3lockpb::lock_client::LockClient;
-
-/// The largest JSON body accepted: a request at the gRPC limit, in base64,
-/// with room to spare; the gRPC service refuses what is over its own limit.
-const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 
 /// The gRPC services, as the gateway's clients call them: the server's
 /// router behind one concrete service type that handlers can share.
@@ -149,7 +146,7 @@ pub fn routes(grpc: Router) -> Router {
         .route("/v3/{*path}", axum::routing::any(not_found))
         .route("/v1/locks/{*path}", axum::routing::any(not_found))
         .method_not_allowed_fallback(|| async { (StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed\n") })
-        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_GATEWAY_BODY_BYTES))
 }
 
 /// `req` as a gRPC request, carrying the caller's auth token.
@@ -260,7 +257,7 @@ struct BodyReader(#[allow(dead_code)] tokio::sync::oneshot::Sender<()>);
 
 /// The JSON objects in a body as it arrives, one after another (whitespace
 /// between them, or none); ends at the body's end, at the first object that
-/// is not a request, or at one larger than [`MAX_BODY_BYTES`].
+/// is not a request, or at one larger than [`MAX_GATEWAY_BODY_BYTES`].
 ///
 /// Each byte is looked at once ([`ObjectEnd`]) and each object parsed once,
 /// when its last byte has arrived: a body sent a byte at a time costs what
@@ -293,7 +290,7 @@ fn json_objects<T: DeserializeOwned + Send + 'static>(
                 }
                 Scanned::Incomplete => {}
             }
-            if buffer.len() > MAX_BODY_BYTES {
+            if buffer.len() > MAX_GATEWAY_BODY_BYTES {
                 tracing::debug!("gateway stream: a request larger than the limit ends the requests");
                 return None;
             }

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use tonic_health::ServingStatus;
 
-use crate::server::Node;
+use crate::node::Node;
 
 /// How often the reported status follows the member's.
 pub const HEALTH_INTERVAL: Duration = Duration::from_millis(200);

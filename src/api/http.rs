@@ -3,7 +3,7 @@
 //! They share the client port with gRPC (routed by path; HTTP/1.1 and
 //! HTTP/2 both accepted).
 //!
-//! - `/metrics`: Prometheus' text format (`crate::metrics`), the view of the
+//! - `/metrics`: Prometheus' text format (`crate::base::metrics`), the view of the
 //!   state refreshed on each scrape.
 //! - `/health`: etcd's JSON, `{"health":"true","reason":""}`; 503 with
 //!   `RAFT NO LEADER`, `ALARM NOSPACE` / `ALARM CORRUPT` (unless
@@ -25,9 +25,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 
-use crate::alarm::AlarmKind;
-use crate::metrics::metrics;
-use crate::server::Node;
+use crate::base::metrics::metrics;
+use crate::model::alarm::AlarmKind;
+use crate::node::Node;
 
 /// How long a health check's linearizable read may take.
 pub const READ_TIMEOUT: Duration = Duration::from_secs(1);

@@ -11,12 +11,13 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use super::{auth, check_request_size, error, header, MAX_TXN_OPS};
-use crate::auth::PermKind;
-use crate::mvcc::{self, KeyRange};
+use crate::base::limits::RANGE_STEP_KEYS;
+use crate::model::auth::PermKind;
+use crate::model::mvcc::{self, KeyRange};
+use crate::node::Node;
 use crate::proto::etcdserverpb as pb;
 use crate::proto::etcdserverpb::kv_server::{Kv, KvServer};
 use crate::proto::mvccpb;
-use crate::server::Node;
 
 pub struct KvService {
     node: Arc<Node>,
@@ -25,7 +26,7 @@ pub struct KvService {
 impl KvService {
     pub fn server(node: Arc<Node>) -> super::served::Served<KvServer<KvService>> {
         super::served::Served(
-            KvServer::new(KvService { node }).max_decoding_message_size(super::MAX_GRPC_MESSAGE_BYTES),
+            KvServer::new(KvService { node }).max_decoding_message_size(crate::base::limits::MAX_GRPC_MESSAGE_BYTES),
         )
     }
 }
@@ -44,7 +45,7 @@ impl Kv for KvService {
         let caller = credentials.caller(&self.node).await?;
         auth::check(&self.node, &caller, &req.key, &req.range_end, PermKind::Read)?;
         let result = range_in_steps(self.node.state(), range).await.map_err(error::mvcc)?;
-        crate::metrics::metrics().ranges.inc();
+        crate::base::metrics::metrics().ranges.inc();
         Ok(Response::new(range_response(&self.node, result)))
     }
 
@@ -84,7 +85,7 @@ impl Kv for KvService {
             let caller = credentials.caller(&self.node).await?;
             let state = self.node.state();
             let (leases, auth) = (state.leases(), state.auth());
-            crate::auth::checks::check_txn(&auth, &caller, &txn, &leases).map_err(error::auth)?;
+            crate::model::auth::checks::check_txn(&auth, &caller, &txn, &leases).map_err(error::auth)?;
             drop((leases, auth));
             self.node.state().mvcc().read_txn(&txn).map_err(error::mvcc)?
         } else {
@@ -143,18 +144,15 @@ fn check_delete(r: &pb::DeleteRangeRequest) -> Result<(), Status> {
     Ok(())
 }
 
-/// Keys a range reads per step while it holds the store's lock.
-pub const RANGE_STEP_KEYS: usize = 1024;
-
 /// Read `req` from the applied state [`RANGE_STEP_KEYS`] keys at a time,
 /// letting go of the store between steps (`mvcc::RangeScan`): a range over
 /// millions of keys, or over history read back from disk, holds up apply
 /// for one step at a time, not for its whole length.
 pub(super) async fn range_in_steps(
-    state: &crate::applied::AppliedState,
-    req: crate::mvcc::RangeRequest,
-) -> Result<crate::mvcc::RangeResult, crate::mvcc::MvccError> {
-    let mut scan = crate::mvcc::RangeScan::new(&state.mvcc(), req)?;
+    state: &crate::model::applied::AppliedState,
+    req: crate::model::mvcc::RangeRequest,
+) -> Result<crate::model::mvcc::RangeResult, crate::model::mvcc::MvccError> {
+    let mut scan = crate::model::mvcc::RangeScan::new(&state.mvcc(), req)?;
     loop {
         state.mvcc().range_step(&mut scan, RANGE_STEP_KEYS)?;
         if scan.finished() {

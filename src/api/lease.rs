@@ -17,11 +17,11 @@ use futures::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::{auth, error, header};
-use crate::auth::PermKind;
-use crate::lease::MAX_LEASE_TTL;
+use crate::model::auth::PermKind;
+use crate::model::lease::MAX_LEASE_TTL;
+use crate::node::Node;
 use crate::proto::etcdserverpb as pb;
 use crate::proto::etcdserverpb::lease_server::{Lease, LeaseServer};
-use crate::server::Node;
 
 pub struct LeaseService {
     node: Arc<Node>,
@@ -30,7 +30,8 @@ pub struct LeaseService {
 impl LeaseService {
     pub fn server(node: Arc<Node>) -> super::served::Served<LeaseServer<LeaseService>> {
         super::served::Served(
-            LeaseServer::new(LeaseService { node }).max_decoding_message_size(super::MAX_GRPC_MESSAGE_BYTES),
+            LeaseServer::new(LeaseService { node })
+                .max_decoding_message_size(crate::base::limits::MAX_GRPC_MESSAGE_BYTES),
         )
     }
 }

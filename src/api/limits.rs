@@ -1,6 +1,6 @@
 //! etcd's request limits on every client service.
 //!
-//! Two bounds, as etcd's: a request larger than [`MAX_REQUEST_BYTES`]
+//! Two bounds, as etcd's: a request larger than [`MAX_CLIENT_REQUEST_BYTES`]
 //! (1.5 MiB, `--max-request-bytes`' default) is refused by the handler with
 //! `etcdserver: request is too large` (InvalidArgument); a gRPC message larger
 //! than [`MAX_GRPC_MESSAGE_BYTES`] (that plus 512 KiB) is refused before it is
@@ -20,15 +20,11 @@ use tonic::codegen::http;
 use tonic::Status;
 
 use super::error;
+use crate::base::limits::{MAX_CLIENT_REQUEST_BYTES, MAX_GRPC_MESSAGE_BYTES};
 
-/// The largest request accepted, as etcd's `--max-request-bytes` default.
-pub const MAX_REQUEST_BYTES: usize = 3 * 512 * 1024;
-/// What the gRPC layer decodes at most: the request limit plus etcd's overhead.
-pub const MAX_GRPC_MESSAGE_BYTES: usize = MAX_REQUEST_BYTES + 512 * 1024;
-
-/// Refuse a request larger than [`MAX_REQUEST_BYTES`], as etcd does.
+/// Refuse a request larger than [`MAX_CLIENT_REQUEST_BYTES`], as etcd does.
 pub fn check_request_size(req: &impl Message) -> Result<(), Status> {
-    if req.encoded_len() > MAX_REQUEST_BYTES {
+    if req.encoded_len() > MAX_CLIENT_REQUEST_BYTES {
         return Err(error::request_too_large());
     }
     Ok(())

@@ -9,15 +9,15 @@ use std::time::Instant;
 use tonic::{Request, Response, Status};
 
 use super::{auth, error, header};
-use crate::auth::PermKind;
 use crate::locks::election::{self, LeaderKey};
 use crate::locks::queue_prefix;
 use crate::locks::{self, mutex};
+use crate::model::auth::PermKind;
+use crate::node::Node;
 use crate::proto::v3electionpb as epb;
 use crate::proto::v3electionpb::election_server::{Election, ElectionServer};
 use crate::proto::v3lockpb as lpb;
 use crate::proto::v3lockpb::lock_server::{Lock, LockServer};
-use crate::server::Node;
 
 pub struct LockService {
     node: Arc<Node>,
@@ -26,7 +26,8 @@ pub struct LockService {
 impl LockService {
     pub fn server(node: Arc<Node>) -> super::served::Served<LockServer<LockService>> {
         super::served::Served(
-            LockServer::new(LockService { node }).max_decoding_message_size(super::MAX_GRPC_MESSAGE_BYTES),
+            LockServer::new(LockService { node })
+                .max_decoding_message_size(crate::base::limits::MAX_GRPC_MESSAGE_BYTES),
         )
     }
 }
@@ -56,17 +57,17 @@ impl Lock for LockService {
 
 /// etcd runs its lock and election services through a client of its own,
 /// which hands auth's refusals on as gRPC code Unknown with the message.
-fn denied(e: crate::auth::AuthError) -> Status {
+fn denied(e: crate::model::auth::AuthError) -> Status {
     error::v3_recipe(locks::RecipeError::Denied(e))
 }
 
 /// Proclaim and Resign compare and write the leader's key.
-fn check_leader_key(node: &Node, caller: &crate::auth::Caller, key: &[u8]) -> Result<(), Status> {
+fn check_leader_key(node: &Node, caller: &crate::model::auth::Caller, key: &[u8]) -> Result<(), Status> {
     auth::check_read_write(node, caller, key, &[]).map_err(denied)
 }
 
 /// Leader and Observe read the election's keys.
-fn check_read_prefix(node: &Node, caller: &crate::auth::Caller, name: &[u8]) -> Result<(), Status> {
+fn check_read_prefix(node: &Node, caller: &crate::model::auth::Caller, name: &[u8]) -> Result<(), Status> {
     let prefix = queue_prefix(name);
     node.state().auth().check(caller, &prefix, &locks::prefix_end(&prefix), PermKind::Read).map_err(denied)
 }
@@ -78,7 +79,8 @@ pub struct ElectionService {
 impl ElectionService {
     pub fn server(node: Arc<Node>) -> super::served::Served<ElectionServer<ElectionService>> {
         super::served::Served(
-            ElectionServer::new(ElectionService { node }).max_decoding_message_size(super::MAX_GRPC_MESSAGE_BYTES),
+            ElectionServer::new(ElectionService { node })
+                .max_decoding_message_size(crate::base::limits::MAX_GRPC_MESSAGE_BYTES),
         )
     }
 }
@@ -158,6 +160,6 @@ impl Election for ElectionService {
 /// Count a grant made by `api` for a request that arrived at `arrived`: the
 /// grant latency, and the grant among this member's holders.
 pub(super) fn granted(node: &Node, api: &str, arrived: Instant, key: &[u8], token: i64) {
-    crate::metrics::metrics().lock_grant.with_label_values(&[api]).observe(arrived.elapsed().as_secs_f64());
+    crate::base::metrics::metrics().lock_grant.with_label_values(&[api]).observe(arrived.elapsed().as_secs_f64());
     node.lock_granted(key, token);
 }

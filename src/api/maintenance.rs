@@ -1,4 +1,4 @@
-//! etcd's Maintenance service: Status, alarms (`crate::alarm`), Snapshot (the member's
+//! etcd's Maintenance service: Status, alarms (`crate::model::alarm`), Snapshot (the member's
 //! state streamed as a backup, in raftlock's own encoding — not a bbolt file),
 //! Defragment (a flush of the state store) and MoveLeader (see
 //! `raft::transfer`). Hashes and Downgrade answer `Unimplemented`.
@@ -9,13 +9,11 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use super::{auth, error, header};
-use crate::alarm::{AlarmAction, AlarmKind};
+use crate::base::limits::SNAPSHOT_CHUNK_BYTES;
+use crate::model::alarm::{AlarmAction, AlarmKind};
+use crate::node::Node;
 use crate::proto::etcdserverpb as pb;
 use crate::proto::etcdserverpb::maintenance_server::{Maintenance, MaintenanceServer};
-use crate::server::Node;
-
-/// Snapshot stream chunk size (etcd's).
-pub const SNAPSHOT_CHUNK: usize = 32 * 1024;
 
 /// The etcd API version raftlock serves; clients gate features on it.
 pub const ETCD_API_VERSION: &str = "3.5.0";
@@ -28,7 +26,7 @@ impl MaintenanceService {
     pub fn server(node: Arc<Node>) -> super::served::Served<MaintenanceServer<MaintenanceService>> {
         super::served::Served(
             MaintenanceServer::new(MaintenanceService { node })
-                .max_decoding_message_size(super::MAX_GRPC_MESSAGE_BYTES),
+                .max_decoding_message_size(crate::base::limits::MAX_GRPC_MESSAGE_BYTES),
         )
     }
 }
@@ -37,7 +35,7 @@ type SnapshotStream = Pin<Box<dyn futures::Stream<Item = Result<pb::SnapshotResp
 
 #[tonic::async_trait]
 impl Maintenance for MaintenanceService {
-    /// etcd's alarms (`crate::alarm`): GET lists them (all, or those of one
+    /// etcd's alarms (`crate::model::alarm`): GET lists them (all, or those of one
     /// type) as applied when a read barrier passed; ACTIVATE and DEACTIVATE
     /// go through the log. Changing alarms takes the root role while auth
     /// is on (stricter than etcd 3.5, which lets anyone disarm).
@@ -148,7 +146,7 @@ impl Maintenance for MaintenanceService {
     /// The member's whole state (every version, leases, members) in
     /// raftlock's snapshot encoding, zero-padded to a multiple of 512 bytes and
     /// followed by the SHA-256 of all that — etcd's trailer, which etcdctl
-    /// checks — in chunks of [`SNAPSHOT_CHUNK`] bytes.
+    /// checks — in chunks of [`SNAPSHOT_CHUNK_BYTES`] bytes.
     async fn snapshot(&self, req: Request<pb::SnapshotRequest>) -> Result<Response<SnapshotStream>, Status> {
         use sha2::Digest;
         auth::maintenance_admin(&self.node, &req).await?;
@@ -163,10 +161,10 @@ impl Maintenance for MaintenanceService {
         let first = header(&self.node, revision);
         let total = data.len();
         let chunks: Vec<Result<pb::SnapshotResponse, Status>> = data
-            .chunks(SNAPSHOT_CHUNK)
+            .chunks(SNAPSHOT_CHUNK_BYTES)
             .enumerate()
             .map(|(i, blob)| {
-                let sent = i * SNAPSHOT_CHUNK + blob.len();
+                let sent = i * SNAPSHOT_CHUNK_BYTES + blob.len();
                 Ok(pb::SnapshotResponse {
                     header: if i == 0 { first } else { None },
                     remaining_bytes: (total - sent) as u64,

@@ -30,12 +30,11 @@ use std::sync::Arc;
 use tonic::service::Routes;
 use tonic::transport::Server;
 
+use crate::base::limits::MAX_TXN_OPS;
+use crate::node::Node;
 use crate::proto::etcdserverpb::ResponseHeader;
-use crate::server::Node;
 
-pub use limits::{check_request_size, MAX_GRPC_MESSAGE_BYTES, MAX_REQUEST_BYTES};
-/// The most operations in one branch of a txn.
-pub const MAX_TXN_OPS: usize = 128;
+pub use limits::check_request_size;
 /// How long a client connection may be idle before the server pings it
 /// (etcd's `--grpc-keepalive-interval` default).
 const CLIENT_KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2 * 60 * 60);
@@ -56,7 +55,7 @@ pub fn header(node: &Node, revision: i64) -> Option<ResponseHeader> {
 
 /// Serve the client API on `listeners` until the node shuts down: the gRPC
 /// services, and the HTTP endpoints ([`http`]) on the same port.
-pub async fn serve_clients(node: Arc<Node>, listeners: Vec<crate::server::listen::Bound>) -> anyhow::Result<()> {
+pub async fn serve_clients(node: Arc<Node>, listeners: Vec<crate::base::listen::Bound>) -> anyhow::Result<()> {
     let health = health::service(node.clone());
     let make = || {
         let mut grpc = Routes::builder();
@@ -82,18 +81,18 @@ pub async fn serve_clients(node: Arc<Node>, listeners: Vec<crate::server::listen
             .http2_keepalive_timeout(Some(CLIENT_KEEPALIVE_TIMEOUT))
             .add_routes(Routes::from(routes))
     };
-    crate::server::listen::serve(listeners, make, node.stopping()).await
+    crate::base::listen::serve(listeners, make, node.stopping()).await
 }
 
 /// Serve only the HTTP endpoints ([`http`]) on `listeners`
 /// (`--listen-metrics-urls`) until the node shuts down.
-pub async fn serve_metrics(node: Arc<Node>, listeners: Vec<crate::server::listen::Bound>) -> anyhow::Result<()> {
+pub async fn serve_metrics(node: Arc<Node>, listeners: Vec<crate::base::listen::Bound>) -> anyhow::Result<()> {
     if listeners.is_empty() {
         node.stopping().stopped().await;
         return Ok(());
     }
     let make = || Server::builder().accept_http1(true).add_routes(Routes::from(http::routes(node.clone())));
-    crate::server::listen::serve(listeners, make, node.stopping()).await
+    crate::base::listen::serve(listeners, make, node.stopping()).await
 }
 
 /// Parse a streamed gateway body as the gateway does (the fuzz targets'

@@ -12,15 +12,13 @@ use std::time::Duration;
 use tonic::{Request, Response, Status};
 
 use super::{auth, error, header};
-use crate::auth::PermKind;
+use crate::base::limits::MAX_PERMITS;
 use crate::locks;
 use crate::locks::fenced::{self, Acquired, Owner, Wait};
+use crate::model::auth::PermKind;
+use crate::node::Node;
 use crate::proto::raftlock::v1 as pb;
 use crate::proto::raftlock::v1::locks_server::{Locks, LocksServer};
-use crate::server::Node;
-
-/// The most permits a lock may have.
-pub const MAX_PERMITS: u32 = 1024;
 
 fn permits(n: u32) -> Result<usize, Status> {
     match n {
@@ -64,7 +62,8 @@ pub struct LocksService {
 impl LocksService {
     pub fn server(node: Arc<Node>) -> super::served::Served<LocksServer<LocksService>> {
         super::served::Served(
-            LocksServer::new(LocksService { node }).max_decoding_message_size(super::MAX_GRPC_MESSAGE_BYTES),
+            LocksServer::new(LocksService { node })
+                .max_decoding_message_size(crate::base::limits::MAX_GRPC_MESSAGE_BYTES),
         )
     }
 }

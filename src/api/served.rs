@@ -24,7 +24,7 @@ use tonic::server::NamedService;
 use tonic::Status;
 
 use super::limits::as_etcd_answers_too_large;
-use crate::metrics::metrics;
+use crate::base::metrics::metrics;
 
 /// A client service as raftlock serves it (see the module doc).
 #[derive(Clone)]

@@ -2,7 +2,7 @@
 //!
 //! Each stream is a session task that owns its watchers, served from this
 //! member's own applied state. The session has an inbox in the member's
-//! watch routes (`crate::watch_routes`): apply queues there the batches that
+//! watch routes (`crate::model::watch_routes`): apply queues there the batches that
 //! change a key one of its watchers watches, and wakes the session only
 //! then. A watcher's range is registered *before* its history is read, so
 //! between history and inbox no change is missed, and a watcher's position
@@ -48,27 +48,16 @@ use futures::StreamExt;
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::{auth, error, header, MAX_REQUEST_BYTES};
-use crate::auth::PermKind;
-use crate::mvcc::{Change, HistoryScan, KeyRange, KeyValue, MvccError, Revision};
+use super::{auth, error, header};
+use crate::base::limits::MAX_CLIENT_REQUEST_BYTES;
+use crate::base::limits::{MAX_WATCHERS_PER_STREAM, WATCH_CATCH_UP_BYTES, WATCH_CATCH_UP_KEYS, WATCH_OUTBOX};
+use crate::model::auth::PermKind;
+use crate::model::mvcc::{Change, HistoryScan, KeyRange, KeyValue, MvccError, Revision};
+use crate::model::watch::{by_revision, fragments, Event, Watcher};
+use crate::node::Node;
 use crate::proto::etcdserverpb as pb;
 use crate::proto::etcdserverpb::watch_server::{Watch, WatchServer};
 use crate::proto::mvccpb;
-use crate::server::Node;
-use crate::watch::{by_revision, fragments, Event, Watcher};
-
-/// Responses queued for a client that is not reading, per stream.
-const OUTBOX: usize = 64;
-/// A catch-up reads history in scans of about this many bytes of events
-/// (`mvcc::HistoryScan`), then sends them before reading on.
-const CATCH_UP_BYTES: usize = 4 << 20;
-/// Watchers one stream may hold at once. Each holds its range, and every
-/// batch routed to the stream is matched against each watcher of a range
-/// (of single keys, by lookup): a client that wants more opens another
-/// stream.
-pub const MAX_WATCHERS_PER_STREAM: usize = 10_000;
-/// Keys a catch-up scan looks at per hold of the store's lock.
-const CATCH_UP_KEYS: usize = 4096;
 
 pub struct WatchService {
     node: Arc<Node>,
@@ -79,7 +68,7 @@ impl WatchService {
     pub fn server(node: Arc<Node>, progress_interval: Duration) -> super::served::Served<WatchServer<WatchService>> {
         super::served::Served(
             WatchServer::new(WatchService { node, progress_interval })
-                .max_decoding_message_size(super::MAX_GRPC_MESSAGE_BYTES),
+                .max_decoding_message_size(crate::base::limits::MAX_GRPC_MESSAGE_BYTES),
         )
     }
 }
@@ -95,7 +84,7 @@ impl Watch for WatchService {
         if require_leader && !self.node.has_leader() {
             return Err(error::no_leader());
         }
-        let (tx, rx) = mpsc::channel(OUTBOX);
+        let (tx, rx) = mpsc::channel(WATCH_OUTBOX);
         let session = Session {
             credentials: auth::Credentials::of(&req),
             inbox: self.node.state().open_watch_inbox(),
@@ -120,7 +109,7 @@ struct Session {
     /// Who opened the stream: each create is checked (READ on its range).
     credentials: auth::Credentials,
     /// Where apply queues the batches this session's watchers watch.
-    inbox: crate::watch_routes::Inbox,
+    inbox: crate::model::watch_routes::Inbox,
     /// Every batch through this revision that concerns a watcher has been
     /// taken from the inbox (see the module doc: positions).
     synced: Revision,
@@ -245,7 +234,7 @@ impl Session {
             let mut resp = self.response(c.watch_id, current);
             resp.created = true;
             resp.canceled = true;
-            let denied = error::auth(crate::auth::AuthError::PermissionDenied);
+            let denied = error::auth(crate::model::auth::AuthError::PermissionDenied);
             resp.cancel_reason = format!("rpc error: code = PermissionDenied desc = {}", denied.message());
             return self.send(resp).await;
         }
@@ -257,7 +246,7 @@ impl Session {
             resp.cancel_reason = format!(
                 "etcdserver: too many key ranges watched on this member (at most {}); watch a prefix or single \
                  keys instead",
-                crate::watch_routes::MAX_DISTINCT_RANGES
+                crate::base::limits::MAX_WATCHED_RANGES
             );
             return self.send(resp).await;
         }
@@ -363,9 +352,9 @@ impl Session {
             if w.next_revision > current {
                 return Ok(());
             }
-            let mut scan = HistoryScan::new(w.range.clone(), w.next_revision, current, CATCH_UP_BYTES);
+            let mut scan = HistoryScan::new(w.range.clone(), w.next_revision, current, WATCH_CATCH_UP_BYTES);
             let read = loop {
-                let step = self.node.state().mvcc().scan_history(&mut scan, CATCH_UP_KEYS);
+                let step = self.node.state().mvcc().scan_history(&mut scan, WATCH_CATCH_UP_KEYS);
                 match step {
                     Err(e) => break Err(e),
                     Ok(()) if scan.finished() => break Ok(scan.into_changes()),
@@ -382,7 +371,7 @@ impl Session {
                     let mut size = 0;
                     for (_, group) in by_revision(events) {
                         let group_size: usize = group.iter().map(Event::size).sum();
-                        if !pending.is_empty() && size + group_size > MAX_REQUEST_BYTES {
+                        if !pending.is_empty() && size + group_size > MAX_CLIENT_REQUEST_BYTES {
                             self.send_events(id, current, std::mem::take(&mut pending), fragment).await?;
                             size = 0;
                         }
@@ -440,7 +429,7 @@ impl Session {
     }
 
     async fn send_events(&self, id: i64, revision: Revision, events: Vec<Event>, fragment: bool) -> Result<(), Gone> {
-        let parts = if fragment { fragments(events, MAX_REQUEST_BYTES) } else { vec![events] };
+        let parts = if fragment { fragments(events, MAX_CLIENT_REQUEST_BYTES) } else { vec![events] };
         let n = parts.len();
         for (i, part) in parts.into_iter().enumerate() {
             let mut resp = self.response(id, revision);

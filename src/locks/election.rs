@@ -6,8 +6,8 @@
 use std::sync::Arc;
 
 use super::{enqueue_guarded, queue_prefix, wait_for_turn, Mode, Place, RecipeError};
-use crate::mvcc::{CompareResult, CompareTarget, KeyRange, KeyValue, PutRequest, RequestOp, TxnRequest};
-use crate::server::Node;
+use crate::model::mvcc::{CompareResult, CompareTarget, KeyRange, KeyValue, PutRequest, RequestOp, TxnRequest};
+use crate::node::Node;
 
 /// Who leads: the election's name, the leader's key, its create_revision and lease.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -94,7 +94,7 @@ pub async fn resign(node: &Node, leader: &LeaderKey) -> Result<i64, RecipeError>
         node.read_barrier().await?;
         return Ok(node.revision());
     }
-    let del = crate::mvcc::DeleteRangeRequest { key: leader.key.clone(), range_end: vec![], prev_kv: false };
+    let del = crate::model::mvcc::DeleteRangeRequest { key: leader.key.clone(), range_end: vec![], prev_kv: false };
     Ok(while_leader(node, leader, RequestOp::DeleteRange(del)).await?.0)
 }
 

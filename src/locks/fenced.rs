@@ -37,11 +37,11 @@ use super::{
     compare, create_revision_is, enqueue_guarded, hold_count_key, holders_and_waiters, mode_of, prefix_end,
     queue_prefix, wait_for_turn, GaveUp, Mode, Place, RecipeError,
 };
-use crate::mvcc::{
+use crate::model::mvcc::{
     Compare, CompareResult, CompareTarget, DeleteRangeRequest, KeyValue, PutRequest, RangeRequest, RequestOp,
     ResponseOp, SortOrder, SortTarget, TxnRequest,
 };
-use crate::server::Node;
+use crate::node::Node;
 
 /// How long an acquire may wait for its turn.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -57,14 +57,14 @@ pub mod stats;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::mvcc::{
+use crate::model::mvcc::{
     Compare, CompareResult, CompareTarget, DeleteRangeRequest, KeyRange, KeyValue, MvccError, PutRequest, RangeRequest,
     RequestOp, ResponseOp, SortOrder, SortTarget, TxnRequest,
 };
-use crate::server::{Node, ServerError, WriteError};
+use crate::node::{Node, ServerError, WriteError};
 
 /// Re-exported where lock names meet key ranges.
-pub use crate::mvcc::prefix_end;
+pub use crate::model::mvcc::prefix_end;
 
 /// Why a lock or election request failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -85,7 +85,7 @@ pub enum RecipeError {
     TimedOut,
     /// Auth refused the caller.
     #[error(transparent)]
-    Denied(crate::auth::AuthError),
+    Denied(crate::model::auth::AuthError),
     /// The lease is queued for (or holds) the lock in this other mode.
     #[error("the lease already holds or waits for the lock in {} mode", match .0 { Mode::Read => "read", Mode::Write => "write" })]
     OtherMode(Mode),
@@ -447,7 +447,7 @@ async fn wait_for_the_last_key_ahead(
 ) -> Result<KeyValue, RecipeError> {
     let mut stopping = node.stopping();
     // The key ahead waited for, and the wait on it (and on our own key).
-    let mut wait: Option<(Vec<u8>, crate::applied::DeletionWait)> = None;
+    let mut wait: Option<(Vec<u8>, crate::model::applied::DeletionWait)> = None;
     loop {
         let (own, ahead, _) = standing(node, &mine.key, mine.create_revision, prefix, mode)?;
         let current = match own {
@@ -474,7 +474,7 @@ async fn wait_for_the_last_key_ahead(
 }
 
 /// [`wait_for_turn`] with more than one permit: follow the applied changes
-/// under `prefix` ([`crate::applied::AppliedState::follow`]) and count down
+/// under `prefix` ([`crate::model::applied::AppliedState::follow`]) and count down
 /// the deletions of keys ahead (any of them may be the one that lets us in),
 /// looking at the store again only when the count says the turn has come, or
 /// when changes were lost. Only a change under the prefix wakes such a waiter.

@@ -7,8 +7,8 @@
 use std::sync::Arc;
 
 use super::{enqueue_guarded, queue_prefix, wait_for_turn, Mode, Place, RecipeError};
-use crate::mvcc::KeyValue;
-use crate::server::Node;
+use crate::model::mvcc::KeyValue;
+use crate::node::Node;
 
 /// The TTL of the lease etcd's Lock grants when the request names none.
 pub const DEFAULT_SESSION_TTL: i64 = 60;

@@ -1,4 +1,4 @@
-//! What the lock metrics count (`crate::metrics`): the waiters of this
+//! What the lock metrics count (`crate::base::metrics`): the waiters of this
 //! member ([`Waiting`], a guard held while a request waits for its turn) and
 //! the grants it made that are still held ([`Grants`]).
 //!
@@ -11,9 +11,9 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use crate::applied::AppliedState;
-use crate::metrics::metrics;
-use crate::mvcc::RangeRequest;
+use crate::base::metrics::metrics;
+use crate::model::applied::AppliedState;
+use crate::model::mvcc::RangeRequest;
 
 /// Grants are pruned no more often than every this many.
 const PRUNE_FLOOR: usize = 1024;
@@ -95,8 +95,8 @@ impl Drop for Waiting {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lease::LeaseTable;
-    use crate::mvcc::{DeleteRangeRequest, PutRequest};
+    use crate::model::lease::LeaseTable;
+    use crate::model::mvcc::{DeleteRangeRequest, PutRequest};
 
     /// More grants than one chunk of the pruning holds: each is counted
     /// while its key lives with the create revision it was granted with.

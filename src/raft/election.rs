@@ -64,7 +64,7 @@ use super::log_store::LogStore;
 use super::peer::client::PeerClients;
 use super::peer::messages::ControlRequest;
 use super::{LogId, Raft};
-use crate::shutdown::Stopping;
+use crate::base::shutdown::Stopping;
 
 /// openraft's timing for `heartbeat`: its elections are off, so its election
 /// timeout only sets how long a vote request may take (the minimum) and the

@@ -2,7 +2,7 @@
 //!
 //! A follower forwards its clients' writes to the leader
 //! (`raft::peer::forward`), each with a tag this member chose. The leader
-//! proposes each one as a [`Command::Forwarded`](crate::command::Command)
+//! proposes each one as a [`Command::Forwarded`](crate::model::command::Command)
 //! naming the member it came from (`origin`, the peer the leader
 //! authenticated) and the tag, and tells the follower only which ones
 //! failed. Every member applies every entry; the member a write came from
@@ -41,7 +41,7 @@ use std::sync::Mutex;
 
 use tokio::sync::{oneshot, watch};
 
-use crate::command::CommandResult;
+use crate::model::command::CommandResult;
 
 /// The waiters of this member's forwarded writes (see the module doc).
 pub struct ForwardedAnswers {
@@ -164,7 +164,7 @@ impl Drop for Expected<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mvcc::PutResult;
+    use crate::model::mvcc::PutResult;
 
     fn put(revision: i64) -> CommandResult {
         CommandResult::Put(PutResult { revision, ..Default::default() })

@@ -52,7 +52,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
 
-use crate::command::{Command, CommandResult, UserCommand};
+use crate::model::command::{Command, CommandResult, UserCommand};
 
 #[derive(Default)]
 pub struct LeaseOrder {
@@ -322,7 +322,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::mvcc::MvccError;
+    use crate::model::mvcc::MvccError;
 
     fn grant(id: i64) -> Command {
         Command::LeaseGrant { id, ttl: 10 }
@@ -333,7 +333,7 @@ mod tests {
     }
 
     fn put() -> Command {
-        Command::Put(crate::mvcc::PutRequest { key: b"k".to_vec(), value: b"v".to_vec(), ..Default::default() })
+        Command::Put(crate::model::mvcc::PutRequest { key: b"k".to_vec(), value: b"v".to_vec(), ..Default::default() })
     }
 
     /// Admit a batch that must not wait.

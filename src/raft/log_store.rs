@@ -65,7 +65,9 @@ use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{OptionalSend, RaftLogReader, StorageError, StorageIOError, Vote};
 use tokio::sync::watch;
 
-use super::{decode, encode, Entry, LogId, TypeConfig};
+use super::{Entry, LogId, TypeConfig};
+use crate::base::codec::{decode, encode};
+use crate::base::limits::HOT_LOG_BYTES;
 use crate::storage::wal::{Durable, EntryAt, Wal, WalRecord};
 use crate::storage::StateStore;
 
@@ -86,11 +88,6 @@ pub enum LogMoved {
     #[error("an entry could not be read back from the WAL")]
     Unreadable,
 }
-
-/// The bytes of encoded entries kept decoded in memory, at most (but the
-/// last entry, which always is): far more than a follower or apply that
-/// keeps up is behind (a proposal batch is at most 2 MiB, so four batches).
-pub const HOT_LOG_BYTES: u64 = 8 << 20;
 
 /// What the log knows of an entry it holds.
 #[derive(Clone, Copy)]
@@ -433,7 +430,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
     /// entries read back from the WAL for a follower far behind are not
     /// all decoded into memory at once.
     async fn limited_get_log_entries(&mut self, start: u64, end: u64) -> Result<Vec<Entry>, StorageError<u64>> {
-        self.read_range(start..end, super::pipeline::MAX_REQUEST_BYTES)
+        self.read_range(start..end, crate::base::limits::MAX_APPEND_BYTES)
             .map_err(|e| StorageIOError::read_logs(&e).into())
     }
 }

@@ -119,7 +119,7 @@ pub async fn change(raft: &Raft, peers: &PeerClients, token: &str, change: Membe
                     return MembershipAnswer::Refused(refusal);
                 }
             }
-            let id = crate::config::member_id(&peer_urls, token);
+            let id = crate::base::ids::member_id(&peer_urls, token);
             let node = MemberNode { name: String::new(), peer_url: peer_urls[0].clone() };
             let result = if is_learner {
                 raft.add_learner(id, node, false).await

@@ -8,7 +8,7 @@
 //!   (`storage::wal`) with group commit, plus an in-memory copy of the entries
 //!   that are not yet purged, which replication reads from;
 //! - a **state machine** ([`state_machine::StateMachine`]): applies committed
-//!   entries in log order. raftlock's is the MVCC store (`crate::mvcc`), its
+//!   entries in log order. raftlock's is the MVCC store (`crate::model::mvcc`), its
 //!   persistent copy in sled, written in one atomic batch per apply call together
 //!   with the last applied log id and the membership;
 //! - a **network** ([`network::PeerNetwork`]): Raft RPCs over gRPC on the peer
@@ -22,8 +22,8 @@
 //!
 //! ## A write, traced
 //! 1. A client's Put reaches any node's API (`crate::api::kv`), which validates it
-//!    and calls the node (`Node::put`, `crate::server::write`), which makes it a
-//!    [`crate::command::Command`].
+//!    and calls the node (`Node::put`, `crate::node::write`), which makes it a
+//!    [`crate::model::command::Command`].
 //! 2. On the leader, the command goes to its proposer ([`proposer`], batched
 //!    with other commands into one `Raft::client_write`); on a follower, it
 //!    goes over the peer protocol ([`peer::forward`], in a batch on the
@@ -44,7 +44,7 @@
 //!
 //! ## Caveats
 //! - Log entries are kept in the WAL until purged, and the newest of them in
-//!   memory too (`log_store::HOT_LOG_BYTES`). Purging follows snapshots,
+//!   memory too (`crate::base::limits::HOT_LOG_BYTES`). Purging follows snapshots,
 //!   taken when the log since the last one is large ([`bound_log`]).
 //! - Peer RPCs are not authenticated: the peer URL must only be reachable by
 //!   members.
@@ -64,7 +64,8 @@ pub mod transfer;
 
 use serde::{Deserialize, Serialize};
 
-use crate::command::{Command, CommandResult};
+use crate::base::limits::{CATCHUP_LOG_BYTES, SNAPSHOT_LOG_BYTES};
+use crate::model::command::{Command, CommandResult};
 
 /// What a member is to Raft: its name and where its peers reach it. Client URLs
 /// are state-machine data (published through the log), not membership.
@@ -119,58 +120,6 @@ pub fn removal_applied(metrics: &RaftMetrics, id: u64) -> bool {
     applied && config.membership().get_node(&id).is_none()
 }
 pub use openraft::{Config as RaftConfig, ServerState};
-
-/// The first byte of every encoded log entry and peer payload. Bumped when the
-/// encoding changes incompatibly, so that a mismatch is an error, not a misread.
-pub const FORMAT_V1: u8 = 1;
-
-/// Encode with the format byte in front.
-pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
-    let mut out = Vec::new();
-    encode_onto(&mut out, value);
-    out
-}
-
-/// Append `value`'s encoding, the format byte in front, to `out` (what
-/// [`encode`] returns, written in place: a journal frame's body).
-pub fn encode_onto<T: Serialize>(out: &mut Vec<u8>, value: &T) {
-    out.push(FORMAT_V1);
-    bincode::serialize_into(&mut *out, value).expect("serializing to memory cannot fail");
-}
-
-/// Why bytes did not decode: a peer or a file of another version, or not
-/// raftlock's at all.
-#[derive(Debug, thiserror::Error)]
-pub enum DecodeError {
-    #[error("empty payload")]
-    Empty,
-    #[error("unknown encoding format {0}")]
-    UnknownFormat(u8),
-    #[error("{0}")]
-    Malformed(#[from] bincode::Error),
-}
-
-/// Decode `bytes` whose first byte is `tag` (a format of the caller's own,
-/// see `state_machine::layout`) and the rest as [`decode`] reads it; with
-/// `exact`, bytes left over are an error.
-pub fn decode_tagged<T: for<'de> Deserialize<'de>>(bytes: &[u8], tag: u8, exact: bool) -> Result<T, DecodeError> {
-    use bincode::Options;
-    match bytes.split_first() {
-        Some((&t, rest)) if t == tag => {
-            let options = bincode::DefaultOptions::new().with_fixint_encoding().with_limit(rest.len() as u64);
-            Ok(if exact { options.deserialize(rest)? } else { options.allow_trailing_bytes().deserialize(rest)? })
-        }
-        Some((&v, _)) => Err(DecodeError::UnknownFormat(v)),
-        None => Err(DecodeError::Empty),
-    }
-}
-
-/// Decode what [`encode`] produced. Bounded: no length inside may claim more
-/// bytes than the input holds (so nothing is allocated for them), and txns
-/// nest at most `mvcc::MAX_TXN_DEPTH` deep.
-pub fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, DecodeError> {
-    decode_tagged(bytes, FORMAT_V1, false)
-}
 
 /// What a member's Raft is configured with (from its command line).
 #[derive(Clone, Debug)]
@@ -277,7 +226,7 @@ pub async fn bootstrap_when_a_majority_answers(
     id: u64,
     elections: std::sync::Arc<election::Elections>,
     ask_every: std::time::Duration,
-    mut stopping: crate::shutdown::Stopping,
+    mut stopping: crate::base::shutdown::Stopping,
 ) {
     let majority = members.len() / 2 + 1;
     let mut asked = 0u64;
@@ -337,7 +286,7 @@ pub async fn bootstrap(raft: &Raft, members: std::collections::BTreeMap<u64, Mem
 #[derive(Clone, Copy, Debug, Default)]
 pub struct RevisionBump {
     /// Added to the backup's revision.
-    pub by: crate::mvcc::Revision,
+    pub by: crate::model::mvcc::Revision,
     /// The new revision is also the compaction revision.
     pub mark_compacted: bool,
 }
@@ -351,7 +300,7 @@ pub async fn restore_member(
     members: std::collections::BTreeMap<u64, MemberNode>,
     id: u64,
     bump: RevisionBump,
-) -> anyhow::Result<crate::mvcc::Revision> {
+) -> anyhow::Result<crate::model::mvcc::Revision> {
     use anyhow::Context;
     crate::storage::data_dir::prepare(data_dir)?;
     let db = crate::storage::StateStore::open(&data_dir.join("state"), &data_dir.join("images"))
@@ -361,17 +310,12 @@ pub async fn restore_member(
     let applied = LogId::new(openraft::CommittedLeaderId::new(0, 0), 1);
     let revision = state_machine::restore_backup(db.clone(), image, applied, members, bump)?;
     db.sync().context("syncing the state store")?;
-    let log = log_store::LogStore::open(&data_dir.join("wal"), crate::storage::wal::DEFAULT_SEGMENT_BYTES, db, id)
+    let log = log_store::LogStore::open(&data_dir.join("wal"), crate::base::limits::WAL_SEGMENT_BYTES, db, id)
         .context("creating the WAL")?;
     drop(log);
     Ok(revision)
 }
 
-/// Log bytes applied since the last snapshot that make the next one due
-/// (or the state's weight, if larger: see [`bound_log`]).
-pub const SNAPSHOT_LOG_BYTES: u64 = 64 << 20;
-/// Log bytes kept behind a snapshot for members a little behind.
-pub const CATCHUP_LOG_BYTES: u64 = 64 << 20;
 /// How long a snapshot asked for may take before it is asked for again.
 const SNAPSHOT_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
 
@@ -409,9 +353,9 @@ pub fn stretched(base: u64, stretch: u64) -> u64 {
 pub async fn bound_log(
     raft: Raft,
     log: log_store::LogStore,
-    state: std::sync::Arc<crate::applied::AppliedState>,
+    state: std::sync::Arc<crate::model::applied::AppliedState>,
     stretch: u64,
-    mut stopping: crate::shutdown::Stopping,
+    mut stopping: crate::base::shutdown::Stopping,
 ) {
     let mut asked: Option<(u64, tokio::time::Instant)> = None;
     loop {

@@ -26,7 +26,8 @@ use serde::Serialize;
 use super::log_store::LogStore;
 use super::peer::client::PeerClients;
 use super::pipeline::{Pipe, Stopped};
-use super::{decode, encode, MemberNode, TypeConfig};
+use super::{MemberNode, TypeConfig};
+use crate::base::codec::{decode, encode};
 use crate::proto::raftlock::peer::RaftPayload;
 use crate::storage::wal::Durable;
 
@@ -104,7 +105,7 @@ impl PeerConnection {
         let mut client = self.clients.client(&self.url).map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;
         let data = encode(req);
         let to = format!("{:x}", self.target);
-        let m = crate::metrics::metrics();
+        let m = crate::base::metrics::metrics();
         m.peer_sent_bytes.with_label_values(&[&to]).inc_by(data.len() as u64);
         let mut request = tonic::Request::new(RaftPayload { data });
         request.set_timeout(option.hard_ttl());
@@ -181,7 +182,7 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         // always fits: an entry is one proposal batch).
         if rpc.entries.len() > 1 {
             let size = bincode::serialized_size(&rpc).unwrap_or(u64::MAX);
-            if size > crate::raft::peer::server::MAX_PEER_MESSAGE_BYTES as u64 / 2 {
+            if size > crate::base::limits::MAX_PEER_MESSAGE_BYTES as u64 / 2 {
                 let hint = (rpc.entries.len() / 2).max(1) as u64;
                 return Err(RPCError::PayloadTooLarge(openraft::error::PayloadTooLarge::new_entries_hint(hint)));
             }

@@ -18,7 +18,7 @@
 //! openraft is still searching for that point), starting there. Its task
 //! sends every entry as soon as the leader's log holds it (written, see
 //! `raft::log_store`), in AppendEntries requests that each continue where the
-//! previous one ended, up to [`MAX_IN_FLIGHT`] unanswered. The follower
+//! previous one ended, up to [`APPENDS_IN_FLIGHT`] unanswered. The follower
 //! handles them in order (`raft::peer`), one sync for all that have arrived,
 //! and answers each in order. openraft's own calls on that connection then
 //! wait on the pipe:
@@ -82,19 +82,11 @@ use tokio::sync::{mpsc, watch};
 
 use super::log_store::{LogMoved, LogStore};
 use super::peer::client::PeerStub;
-use super::{decode, encode, LogId, TypeConfig};
+use super::{LogId, TypeConfig};
+use crate::base::codec::{decode, encode};
+use crate::base::limits::{APPENDS_IN_FLIGHT, MAX_APPEND_BYTES, MAX_APPEND_ENTRIES};
 use crate::proto::raftlock::peer::RaftPayload;
 use crate::storage::wal::Durable;
-
-/// Requests sent on a pipe and not yet answered, at most.
-pub const MAX_IN_FLIGHT: usize = 8;
-/// The most log entries in one request (each entry is a proposal batch).
-pub const MAX_REQUEST_ENTRIES: usize = 64;
-/// The most encoded entry bytes in one request, but for its first entry (which
-/// is at most `raft::proposer::MAX_BATCH_BYTES` plus one command): with
-/// [`MAX_IN_FLIGHT`] requests on a pipe, what a slow follower can have
-/// queued towards it stays bounded.
-pub const MAX_REQUEST_BYTES: u64 = 4 << 20;
 
 /// What the connection asks of the pipe.
 #[derive(Clone, Copy, Debug, Default)]
@@ -258,7 +250,7 @@ impl Sender {
         mut wants: watch::Receiver<Wants>,
         progress: &watch::Sender<Progress>,
     ) -> Stopped {
-        let (requests, outgoing) = mpsc::channel::<RaftPayload>(MAX_IN_FLIGHT);
+        let (requests, outgoing) = mpsc::channel::<RaftPayload>(APPENDS_IN_FLIGHT);
         let mut answers = match client.replicate(tokio_stream::wrappers::ReceiverStream::new(outgoing)).await {
             Ok(response) => response.into_inner(),
             Err(status) => {
@@ -270,11 +262,11 @@ impl Sender {
         };
         let mut last_index = self.log.last_index();
         let to = format!("{:x}", self.to);
-        let round_trip = crate::metrics::metrics().peer_round_trip.with_label_values(&[&to]);
-        let sent_bytes = crate::metrics::metrics().peer_sent_bytes.with_label_values(&[&to]);
-        let mut in_flight: VecDeque<InFlight> = VecDeque::with_capacity(MAX_IN_FLIGHT);
+        let round_trip = crate::base::metrics::metrics().peer_round_trip.with_label_values(&[&to]);
+        let sent_bytes = crate::base::metrics::metrics().peer_sent_bytes.with_label_values(&[&to]);
+        let mut in_flight: VecDeque<InFlight> = VecDeque::with_capacity(APPENDS_IN_FLIGHT);
         loop {
-            while in_flight.len() < MAX_IN_FLIGHT {
+            while in_flight.len() < APPENDS_IN_FLIGHT {
                 let wanted = *wants.borrow_and_update();
                 let request = match self.next_request(&wanted, in_flight.is_empty()) {
                     Ok(Some(request)) => request,
@@ -289,7 +281,7 @@ impl Sender {
                 self.sent = entry.last;
                 self.sent_commit = request.leader_commit;
                 self.heartbeats_sent = wanted.heartbeats;
-                // Never blocks: the channel holds MAX_IN_FLIGHT requests.
+                // Never blocks: the channel holds APPENDS_IN_FLIGHT requests.
                 let data = encode(&request);
                 sent_bytes.inc_by(data.len() as u64);
                 if requests.send(RaftPayload { data }).await.is_err() {
@@ -333,7 +325,7 @@ impl Sender {
     /// follower has not been sent, a heartbeat asked for, or (when nothing is
     /// in flight to carry it) a commit index it has not been told.
     fn next_request(&self, wanted: &Wants, idle: bool) -> Result<Option<AppendEntriesRequest<TypeConfig>>, LogMoved> {
-        let entries = self.log.entries_after(&self.vote, self.sent, MAX_REQUEST_ENTRIES, MAX_REQUEST_BYTES)?;
+        let entries = self.log.entries_after(&self.vote, self.sent, MAX_APPEND_ENTRIES, MAX_APPEND_BYTES)?;
         if let Some(first) = entries.first() {
             debug_assert_eq!(first.log_id.index, self.sent.map_or(0, |s| s.index + 1), "entries continue the pipe");
         }

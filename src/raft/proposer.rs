@@ -26,7 +26,7 @@
 //!
 //! Limits: a batch holds at most [`MAX_BATCH_COMMANDS`] commands and
 //! [`MAX_BATCH_BYTES`] of encoded commands (a larger command travels alone);
-//! at most [`MAX_IN_FLIGHT`] batches are proposed at once; at most
+//! at most [`BATCHES_IN_FLIGHT`] batches are proposed at once; at most
 //! [`MAX_QUEUED_COMMANDS`] commands and [`MAX_QUEUED_BYTES`] wait behind them,
 //! beyond which a proposal is refused with [`ProposeError::Overloaded`]
 //! (etcd's "too many requests") rather than queued. A command whose caller
@@ -39,28 +39,17 @@ use openraft::error::{ClientWriteError, RaftError};
 use super::election::Elections;
 use super::lease_order::{Admitted, LeaseOrder, Mark};
 use super::Raft;
-use crate::batcher::{Batcher, CallError, Limits};
-use crate::command::{Command, CommandResult};
-
-/// The most commands in one log entry.
-pub const MAX_BATCH_COMMANDS: usize = 512;
-/// Batches proposed and not yet answered, at most. More than one lets the next
-/// batches be appended while earlier ones are replicated and applied (the
-/// measurements: docs/performance-notes.md).
-pub const MAX_IN_FLIGHT: usize = 4;
-/// The most encoded command bytes in one log entry (etcd sends at most
-/// 1 MiB of entries per message; one request may be 1.5 MiB).
-pub const MAX_BATCH_BYTES: u64 = 2 << 20;
-/// Commands waiting for a batch, at most.
-pub const MAX_QUEUED_COMMANDS: usize = 16 * 1024;
-/// Encoded bytes of the commands waiting for a batch, at most.
-pub const MAX_QUEUED_BYTES: u64 = 128 << 20;
+use crate::base::batcher::{Batcher, CallError, Limits};
+use crate::base::limits::{
+    BATCHES_IN_FLIGHT, MAX_BATCH_BYTES, MAX_BATCH_COMMANDS, MAX_QUEUED_BYTES, MAX_QUEUED_COMMANDS,
+};
+use crate::model::command::{Command, CommandResult};
 
 /// The proposer's bounds (see the module doc).
 const LIMITS: Limits = Limits {
     max_batch: MAX_BATCH_COMMANDS,
     max_batch_weight: MAX_BATCH_BYTES,
-    max_in_flight: MAX_IN_FLIGHT,
+    max_in_flight: BATCHES_IN_FLIGHT,
     max_queued: MAX_QUEUED_COMMANDS,
     max_queued_weight: MAX_QUEUED_BYTES,
 };
@@ -118,7 +107,7 @@ impl Proposer {
                 } else {
                     // Its grants and expiries stay in flight until the entry
                     // is answered (applied, or refused), even if the caller
-                    // running this batch stops waiting (see `crate::batcher`).
+                    // running this batch stops waiting (see `crate::base::batcher`).
                     let len = commands.len();
                     let proposal = tokio::spawn(async move {
                         let results = propose_batch(&raft, commands).await;
@@ -202,7 +191,7 @@ async fn propose_batch(raft: &Raft, cmds: Vec<Command>) -> Vec<Result<CommandRes
         Err(RaftError::Fatal(_)) => Err(ProposeError::Stopped),
     };
     if outcome.is_ok() {
-        crate::metrics::metrics().proposal_batch.observe(n as f64);
+        crate::base::metrics::metrics().proposal_batch.observe(n as f64);
     }
     match outcome {
         Ok(CommandResult::Batch(results)) if n > 1 => {
@@ -214,7 +203,7 @@ async fn propose_batch(raft: &Raft, cmds: Vec<Command>) -> Vec<Result<CommandRes
             vec![Ok(result)]
         }
         Err(e) => {
-            crate::metrics::metrics().proposals_failed.inc();
+            crate::base::metrics::metrics().proposals_failed.inc();
             vec![Err(e); n]
         }
     }

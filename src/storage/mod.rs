@@ -299,7 +299,7 @@ fn write_loop(store: StateStore) {
             (std::mem::take(&mut pending.batches), std::mem::take(&mut pending.barriers))
         };
         let mut merged = Merged::of(batches, !store.legacy_large.is_empty());
-        let written = crate::metrics::timed(&crate::metrics::metrics().backend_commit, || {
+        let written = crate::base::metrics::timed(&crate::base::metrics::metrics().backend_commit, || {
             merged.place_files(&store.files).map_err(|e| e.to_string())?;
             journal.append(&store.files, &merged.journal).map_err(|e| format!("appending to the journal: {e}"))?;
             if merged.sled_writes == 0 {

@@ -36,10 +36,10 @@ use tonic::transport::{Channel, Endpoint};
 
 use super::gate::PeerIdentity;
 use super::messages::{ControlRequest, LeaseAnswer, LeaseQuery, MembershipAnswer, MembershipChange};
-use super::server::MAX_PEER_MESSAGE_BYTES;
+use crate::base::codec::{decode, encode};
+use crate::base::limits::MAX_PEER_MESSAGE_BYTES;
 use crate::proto::raftlock::peer::peer_client::PeerClient;
 use crate::proto::raftlock::peer::{RaftPayload, ReadIndexRequest};
-use crate::raft::{decode, encode};
 
 /// A client of one peer: its cached channel, stamping this member's identity.
 /// A peer URL's channel, and the socket of the connection it holds.
@@ -104,7 +104,7 @@ impl PeerClients {
             Some((c, _)) => c.clone(),
             None => {
                 let socket = Arc::new(PeerSocket::default());
-                let c = if crate::config::is_https(url) {
+                let c = if crate::base::ids::is_https(url) {
                     self.tls_channel(url, socket.clone())?
                 } else {
                     self.plain_channel(url, socket.clone())?
@@ -153,10 +153,10 @@ impl PeerClients {
     /// certificate, the peer CA, the peer's host as the name to verify).
     /// Without peer TLS every connection attempt fails, as unreachable.
     fn tls_channel(&self, url: &str, socket: Arc<PeerSocket>) -> Result<Channel, tonic::transport::Error> {
-        let target = crate::config::url_addr(url).map_err(|e| e.to_string());
-        let name = crate::config::url_host(url)
+        let target = crate::base::ids::url_addr(url).map_err(|e| e.to_string());
+        let name = crate::base::ids::url_host(url)
             .map_err(|e| e.to_string())
-            .and_then(|h| crate::tls::server_name(h).map_err(|e| e.to_string()));
+            .and_then(|h| crate::base::tls::server_name(h).map_err(|e| e.to_string()));
         let (tls, source) = (self.tls.clone(), self.source);
         let connector = tower::service_fn(move |_: tonic::transport::Uri| {
             let (target, name, tls, socket) = (target.clone(), name.clone(), tls.clone(), socket.clone());

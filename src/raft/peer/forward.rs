@@ -1,7 +1,7 @@
 //! Follower-side forwarding of writes to the leader.
 //!
 //! The writes that arrive while earlier ones are on their way to the leader
-//! travel together as one batch (see `crate::batcher`), and each waiter gets
+//! travel together as one batch (see `crate::base::batcher`), and each waiter gets
 //! its own command's apply result, or why it has none. Batches go to the
 //! leader on one long-lived `Peer.Forward` stream per leader URL (a
 //! [`Link`]): a batch is one message tagged with an ID, and each command
@@ -67,7 +67,7 @@
 //! end calls never sent cannot leave afterwards).
 //!
 //! Caveat: an idle follower forwards a lone write in its client's task
-//! (`crate::batcher`), so the write's own deadline may end the wait before
+//! (`crate::base::batcher`), so the write's own deadline may end the wait before
 //! the forwarding timeout does, and the link is not replaced then. A link
 //! whose connection died is ended all the same, by HTTP/2 keepalive
 //! (`client::PEER_KEEPALIVE`).
@@ -88,11 +88,12 @@ use futures::StreamExt;
 
 use super::client::{never_sent, ForwardFailure, PeerClients};
 use super::messages::{ForwardBatch, ForwardError, ForwardReply};
-use crate::batcher::{Batcher, CallError, Limits};
-use crate::command::{Command, CommandResult};
+use crate::base::batcher::{Batcher, CallError, Limits};
+use crate::base::codec::{decode, encode};
+use crate::base::limits::FORWARD_IN_FLIGHT;
+use crate::model::command::{Command, CommandResult};
 use crate::proto::raftlock::peer::RaftPayload;
 use crate::raft::forwarded::ForwardedAnswers;
-use crate::raft::{decode, encode};
 
 /// Writes on their way from this follower to the leader (see the module doc).
 #[derive(Clone)]
@@ -100,17 +101,15 @@ pub struct Forwarder {
     batcher: Batcher<(String, Command), Result<CommandResult, ForwardFailure>>,
 }
 
-/// Forwarded batches on their way at once, at most.
-const FORWARD_IN_FLIGHT: usize = 2;
 /// The most commands in one forwarded batch, its most bytes, and what may
 /// wait behind the batches in flight: the proposer's bounds
 /// (`raft::proposer`), so that what one forwarded batch carries fits one entry.
 const LIMITS: Limits = Limits {
-    max_batch: crate::raft::proposer::MAX_BATCH_COMMANDS,
-    max_batch_weight: crate::raft::proposer::MAX_BATCH_BYTES,
+    max_batch: crate::base::limits::MAX_BATCH_COMMANDS,
+    max_batch_weight: crate::base::limits::MAX_BATCH_BYTES,
     max_in_flight: FORWARD_IN_FLIGHT,
-    max_queued: crate::raft::proposer::MAX_QUEUED_COMMANDS,
-    max_queued_weight: crate::raft::proposer::MAX_QUEUED_BYTES,
+    max_queued: crate::base::limits::MAX_QUEUED_COMMANDS,
+    max_queued_weight: crate::base::limits::MAX_QUEUED_BYTES,
 };
 
 fn weigh((_, cmd): &(String, Command)) -> u64 {
@@ -229,7 +228,7 @@ impl Links {
         let Some((id, answer)) = link.submit(cmds, expected.first_tag) else {
             return failed(ForwardFailure::Unreachable("the forwarding stream ended".into()));
         };
-        crate::metrics::metrics().forwarded_batch.observe(n as f64);
+        crate::base::metrics::metrics().forwarded_batch.observe(n as f64);
         // If this wait is cancelled (its caller's deadline), nobody waits for
         // the answer any more.
         let _waiting = Waiting { link: &link, id };

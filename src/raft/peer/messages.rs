@@ -7,9 +7,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::command::{Command, CommandResult};
+use crate::model::command::{Command, CommandResult};
 
-pub use crate::lease::LeaseStatus;
+pub use crate::model::lease::LeaseStatus;
 
 /// Why the leader could not run a forwarded write.
 #[derive(Debug, Serialize, Deserialize)]
@@ -183,7 +183,8 @@ pub enum MembershipAnswer {
 /// targets' entry, `crate::fuzz`).
 #[cfg(fuzzing)]
 pub fn fuzz_decode(bytes: &[u8]) {
-    use crate::raft::{decode, TypeConfig};
+    use crate::base::codec::decode;
+    use crate::raft::TypeConfig;
     use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
     let _ = decode::<ForwardBatch>(bytes);
     let _ = decode::<UntaggedForwardBatch>(bytes);

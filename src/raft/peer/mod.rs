@@ -1,6 +1,6 @@
 //! The peer protocol: everything members say to each other on the peer URL,
 //! both sides side by side. Clients never reach it; nothing outside `raft/`
-//! but the node's start-up (`crate::server`) uses it.
+//! but the node's start-up (`crate::node`) uses it.
 //!
 //! - [`messages`]: what travels (encoded in each RPC's `RaftPayload`);
 //! - [`client`]: the asking side, one cached channel per peer;

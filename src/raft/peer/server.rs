@@ -45,15 +45,17 @@ use super::messages::{
     ControlRequest, ForwardBatch, ForwardError, ForwardReply, LeaseAnswer, LeaseQuery, MembershipChange,
     UntaggedForwardBatch,
 };
-use crate::command::Command;
+use crate::base::codec::{decode, encode};
+use crate::base::limits::MAX_PEER_MESSAGE_BYTES;
+use crate::base::shutdown::Stopping;
+use crate::model::command::Command;
 use crate::proto::raftlock::peer::peer_server::{Peer, PeerServer};
 use crate::proto::raftlock::peer::{RaftPayload, ReadIndexRequest, ReadIndexResponse};
 use crate::raft::election::Elections;
 use crate::raft::pipeline;
 use crate::raft::proposer::{ProposeError, Proposer};
 use crate::raft::read_index::{read_index, ReadFloor, ReadIndexError};
-use crate::raft::{decode, encode, membership, transfer, Raft, TypeConfig};
-use crate::shutdown::Stopping;
+use crate::raft::{membership, transfer, Raft, TypeConfig};
 
 /// The leader's side of [`LeaseQuery`], implemented by the node.
 #[tonic::async_trait]
@@ -70,7 +72,7 @@ pub struct PeerService {
     /// This member's own peer clients: who has answered it lately.
     pub peers: PeerClients,
     /// The applied state: which members have published themselves.
-    pub state: Arc<crate::applied::AppliedState>,
+    pub state: Arc<crate::model::applied::AppliedState>,
     /// The cluster token, from which members' IDs are derived.
     pub token: String,
     /// Fires when the member begins to stop (ends replication streams).
@@ -97,11 +99,6 @@ impl PeerService {
             .add_service(service)
     }
 }
-
-/// The largest peer message accepted or sent: far above any AppendEntries
-/// batch or snapshot chunk a member sends, and a bound on what a peer can
-/// make this member buffer.
-pub const MAX_PEER_MESSAGE_BYTES: usize = 16 << 20;
 
 fn payload<T: for<'de> Deserialize<'de>>(req: Request<RaftPayload>) -> Result<T, Status> {
     decoded(&req.into_inner())
@@ -270,7 +267,7 @@ impl Peer for PeerService {
 /// So the requests are read, appended and answered in the transport's own
 /// task, polled as it sends, instead of in a task of their own that would
 /// hand each answer over (one thread wake-up fewer per answer; an append
-/// waits on nothing else either way, and at most `pipeline::MAX_IN_FLIGHT`
+/// waits on nothing else either way, and at most `crate::base::limits::APPENDS_IN_FLIGHT`
 /// requests are unanswered on a pipe). Dropped with the stream, an append
 /// already handed to openraft still completes there; only its answer goes.
 struct Replicating {
@@ -313,7 +310,7 @@ impl Replicating {
             };
             let first = first?;
             let mut arrived = vec![first];
-            pipeline::ready_now(&mut self.incoming, &mut arrived, pipeline::MAX_IN_FLIGHT);
+            pipeline::ready_now(&mut self.incoming, &mut arrived, crate::base::limits::APPENDS_IN_FLIGHT);
             let mut requests = Vec::with_capacity(arrived.len());
             for item in arrived {
                 match item.and_then(|payload| decoded::<AppendEntriesRequest<TypeConfig>>(&payload)) {

@@ -9,18 +9,18 @@
 //! is answered with its own result variant or `Rejected` (the node's typed
 //! writes rely on it).
 //!
-//! Lock order is the state's (`crate::applied`): a lease-table guard taken
+//! Lock order is the state's (`crate::model::applied`): a lease-table guard taken
 //! while the MVCC store is locked is dropped before [`Apply::record`] locks
 //! the table again.
 
 use std::sync::Arc;
 
 use super::layout::JournalOp;
-use crate::alarm::AlarmKind;
-use crate::applied::{AppliedState, MemberAttrs};
-use crate::auth::{AuthCommand, Caller, TokenEffect};
-use crate::command::{Command, CommandResult};
-use crate::mvcc::{Change, MvccError, MvccStore, SharedVersion};
+use crate::model::alarm::AlarmKind;
+use crate::model::applied::{AppliedState, MemberAttrs};
+use crate::model::auth::{AuthCommand, Caller, TokenEffect};
+use crate::model::command::{Command, CommandResult};
+use crate::model::mvcc::{Change, MvccError, MvccStore, SharedVersion};
 
 /// One apply call's work on `state`: what it changed, to be persisted
 /// (`journal`) and published to watchers (`published`) once the call ends.
@@ -82,7 +82,7 @@ impl<'a> Apply<'a> {
             } else {
                 let (leases, auth) = (self.state.leases(), self.state.auth());
                 let caller = Caller { user, revision: auth_revision };
-                crate::auth::checks::check_command(&auth, &caller, &command, &leases).err()
+                crate::model::auth::checks::check_command(&auth, &caller, &command, &leases).err()
             };
             return match refused {
                 Some(error) => CommandResult::Denied { error, revision: self.state.mvcc().revision() },
@@ -109,7 +109,7 @@ impl<'a> Apply<'a> {
             return CommandResult::Rejected { error: MvccError::NoSpace, revision: self.state.mvcc().revision() };
         }
         let state = self.state;
-        let m = crate::metrics::metrics();
+        let m = crate::base::metrics::metrics();
         match &cmd {
             Command::Put(_) => m.puts.inc(),
             Command::DeleteRange(_) => m.deletes.inc(),
@@ -252,7 +252,7 @@ impl<'a> Apply<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mvcc::PutRequest;
+    use crate::model::mvcc::PutRequest;
 
     fn everyone(_: u64) -> bool {
         true

@@ -35,7 +35,7 @@
 //!
 //! A new checkpoint replaces the journal once the journal since the last one
 //! holds as many bytes as that checkpoint did, and at least
-//! [`CHECKPOINT_MIN_BYTES`]. A checkpoint costs in proportion to the state,
+//! [`CHECKPOINT_MIN_BYTES`](crate::base::limits::CHECKPOINT_MIN_BYTES). A checkpoint costs in proportion to the state,
 //! which (without compaction) grows with every write; with a fixed interval,
 //! checkpoint work per write would grow with the state too. Under this rule
 //! each checkpoint is paid for by at least as many journal bytes, so it costs
@@ -66,12 +66,13 @@ use std::sync::Arc;
 use openraft::StoredMembership;
 use serde::{Deserialize, Serialize};
 
-use crate::alarm::Alarms;
-use crate::applied::{AppliedState, MemberAttrs};
-use crate::auth::AuthStore;
-use crate::lease::LeaseTable;
-use crate::mvcc::{MvccStore, Revision, SharedVersion, StoredVersion};
-use crate::raft::{decode, encode, DecodeError, LogId, MemberNode, FORMAT_V1};
+use crate::base::codec::{decode, encode, DecodeError, FORMAT_V1};
+use crate::model::alarm::Alarms;
+use crate::model::applied::{AppliedState, MemberAttrs};
+use crate::model::auth::AuthStore;
+use crate::model::lease::LeaseTable;
+use crate::model::mvcc::{MvccStore, Revision, SharedVersion, StoredVersion};
+use crate::raft::{LogId, MemberNode};
 use crate::storage::{StateBatch, StateStore};
 
 const APPLIED: &[u8] = b"m/applied";
@@ -83,9 +84,6 @@ const CHECKPOINT_SEQ: &[u8] = b"m/checkpoint";
 /// Where older raftlocks kept the checkpoint (see the module doc).
 const LEGACY_CHECKPOINT: &[u8] = b"c";
 const JOURNAL_PREFIX: u8 = b'j';
-
-/// The fewest journal bytes between two checkpoints (see the module doc).
-pub const CHECKPOINT_MIN_BYTES: u64 = 64 << 20;
 
 pub(super) type Membership = StoredMembership<u64, MemberNode>;
 
@@ -340,7 +338,7 @@ impl SnapshotImage {
         let mut mvcc = state.mvcc_mut();
         let mut leases = state.leases_mut();
         let mut members = state.members_mut();
-        let spill = mvcc.spill().map(crate::mvcc::Spill::fresh);
+        let spill = mvcc.spill().map(crate::model::mvcc::Spill::fresh);
         *mvcc = MvccStore::restore(self.versions, self.revision, self.compact_revision);
         if let Some(spill) = spill {
             mvcc.spill_into(spill);
@@ -547,7 +545,7 @@ impl Persisted {
                 compact: mvcc.compact_revision(),
                 ops: journal,
             };
-            crate::storage::frame(|body| crate::raft::encode_onto(body, &record))
+            crate::storage::frame(|body| crate::base::codec::encode_onto(body, &record))
         };
         self.journal_bytes += frame.len() as u64;
         if self.checkpoint_due() {

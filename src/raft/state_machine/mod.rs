@@ -46,13 +46,14 @@ use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder, StorageError, St
 
 use super::forwarded::ForwardedAnswers;
 use super::{Entry, LogId, MemberNode, TypeConfig};
-use crate::applied::{AppliedChanges, AppliedState};
-use crate::command::CommandResult;
-use crate::mvcc::KeyRange;
+use crate::base::limits::CHECKPOINT_MIN_BYTES;
+use crate::model::applied::{AppliedChanges, AppliedState};
+use crate::model::command::CommandResult;
+use crate::model::mvcc::KeyRange;
 use crate::storage::wal::Durable;
 use crate::storage::StateStore;
 use apply::Apply;
-pub use layout::{encode_state, CHECKPOINT_MIN_BYTES};
+pub use layout::encode_state;
 use layout::{Membership, Persisted, Position, SnapshotImage};
 
 pub struct StateMachine {
@@ -181,8 +182,8 @@ impl StateMachine {
     /// in memory (see `mvcc::spill`); those the restore loaded move there now.
     pub fn spilling_history(self, dir: &std::path::Path) -> anyhow::Result<StateMachine> {
         use anyhow::Context;
-        let spill =
-            crate::mvcc::Spill::open(dir).with_context(|| format!("opening the history spill {}", dir.display()))?;
+        let spill = crate::model::mvcc::Spill::open(dir)
+            .with_context(|| format!("opening the history spill {}", dir.display()))?;
         self.state.mvcc_mut().spill_into(spill);
         Ok(self)
     }
@@ -285,8 +286,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             forwarded.deliver(answered);
             forwarded.applied(self.applied_term());
         }
-        if started.elapsed() > crate::metrics::SLOW_APPLY {
-            crate::metrics::metrics().slow_apply.inc();
+        if started.elapsed() > crate::base::metrics::SLOW_APPLY {
+            crate::base::metrics::metrics().slow_apply.inc();
         }
         Ok(results)
     }
@@ -455,7 +456,7 @@ pub fn restore_backup(
     applied: LogId,
     members: std::collections::BTreeMap<u64, MemberNode>,
     bump: crate::raft::RevisionBump,
-) -> anyhow::Result<crate::mvcc::Revision> {
+) -> anyhow::Result<crate::model::mvcc::Revision> {
     let mut image = SnapshotImage::decode(image).map_err(|e| anyhow::anyhow!("decoding the snapshot: {e}"))?;
     image.members.clear();
     image.alarms = Default::default();
@@ -487,24 +488,27 @@ pub(crate) fn fuzz_state() -> AppliedState {
     let state = AppliedState::default();
     let mut apply = apply::Apply::new(&state, Some(1));
     let put = |k: &str, lease| {
-        crate::command::Command::Put(crate::mvcc::PutRequest {
+        crate::model::command::Command::Put(crate::model::mvcc::PutRequest {
             key: k.into(),
             value: k.into(),
             lease,
             ..Default::default()
         })
     };
-    apply.command(crate::command::Command::LeaseGrant { id: 7, ttl: 60 }, 1, &|_| true);
+    apply.command(crate::model::command::Command::LeaseGrant { id: 7, ttl: 60 }, 1, &|_| true);
     for (k, lease) in [("a", 0), ("b", 7), ("c", 0), ("a", 0)] {
         apply.command(put(k, lease), 1, &|_| true);
     }
-    apply.command(crate::command::Command::Compact { revision: 3 }, 1, &|_| true);
+    apply.command(crate::model::command::Command::Compact { revision: 3 }, 1, &|_| true);
     state
 }
 
 /// Apply one command to `state` as member 1 in term 1 (fuzz targets).
 #[cfg(fuzzing)]
-pub(crate) fn fuzz_apply(state: &AppliedState, command: crate::command::Command) -> crate::command::CommandResult {
+pub(crate) fn fuzz_apply(
+    state: &AppliedState,
+    command: crate::model::command::Command,
+) -> crate::model::command::CommandResult {
     apply::Apply::new(state, Some(1)).command(command, 1, &|id| id < 4)
 }
 
@@ -528,10 +532,10 @@ mod tests {
 
     use super::layout::image_of;
     use super::*;
-    use crate::alarm::{AlarmAction, AlarmKind};
-    use crate::command::Command;
-    use crate::mvcc::{DeleteRangeRequest, PutRequest, RangeRequest, Revision, StoredVersion};
-    use crate::raft::encode;
+    use crate::base::codec::encode;
+    use crate::model::alarm::{AlarmAction, AlarmKind};
+    use crate::model::command::Command;
+    use crate::model::mvcc::{DeleteRangeRequest, PutRequest, RangeRequest, Revision, StoredVersion};
     use openraft::{CommittedLeaderId, LogId};
 
     fn entry(index: u64, cmd: Command) -> Entry {
@@ -564,7 +568,7 @@ mod tests {
     /// for a deletion's tombstone.
     #[test]
     fn journal_records_share_values_and_encode_as_stored_versions() {
-        use crate::mvcc::{MvccStore, SharedVersion};
+        use crate::model::mvcc::{MvccStore, SharedVersion};
         let mut store = MvccStore::default();
         let value: Vec<u8> = (0..700u32).map(|i| (i % 251) as u8).collect();
         let (_, mut changes) =
@@ -582,7 +586,7 @@ mod tests {
             };
             let written = encode(&layout::JournalOp::Version(SharedVersion::of_change(change)));
             assert_eq!(written, encode(&layout::JournalOp::Version(stored.clone())));
-            match crate::raft::decode::<layout::JournalOp>(&written).unwrap() {
+            match crate::base::codec::decode::<layout::JournalOp>(&written).unwrap() {
                 layout::JournalOp::Version(read) => assert_eq!(read, stored),
                 _ => panic!("a version reads back as another record"),
             }
@@ -650,7 +654,7 @@ mod tests {
             revision: Revision,
             compact_revision: Revision,
             versions: Vec<StoredVersion>,
-            members: Vec<(u64, crate::applied::MemberAttrs)>,
+            members: Vec<(u64, crate::model::applied::MemberAttrs)>,
             leases: Vec<(i64, i64)>,
         }
         let before = Before {
@@ -662,7 +666,7 @@ mod tests {
         };
         let image = SnapshotImage::decode(&encode(&before)).expect("an image of the first format");
         assert_eq!((image.revision, image.compact_revision, image.leases), (7, 3, vec![(5, 60)]));
-        assert_eq!(image.auth, crate::auth::AuthStore::default());
+        assert_eq!(image.auth, crate::model::auth::AuthStore::default());
         assert!(SnapshotImage::decode(&encode(&before)[..10]).is_err(), "a cut image is still refused");
         // An image of the current format is tagged, and never read as one of
         // the first, even cut short inside its auth store.
@@ -681,9 +685,9 @@ mod tests {
             revision: Revision,
             compact_revision: Revision,
             versions: Vec<StoredVersion>,
-            members: Vec<(u64, crate::applied::MemberAttrs)>,
+            members: Vec<(u64, crate::model::applied::MemberAttrs)>,
             leases: Vec<(i64, i64)>,
-            auth: crate::auth::AuthStore,
+            auth: crate::model::auth::AuthStore,
         }
         let second = SecondFormat {
             revision: 7,
@@ -1064,7 +1068,7 @@ mod tests {
     /// to a journal file, and the next checkpoint deletes the sled records.
     #[tokio::test]
     async fn a_journal_kept_in_sled_is_read_and_replaced() {
-        use crate::mvcc::KeyValue;
+        use crate::model::mvcc::KeyValue;
         let (_dir, db, _state, sm) = fresh(1 << 20);
         let membership = sm.position.membership.clone();
         drop(sm);

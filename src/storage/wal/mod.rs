@@ -94,10 +94,6 @@ mod writer;
 use frame::{is_zero, replay_segment, torn_at, SegmentReplay};
 use writer::{segment_path, Segment, Writer};
 
-/// The default segment size. Large enough that rotation is rare, small enough
-/// that purged segments give memory and disk back soon.
-pub const DEFAULT_SEGMENT_BYTES: u64 = 64 << 20;
-
 /// The step in which the writer zeroes a segment ahead of its appends (see
 /// "Zeroing ahead" in the module doc).
 pub const ZERO_AHEAD: u64 = 1 << 20;
@@ -410,7 +406,7 @@ fn flusher(shared: &Shared, stats: &WalStats) {
         }
         let (seq, index, file) = (writer.written, writer.last_index, writer.file.clone());
         drop(writer);
-        let result = crate::metrics::timed(&crate::metrics::metrics().wal_fsync, || file.sync_data());
+        let result = crate::base::metrics::timed(&crate::base::metrics::metrics().wal_fsync, || file.sync_data());
         writer = lock(&shared.writer);
         match result {
             Ok(()) => {

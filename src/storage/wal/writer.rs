@@ -137,7 +137,7 @@ impl Writer {
         self.written += 1;
         self.last_index = last_index;
         if sync {
-            crate::metrics::timed(&crate::metrics::metrics().wal_fsync, || self.file.sync_data())?;
+            crate::base::metrics::timed(&crate::base::metrics::metrics().wal_fsync, || self.file.sync_data())?;
             self.mark_synced();
             stats.syncs.fetch_add(1, Ordering::Relaxed);
         }

@@ -14,7 +14,7 @@
 
 use std::sync::Arc;
 
-use crate::mvcc::{Change, KeyRange, KeyValue, Revision};
+use crate::model::mvcc::{Change, KeyRange, KeyValue, Revision};
 
 /// One event as a watcher receives it. Its key-values are shared with the
 /// change it comes from (many watchers may take the same change).

@@ -14,13 +14,13 @@ use tokio::time::Instant;
 
 use super::route::{Attempt, Route};
 use super::{MemberInfo, MembershipFailure, Node, ServerError};
-use crate::applied::MemberAttrs;
+use crate::base::shutdown::Stopping;
+use crate::model::applied::MemberAttrs;
 use crate::raft::membership::{MembershipAnswer, MembershipChange, MembershipRefusal};
 use crate::raft::peer::client::PeerClients;
 use crate::raft::peer::messages::ControlRequest;
 use crate::raft::transfer::{transfer, TransferError};
 use crate::raft::MemberNode;
-use crate::shutdown::Stopping;
 
 impl Node {
     /// Resolves once this member has been removed from the cluster: it must
@@ -85,7 +85,7 @@ impl Node {
                 (MembershipChange::Add { peer_urls, .. }, MembershipRefusal::PeerUrlExists)
                     if uncertain.load(Ordering::Relaxed) =>
                 {
-                    Ok(crate::config::member_id(peer_urls, &self.cluster_token))
+                    Ok(crate::base::ids::member_id(peer_urls, &self.cluster_token))
                 }
                 (MembershipChange::Remove { id }, MembershipRefusal::MemberNotFound)
                     if uncertain.load(Ordering::Relaxed) =>

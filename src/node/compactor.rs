@@ -28,9 +28,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::Node;
+use crate::base::shutdown::Stopping;
 use crate::config::AutoCompaction;
-use crate::mvcc::Revision;
-use crate::shutdown::Stopping;
+use crate::model::mvcc::Revision;
 
 /// The longest a periodic compactor waits between compactions (etcd's).
 const MAX_PERIODIC_INTERVAL: Duration = Duration::from_secs(3600);

@@ -1,7 +1,7 @@
 //! Request and result types of the MVCC data model.
 //!
 //! These are raftlock's own types, not protobuf wire types: `Command` (in
-//! `crate::command`) embeds the request types, so they are part of the replicated
+//! `crate::model::command`) embeds the request types, so they are part of the replicated
 //! log format and are encoded with serde/bincode. A field may only be added at the
 //! end of a struct together with a new command version; never reorder fields.
 //!
@@ -12,6 +12,7 @@
 
 use std::sync::Arc;
 
+use crate::base::limits::MAX_TXN_DEPTH;
 use serde::{Deserialize, Serialize};
 
 /// A main revision: one per write request that changes something. The store
@@ -255,13 +256,6 @@ pub enum RequestOp {
     Txn(#[serde(deserialize_with = "nested_txn")] TxnRequest),
 }
 
-/// The deepest txn nesting that decodes. The API's op budget (etcd's: every
-/// level spends at least one of the 128 operations a txn may hold) keeps
-/// what clients send at most 129 deep; anything deeper came from somewhere
-/// else (a rogue peer, a damaged file) and is refused when it is decoded,
-/// before the recursion could exhaust the stack.
-pub const MAX_TXN_DEPTH: usize = 160;
-
 thread_local! {
     /// How deep the txn being decoded on this thread is nested.
     static TXN_DEPTH: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
@@ -371,7 +365,7 @@ pub enum MvccError {
     /// A grant named a lease ID that is in use.
     #[error("lease already exists")]
     LeaseExists,
-    /// A NOSPACE alarm is raised (`crate::alarm`), or the write would take
+    /// A NOSPACE alarm is raised (`crate::model::alarm`), or the write would take
     /// the state past the space quota.
     #[error("mvcc: database space exceeded")]
     NoSpace,

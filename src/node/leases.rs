@@ -10,8 +10,8 @@ use tokio::time::Instant;
 
 use super::route::{Attempt, Route};
 use super::{Node, ServerError};
-use crate::command::CommandResult;
-use crate::lease::LeaseStatus;
+use crate::model::command::CommandResult;
+use crate::model::lease::LeaseStatus;
 use crate::raft::peer::messages::{LeaseAnswer, LeaseQuery};
 use crate::raft::peer::server::LeaseAuthority;
 use crate::raft::proposer::ProposeError;

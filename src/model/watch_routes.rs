@@ -24,8 +24,8 @@
 //! A store replaced by a snapshot install (`resync`) reaches every session,
 //! as a lag.
 //!
-//! Bounds: an inbox holds at most [`INBOX_CAPACITY`] batches and
-//! [`INBOX_BYTES`] of their changes. A session that does not take them in
+//! Bounds: an inbox holds at most [`WATCH_INBOX_BATCHES`] batches and
+//! [`WATCH_INBOX_BYTES`] of their changes. A session that does not take them in
 //! time loses them and is told it lagged, and from which revision on
 //! ([`Taken::lost_after`]); it then catches its watchers up from MVCC
 //! history, as it would after any lag (`raftlock_watch_inbox_overflows_total`
@@ -41,7 +41,7 @@
 //! deduplicated once per batch. Nothing is spent on a batch while no session
 //! is open. Caveat: ranges that are not prefixes are still tested one by one
 //! (etcd keeps them in an interval tree); their number is capped per member
-//! ([`MAX_DISTINCT_RANGES`]), which bounds that cost.
+//! ([`MAX_WATCHED_RANGES`]), which bounds that cost.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -49,21 +49,9 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
 
-use crate::applied::AppliedChanges;
-use crate::mvcc::{KeyRange, Revision};
-
-/// Batches one session's inbox holds before it is told it lagged.
-pub const INBOX_CAPACITY: usize = 1024;
-/// Bytes of changes (keys, values and previous values) one session's inbox
-/// holds before it is told it lagged.
-pub const INBOX_BYTES: usize = 64 << 20;
-
-/// The most distinct ranges that are neither a single key nor a prefix a
-/// member routes at once: each is tested against every changed key in
-/// apply (see the module doc's caveat), so their number bounds apply's
-/// cost. A watch over one more is refused ([`Inbox::watch`]); watchers of
-/// a range already routed, prefixes and single keys are never refused.
-pub const MAX_DISTINCT_RANGES: usize = 4096;
+use crate::base::limits::{MAX_WATCHED_RANGES, WATCH_INBOX_BATCHES, WATCH_INBOX_BYTES};
+use crate::model::applied::AppliedChanges;
+use crate::model::mvcc::{KeyRange, Revision};
 
 /// The routing table of one member's watch sessions (see the module doc).
 #[derive(Default)]
@@ -124,7 +112,7 @@ pub struct Taken {
 
 /// The bytes of a batch's changes, as an inbox counts them.
 fn weight(batch: &AppliedChanges) -> usize {
-    let kv = |kv: &Option<Arc<crate::mvcc::KeyValue>>| kv.as_ref().map_or(0, |kv| kv.key.len() + kv.value.len());
+    let kv = |kv: &Option<Arc<crate::model::mvcc::KeyValue>>| kv.as_ref().map_or(0, |kv| kv.key.len() + kv.value.len());
     batch.changes.iter().map(|c| c.key.len() + kv(&c.kv) + kv(&c.prev) + 64).sum()
 }
 
@@ -182,12 +170,12 @@ impl Queue {
     fn push(&self, batch: Arc<AppliedChanges>, weight: usize, before: Revision) {
         let mut queued = self.batches.lock().expect("watch inbox lock poisoned");
         if queued.lost_after.is_none() {
-            if queued.batches.len() < INBOX_CAPACITY && queued.bytes + weight <= INBOX_BYTES {
+            if queued.batches.len() < WATCH_INBOX_BATCHES && queued.bytes + weight <= WATCH_INBOX_BYTES {
                 queued.bytes += weight;
                 queued.batches.push_back(batch);
             } else {
                 queued.lose(before);
-                crate::metrics::metrics().watch_inbox_overflows.inc();
+                crate::base::metrics::metrics().watch_inbox_overflows.inc();
             }
         }
         drop(queued);
@@ -229,7 +217,7 @@ pub struct Inbox {
 
 impl Table {
     /// Put session `id` in `range`'s entry; false (and nothing changed)
-    /// if that would route more than [`MAX_DISTINCT_RANGES`] other ranges.
+    /// if that would route more than [`MAX_WATCHED_RANGES`] other ranges.
     fn join(&mut self, range: &KeyRange, id: u64) -> bool {
         if let Some(prefix) = range.prefix() {
             let sessions = self.prefixes.entry(prefix.to_vec()).or_default();
@@ -241,7 +229,7 @@ impl Table {
         }
         match range {
             KeyRange::Single(key) => self.keys.entry(key.clone()).or_default().insert(id),
-            _ if !self.ranges.contains_key(range) && self.ranges.len() >= MAX_DISTINCT_RANGES => return false,
+            _ if !self.ranges.contains_key(range) && self.ranges.len() >= MAX_WATCHED_RANGES => return false,
             _ => self.ranges.entry(range.clone()).or_default().insert(id),
         };
         true
@@ -283,7 +271,7 @@ impl Table {
 impl Inbox {
     /// One more watcher of this session watches `range`: batches that
     /// change a key in it are queued from now on. False, and nothing
-    /// changed, when the member routes [`MAX_DISTINCT_RANGES`] other ranges
+    /// changed, when the member routes [`MAX_WATCHED_RANGES`] other ranges
     /// already (never for a prefix or a single key).
     #[must_use]
     pub fn watch(&mut self, range: &KeyRange) -> bool {
@@ -345,7 +333,7 @@ impl Drop for Inbox {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mvcc::{Change, KeyValue};
+    use crate::model::mvcc::{Change, KeyValue};
     use std::time::Duration;
 
     /// A batch of one apply call that wrote `keys` at consecutive revisions,
@@ -465,12 +453,12 @@ mod tests {
         assert_eq!(revisions(&inbox.take()), vec![2]);
         routes.route(&batch(3, &["x"]));
         // The first batch lost changed revisions 10 and 11.
-        for revision in 0..=INBOX_CAPACITY as Revision {
+        for revision in 0..=WATCH_INBOX_BATCHES as Revision {
             routes.route(&batch(revision + 11, &["k", "k"]));
         }
         let taken = inbox.take();
         assert_eq!((taken.lost_after, revisions(&taken)), (Some(9), vec![]));
-        assert_eq!(taken.through, INBOX_CAPACITY as Revision + 11);
+        assert_eq!(taken.through, WATCH_INBOX_BATCHES as Revision + 11);
         routes.route(&batch(5000, &["k"]));
         let taken = inbox.take();
         assert_eq!((revisions(&taken), taken.lost_after), (vec![5000], None));
@@ -485,12 +473,12 @@ mod tests {
                 Some(Arc::new(KeyValue { key: b"k".to_vec(), value: vec![0; size], ..Default::default() }));
             b
         };
-        routes.route(&big(6001, INBOX_BYTES / 2));
-        routes.route(&big(6002, INBOX_BYTES / 2));
+        routes.route(&big(6001, WATCH_INBOX_BYTES / 2));
+        routes.route(&big(6002, WATCH_INBOX_BYTES / 2));
         assert_eq!(inbox.take().lost_after, Some(6000));
         // One batch heavier than the whole bound is lost even into an empty
         // inbox; the next one is queued again.
-        routes.route(&big(6003, INBOX_BYTES + 1));
+        routes.route(&big(6003, WATCH_INBOX_BYTES + 1));
         let taken = inbox.take();
         assert_eq!((taken.lost_after, revisions(&taken), taken.through), (Some(6002), vec![], 6003));
         routes.route(&batch(6004, &["k"]));
@@ -506,14 +494,14 @@ mod tests {
         let routes = Arc::new(WatchRoutes::default());
         let mut inbox = routes.open();
         let interval = |i: usize| KeyRange::new(format!("r{i:05}").as_bytes(), format!("r{i:05}z").as_bytes());
-        for i in 0..MAX_DISTINCT_RANGES {
+        for i in 0..MAX_WATCHED_RANGES {
             assert!(inbox.watch(&interval(i)));
         }
         let mut other = routes.open();
-        assert!(!other.watch(&interval(MAX_DISTINCT_RANGES)), "one over the cap");
+        assert!(!other.watch(&interval(MAX_WATCHED_RANGES)), "one over the cap");
         assert!(other.watch(&interval(7)), "a range already routed");
         assert!(other.watch(&KeyRange::with_prefix(b"p/")) && other.watch(&KeyRange::new(b"k", b"")));
         inbox.unwatch(&interval(0));
-        assert!(other.watch(&interval(MAX_DISTINCT_RANGES)), "room once one is gone");
+        assert!(other.watch(&interval(MAX_WATCHED_RANGES)), "room once one is gone");
     }
 }

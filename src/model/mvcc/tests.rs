@@ -1,4 +1,5 @@
 use super::*;
+use crate::base::limits::MAX_TXN_DEPTH;
 
 /// Put `k` = `v` (no lease); the new revision. Shared by the submodules' tests.
 pub(super) fn put(s: &mut MvccStore, k: &str, v: &str) -> Revision {
@@ -298,35 +299,38 @@ fn nested(depth: usize) -> TxnRequest {
 
 #[test]
 fn decoding_stops_at_the_txn_depth_limit() {
-    use crate::command::Command;
-    let at_limit = crate::raft::encode(&Command::Txn(nested(MAX_TXN_DEPTH + 1)));
-    assert!(crate::raft::decode::<Command>(&at_limit).is_ok(), "the outer txn plus MAX_TXN_DEPTH nested ones decode");
-    let deeper = crate::raft::encode(&Command::Txn(nested(MAX_TXN_DEPTH + 2)));
-    let err = crate::raft::decode::<Command>(&deeper).unwrap_err().to_string();
+    use crate::model::command::Command;
+    let at_limit = crate::base::codec::encode(&Command::Txn(nested(MAX_TXN_DEPTH + 1)));
+    assert!(
+        crate::base::codec::decode::<Command>(&at_limit).is_ok(),
+        "the outer txn plus MAX_TXN_DEPTH nested ones decode"
+    );
+    let deeper = crate::base::codec::encode(&Command::Txn(nested(MAX_TXN_DEPTH + 2)));
+    let err = crate::base::codec::decode::<Command>(&deeper).unwrap_err().to_string();
     assert!(err.contains("nested deeper"), "{err}");
     // The depth count is reset after a failure: the next decode is unaffected.
-    assert!(crate::raft::decode::<Command>(&at_limit).is_ok());
+    assert!(crate::base::codec::decode::<Command>(&at_limit).is_ok());
     // Far deeper than any stack could take recursively (built by hand: its
     // value could not even be dropped recursively): refused, not a crash.
     // Command::Txn, then per level: no compares, one success op, a Txn op.
-    let mut hostile = vec![crate::raft::FORMAT_V1];
+    let mut hostile = vec![crate::base::codec::FORMAT_V1];
     hostile.extend(2u32.to_le_bytes());
     for _ in 0..200_000 {
         hostile.extend(0u64.to_le_bytes());
         hostile.extend(1u64.to_le_bytes());
         hostile.extend(3u32.to_le_bytes());
     }
-    assert!(crate::raft::decode::<Command>(&hostile).is_err());
+    assert!(crate::base::codec::decode::<Command>(&hostile).is_err());
 }
 
 #[test]
 fn decoding_refuses_lengths_beyond_the_input() {
-    use crate::command::Command;
-    let mut bytes = crate::raft::encode(&Command::Put(PutRequest { key: b"k".to_vec(), ..Default::default() }));
+    use crate::model::command::Command;
+    let mut bytes = crate::base::codec::encode(&Command::Put(PutRequest { key: b"k".to_vec(), ..Default::default() }));
     // The key's length prefix (after the format byte and the variant index)
     // claims far more bytes than follow.
     bytes[5..13].copy_from_slice(&(u64::MAX / 2).to_le_bytes());
-    assert!(crate::raft::decode::<Command>(&bytes).is_err());
+    assert!(crate::base::codec::decode::<Command>(&bytes).is_err());
 }
 
 /// A sweep in small steps removes what one whole sweep does, and a new

@@ -15,7 +15,7 @@
 //! after its storage is open.
 //!
 //! A listener with TLS (an `https://` URL) runs each accepted connection's
-//! handshake in a task of its own (`crate::tls::ServerTls::accept`, bounded
+//! handshake in a task of its own (`crate::base::tls::ServerTls::accept`, bounded
 //! in time), so that a slow or failing handshake holds up no other
 //! connection; only connections that finish it reach gRPC. A refused one is
 //! logged at debug level: anyone can knock.
@@ -35,8 +35,8 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tonic::transport::server::{Router, TcpIncoming};
 
-use crate::shutdown::Stopping;
-use crate::tls::ServerTls;
+use crate::base::shutdown::Stopping;
+use crate::base::tls::ServerTls;
 
 /// One address to serve on, with TLS or without.
 #[derive(Clone)]

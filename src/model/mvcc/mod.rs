@@ -50,6 +50,7 @@ use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::sync::Arc;
 
+use crate::base::limits::MAX_RANGE_RESPONSE_BYTES;
 use history::visible_from;
 pub use history::HistoryScan;
 pub use range::RangeScan;
@@ -116,13 +117,6 @@ pub struct MvccStore {
     /// pushed, so that reading it walks nothing.
     live: usize,
 }
-
-/// The most key-value bytes one range returns (its keys, values and 64
-/// bytes each): a larger one fails with [`MvccError::ResponseTooLarge`]
-/// rather than copy that much of the store into one message. 256 MiB is far
-/// more than a lock service's ranges need, and well inside what a gRPC
-/// message may hold.
-pub const MAX_RANGE_RESPONSE_BYTES: usize = 256 << 20;
 
 /// What one version is counted as beyond its key and value: the memory it
 /// holds in the index (its entry, its shared key-value, the key's copy in the

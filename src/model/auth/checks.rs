@@ -17,9 +17,9 @@
 //! and by the API layer for what it serves itself (read-only txns).
 
 use super::{AuthError, AuthStore, Caller, PermKind};
-use crate::command::UserCommand;
-use crate::lease::LeaseTable;
-use crate::mvcc::{RequestOp, TxnRequest};
+use crate::model::command::UserCommand;
+use crate::model::lease::LeaseTable;
+use crate::model::mvcc::{RequestOp, TxnRequest};
 
 /// May `caller` have `cmd` applied? Always, while auth is off.
 pub fn check_command(

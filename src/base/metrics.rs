@@ -98,7 +98,7 @@ impl Metrics {
         // etcd's disk histograms: 1 ms doubling, 14 buckets (to about 8 s).
         let disk_buckets = exponential_buckets(0.001, 2.0, 14).expect("valid buckets");
         // Commands per batch: 1 doubling, up to the most a batch holds.
-        let most = crate::raft::proposer::MAX_BATCH_COMMANDS;
+        let most = crate::base::limits::MAX_BATCH_COMMANDS;
         let batch_buckets = exponential_buckets(1.0, 2.0, most.ilog2() as usize + 1).expect("valid buckets");
         let histogram = |name: &str, help: &str, buckets: &[f64]| {
             let h =

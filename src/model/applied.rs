@@ -9,7 +9,7 @@
 //! a read that waits for this member to reach a revision (written through
 //! another member) is woken once, by the call that reaches it
 //! ([`AppliedState::revision_reached`]); a watch session is handed only the
-//! batches that change a key its watchers watch (`crate::watch_routes`), and
+//! batches that change a key its watchers watch (`crate::model::watch_routes`), and
 //! so are a semaphore waiter and an election's observer, for the keys under
 //! their name ([`AppliedState::follow`]); a lock waiter waits for the
 //! deletion of the key ahead of it ([`DeletionWait`]), woken only when apply
@@ -37,11 +37,11 @@ use tokio::sync::{oneshot, Notify};
 
 use serde::{Deserialize, Serialize};
 
-use crate::alarm::Alarms;
-use crate::auth::{AuthStore, Tokens};
-use crate::lease::LeaseTable;
-use crate::mvcc::{Change, KeyRange, MvccStore, Revision};
-use crate::watch_routes::{Inbox, WatchRoutes};
+use crate::model::alarm::Alarms;
+use crate::model::auth::{AuthStore, Tokens};
+use crate::model::lease::LeaseTable;
+use crate::model::mvcc::{Change, KeyRange, MvccStore, Revision};
+use crate::model::watch_routes::{Inbox, WatchRoutes};
 
 /// What a lease counts as in the state's size (etcd's lease overhead).
 pub const LEASE_BYTES: u64 = 64;
@@ -181,7 +181,7 @@ impl AppliedState {
         self.watch_routes.route(&Arc::new(changes));
     }
 
-    /// Open a watch session's inbox (see `crate::watch_routes`).
+    /// Open a watch session's inbox (see `crate::model::watch_routes`).
     pub fn open_watch_inbox(&self) -> Inbox {
         self.watch_routes.open()
     }
@@ -365,7 +365,7 @@ impl Drop for DeletionWait {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mvcc::{Change, KeyValue};
+    use crate::model::mvcc::{Change, KeyValue};
     use std::time::Duration;
 
     fn change(key: &str, deleted: bool) -> Change {

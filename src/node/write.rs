@@ -16,11 +16,11 @@ use tokio::time::Instant;
 
 use super::route::{Attempt, Route};
 use super::{Node, ServerError};
-use crate::alarm::{AlarmAction, AlarmKind};
-use crate::applied::LEASE_BYTES;
-use crate::auth::{AuthCommand, AuthError, Caller};
-use crate::command::{Command, CommandResult, UserCommand};
-use crate::mvcc::{
+use crate::model::alarm::{AlarmAction, AlarmKind};
+use crate::model::applied::LEASE_BYTES;
+use crate::model::auth::{AuthCommand, AuthError, Caller};
+use crate::model::command::{Command, CommandResult, UserCommand};
+use crate::model::mvcc::{
     DeleteRangeRequest, DeleteRangeResult, MvccError, PutRequest, PutResult, Revision, TxnRequest, TxnResult,
 };
 use crate::raft::peer::client::ForwardFailure;

@@ -86,7 +86,7 @@ impl JwtConfig {
         };
         let (private, public) = (read("priv-key")?, read("pub-key")?);
         let ttl = match opts.get("ttl") {
-            Some(t) => crate::config::go_duration(t).with_context(|| format!("--auth-token ttl: '{t}'"))?,
+            Some(t) => crate::base::ids::go_duration(t).with_context(|| format!("--auth-token ttl: '{t}'"))?,
             None => Duration::from_secs(300),
         };
         let (sign, verify) = match algorithm {
@@ -213,11 +213,11 @@ mod tests {
 
     #[test]
     fn go_durations_parse() {
-        assert_eq!(crate::config::go_duration("5m").unwrap(), Duration::from_secs(300));
-        assert_eq!(crate::config::go_duration("1h30m").unwrap(), Duration::from_secs(5400));
-        assert_eq!(crate::config::go_duration("1500ms").unwrap(), Duration::from_millis(1500));
-        assert!(crate::config::go_duration("5").is_err());
-        assert!(crate::config::go_duration("").is_err());
+        assert_eq!(crate::base::ids::go_duration("5m").unwrap(), Duration::from_secs(300));
+        assert_eq!(crate::base::ids::go_duration("1h30m").unwrap(), Duration::from_secs(5400));
+        assert_eq!(crate::base::ids::go_duration("1500ms").unwrap(), Duration::from_millis(1500));
+        assert!(crate::base::ids::go_duration("5").is_err());
+        assert!(crate::base::ids::go_duration("").is_err());
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! This is deterministic state, changed only by applied commands: a grant, a
 //! revoke, and the puts and deletes that attach keys to and detach them from
 //! leases. *Time* is not here: when a lease expires is decided by the leader
-//! alone (`crate::server::lease_keeper`), which proposes a revoke through Raft
+//! alone (`crate::node::lease_keeper`), which proposes a revoke through Raft
 //! like any client would. So every replica agrees on which leases exist, and
 //! none of them ever reads a clock in apply.
 //!
@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
-use crate::mvcc::{Change, LeaseView};
+use crate::model::mvcc::{Change, LeaseView};
 
 /// etcd's limit on a granted TTL, in seconds.
 pub const MAX_LEASE_TTL: i64 = 9_000_000_000;
@@ -193,7 +193,7 @@ impl LeaseTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mvcc::KeyValue;
+    use crate::model::mvcc::KeyValue;
 
     fn put(key: &str, lease: i64) -> Change {
         Change {

@@ -9,7 +9,7 @@
 //! - [`watch`] looks at the data directory's file system every
 //!   [`CHECK_INTERVAL`]. Below the reserve, this member refuses writes that add
 //!   data at once and raises its NOSPACE alarm through the log, so that the
-//!   whole cluster refuses them (`crate::alarm`) while deletions, compaction
+//!   whole cluster refuses them (`crate::model::alarm`) while deletions, compaction
 //!   and revocation, which need little space, go on. When twice the reserve is
 //!   free again, it disarms the alarm it raised (not one an operator or the
 //!   quota raised).
@@ -27,8 +27,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::Node;
-use crate::alarm::{AlarmAction, AlarmKind};
-use crate::shutdown::Stopping;
+use crate::base::shutdown::Stopping;
+use crate::model::alarm::{AlarmAction, AlarmKind};
 
 /// The file that says this member's NOSPACE alarm is the disk's (see [`watch`]).
 const DISK_ALARM_MARKER: &str = "nospace-alarm-raised-for-disk";

@@ -18,7 +18,7 @@
 //!   peer protocol.
 //!
 //! Every long-lived task and stream holds a [`Node::stopping`] handle and
-//! ends when it fires; [`Node::shutdown`] waits for them (see `crate::shutdown`).
+//! ends when it fires; [`Node::shutdown`] waits for them (see `crate::base::shutdown`).
 //!
 //! Caveat: a request is given `request_timeout` in all; a write still in
 //! flight at that point may yet be applied (the client sees a timeout).
@@ -36,7 +36,6 @@ mod corruption;
 pub mod disk;
 pub mod lease_keeper;
 mod leases;
-pub mod listen;
 mod members;
 pub mod passwords;
 mod read;
@@ -47,9 +46,11 @@ pub use crate::raft::membership::{MembershipChange, MembershipRefusal};
 pub use crate::raft::transfer::TransferError;
 pub use write::WriteError;
 
-use crate::applied::{AppliedState, MemberAttrs};
-use crate::batcher::Batcher;
+use crate::base::batcher::Batcher;
+use crate::base::listen;
+use crate::base::shutdown::{Shutdown, Stopping};
 use crate::config::{ClusterState, Config};
+use crate::model::applied::{AppliedState, MemberAttrs};
 use crate::raft::election::Elections;
 use crate::raft::forwarded::ForwardedAnswers;
 use crate::raft::log_store::LogStore;
@@ -62,8 +63,6 @@ use crate::raft::proposer::Proposer;
 use crate::raft::read_index::ReadFloor;
 use crate::raft::state_machine::{AppliedConfiguration, StateMachine};
 use crate::raft::{MemberNode, Raft, RaftMetrics, RaftSettings, ServerMetrics, ServerState};
-use crate::shutdown::{Shutdown, Stopping};
-use crate::storage::wal::DEFAULT_SEGMENT_BYTES;
 use crate::storage::StateStore;
 use lease_keeper::LeaseKeeper;
 
@@ -117,12 +116,12 @@ pub struct NodeStatus {
 }
 
 /// Read barriers: one round covers every read queued before it began; at
-/// most [`crate::raft::proposer::MAX_QUEUED_COMMANDS`] reads wait for one.
-const READ_BARRIER_LIMITS: crate::batcher::Limits = crate::batcher::Limits {
+/// most [`crate::base::limits::MAX_QUEUED_COMMANDS`] reads wait for one.
+const READ_BARRIER_LIMITS: crate::base::batcher::Limits = crate::base::batcher::Limits {
     max_batch: usize::MAX,
     max_batch_weight: u64::MAX,
     max_in_flight: 1,
-    max_queued: crate::raft::proposer::MAX_QUEUED_COMMANDS,
+    max_queued: crate::base::limits::MAX_QUEUED_COMMANDS,
     max_queued_weight: u64::MAX,
 };
 
@@ -133,7 +132,7 @@ async fn count_leader_changes(mut server_metrics: ServerMetrics, mut stopping: S
     loop {
         let leader = server_metrics.borrow_and_update().current_leader;
         if leader.is_some() && leader != known {
-            crate::metrics::metrics().leader_changes.inc();
+            crate::base::metrics::metrics().leader_changes.inc();
             known = leader;
         }
         tokio::select! {
@@ -143,7 +142,7 @@ async fn count_leader_changes(mut server_metrics: ServerMetrics, mut stopping: S
     }
 }
 
-/// How long a stop waits for tasks and streams to end (see `crate::shutdown`).
+/// How long a stop waits for tasks and streams to end (see `crate::base::shutdown`).
 const STOP_WAIT: Duration = Duration::from_secs(5);
 
 pub struct Node {
@@ -207,7 +206,7 @@ impl Node {
         config.validate()?;
         let id = config.member_id();
         let members = config.initial_members()?;
-        let cluster_id = crate::config::cluster_id(&config.initial_cluster_token);
+        let cluster_id = crate::base::ids::cluster_id(&config.initial_cluster_token);
         let data_dir = config.data_dir();
         let identity = PeerIdentity { cluster_id, member_id: id };
         let peers = PeerClients::new(identity, config.peer_source_address()?, config.peer_client_tls()?);
@@ -220,10 +219,11 @@ impl Node {
 
         let state_store =
             StateStore::open(&data_dir.join("state"), &data_dir.join("images")).context("opening the state store")?;
-        let log_store = LogStore::open(&data_dir.join("wal"), DEFAULT_SEGMENT_BYTES, state_store.clone(), id)
-            .map(|log| log.keeping_in_memory(config.experimental_log_memory_bytes))
-            .context("opening the WAL")?;
-        let state = Arc::new(AppliedState::with_tokens(crate::auth::Tokens::new(config.auth_tokens()?)));
+        let log_store =
+            LogStore::open(&data_dir.join("wal"), crate::base::limits::WAL_SEGMENT_BYTES, state_store.clone(), id)
+                .map(|log| log.keeping_in_memory(config.experimental_log_memory_bytes))
+                .context("opening the WAL")?;
+        let state = Arc::new(AppliedState::with_tokens(crate::model::auth::Tokens::new(config.auth_tokens()?)));
         let forwarded = Arc::new(ForwardedAnswers::new(id, 0));
         let state_machine = StateMachine::open(state_store.clone(), state.clone())
             .context("loading the state machine")?
@@ -270,16 +270,17 @@ impl Node {
         let node = Arc::new_cyclic(|me: &std::sync::Weak<Node>| {
             let me = me.clone();
             // One barrier per batch covers every read queued before it began.
-            let read_barriers = Batcher::start(READ_BARRIER_LIMITS, crate::batcher::unweighed, move |reads: Vec<()>| {
-                let me = me.clone();
-                async move {
-                    let outcome = match me.upgrade() {
-                        Some(node) => node.read_index_round().await,
-                        None => Err(ServerError::Stopped),
-                    };
-                    vec![outcome; reads.len()]
-                }
-            });
+            let read_barriers =
+                Batcher::start(READ_BARRIER_LIMITS, crate::base::batcher::unweighed, move |reads: Vec<()>| {
+                    let me = me.clone();
+                    async move {
+                        let outcome = match me.upgrade() {
+                            Some(node) => node.read_index_round().await,
+                            None => Err(ServerError::Stopped),
+                        };
+                        vec![outcome; reads.len()]
+                    }
+                });
             Node {
                 id,
                 cluster_id,
@@ -497,7 +498,7 @@ impl Node {
     /// Wait until this member has applied the compaction at `revision` (or
     /// a later one; any, with `None`) and holds no version a compaction made
     /// unreadable: a `physical` compaction waits for it, and Defragment.
-    pub async fn compaction_swept(&self, revision: Option<crate::mvcc::Revision>) {
+    pub async fn compaction_swept(&self, revision: Option<crate::model::mvcc::Revision>) {
         compactor::swept(self, revision).await
     }
 

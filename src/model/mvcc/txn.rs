@@ -396,7 +396,7 @@ fn compare_kv(c: &Compare, kv: &KeyValue) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mvcc::tests::put;
+    use crate::model::mvcc::tests::put;
 
     /// The response limit holds for a whole txn, not for each of its ranges:
     /// many ranges, each within the limit, are refused together before anything

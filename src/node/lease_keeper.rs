@@ -71,16 +71,15 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::Node;
-use crate::lease::{GrantMark, LeaseTable};
-use crate::shutdown::Stopping;
+use crate::base::limits::EXPIRIES_PER_SECOND;
+use crate::base::shutdown::Stopping;
+use crate::model::lease::{GrantMark, LeaseTable};
 
 /// How often the leader looks for expired leases.
 pub const TICK: Duration = Duration::from_millis(100);
 /// A tick this much later than due means the keeper was held up (stopped,
 /// starved): the time it missed moves every deadline.
 pub const STALL: Duration = Duration::from_millis(500);
-/// The most leases proposed for expiry in a second: etcd's rate.
-pub const EXPIRIES_PER_SECOND: usize = 1000;
 /// The most leases proposed for expiry in one tick (a tick's share of
 /// [`EXPIRIES_PER_SECOND`]).
 pub const EXPIRIES_PER_TICK: usize = EXPIRIES_PER_SECOND * TICK.as_millis() as usize / 1000;

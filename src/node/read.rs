@@ -1,7 +1,7 @@
 //! The read path's facade: linearizable reads by ReadIndex.
 //!
 //! A linearizable read waits for [`Node::read_barrier`], then reads this
-//! member's applied state (`crate::applied`). The barrier gets a read index
+//! member's applied state (`crate::model::applied`). The barrier gets a read index
 //! from the leader — itself (`raft::read_index`: a heartbeat round confirms
 //! it still leads) or over the peer protocol — and waits until this member
 //! has applied that far. Reads that arrive together share one round.
@@ -21,8 +21,8 @@ impl Node {
     pub async fn read_barrier(&self) -> Result<(), ServerError> {
         match self.read_barriers.call(()).await {
             Ok(outcome) => outcome,
-            Err(crate::batcher::CallError::Overloaded) => Err(ServerError::TooManyRequests),
-            Err(crate::batcher::CallError::Stopped) => Err(ServerError::Stopped),
+            Err(crate::base::batcher::CallError::Overloaded) => Err(ServerError::TooManyRequests),
+            Err(crate::base::batcher::CallError::Stopped) => Err(ServerError::Stopped),
         }
     }
 

@@ -19,7 +19,7 @@
 //! Invariant: no bcrypt runs outside a slot.
 //!
 //! Caveats: the counts are this member's own (an attacker spreading over
-//! members gets each member's allowance); at most [`MAX_TRACKED`] names and
+//! members gets each member's allowance); at most [`MAX_TRACKED_LOGIN_FAILURES`] names and
 //! addresses are tracked, the oldest quiet ones forgotten first — past that
 //! new ones are not counted, and the slots remain the bound on CPU.
 
@@ -28,6 +28,7 @@ use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::base::limits::MAX_TRACKED_LOGIN_FAILURES;
 use tokio::sync::Semaphore;
 
 /// How long a password check waits for a bcrypt slot.
@@ -36,8 +37,6 @@ pub const SLOT_WAIT: Duration = Duration::from_secs(5);
 pub const FREE_FAILURES: u32 = 5;
 /// The longest lockout.
 pub const MAX_LOCKOUT: Duration = Duration::from_secs(60);
-/// The most names and addresses whose failures are counted.
-pub const MAX_TRACKED: usize = 16_384;
 /// A count that has seen no failure for this long is forgotten.
 const FORGET_AFTER: Duration = Duration::from_secs(600);
 
@@ -100,7 +99,7 @@ impl PasswordGate {
         // Looked at again once a slot is had: checks queued behind a slot
         // while the failures that lock them out were counted run no bcrypt.
         let locked = || who.iter().flatten().any(|w| self.locked_out(w));
-        let matches = self.run(move || crate::auth::password_matches(&password, &hash), locked).await?;
+        let matches = self.run(move || crate::model::auth::password_matches(&password, &hash), locked).await?;
         for w in who.into_iter().flatten() {
             self.record(w, matches);
         }
@@ -110,7 +109,7 @@ impl PasswordGate {
     /// A bcrypt hash of `password` at `--bcrypt-cost`, in a slot.
     pub async fn hash(&self, password: String) -> Result<anyhow::Result<String>, Refused> {
         let cost = self.cost;
-        self.run(move || crate::auth::hash_password(&password, cost), || false).await
+        self.run(move || crate::model::auth::hash_password(&password, cost), || false).await
     }
 
     /// Run `work` (bcrypt) on the blocking pool once a slot is free, unless
@@ -145,9 +144,9 @@ impl PasswordGate {
             return;
         }
         let now = Instant::now();
-        if !failures.contains_key(&who) && failures.len() >= MAX_TRACKED {
+        if !failures.contains_key(&who) && failures.len() >= MAX_TRACKED_LOGIN_FAILURES {
             failures.retain(|_, f| now.duration_since(f.last) < FORGET_AFTER);
-            if failures.len() >= MAX_TRACKED {
+            if failures.len() >= MAX_TRACKED_LOGIN_FAILURES {
                 return;
             }
         }
@@ -171,7 +170,7 @@ mod tests {
     use super::*;
 
     fn hash(password: &str) -> String {
-        crate::auth::hash_password(password, 4).unwrap()
+        crate::model::auth::hash_password(password, 4).unwrap()
     }
 
     /// After the free failures a name is locked out (refused before any

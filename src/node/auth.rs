@@ -9,8 +9,8 @@
 
 use super::passwords::Refused;
 use super::{Node, ServerError, WriteError};
-use crate::auth::{AuthCommand, AuthError, Caller, Tokens};
-use crate::mvcc::Revision;
+use crate::model::auth::{AuthCommand, AuthError, Caller, Tokens};
+use crate::model::mvcc::Revision;
 
 /// How often an authentication is tried again when users or roles changed
 /// between its password check and its log entry.

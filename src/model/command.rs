@@ -17,9 +17,9 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::alarm::{AlarmAction, AlarmKind};
-use crate::auth::{AuthCommand, AuthError};
-use crate::mvcc::{
+use crate::model::alarm::{AlarmAction, AlarmKind};
+use crate::model::auth::{AuthCommand, AuthError};
+use crate::model::mvcc::{
     DeleteRangeRequest, DeleteRangeResult, MvccError, PutRequest, PutResult, Revision, TxnRequest, TxnResult,
 };
 
@@ -78,7 +78,7 @@ pub enum Command {
         auth_revision: u64,
         command: UserCommand,
     },
-    /// Raise or disarm an alarm (`crate::alarm`) for member `member`: raised
+    /// Raise or disarm an alarm (`crate::model::alarm`) for member `member`: raised
     /// by a member itself (quota, disk), disarmed by an operator.
     Alarm {
         action: AlarmAction,
@@ -212,7 +212,7 @@ impl Command {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::raft::{decode, encode};
+    use crate::base::codec::{decode, encode};
 
     /// A batch is shared in memory and encodes as the plain list of commands
     /// that entries written before held: bincode's variant index (Batch is

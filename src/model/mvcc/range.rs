@@ -199,8 +199,8 @@ impl MvccStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mvcc::tests::put;
-    use crate::mvcc::*;
+    use crate::model::mvcc::tests::put;
+    use crate::model::mvcc::*;
 
     /// A range read in steps answers what one read at its revision answers,
     /// whatever is written between the steps; a compaction past its revision
