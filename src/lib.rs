@@ -51,7 +51,7 @@ mod raft;
 pub mod restore;
 mod storage;
 
-pub use api::{serve_clients, serve_metrics};
+pub use api::{ApiSettings, ClientApi};
 pub use base::ids;
 pub use base::listen::bind as bind_listeners;
 pub use locks::prefix_end;

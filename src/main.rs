@@ -77,8 +77,9 @@ async fn serve() -> anyhow::Result<()> {
             return Err(e);
         }
     }
-    let clients = tokio::spawn(raftlock::serve_clients(node.clone(), client_listeners));
-    let metrics = tokio::spawn(raftlock::serve_metrics(node.clone(), metrics_listeners));
+    let api = raftlock::ClientApi::new(node.clone(), raftlock::ApiSettings::from_config(&config));
+    let clients = tokio::spawn(api.clone().serve_clients(client_listeners));
+    let metrics = tokio::spawn(api.serve_metrics(metrics_listeners));
     tracing::info!(
         name = %config.name,
         member_id = format!("{:x}", node.id),

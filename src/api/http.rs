@@ -26,6 +26,7 @@ use axum::routing::get;
 use axum::Router;
 
 use crate::base::metrics::metrics;
+use crate::locks::stats::Grants;
 use crate::model::alarm::AlarmKind;
 use crate::node::Node;
 
@@ -33,23 +34,23 @@ use crate::node::Node;
 pub const READ_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The routes, for the client port and the metrics port.
-pub fn routes(node: Arc<Node>) -> Router {
+pub fn routes(node: Arc<Node>, grants: Arc<Grants>) -> Router {
     let (n1, n2, n3) = (node.clone(), node.clone(), node.clone());
     Router::new()
-        .route("/metrics", get(move || scrape(node.clone())))
+        .route("/metrics", get(move || scrape(node.clone(), grants.clone())))
         .route("/health", get(move |uri: Uri| health(n1.clone(), uri)))
         .route("/livez", get(move |uri: Uri| livez(n2.clone(), uri)))
         .route("/readyz", get(move |uri: Uri| readyz(n3.clone(), uri)))
 }
 
-async fn scrape(node: Arc<Node>) -> Response {
-    refresh(&node);
+async fn scrape(node: Arc<Node>, grants: Arc<Grants>) -> Response {
+    refresh(&node, &grants);
     let body = metrics().encode();
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response()
 }
 
 /// Set the metrics that are a view of the member's state.
-fn refresh(node: &Node) {
+fn refresh(node: &Node, grants: &Grants) {
     let m = metrics();
     let status = node.status();
     m.has_leader.set(i64::from(status.leader != 0));
@@ -68,7 +69,7 @@ fn refresh(node: &Node) {
     m.current_revision.set(revision);
     m.compact_revision.set(compacted.max(0));
     m.keys.set(keys as i64);
-    m.lock_holders.set(node.lock_holders() as i64);
+    m.lock_holders.set(grants.held(node.state()) as i64);
 }
 
 /// The value of query parameter `name`, if given (`?verbose` gives "").

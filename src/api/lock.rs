@@ -11,6 +11,7 @@ use tonic::{Request, Response, Status};
 use super::{auth, error, header};
 use crate::locks::election::{self, LeaderKey};
 use crate::locks::queue_prefix;
+use crate::locks::stats::Grants;
 use crate::locks::{self, mutex};
 use crate::model::auth::PermKind;
 use crate::node::Node;
@@ -21,12 +22,13 @@ use crate::proto::v3lockpb::lock_server::{Lock, LockServer};
 
 pub struct LockService {
     node: Arc<Node>,
+    grants: Arc<Grants>,
 }
 
 impl LockService {
-    pub fn server(node: Arc<Node>) -> super::served::Served<LockServer<LockService>> {
+    pub fn server(node: Arc<Node>, grants: Arc<Grants>) -> super::served::Served<LockServer<LockService>> {
         super::served::Served(
-            LockServer::new(LockService { node })
+            LockServer::new(LockService { node, grants })
                 .max_decoding_message_size(crate::base::limits::MAX_GRPC_MESSAGE_BYTES),
         )
     }
@@ -42,7 +44,7 @@ impl Lock for LockService {
         auth::check_prefix(&self.node, &caller, &queue_prefix(&req.name)).map_err(denied)?;
         auth::check_lease(&self.node, &caller, req.lease).map_err(denied)?;
         let (held, revision) = mutex::lock(self.node.clone(), &req.name, req.lease).await.map_err(error::v3_recipe)?;
-        granted(&self.node, "v3lock", arrived, &held.key, held.create_revision);
+        granted(&self.grants, &self.node, "v3lock", arrived, &held.key, held.create_revision);
         Ok(Response::new(lpb::LockResponse { header: header(&self.node, revision), key: held.key }))
     }
 
@@ -74,12 +76,13 @@ fn check_read_prefix(node: &Node, caller: &crate::model::auth::Caller, name: &[u
 
 pub struct ElectionService {
     node: Arc<Node>,
+    grants: Arc<Grants>,
 }
 
 impl ElectionService {
-    pub fn server(node: Arc<Node>) -> super::served::Served<ElectionServer<ElectionService>> {
+    pub fn server(node: Arc<Node>, grants: Arc<Grants>) -> super::served::Served<ElectionServer<ElectionService>> {
         super::served::Served(
-            ElectionServer::new(ElectionService { node })
+            ElectionServer::new(ElectionService { node, grants })
                 .max_decoding_message_size(crate::base::limits::MAX_GRPC_MESSAGE_BYTES),
         )
     }
@@ -103,7 +106,7 @@ impl Election for ElectionService {
         auth::check_lease(&self.node, &caller, req.lease).map_err(denied)?;
         let (l, revision) =
             election::campaign(self.node.clone(), &req.name, req.lease, &req.value).await.map_err(error::v3_recipe)?;
-        granted(&self.node, "election", arrived, &l.key, l.rev);
+        granted(&self.grants, &self.node, "election", arrived, &l.key, l.rev);
         let leader = epb::LeaderKey { name: l.name, key: l.key, rev: l.rev, lease: l.lease };
         Ok(Response::new(epb::CampaignResponse { header: header(&self.node, revision), leader: Some(leader) }))
     }
@@ -159,7 +162,7 @@ impl Election for ElectionService {
 
 /// Count a grant made by `api` for a request that arrived at `arrived`: the
 /// grant latency, and the grant among this member's holders.
-pub(super) fn granted(node: &Node, api: &str, arrived: Instant, key: &[u8], token: i64) {
+pub(super) fn granted(grants: &Grants, node: &Node, api: &str, arrived: Instant, key: &[u8], token: i64) {
     crate::base::metrics::metrics().lock_grant.with_label_values(&[api]).observe(arrived.elapsed().as_secs_f64());
-    node.lock_granted(key, token);
+    grants.granted(key, token, node.state());
 }

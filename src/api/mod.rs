@@ -31,6 +31,7 @@ use tonic::service::Routes;
 use tonic::transport::Server;
 
 use crate::base::limits::MAX_TXN_OPS;
+use crate::locks::stats::Grants;
 use crate::node::Node;
 use crate::proto::etcdserverpb::ResponseHeader;
 
@@ -53,46 +54,85 @@ pub fn header(node: &Node, revision: i64) -> Option<ResponseHeader> {
     Some(ResponseHeader { cluster_id: node.cluster_id, member_id: node.id, revision, raft_term: node.raft_term() })
 }
 
-/// Serve the client API on `listeners` until the node shuts down: the gRPC
-/// services, and the HTTP endpoints ([`http`]) on the same port.
-pub async fn serve_clients(node: Arc<Node>, listeners: Vec<crate::base::listen::Bound>) -> anyhow::Result<()> {
-    let health = health::service(node.clone());
-    let make = || {
-        let mut grpc = Routes::builder();
-        grpc.add_service(health.clone())
-            .add_service(kv::KvService::server(node.clone()))
-            .add_service(auth::AuthService::server(node.clone()))
-            .add_service(cluster::ClusterService::server(node.clone()))
-            .add_service(maintenance::MaintenanceService::server(node.clone()))
-            .add_service(lease::LeaseService::server(node.clone()))
-            .add_service(watch::WatchService::server(node.clone(), node.watch_progress_interval))
-            .add_service(lock::LockService::server(node.clone()))
-            .add_service(lock::ElectionService::server(node.clone()))
-            .add_service(native_lock::LocksService::server(node.clone()));
-        let grpc = grpc.routes().into_axum_router();
-        let routes = grpc.clone().merge(gateway::routes(grpc)).merge(http::routes(node.clone()));
-        Server::builder()
-            .accept_http1(true)
-            .max_concurrent_streams(Some(node.max_concurrent_streams))
-            // etcd's --grpc-keepalive-interval and -timeout defaults: a client
-            // that vanished without closing its connection (its watch and
-            // keepalive streams with it) is let go of within about two hours.
-            .http2_keepalive_interval(Some(CLIENT_KEEPALIVE_INTERVAL))
-            .http2_keepalive_timeout(Some(CLIENT_KEEPALIVE_TIMEOUT))
-            .add_routes(Routes::from(routes))
-    };
-    crate::base::listen::serve(listeners, make, node.stopping()).await
+/// The client port's settings (from the command line).
+#[derive(Clone, Debug)]
+pub struct ApiSettings {
+    /// `--max-concurrent-streams`.
+    pub max_concurrent_streams: u32,
+    /// How often watchers that asked for it get a progress notification
+    /// (`--experimental-watch-progress-notify-interval`).
+    pub watch_progress_interval: std::time::Duration,
 }
 
-/// Serve only the HTTP endpoints ([`http`]) on `listeners`
-/// (`--listen-metrics-urls`) until the node shuts down.
-pub async fn serve_metrics(node: Arc<Node>, listeners: Vec<crate::base::listen::Bound>) -> anyhow::Result<()> {
-    if listeners.is_empty() {
-        node.stopping().stopped().await;
-        return Ok(());
+impl ApiSettings {
+    pub fn from_config(config: &crate::config::Config) -> ApiSettings {
+        ApiSettings {
+            max_concurrent_streams: config.max_concurrent_streams,
+            watch_progress_interval: std::time::Duration::from_millis(config.watch_progress_notify_interval),
+        }
     }
-    let make = || Server::builder().accept_http1(true).add_routes(Routes::from(http::routes(node.clone())));
-    crate::base::listen::serve(listeners, make, node.stopping()).await
+}
+
+/// What a member's client and metrics ports serve: the node, the client
+/// port's settings, and the lock grants this member's lock APIs made (the
+/// holders metric counts those still held).
+#[derive(Clone)]
+pub struct ClientApi {
+    node: Arc<Node>,
+    settings: ApiSettings,
+    grants: Arc<Grants>,
+}
+
+impl ClientApi {
+    pub fn new(node: Arc<Node>, settings: ApiSettings) -> ClientApi {
+        ClientApi { node, settings, grants: Arc::default() }
+    }
+
+    /// Serve the client API on `listeners` until the node shuts down: the
+    /// gRPC services, and the HTTP endpoints ([`http`]) on the same port.
+    pub async fn serve_clients(self, listeners: Vec<crate::base::listen::Bound>) -> anyhow::Result<()> {
+        let ClientApi { node, settings, grants } = self;
+        let health = health::service(node.clone());
+        let make = || {
+            let mut grpc = Routes::builder();
+            grpc.add_service(health.clone())
+                .add_service(kv::KvService::server(node.clone()))
+                .add_service(auth::AuthService::server(node.clone()))
+                .add_service(cluster::ClusterService::server(node.clone()))
+                .add_service(maintenance::MaintenanceService::server(node.clone()))
+                .add_service(lease::LeaseService::server(node.clone()))
+                .add_service(watch::WatchService::server(node.clone(), settings.watch_progress_interval))
+                .add_service(lock::LockService::server(node.clone(), grants.clone()))
+                .add_service(lock::ElectionService::server(node.clone(), grants.clone()))
+                .add_service(native_lock::LocksService::server(node.clone(), grants.clone()));
+            let grpc = grpc.routes().into_axum_router();
+            let routes = grpc.clone().merge(gateway::routes(grpc)).merge(http::routes(node.clone(), grants.clone()));
+            Server::builder()
+                .accept_http1(true)
+                .max_concurrent_streams(Some(settings.max_concurrent_streams))
+                // etcd's --grpc-keepalive-interval and -timeout defaults: a client
+                // that vanished without closing its connection (its watch and
+                // keepalive streams with it) is let go of within about two hours.
+                .http2_keepalive_interval(Some(CLIENT_KEEPALIVE_INTERVAL))
+                .http2_keepalive_timeout(Some(CLIENT_KEEPALIVE_TIMEOUT))
+                .add_routes(Routes::from(routes))
+        };
+        crate::base::listen::serve(listeners, make, node.stopping()).await
+    }
+
+    /// Serve only the HTTP endpoints ([`http`]) on `listeners`
+    /// (`--listen-metrics-urls`) until the node shuts down.
+    pub async fn serve_metrics(self, listeners: Vec<crate::base::listen::Bound>) -> anyhow::Result<()> {
+        let ClientApi { node, grants, .. } = self;
+        if listeners.is_empty() {
+            node.stopping().stopped().await;
+            return Ok(());
+        }
+        let make = || {
+            Server::builder().accept_http1(true).add_routes(Routes::from(http::routes(node.clone(), grants.clone())))
+        };
+        crate::base::listen::serve(listeners, make, node.stopping()).await
+    }
 }
 
 /// Parse a streamed gateway body as the gateway does (the fuzz targets'

@@ -57,12 +57,16 @@ fn owner(o: Owner) -> pb::Owner {
 
 pub struct LocksService {
     node: Arc<Node>,
+    grants: Arc<crate::locks::stats::Grants>,
 }
 
 impl LocksService {
-    pub fn server(node: Arc<Node>) -> super::served::Served<LocksServer<LocksService>> {
+    pub fn server(
+        node: Arc<Node>,
+        grants: Arc<crate::locks::stats::Grants>,
+    ) -> super::served::Served<LocksServer<LocksService>> {
         super::served::Served(
-            LocksServer::new(LocksService { node })
+            LocksServer::new(LocksService { node, grants })
                 .max_decoding_message_size(crate::base::limits::MAX_GRPC_MESSAGE_BYTES),
         )
     }
@@ -104,7 +108,7 @@ impl Locks for LocksService {
         let outcome = fenced::acquire(self.node.clone(), request, wait).await.map_err(error::native_recipe)?;
         let response = match outcome {
             Acquired::Granted { kv, revision, holds } => {
-                super::lock::granted(&self.node, "native", arrived, &kv.key, kv.create_revision);
+                super::lock::granted(&self.grants, &self.node, "native", arrived, &kv.key, kv.create_revision);
                 pb::AcquireResponse {
                     header: header(&self.node, revision),
                     acquired: true,

@@ -40,23 +40,11 @@ use serde::{Deserialize, Serialize};
 use crate::model::alarm::Alarms;
 use crate::model::auth::{AuthStore, Tokens};
 use crate::model::lease::LeaseTable;
-use crate::model::mvcc::{Change, KeyRange, MvccStore, Revision};
-use crate::model::watch_routes::{Inbox, WatchRoutes};
+use crate::model::mvcc::{KeyRange, MvccStore, Revision};
+use crate::model::watch_routes::{AppliedChanges, Inbox, WatchRoutes};
 
 /// What a lease counts as in the state's size (etcd's lease overhead).
 pub const LEASE_BYTES: u64 = 64;
-
-/// What one apply call changed, in revision order; `revision` is the store's
-/// revision after it.
-#[derive(Debug)]
-pub struct AppliedChanges {
-    pub revision: Revision,
-    pub changes: Vec<Change>,
-    /// The store was replaced (a snapshot was installed) and `changes` may not
-    /// hold everything that changed: the readers of particular keys must look
-    /// at the store again, as after a lag.
-    pub resync: bool,
-}
 
 /// What a member publishes about itself through the log.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -50,8 +50,19 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 
 use crate::base::limits::{MAX_WATCHED_RANGES, WATCH_INBOX_BATCHES, WATCH_INBOX_BYTES};
-use crate::model::applied::AppliedChanges;
-use crate::model::mvcc::{KeyRange, Revision};
+use crate::model::mvcc::{Change, KeyRange, Revision};
+
+/// What one apply call changed, in revision order; `revision` is the store's
+/// revision after it.
+#[derive(Debug)]
+pub struct AppliedChanges {
+    pub revision: Revision,
+    pub changes: Vec<Change>,
+    /// The store was replaced (a snapshot was installed) and `changes` may not
+    /// hold everything that changed: the readers of particular keys must look
+    /// at the store again, as after a lag.
+    pub resync: bool,
+}
 
 /// The routing table of one member's watch sessions (see the module doc).
 #[derive(Default)]

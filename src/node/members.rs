@@ -9,7 +9,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use openraft::metrics::RaftServerMetrics;
 use tokio::time::Instant;
 
 use super::route::{Attempt, Route};
@@ -20,7 +19,6 @@ use crate::raft::membership::{MembershipAnswer, MembershipChange, MembershipRefu
 use crate::raft::peer::client::PeerClients;
 use crate::raft::peer::messages::ControlRequest;
 use crate::raft::transfer::{transfer, TransferError};
-use crate::raft::MemberNode;
 
 impl Node {
     /// Resolves once this member has been removed from the cluster: it must
@@ -40,21 +38,10 @@ impl Node {
         let mut server = self.raft.server_metrics();
         let ask = ControlRequest::Removed { id: self.id };
         loop {
-            let leaving = |m: &RaftServerMetrics<u64, MemberNode>| {
-                let membership = m.membership_config.membership();
-                let joint = membership.get_joint_config();
-                let voter_leaving =
-                    joint.iter().any(|c| c.contains(&self.id)) && joint.last().is_some_and(|c| !c.contains(&self.id));
-                m.membership_config.log_id().is_some() && (membership.get_node(&self.id).is_none() || voter_leaving)
-            };
-            if server.wait_for(leaving).await.is_err() {
+            if server.wait_for(|m| crate::raft::leaving(m, self.id)).await.is_err() {
                 std::future::pending::<()>().await;
             }
-            let urls: Vec<String> = {
-                let m = server.borrow();
-                let membership = m.membership_config.membership();
-                membership.nodes().filter(|(id, _)| **id != self.id).map(|(_, n)| n.peer_url.clone()).collect()
-            };
+            let urls = crate::raft::other_peer_urls(&server.borrow(), self.id);
             for url in &urls {
                 if let Ok(true) = self.peers.admin(url, &ask, Duration::from_secs(1)).await {
                     tokio::time::sleep(GRACE).await;

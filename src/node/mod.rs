@@ -57,7 +57,8 @@ use crate::raft::log_store::LogStore;
 use crate::raft::network::PeerNetwork;
 use crate::raft::peer::client::PeerClients;
 use crate::raft::peer::forward::Forwarder;
-use crate::raft::peer::gate::{PeerGate, PeerIdentity};
+use crate::raft::peer::gate::PeerGate;
+use crate::raft::peer::identity::PeerIdentity;
 use crate::raft::peer::server::{LeaseAuthority, PeerService};
 use crate::raft::proposer::Proposer;
 use crate::raft::read_index::ReadFloor;
@@ -163,12 +164,6 @@ pub struct Node {
     /// This member's disk has less free space than its reserve (see
     /// [`disk`]): writes that add data are refused here at once.
     disk_low: std::sync::atomic::AtomicBool,
-    /// `--max-concurrent-streams`, for the client port.
-    pub max_concurrent_streams: u32,
-    /// Grants made through this member, for the holders metric.
-    lock_grants: crate::locks::stats::Grants,
-    /// How often watchers that asked for it get a progress notification.
-    pub watch_progress_interval: Duration,
     /// The least read index this member hands out while it leads (see raft::read_index).
     read_floor: Arc<ReadFloor>,
     /// Linearizable reads that arrive together share one ReadIndex round.
@@ -294,10 +289,7 @@ impl Node {
                 lease_keeper: LeaseKeeper::default(),
                 min_lease_ttl: (config.election_timeout * 3).div_ceil(2 * 1000).max(1) as i64,
                 quota: config.quota_bytes(),
-                max_concurrent_streams: config.max_concurrent_streams,
                 disk_low: Default::default(),
-                lock_grants: Default::default(),
-                watch_progress_interval: Duration::from_millis(config.watch_progress_notify_interval),
                 state,
                 configuration,
                 peers,
@@ -401,17 +393,6 @@ impl Node {
     /// Client commands waiting for a proposal batch on this member.
     pub fn pending_proposals(&self) -> usize {
         self.proposer.queued()
-    }
-
-    /// Lock grants made through this member (its lock APIs) whose owner
-    /// key still exists.
-    pub fn lock_holders(&self) -> usize {
-        self.lock_grants.held(&self.state)
-    }
-
-    /// Note a grant made through this member, for [`Node::lock_holders`].
-    pub fn lock_granted(&self, key: &[u8], token: i64) {
-        self.lock_grants.granted(key, token, &self.state);
     }
 
     pub fn state(&self) -> &AppliedState {

@@ -102,7 +102,25 @@ pub type RaftMetrics = openraft::RaftMetrics<u64, MemberNode>;
 /// metrics at every step of its core (each append, acknowledgement, commit
 /// and apply), waking every watcher each time — thousands of times a second
 /// under load, on every member. The channel closes when openraft's core ends.
-pub type ServerMetrics = tokio::sync::watch::Receiver<openraft::metrics::RaftServerMetrics<u64, MemberNode>>;
+pub type ServerMetrics = tokio::sync::watch::Receiver<ServerMetricsView>;
+/// One reading of [`ServerMetrics`].
+pub type ServerMetricsView = openraft::metrics::RaftServerMetrics<u64, MemberNode>;
+
+/// Whether the configuration `metrics` holds (as its log ends) leaves member
+/// `id` out, or is a joint one that moves `id`'s vote away.
+pub fn leaving(metrics: &ServerMetricsView, id: u64) -> bool {
+    let membership = metrics.membership_config.membership();
+    let joint = membership.get_joint_config();
+    let voter_leaving = joint.iter().any(|c| c.contains(&id)) && joint.last().is_some_and(|c| !c.contains(&id));
+    metrics.membership_config.log_id().is_some() && (membership.get_node(&id).is_none() || voter_leaving)
+}
+
+/// The peer URLs of the members other than `id` in the configuration
+/// `metrics` holds.
+pub fn other_peer_urls(metrics: &ServerMetricsView, id: u64) -> Vec<String> {
+    let membership = metrics.membership_config.membership();
+    membership.nodes().filter(|(m, _)| **m != id).map(|(_, n)| n.peer_url.clone()).collect()
+}
 
 /// How far member `id`'s log matches the leader's, as the leader's metrics
 /// know it (`None` if this member does not lead or has no news of `id`).

@@ -34,7 +34,7 @@ use serde::Serialize;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
-use super::gate::PeerIdentity;
+use super::identity::PeerIdentity;
 use super::messages::{ControlRequest, LeaseAnswer, LeaseQuery, MembershipAnswer, MembershipChange};
 use crate::base::codec::{decode, encode};
 use crate::base::limits::MAX_PEER_MESSAGE_BYTES;

@@ -1,7 +1,7 @@
 //! Peer authentication: every peer RPC says which cluster and which member
 //! it comes from, and a member answers only members of its own cluster.
 //!
-//! The asking side ([`PeerIdentity`], a tonic interceptor on every peer
+//! The asking side (`identity::PeerIdentity`, a tonic interceptor on every peer
 //! channel) puts two metadata entries on each request: the cluster ID
 //! (derived from `--initial-cluster-token`) and the sender's member ID. The
 //! answering side ([`PeerGate`]) refuses, before it decodes anything:
@@ -32,17 +32,12 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tonic::metadata::MetadataValue;
 use tonic::{Request, Status};
 
 use super::client::PeerClients;
+use super::identity::{CLUSTER_ID_KEY, MEMBER_ID_KEY};
 use super::messages::ControlRequest;
 use crate::raft::Raft;
-
-/// The metadata key carrying the sender's cluster ID (hex).
-pub const CLUSTER_ID_KEY: &str = "raftlock-cluster-id";
-/// The metadata key carrying the sender's member ID (hex).
-pub const MEMBER_ID_KEY: &str = "raftlock-member-id";
 
 /// How long a member vouched for by another stays admitted without asking again.
 pub const VOUCH_TTL: Duration = Duration::from_secs(10);
@@ -53,26 +48,6 @@ const REFUSAL_TTL: Duration = Duration::from_secs(1);
 const MAX_VERDICTS: usize = 4096;
 /// How many refused (cluster, member) pairs are remembered for logging once.
 const MAX_LOGGED: usize = 1024;
-
-/// Who this member is, stamped on every peer request it sends.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PeerIdentity {
-    pub cluster_id: u64,
-    pub member_id: u64,
-}
-
-impl tonic::service::Interceptor for PeerIdentity {
-    fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
-        let md = req.metadata_mut();
-        md.insert(CLUSTER_ID_KEY, hex_value(self.cluster_id));
-        md.insert(MEMBER_ID_KEY, hex_value(self.member_id));
-        Ok(req)
-    }
-}
-
-fn hex_value(id: u64) -> MetadataValue<tonic::metadata::Ascii> {
-    format!("{id:x}").parse().expect("hex digits are valid metadata")
-}
 
 /// The answering side's check of every peer request (see the module doc).
 #[derive(Clone)]

@@ -6,8 +6,8 @@
 //! - [`client`]: the asking side, one cached channel per peer;
 //! - [`forward`]: a follower's writes batched on their way to the leader,
 //!   on one long-lived stream per leader;
-//! - [`gate`]: peer authentication, the cluster and member ID every request
-//!   carries and every answer checks first;
+//! - [`identity`]: the cluster and member ID every request carries;
+//! - [`gate`]: peer authentication, which every answer checks first;
 //! - [`server`]: the answering side, which hands Raft RPCs to openraft and
 //!   the rest to the leader's proposer, read index, lease authority,
 //!   membership changes and leader transfer.
@@ -16,12 +16,13 @@
 //! adapter) over the same channels; a leader's log streams to each follower
 //! on `Peer.Replicate` (`raft::pipeline`).
 //!
-//! Module order: `messages` <- `client` <- `forward`; `gate` stamps
-//! `client`'s requests and asks through it; `server` uses `messages`, `gate`
+//! Module order: `messages`, `identity` <- `client` <- `forward`, `gate`
+//! (which asks other members through `client`); `server` uses `messages`, `gate`
 //! and `client` and the Raft modules beside it.
 
 pub mod client;
 pub mod forward;
 pub mod gate;
+pub mod identity;
 pub mod messages;
 pub mod server;

@@ -47,9 +47,10 @@ use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder, StorageError, St
 use super::forwarded::ForwardedAnswers;
 use super::{Entry, LogId, MemberNode, TypeConfig};
 use crate::base::limits::CHECKPOINT_MIN_BYTES;
-use crate::model::applied::{AppliedChanges, AppliedState};
+use crate::model::applied::AppliedState;
 use crate::model::command::CommandResult;
 use crate::model::mvcc::KeyRange;
+use crate::model::watch_routes::AppliedChanges;
 use crate::storage::wal::Durable;
 use crate::storage::StateStore;
 use apply::Apply;
