@@ -24,7 +24,7 @@ use crate::model::mvcc::{
     DeleteRangeRequest, DeleteRangeResult, MvccError, PutRequest, PutResult, Revision, TxnRequest, TxnResult,
 };
 use crate::raft::peer::client::ForwardFailure;
-use crate::raft::proposer::ProposeError;
+use crate::raft::write::proposer::ProposeError;
 
 /// Why a write did not change the store.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -18,8 +18,8 @@ use std::sync::Mutex;
 
 use openraft::error::{CheckIsLeaderError, RaftError};
 
-use super::election::Elections;
-use super::Raft;
+use crate::raft::cluster::prevote::Elections;
+use crate::raft::types::Raft;
 
 /// Why no read index was handed out.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -70,4 +70,25 @@ pub async fn read_index(raft: &Raft, floor: &ReadFloor, elections: &Elections) -
         (m.current_term, m.last_log_index.unwrap_or(0))
     };
     Ok(read_log_id.map_or(0, |l| l.index).max(floor.for_term(term, last_log_index)))
+}
+
+/// Why a wait for this member to apply an index ended without it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitError {
+    Timeout,
+    Stopped,
+}
+
+/// Wait until this member has applied log index `index`, at most `within`.
+/// Watches openraft's data metrics, which change only when one of their
+/// fields does, rather than its full metrics (see [`ServerMetrics`]).
+pub async fn wait_applied(raft: &Raft, index: u64, within: std::time::Duration) -> Result<(), WaitError> {
+    let mut data = raft.data_metrics();
+    let applied = data.wait_for(|m| m.last_applied.map(|l| l.index) >= Some(index));
+    let outcome = tokio::time::timeout(within, async { applied.await.map(drop) }).await;
+    match outcome {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(_)) => Err(WaitError::Stopped),
+        Err(_) => Err(WaitError::Timeout),
+    }
 }

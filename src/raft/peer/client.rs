@@ -34,12 +34,12 @@ use serde::Serialize;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
-use super::identity::PeerIdentity;
-use super::messages::{ControlRequest, LeaseAnswer, LeaseQuery, MembershipAnswer, MembershipChange};
 use crate::base::codec::{decode, encode};
 use crate::base::limits::MAX_PEER_MESSAGE_BYTES;
 use crate::proto::raftlock::peer::peer_client::PeerClient;
 use crate::proto::raftlock::peer::{RaftPayload, ReadIndexRequest};
+use crate::raft::peer::identity::PeerIdentity;
+use crate::raft::peer::messages::{ControlRequest, LeaseAnswer, LeaseQuery, MembershipAnswer, MembershipChange};
 
 /// A client of one peer: its cached channel, stamping this member's identity.
 /// A peer URL's channel, and the socket of the connection it holds.

@@ -34,10 +34,10 @@ use std::time::{Duration, Instant};
 
 use tonic::{Request, Status};
 
-use super::client::PeerClients;
-use super::identity::{CLUSTER_ID_KEY, MEMBER_ID_KEY};
-use super::messages::ControlRequest;
-use crate::raft::Raft;
+use crate::raft::peer::client::PeerClients;
+use crate::raft::peer::identity::{CLUSTER_ID_KEY, MEMBER_ID_KEY};
+use crate::raft::peer::messages::ControlRequest;
+use crate::raft::types::Raft;
 
 /// How long a member vouched for by another stays admitted without asking again.
 pub const VOUCH_TTL: Duration = Duration::from_secs(10);

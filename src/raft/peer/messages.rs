@@ -127,7 +127,7 @@ pub enum ControlRequest {
     /// (see `raft::election`).
     PreVote {
         term: u64,
-        last_log: Option<super::super::LogId>,
+        last_log: Option<crate::raft::types::LogId>,
     },
     /// Do you count on a leader (`Elections::acting_leader`)? Asked by a
     /// member of a new cluster before it bootstraps (see
@@ -184,7 +184,7 @@ pub enum MembershipAnswer {
 #[cfg(fuzzing)]
 pub fn fuzz_decode(bytes: &[u8]) {
     use crate::base::codec::decode;
-    use crate::raft::TypeConfig;
+    use crate::raft::types::TypeConfig;
     use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
     let _ = decode::<ForwardBatch>(bytes);
     let _ = decode::<UntaggedForwardBatch>(bytes);

@@ -21,8 +21,9 @@
 //! and `client` and the Raft modules beside it.
 
 pub mod client;
-pub mod forward;
 pub mod gate;
 pub mod identity;
 pub mod messages;
+pub mod network;
+pub mod pipeline;
 pub mod server;

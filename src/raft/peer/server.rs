@@ -39,23 +39,24 @@ use tonic::transport::server::Router;
 use tonic::transport::Server;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::client::{PeerClients, PEER_KEEPALIVE};
-use super::gate::PeerGate;
-use super::messages::{
-    ControlRequest, ForwardBatch, ForwardError, ForwardReply, LeaseAnswer, LeaseQuery, MembershipChange,
-    UntaggedForwardBatch,
-};
 use crate::base::codec::{decode, encode};
 use crate::base::limits::MAX_PEER_MESSAGE_BYTES;
 use crate::base::shutdown::Stopping;
 use crate::model::command::Command;
 use crate::proto::raftlock::peer::peer_server::{Peer, PeerServer};
 use crate::proto::raftlock::peer::{RaftPayload, ReadIndexRequest, ReadIndexResponse};
-use crate::raft::election::Elections;
-use crate::raft::pipeline;
-use crate::raft::proposer::{ProposeError, Proposer};
+use crate::raft::cluster::prevote::Elections;
+use crate::raft::cluster::{membership, transfer};
+use crate::raft::peer::client::{PeerClients, PEER_KEEPALIVE};
+use crate::raft::peer::gate::PeerGate;
+use crate::raft::peer::messages::{
+    ControlRequest, ForwardBatch, ForwardError, ForwardReply, LeaseAnswer, LeaseQuery, MembershipChange,
+    UntaggedForwardBatch,
+};
+use crate::raft::peer::pipeline;
 use crate::raft::read_index::{read_index, ReadFloor, ReadIndexError};
-use crate::raft::{membership, transfer, Raft, TypeConfig};
+use crate::raft::types::{Raft, TypeConfig};
+use crate::raft::write::proposer::{ProposeError, Proposer};
 
 /// The leader's side of [`LeaseQuery`], implemented by the node.
 #[tonic::async_trait]

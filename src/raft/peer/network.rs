@@ -23,12 +23,12 @@ use openraft::raft::{
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::log_store::LogStore;
-use super::peer::client::PeerClients;
-use super::pipeline::{Pipe, Stopped};
-use super::{MemberNode, TypeConfig};
 use crate::base::codec::{decode, encode};
 use crate::proto::raftlock::peer::RaftPayload;
+use crate::raft::peer::client::PeerClients;
+use crate::raft::peer::pipeline::{Pipe, Stopped};
+use crate::raft::store::log_store::LogStore;
+use crate::raft::types::{MemberNode, TypeConfig};
 use crate::storage::wal::Durable;
 
 /// openraft's network factory: one [`PeerConnection`] per target.

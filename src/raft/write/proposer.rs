@@ -36,14 +36,14 @@ use std::sync::Arc;
 
 use openraft::error::{ClientWriteError, RaftError};
 
-use super::election::Elections;
-use super::lease_order::{Admitted, LeaseOrder, Mark};
-use super::Raft;
 use crate::base::batcher::{Batcher, CallError, Limits};
 use crate::base::limits::{
     BATCHES_IN_FLIGHT, MAX_BATCH_BYTES, MAX_BATCH_COMMANDS, MAX_QUEUED_BYTES, MAX_QUEUED_COMMANDS,
 };
 use crate::model::command::{Command, CommandResult};
+use crate::raft::cluster::prevote::Elections;
+use crate::raft::types::Raft;
+use crate::raft::write::lease_order::{Admitted, LeaseOrder, Mark};
 
 /// The proposer's bounds (see the module doc).
 const LIMITS: Limits = Limits {

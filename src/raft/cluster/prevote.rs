@@ -60,11 +60,11 @@ use std::time::Duration;
 use rand::Rng;
 use tokio::time::Instant;
 
-use super::log_store::LogStore;
-use super::peer::client::PeerClients;
-use super::peer::messages::ControlRequest;
-use super::{LogId, Raft};
 use crate::base::shutdown::Stopping;
+use crate::raft::peer::client::PeerClients;
+use crate::raft::peer::messages::ControlRequest;
+use crate::raft::store::log_store::LogStore;
+use crate::raft::types::{LogId, Raft};
 
 /// openraft's timing for `heartbeat`: its elections are off, so its election
 /// timeout only sets how long a vote request may take (the minimum) and the
@@ -272,7 +272,7 @@ impl Elections {
     /// configuration (this member included) granted it. Decided as soon as
     /// the answers so far settle it: a voter that cannot be reached does not
     /// hold the election up.
-    async fn ask_pre_votes(&self, m: &openraft::RaftMetrics<u64, super::MemberNode>) -> bool {
+    async fn ask_pre_votes(&self, m: &openraft::RaftMetrics<u64, crate::raft::types::MemberNode>) -> bool {
         use futures::StreamExt;
         let membership = m.membership_config.membership();
         let configs = membership.get_joint_config();

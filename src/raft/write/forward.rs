@@ -86,14 +86,14 @@ use tokio::sync::{mpsc, oneshot};
 
 use futures::StreamExt;
 
-use super::client::{never_sent, ForwardFailure, PeerClients};
-use super::messages::{ForwardBatch, ForwardError, ForwardReply};
 use crate::base::batcher::{Batcher, CallError, Limits};
 use crate::base::codec::{decode, encode};
 use crate::base::limits::FORWARD_IN_FLIGHT;
 use crate::model::command::{Command, CommandResult};
 use crate::proto::raftlock::peer::RaftPayload;
-use crate::raft::forwarded::ForwardedAnswers;
+use crate::raft::peer::client::{never_sent, ForwardFailure, PeerClients};
+use crate::raft::peer::messages::{ForwardBatch, ForwardError, ForwardReply};
+use crate::raft::write::forwarded::ForwardedAnswers;
 
 /// Writes on their way from this follower to the leader (see the module doc).
 #[derive(Clone)]

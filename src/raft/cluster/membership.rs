@@ -34,9 +34,9 @@ use openraft::ChangeMembers;
 
 use std::time::Duration;
 
-use super::peer::client::PeerClients;
-pub use super::peer::messages::{MembershipAnswer, MembershipChange, MembershipRefusal};
-use super::{MemberNode, Raft};
+use crate::raft::peer::client::PeerClients;
+pub use crate::raft::peer::messages::{MembershipAnswer, MembershipChange, MembershipRefusal};
+use crate::raft::types::{MemberNode, Raft};
 
 /// A peer URL etcd would accept: `http(s)://host:port`, no path.
 fn valid_url(url: &str) -> bool {
@@ -169,7 +169,7 @@ pub async fn change(raft: &Raft, peers: &PeerClients, token: &str, change: Membe
                 return MembershipAnswer::Refused(refusal);
             }
             let leader_index = metrics.last_log_index.unwrap_or(0);
-            let matched = super::matched_index(&metrics, id).unwrap_or(0);
+            let matched = crate::raft::types::matched_index(&metrics, id).unwrap_or(0);
             // etcd's rule: the learner's match is at least 90% of the leader's.
             if (matched as f64) < leader_index as f64 * 0.9 {
                 return MembershipAnswer::Refused(MembershipRefusal::LearnerNotReady);

@@ -15,12 +15,12 @@
 
 use std::sync::Arc;
 
-use super::layout::JournalOp;
 use crate::model::alarm::AlarmKind;
 use crate::model::applied::{AppliedState, MemberAttrs};
 use crate::model::auth::{AuthCommand, Caller, TokenEffect};
 use crate::model::command::{Command, CommandResult};
 use crate::model::mvcc::{Change, MvccError, MvccStore, SharedVersion};
+use crate::raft::store::state_machine::layout::JournalOp;
 
 /// One apply call's work on `state`: what it changed, to be persisted
 /// (`journal`) and published to watchers (`published`) once the call ends.

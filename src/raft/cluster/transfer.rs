@@ -24,10 +24,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::election::Elections;
-use super::peer::client::PeerClients;
-use super::peer::messages::ControlRequest;
-use super::Raft;
+use crate::raft::cluster::prevote::Elections;
+use crate::raft::peer::client::PeerClients;
+use crate::raft::peer::messages::ControlRequest;
+use crate::raft::types::Raft;
 
 /// How often the target of a transfer campaigns until it leads.
 const CAMPAIGN_EVERY: Duration = Duration::from_millis(50);
@@ -51,7 +51,7 @@ pub async fn admin(raft: &Raft, elections: &Elections, req: ControlRequest, max_
         ControlRequest::Published { .. } | ControlRequest::HashKv { .. } => false,
         ControlRequest::Removed { id } => {
             let m = raft.metrics().borrow().clone();
-            m.current_leader == Some(m.id) && super::removal_applied(&m, id)
+            m.current_leader == Some(m.id) && crate::raft::types::removal_applied(&m, id)
         }
         ControlRequest::IsMember { id } => {
             raft.metrics().borrow().membership_config.membership().get_node(&id).is_some()
@@ -167,7 +167,7 @@ async fn caught_up(raft: &Raft, target: u64, deadline: Instant) -> Result<(), Tr
             if m.current_leader != Some(m.id) {
                 return Err(TransferError::NotLeader);
             }
-            let matched = super::matched_index(&m, target);
+            let matched = crate::raft::types::matched_index(&m, target);
             if matched.is_some() && matched == m.last_log_index {
                 return Ok(());
             }

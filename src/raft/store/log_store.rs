@@ -65,9 +65,9 @@ use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{OptionalSend, RaftLogReader, StorageError, StorageIOError, Vote};
 use tokio::sync::watch;
 
-use super::{Entry, LogId, TypeConfig};
 use crate::base::codec::{decode, encode};
 use crate::base::limits::HOT_LOG_BYTES;
+use crate::raft::types::{Entry, LogId, TypeConfig};
 use crate::storage::wal::{Durable, EntryAt, Wal, WalRecord};
 use crate::storage::StateStore;
 

@@ -44,13 +44,13 @@ use std::sync::Arc;
 use openraft::storage::{RaftStateMachine, Snapshot, SnapshotMeta};
 use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder, StorageError, StorageIOError, StoredMembership};
 
-use super::forwarded::ForwardedAnswers;
-use super::{Entry, LogId, MemberNode, TypeConfig};
 use crate::base::limits::CHECKPOINT_MIN_BYTES;
 use crate::model::applied::AppliedState;
 use crate::model::command::CommandResult;
 use crate::model::mvcc::KeyRange;
 use crate::model::watch_routes::AppliedChanges;
+use crate::raft::types::{Entry, LogId, MemberNode, TypeConfig};
+use crate::raft::write::forwarded::ForwardedAnswers;
 use crate::storage::wal::Durable;
 use crate::storage::StateStore;
 use apply::Apply;
@@ -456,7 +456,7 @@ pub fn restore_backup(
     image: &[u8],
     applied: LogId,
     members: std::collections::BTreeMap<u64, MemberNode>,
-    bump: crate::raft::RevisionBump,
+    bump: crate::raft::store::restore::RevisionBump,
 ) -> anyhow::Result<crate::model::mvcc::Revision> {
     let mut image = SnapshotImage::decode(image).map_err(|e| anyhow::anyhow!("decoding the snapshot: {e}"))?;
     image.members.clear();

@@ -80,12 +80,12 @@ use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse};
 use openraft::Vote;
 use tokio::sync::{mpsc, watch};
 
-use super::log_store::{LogMoved, LogStore};
-use super::peer::client::PeerStub;
-use super::{LogId, TypeConfig};
 use crate::base::codec::{decode, encode};
 use crate::base::limits::{APPENDS_IN_FLIGHT, MAX_APPEND_BYTES, MAX_APPEND_ENTRIES};
 use crate::proto::raftlock::peer::RaftPayload;
+use crate::raft::peer::client::PeerStub;
+use crate::raft::store::log_store::{LogMoved, LogStore};
+use crate::raft::types::{LogId, TypeConfig};
 use crate::storage::wal::Durable;
 
 /// What the connection asks of the pipe.
@@ -384,7 +384,7 @@ mod tests {
     use openraft::{CommittedLeaderId, EntryPayload};
 
     use super::*;
-    use crate::raft::Entry;
+    use crate::raft::types::Entry;
 
     fn id(index: u64) -> LogId {
         LogId::new(CommittedLeaderId::new(2, 1), index)

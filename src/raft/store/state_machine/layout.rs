@@ -72,7 +72,7 @@ use crate::model::applied::{AppliedState, MemberAttrs};
 use crate::model::auth::AuthStore;
 use crate::model::lease::LeaseTable;
 use crate::model::mvcc::{MvccStore, Revision, SharedVersion, StoredVersion};
-use crate::raft::{LogId, MemberNode};
+use crate::raft::types::{LogId, MemberNode};
 use crate::storage::{StateBatch, StateStore};
 
 const APPLIED: &[u8] = b"m/applied";
@@ -526,7 +526,7 @@ impl Persisted {
     /// Stretch the checkpoint interval by `member_id`'s share (see
     /// `StateMachine::staggering_checkpoints`).
     pub fn stagger(&mut self, member_id: u64) {
-        self.checkpoint_stretch = crate::raft::member_stretch(member_id);
+        self.checkpoint_stretch = crate::raft::store::log_bound::member_stretch(member_id);
     }
 
     /// Persist one apply call: its journal frame, with the counters after
