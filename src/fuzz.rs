@@ -22,16 +22,16 @@ use crate::model::command::Command;
 
 /// Every message a member decodes from a peer.
 pub fn peer_payload(bytes: &[u8]) {
-    crate::raft::peer::messages::fuzz_decode(bytes);
+    crate::raft::fuzz_decode(bytes);
 }
 
 /// A command as a log entry holds it, applied by two members whose states
 /// are the same: both must return, and return the same.
 pub fn command_apply(bytes: &[u8]) {
     let Ok(command) = decode::<Command>(bytes) else { return };
-    let (a, b) = (crate::raft::store::state_machine::fuzz_state(), crate::raft::store::state_machine::fuzz_state());
-    let on_a = crate::raft::store::state_machine::fuzz_apply(&a, command.clone());
-    let on_b = crate::raft::store::state_machine::fuzz_apply(&b, command);
+    let (a, b) = (crate::raft::fuzz_state(), crate::raft::fuzz_state());
+    let on_a = crate::raft::fuzz_apply(&a, command.clone());
+    let on_b = crate::raft::fuzz_apply(&b, command);
     assert_eq!(on_a, on_b, "two members applied one command differently");
     assert_eq!(a.mvcc().revision(), b.mvcc().revision());
 }
@@ -47,8 +47,8 @@ pub fn wal_segment(bytes: &[u8]) {
 /// The state store's journal: frames as found, and the same bytes cut
 /// into frames with good checksums.
 pub fn state_journal(bytes: &[u8]) {
-    crate::raft::store::state_machine::fuzz_journal(bytes);
-    crate::raft::store::state_machine::fuzz_journal(&framed(bytes));
+    crate::raft::fuzz_journal(bytes);
+    crate::raft::fuzz_journal(&framed(bytes));
 }
 
 /// `bytes` cut at every 0xff into frames whose checksums hold (empty pieces
@@ -64,7 +64,7 @@ fn framed(bytes: &[u8]) -> Vec<u8> {
 /// A snapshot (or checkpoint, or backup) image: decoded, and if it
 /// decodes, installed.
 pub fn snapshot_image(bytes: &[u8]) {
-    crate::raft::store::state_machine::fuzz_image(bytes);
+    crate::raft::fuzz_image(bytes);
 }
 
 /// A streamed gateway body: its objects found and parsed as requests.

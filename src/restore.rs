@@ -108,10 +108,10 @@ pub async fn restore(opts: &RestoreOptions) -> anyhow::Result<Restored> {
     let image = read_backup(&opts.file, opts.skip_hash_check)?;
     let nodes = members
         .values()
-        .map(|m| (m.id, crate::raft::types::MemberNode { name: m.name.clone(), peer_url: m.peer_urls[0].clone() }))
+        .map(|m| (m.id, crate::raft::MemberNode { name: m.name.clone(), peer_url: m.peer_urls[0].clone() }))
         .collect();
-    let bump = crate::raft::store::restore::RevisionBump { by: bump, mark_compacted: opts.mark_compacted };
-    let made = crate::raft::store::restore::restore_member(&data_dir, &image, nodes, me, bump).await;
+    let bump = crate::raft::RevisionBump { by: bump, mark_compacted: opts.mark_compacted };
+    let made = crate::raft::restore_member(&data_dir, &image, nodes, me, bump).await;
     match made {
         Ok(revision) => Ok(Restored {
             data_dir,

@@ -12,10 +12,10 @@ use super::route::{Attempt, Route};
 use super::{Node, ServerError};
 use crate::model::command::CommandResult;
 use crate::model::lease::LeaseStatus;
-use crate::raft::peer::messages::{LeaseAnswer, LeaseQuery};
-use crate::raft::peer::server::LeaseAuthority;
-use crate::raft::read_index::read_index;
-use crate::raft::write::proposer::ProposeError;
+use crate::raft::read_index;
+use crate::raft::LeaseAuthority;
+use crate::raft::ProposeError;
+use crate::raft::{LeaseAnswer, LeaseQuery};
 
 impl Node {
     /// Renew lease `id`; returns its TTL in seconds, 0 if it is unknown or
@@ -74,7 +74,7 @@ impl Node {
         &self,
         term: u64,
         ids: &[i64],
-        mark: &crate::raft::write::lease_order::Mark,
+        mark: &crate::raft::Mark,
     ) -> Result<(), ServerError> {
         let confirmed =
             tokio::time::timeout(self.request_timeout, read_index(&self.raft, &self.read_floor, &self.elections)).await;

@@ -15,10 +15,10 @@ use super::route::{Attempt, Route};
 use super::{MemberInfo, MembershipFailure, Node, ServerError};
 use crate::base::shutdown::Stopping;
 use crate::model::applied::MemberAttrs;
-use crate::raft::cluster::membership::{MembershipAnswer, MembershipChange, MembershipRefusal};
-use crate::raft::cluster::transfer::{transfer, TransferError};
-use crate::raft::peer::client::PeerClients;
-use crate::raft::peer::messages::ControlRequest;
+use crate::raft::ControlRequest;
+use crate::raft::PeerClients;
+use crate::raft::{transfer, TransferError};
+use crate::raft::{MembershipAnswer, MembershipChange, MembershipRefusal};
 
 impl Node {
     /// Resolves once this member has been removed from the cluster: it must
@@ -38,10 +38,10 @@ impl Node {
         let mut server = self.raft.server_metrics();
         let ask = ControlRequest::Removed { id: self.id };
         loop {
-            if server.wait_for(|m| crate::raft::types::leaving(m, self.id)).await.is_err() {
+            if server.wait_for(|m| crate::raft::leaving(m, self.id)).await.is_err() {
                 std::future::pending::<()>().await;
             }
-            let urls = crate::raft::types::other_peer_urls(&server.borrow(), self.id);
+            let urls = crate::raft::other_peer_urls(&server.borrow(), self.id);
             for url in &urls {
                 if let Ok(true) = self.peers.admin(url, &ask, Duration::from_secs(1)).await {
                     tokio::time::sleep(GRACE).await;
@@ -104,12 +104,8 @@ impl Node {
     ) -> Attempt<(MembershipAnswer, Instant), ServerError> {
         let answer = match route {
             Route::Here => {
-                let change = crate::raft::cluster::membership::change(
-                    &self.raft,
-                    &self.peers,
-                    &self.cluster_token,
-                    change.clone(),
-                );
+                let change =
+                    crate::raft::change_membership(&self.raft, &self.peers, &self.cluster_token, change.clone());
                 match tokio::time::timeout_at(deadline, change).await {
                     Ok(answer) => answer,
                     Err(_) => return Attempt::Done(Err(ServerError::Timeout)),
@@ -120,7 +116,7 @@ impl Node {
                 match self.peers.membership(&url, change, remaining).await {
                     Ok(answer) => answer,
                     // No connection could be made: nothing reached the leader.
-                    Err(status) if crate::raft::peer::client::never_sent(&status) => return Attempt::Retry,
+                    Err(status) if crate::raft::never_sent(&status) => return Attempt::Retry,
                     Err(_) => {
                         uncertain.store(true, Ordering::Relaxed);
                         return Attempt::Retry;
@@ -164,7 +160,7 @@ impl Node {
                 .membership()
                 .voter_ids()
                 .filter(|id| *id != self.id && self.peers.heard_within(*id, self.election_timeout))
-                .filter_map(|id| Some((crate::raft::types::matched_index(&m, id)?, id)))
+                .filter_map(|id| Some((crate::raft::matched_index(&m, id)?, id)))
                 .max()
                 .map(|(_, id)| id)
         };

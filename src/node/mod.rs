@@ -42,8 +42,8 @@ mod read;
 mod route;
 mod write;
 
-pub use crate::raft::cluster::membership::{MembershipChange, MembershipRefusal};
-pub use crate::raft::cluster::transfer::TransferError;
+pub use crate::raft::TransferError;
+pub use crate::raft::{MembershipChange, MembershipRefusal};
 pub use write::WriteError;
 
 use crate::base::batcher::Batcher;
@@ -51,19 +51,19 @@ use crate::base::listen;
 use crate::base::shutdown::{Shutdown, Stopping};
 use crate::config::{ClusterState, Config};
 use crate::model::applied::{AppliedState, MemberAttrs};
-use crate::raft::cluster::prevote::Elections;
-use crate::raft::peer::client::PeerClients;
-use crate::raft::peer::gate::PeerGate;
-use crate::raft::peer::identity::PeerIdentity;
-use crate::raft::peer::network::PeerNetwork;
-use crate::raft::peer::server::{LeaseAuthority, PeerService};
-use crate::raft::read_index::ReadFloor;
-use crate::raft::store::log_store::LogStore;
-use crate::raft::store::state_machine::{AppliedConfiguration, StateMachine};
-use crate::raft::types::{MemberNode, Raft, RaftMetrics, RaftSettings, ServerMetrics, ServerState};
-use crate::raft::write::forward::Forwarder;
-use crate::raft::write::forwarded::ForwardedAnswers;
-use crate::raft::write::proposer::Proposer;
+use crate::raft::Elections;
+use crate::raft::ForwardedAnswers;
+use crate::raft::Forwarder;
+use crate::raft::LogStore;
+use crate::raft::PeerClients;
+use crate::raft::PeerGate;
+use crate::raft::PeerIdentity;
+use crate::raft::PeerNetwork;
+use crate::raft::Proposer;
+use crate::raft::ReadFloor;
+use crate::raft::{AppliedConfiguration, StateMachine};
+use crate::raft::{LeaseAuthority, PeerService};
+use crate::raft::{MemberNode, Raft, RaftMetrics, RaftSettings, ServerMetrics, ServerState};
 use crate::storage::StateStore;
 use lease_keeper::LeaseKeeper;
 
@@ -235,7 +235,7 @@ impl Node {
             snapshot_count: config.snapshot_count,
             snapshot_catchup_entries: config.snapshot_catchup_entries,
         };
-        let raft = crate::raft::replica::start(id, &settings, log_store.clone(), state_machine, network).await?;
+        let raft = crate::raft::start_raft(id, &settings, log_store.clone(), state_machine, network).await?;
 
         // A member that already has a log or a vote (a restart) has nothing
         // to bootstrap: openraft would refuse, and log the refusal as an error.
@@ -307,7 +307,7 @@ impl Node {
         let attrs = MemberAttrs { name: config.name.clone(), client_urls: config.advertise_client_urls() };
         if let Some(nodes) = bootstrap {
             let ask_every = Duration::from_millis(config.heartbeat_interval * 2);
-            tokio::spawn(crate::raft::cluster::bootstrap::bootstrap_when_a_majority_answers(
+            tokio::spawn(crate::raft::bootstrap_when_a_majority_answers(
                 node.raft.clone(),
                 node.peers.clone(),
                 nodes,
@@ -323,11 +323,11 @@ impl Node {
         tokio::spawn(lease_keeper::run(node.clone(), node.stopping()));
         tokio::spawn(compactor::sweep(node.clone(), node.stopping()));
         tokio::spawn(count_leader_changes(node.raft.server_metrics(), node.stopping()));
-        let log_bound = crate::raft::store::log_bound::bound_log(
+        let log_bound = crate::raft::bound_log(
             node.raft.clone(),
             log_store.clone(),
             node.state.clone(),
-            crate::raft::store::log_bound::member_stretch(node.id),
+            crate::raft::member_stretch(node.id),
             node.stopping(),
         );
         tokio::spawn(log_bound);
@@ -473,7 +473,7 @@ impl Node {
 
     /// This member's applied state, encoded (a backup), and its revision.
     pub fn snapshot(&self) -> (Vec<u8>, i64) {
-        crate::raft::store::state_machine::encode_state(&self.state)
+        crate::raft::encode_state(&self.state)
     }
 
     /// Wait until this member has applied the compaction at `revision` (or

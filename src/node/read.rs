@@ -11,8 +11,8 @@ use tokio::time::Instant;
 
 use super::route::{Attempt, Route};
 use super::{Node, ServerError};
-use crate::raft::read_index::WaitError;
-use crate::raft::read_index::{read_index, ReadIndexError};
+use crate::raft::WaitError;
+use crate::raft::{read_index, ReadIndexError};
 
 impl Node {
     /// Make the local state fresh enough for a linearizable read: at least as
@@ -64,7 +64,7 @@ impl Node {
     /// Wait until this member has applied log index `index`, until `deadline`.
     pub(super) async fn wait_applied(&self, index: u64, deadline: Instant) -> Result<(), ServerError> {
         let remaining = deadline.saturating_duration_since(Instant::now());
-        match crate::raft::read_index::wait_applied(&self.raft, index, remaining).await {
+        match crate::raft::wait_applied(&self.raft, index, remaining).await {
             Ok(()) => Ok(()),
             Err(WaitError::Timeout) => Err(ServerError::Timeout),
             Err(WaitError::Stopped) => Err(ServerError::Stopped),

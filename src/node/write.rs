@@ -23,8 +23,8 @@ use crate::model::command::{Command, CommandResult, UserCommand};
 use crate::model::mvcc::{
     DeleteRangeRequest, DeleteRangeResult, MvccError, PutRequest, PutResult, Revision, TxnRequest, TxnResult,
 };
-use crate::raft::peer::client::ForwardFailure;
-use crate::raft::write::proposer::ProposeError;
+use crate::raft::ForwardFailure;
+use crate::raft::ProposeError;
 
 /// Why a write did not change the store.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

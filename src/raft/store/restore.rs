@@ -2,16 +2,8 @@
 //! writes the image, the members and a revision bump as this member's
 //! snapshot, so that it starts from the backup.
 
+use crate::raft::store::state_machine::RevisionBump;
 use crate::raft::types::{LogId, MemberNode};
-
-/// How a restore moves the backup's revision (see `crate::restore`).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct RevisionBump {
-    /// Added to the backup's revision.
-    pub by: crate::model::mvcc::Revision,
-    /// The new revision is also the compaction revision.
-    pub mark_compacted: bool,
-}
 
 /// Make a new member's data directory `data_dir` (state store and empty
 /// WAL) hold a backup `image` as applied at the start of a new cluster of

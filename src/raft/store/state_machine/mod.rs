@@ -44,6 +44,15 @@ use std::sync::Arc;
 use openraft::storage::{RaftStateMachine, Snapshot, SnapshotMeta};
 use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder, StorageError, StorageIOError, StoredMembership};
 
+/// How a restore moves the backup's revision (see `crate::restore`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RevisionBump {
+    /// Added to the backup's revision.
+    pub by: crate::model::mvcc::Revision,
+    /// The new revision is also the compaction revision.
+    pub mark_compacted: bool,
+}
+
 use crate::base::limits::CHECKPOINT_MIN_BYTES;
 use crate::model::applied::AppliedState;
 use crate::model::command::CommandResult;
@@ -456,7 +465,7 @@ pub fn restore_backup(
     image: &[u8],
     applied: LogId,
     members: std::collections::BTreeMap<u64, MemberNode>,
-    bump: crate::raft::store::restore::RevisionBump,
+    bump: RevisionBump,
 ) -> anyhow::Result<crate::model::mvcc::Revision> {
     let mut image = SnapshotImage::decode(image).map_err(|e| anyhow::anyhow!("decoding the snapshot: {e}"))?;
     image.members.clear();
