@@ -48,7 +48,7 @@ impl Node {
         for peer in self.members().into_iter().filter(|m| m.id != self.id) {
             let Some(url) = peer.peer_urls.first() else { continue };
             loop {
-                match self.peers.hash_kv(url, revision, Duration::from_secs(5)).await {
+                match self.replica.peers.hash_kv(url, revision, Duration::from_secs(5)).await {
                     Ok(Ok((hash, their_compaction))) if their_compaction == compacted => {
                         if hash == mine {
                             agree += 1;

@@ -297,7 +297,7 @@ pub async fn run(node: Arc<Node>, mut stopping: Stopping) {
         let term = node.leading_term();
         // Before the table is read: grants after this are ordered against
         // the expiries decided from it (`raft::lease_order`).
-        let mark = node.proposer.lease_mark();
+        let mark = node.replica.proposer.lease_mark();
         let expired = node.lease_keeper.tick(term, &node.state().leases(), Instant::now());
         if let (Some(term), false) = (term, expired.is_empty()) {
             let n = node.clone();

@@ -55,7 +55,7 @@ impl Node {
             Route::Leader { id, url } => {
                 let remaining = deadline.saturating_duration_since(Instant::now());
                 tokio::select! {
-                    answer = self.peers.lease(&url, &query, remaining) => match answer {
+                    answer = self.replica.peers.lease(&url, &query, remaining) => match answer {
                         Ok(LeaseAnswer::NotLeader) | Err(_) => Attempt::Retry,
                         Ok(answer) => Attempt::Done(Ok(answer)),
                     },
@@ -76,12 +76,15 @@ impl Node {
         ids: &[i64],
         mark: &crate::raft::Mark,
     ) -> Result<(), ServerError> {
-        let confirmed =
-            tokio::time::timeout(self.request_timeout, read_index(&self.raft, &self.read_floor, &self.elections)).await;
+        let confirmed = tokio::time::timeout(
+            self.request_timeout,
+            read_index(&self.replica.raft, &self.replica.read_floor, &self.replica.elections),
+        )
+        .await;
         if !matches!(confirmed, Ok(Ok(_))) || self.leading_term() != Some(term) {
             return Err(ServerError::LeaderChanged);
         }
-        let proposals = ids.iter().map(|&id| self.proposer.propose_expiry(id, term, mark));
+        let proposals = ids.iter().map(|&id| self.replica.proposer.propose_expiry(id, term, mark));
         let outcomes = tokio::time::timeout(self.request_timeout, futures::future::join_all(proposals))
             .await
             .map_err(|_| ServerError::Timeout)?;

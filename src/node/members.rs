@@ -35,7 +35,7 @@ impl Node {
     /// configuration it has applied (as etcd's peers tell a removed member).
     pub async fn removed(&self) {
         const GRACE: Duration = Duration::from_secs(1);
-        let mut server = self.raft.server_metrics();
+        let mut server = self.replica.raft.server_metrics();
         let ask = ControlRequest::Removed { id: self.id };
         loop {
             if server.wait_for(|m| crate::raft::leaving(m, self.id)).await.is_err() {
@@ -43,7 +43,7 @@ impl Node {
             }
             let urls = crate::raft::other_peer_urls(&server.borrow(), self.id);
             for url in &urls {
-                if let Ok(true) = self.peers.admin(url, &ask, Duration::from_secs(1)).await {
+                if let Ok(true) = self.replica.peers.admin(url, &ask, Duration::from_secs(1)).await {
                     tokio::time::sleep(GRACE).await;
                     return;
                 }
@@ -104,8 +104,12 @@ impl Node {
     ) -> Attempt<(MembershipAnswer, Instant), ServerError> {
         let answer = match route {
             Route::Here => {
-                let change =
-                    crate::raft::change_membership(&self.raft, &self.peers, &self.cluster_token, change.clone());
+                let change = crate::raft::change_membership(
+                    &self.replica.raft,
+                    &self.replica.peers,
+                    &self.cluster_token,
+                    change.clone(),
+                );
                 match tokio::time::timeout_at(deadline, change).await {
                     Ok(answer) => answer,
                     Err(_) => return Attempt::Done(Err(ServerError::Timeout)),
@@ -113,7 +117,7 @@ impl Node {
             }
             Route::Leader { url, .. } => {
                 let remaining = deadline.saturating_duration_since(Instant::now());
-                match self.peers.membership(&url, change, remaining).await {
+                match self.replica.peers.membership(&url, change, remaining).await {
                     Ok(answer) => answer,
                     // No connection could be made: nothing reached the leader.
                     Err(status) if crate::raft::never_sent(&status) => return Attempt::Retry,
@@ -139,7 +143,8 @@ impl Node {
     /// be stopped halfway if the caller goes away.
     pub async fn move_leader(&self, target: u64) -> Result<(), TransferError> {
         let deadline = Instant::now() + self.request_timeout;
-        let (raft, elections, peers) = (self.raft.clone(), self.elections.clone(), self.peers.clone());
+        let (raft, elections, peers) =
+            (self.replica.raft.clone(), self.replica.elections.clone(), self.replica.peers.clone());
         let task = tokio::spawn(async move { transfer(&raft, &elections, &peers, target, deadline).await });
         transfer_outcome(task.await)
     }
@@ -159,14 +164,15 @@ impl Node {
             m.membership_config
                 .membership()
                 .voter_ids()
-                .filter(|id| *id != self.id && self.peers.heard_within(*id, self.election_timeout))
+                .filter(|id| *id != self.id && self.replica.peers.heard_within(*id, self.election_timeout))
                 .filter_map(|id| Some((crate::raft::matched_index(&m, id)?, id)))
                 .max()
                 .map(|(_, id)| id)
         };
         let Some(target) = target else { return Ok(None) };
         let deadline = Instant::now() + self.election_timeout * 3;
-        let (raft, elections, peers) = (self.raft.clone(), self.elections.clone(), self.peers.clone());
+        let (raft, elections, peers) =
+            (self.replica.raft.clone(), self.replica.elections.clone(), self.replica.peers.clone());
         let task = tokio::spawn(async move { transfer(&raft, &elections, &peers, target, deadline).await });
         transfer_outcome(task.await)?;
         Ok(Some(target))
@@ -179,7 +185,7 @@ impl Node {
     /// applied none yet (just started, or just added) lists the newest it
     /// was sent.
     pub fn members(&self) -> Vec<MemberInfo> {
-        let mut membership = self.configuration.get();
+        let mut membership = self.replica.configuration.get();
         if membership.nodes().next().is_none() {
             membership = self.metrics().membership_config.membership().clone();
         }

@@ -23,7 +23,6 @@
 //! Caveat: a request is given `request_timeout` in all; a write still in
 //! flight at that point may yet be applied (the client sees a timeout).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -51,19 +50,11 @@ use crate::base::listen;
 use crate::base::shutdown::{Shutdown, Stopping};
 use crate::config::{ClusterState, Config};
 use crate::model::applied::{AppliedState, MemberAttrs};
-use crate::raft::Elections;
-use crate::raft::ForwardedAnswers;
-use crate::raft::Forwarder;
-use crate::raft::LogStore;
+use crate::raft::LeaseAuthority;
 use crate::raft::PeerClients;
-use crate::raft::PeerGate;
 use crate::raft::PeerIdentity;
-use crate::raft::PeerNetwork;
-use crate::raft::Proposer;
-use crate::raft::ReadFloor;
-use crate::raft::{AppliedConfiguration, StateMachine};
-use crate::raft::{LeaseAuthority, PeerService};
-use crate::raft::{MemberNode, Raft, RaftMetrics, RaftSettings, ServerMetrics, ServerState};
+use crate::raft::{MemberNode, RaftMetrics, RaftSettings, ServerMetrics, ServerState};
+use crate::raft::{Replica, ReplicaConfig};
 use crate::storage::StateStore;
 use lease_keeper::LeaseKeeper;
 
@@ -152,9 +143,8 @@ pub struct Node {
     /// `--initial-cluster-token`: member IDs are derived from it.
     pub cluster_token: String,
     pub name: String,
-    raft: Raft,
-    proposer: Proposer,
-    forwarder: Forwarder,
+    /// This member's replica: Raft and what runs beside it (`raft::Replica`).
+    replica: Replica,
     /// Lease deadlines, kept while this member leads.
     lease_keeper: LeaseKeeper,
     /// The smallest TTL granted, in seconds (etcd: 1.5 election timeouts, rounded up).
@@ -164,22 +154,13 @@ pub struct Node {
     /// This member's disk has less free space than its reserve (see
     /// [`disk`]): writes that add data are refused here at once.
     disk_low: std::sync::atomic::AtomicBool,
-    /// The least read index this member hands out while it leads (see raft::read_index).
-    read_floor: Arc<ReadFloor>,
     /// Linearizable reads that arrive together share one ReadIndex round.
     read_barriers: Batcher<(), Result<(), ServerError>>,
     state: Arc<AppliedState>,
-    /// The configuration as applied here: what the member list shows.
-    configuration: AppliedConfiguration,
-    peers: PeerClients,
-    /// Admits peer requests from this cluster's members only.
-    peer_gate: PeerGate,
     state_store: StateStore,
     request_timeout: Duration,
     /// `--election-timeout`: bounds a leadership hand-over at stop.
     election_timeout: Duration,
-    /// The election timer, pre-vote and check-quorum (`raft::election`).
-    elections: Arc<Elections>,
     /// True while this member has been without a leader for three election
     /// timeouts in a row, as sampled every 100 ms (so it may lag a leader's
     /// return by a sample): one task decides it (`watch_for_a_leader`) for
@@ -214,54 +195,30 @@ impl Node {
 
         let state_store =
             StateStore::open(&data_dir.join("state"), &data_dir.join("images")).context("opening the state store")?;
-        let log_store =
-            LogStore::open(&data_dir.join("wal"), crate::base::limits::WAL_SEGMENT_BYTES, state_store.clone(), id)
-                .map(|log| log.keeping_in_memory(config.experimental_log_memory_bytes))
-                .context("opening the WAL")?;
         let state = Arc::new(AppliedState::with_tokens(crate::model::auth::Tokens::new(config.auth_tokens()?)));
-        let forwarded = Arc::new(ForwardedAnswers::new(id, 0));
-        let state_machine = StateMachine::open(state_store.clone(), state.clone())
-            .context("loading the state machine")?
-            .spilling_history(&data_dir.join("spill"))?
-            .staggering_checkpoints(id)
-            .applying_only_durable(log_store.durable())
-            .answering_forwarded(forwarded.clone());
-        let configuration = state_machine.configuration();
-        let network = PeerNetwork::new(log_store.clone(), peers.clone());
-
-        let settings = RaftSettings {
-            cluster_token: config.initial_cluster_token.clone(),
-            heartbeat_ms: config.heartbeat_interval,
-            snapshot_count: config.snapshot_count,
-            snapshot_catchup_entries: config.snapshot_catchup_entries,
-        };
-        let raft = crate::raft::start_raft(id, &settings, log_store.clone(), state_machine, network).await?;
-
-        // A member that already has a log or a vote (a restart) has nothing
-        // to bootstrap: openraft would refuse, and log the refusal as an error.
-        // A new one bootstraps once the node serves its peer port (below).
-        let bootstrap = if config.initial_cluster_state == ClusterState::New && !raft.is_initialized().await? {
-            let nodes: BTreeMap<u64, MemberNode> = members
+        let request_timeout = Duration::from_secs(5) + config.election_timeout() * 2;
+        let replica_config = ReplicaConfig {
+            id,
+            cluster_id,
+            data_dir: data_dir.clone(),
+            settings: RaftSettings {
+                cluster_token: config.initial_cluster_token.clone(),
+                heartbeat_ms: config.heartbeat_interval,
+                snapshot_count: config.snapshot_count,
+                snapshot_catchup_entries: config.snapshot_catchup_entries,
+            },
+            initial_members: members
                 .values()
                 .map(|m| (m.id, MemberNode { name: m.name.clone(), peer_url: m.peer_urls[0].clone() }))
-                .collect();
-            Some(nodes)
-        } else {
-            None
+                .collect(),
+            new_cluster: config.initial_cluster_state == ClusterState::New,
+            election_timeout: config.election_timeout(),
+            log_memory_bytes: config.experimental_log_memory_bytes,
+            forward_timeout: request_timeout,
+            forward_leader_wait: config.election_timeout() * 2,
         };
-
+        let replica = Replica::open(replica_config, peers, state_store.clone(), state.clone()).await?;
         let shutdown = Shutdown::new();
-        let elections = Arc::new(Elections::new(
-            raft.clone(),
-            log_store.clone(),
-            peers.clone(),
-            config.election_timeout(),
-            Duration::from_millis(config.heartbeat_interval),
-        ));
-        let proposer = Proposer::start(raft.clone(), elections.clone());
-        let request_timeout = Duration::from_secs(5) + config.election_timeout() * 2;
-        let forwarder = Forwarder::start(peers.clone(), forwarded, request_timeout, config.election_timeout() * 2);
-        let peer_gate = PeerGate::new(cluster_id, members.keys().copied(), raft.clone(), peers.clone());
         let node = Arc::new_cyclic(|me: &std::sync::Weak<Node>| {
             let me = me.clone();
             // One barrier per batch covers every read queued before it began.
@@ -281,23 +238,16 @@ impl Node {
                 cluster_id,
                 cluster_token: config.initial_cluster_token.clone(),
                 name: config.name.clone(),
-                raft,
-                proposer,
-                forwarder,
+                replica,
                 read_barriers,
-                read_floor: Arc::default(),
                 lease_keeper: LeaseKeeper::default(),
                 min_lease_ttl: (config.election_timeout * 3).div_ceil(2 * 1000).max(1) as i64,
                 quota: config.quota_bytes(),
                 disk_low: Default::default(),
                 state,
-                configuration,
-                peers,
-                peer_gate,
                 state_store,
                 request_timeout,
                 election_timeout: config.election_timeout(),
-                elections,
                 leaderless: tokio::sync::watch::Sender::new(false),
                 passwords: passwords::PasswordGate::per_core(config.bcrypt_cost),
                 client_cert_auth: config.client_cert_auth,
@@ -305,32 +255,12 @@ impl Node {
             }
         });
         let attrs = MemberAttrs { name: config.name.clone(), client_urls: config.advertise_client_urls() };
-        if let Some(nodes) = bootstrap {
-            let ask_every = Duration::from_millis(config.heartbeat_interval * 2);
-            tokio::spawn(crate::raft::bootstrap_when_a_majority_answers(
-                node.raft.clone(),
-                node.peers.clone(),
-                nodes,
-                node.id,
-                node.elections.clone(),
-                ask_every,
-                node.stopping(),
-            ));
-        }
+        node.replica.run(node.id, node.state.clone(), || node.stopping());
         tokio::spawn(node.clone().publish(attrs, node.stopping()));
-        tokio::spawn(node.elections.clone().run(node.stopping()));
         tokio::spawn(node.clone().watch_for_a_leader(node.stopping()));
         tokio::spawn(lease_keeper::run(node.clone(), node.stopping()));
         tokio::spawn(compactor::sweep(node.clone(), node.stopping()));
-        tokio::spawn(count_leader_changes(node.raft.server_metrics(), node.stopping()));
-        let log_bound = crate::raft::bound_log(
-            node.raft.clone(),
-            log_store.clone(),
-            node.state.clone(),
-            crate::raft::member_stretch(node.id),
-            node.stopping(),
-        );
-        tokio::spawn(log_bound);
+        tokio::spawn(count_leader_changes(node.replica.raft.server_metrics(), node.stopping()));
         tokio::spawn(disk::watch(node.clone(), data_dir, config.disk_space_reserve_bytes, node.stopping()));
         if let Some(policy) = config.auto_compaction()? {
             tokio::spawn(compactor::run(node.clone(), policy, node.stopping()));
@@ -343,20 +273,7 @@ impl Node {
     pub async fn serve_peers(self: Arc<Self>, listeners: Vec<listen::Bound>) -> anyhow::Result<()> {
         let make = || {
             let leases: Arc<dyn LeaseAuthority> = self.clone();
-            PeerService {
-                raft: self.raft.clone(),
-                proposer: self.proposer.clone(),
-                leases,
-                read_floor: self.read_floor.clone(),
-                peers: self.peers.clone(),
-                state: self.state.clone(),
-                token: self.cluster_token.clone(),
-                stopping: self.stopping(),
-                gate: self.peer_gate.clone(),
-                max_election_pause: self.request_timeout,
-                elections: self.elections.clone(),
-            }
-            .router()
+            self.replica.peer_service(leases, self.state.clone(), self.stopping(), self.request_timeout)
         };
         listen::serve(listeners, make, self.stopping()).await
     }
@@ -376,13 +293,13 @@ impl Node {
     /// records a fatal error in its full metrics, then ends, which closes
     /// the server metrics channel.
     pub async fn failed(&self) -> String {
-        let mut server = self.raft.server_metrics();
+        let mut server = self.replica.raft.server_metrics();
         loop {
-            if let Err(fatal) = &self.raft.metrics().borrow().running_state {
+            if let Err(fatal) = &self.replica.raft.metrics().borrow().running_state {
                 return fatal.to_string();
             }
             if server.changed().await.is_err() {
-                return match &self.raft.metrics().borrow().running_state {
+                return match &self.replica.raft.metrics().borrow().running_state {
                     Err(fatal) => fatal.to_string(),
                     Ok(()) => "raft stopped".to_string(),
                 };
@@ -392,7 +309,7 @@ impl Node {
 
     /// Client commands waiting for a proposal batch on this member.
     pub fn pending_proposals(&self) -> usize {
-        self.proposer.queued()
+        self.replica.proposer.queued()
     }
 
     pub fn state(&self) -> &AppliedState {
@@ -411,12 +328,12 @@ impl Node {
     }
 
     fn metrics(&self) -> RaftMetrics {
-        self.raft.metrics().borrow().clone()
+        self.replica.raft.metrics().borrow().clone()
     }
 
     /// The current term, for response headers.
     pub fn raft_term(&self) -> u64 {
-        self.raft.metrics().borrow().current_term
+        self.replica.raft.metrics().borrow().current_term
     }
 
     pub fn is_leader(&self) -> bool {
@@ -427,15 +344,15 @@ impl Node {
     /// A leader that no quorum has acknowledged for an election timeout does
     /// not count (check-quorum, see `raft::election`).
     pub fn leading_term(&self) -> Option<u64> {
-        let term = self.raft.metrics().borrow().current_term;
-        (self.elections.acting_leader() == Some(self.id)).then_some(term)
+        let term = self.replica.raft.metrics().borrow().current_term;
+        (self.replica.elections.acting_leader() == Some(self.id)).then_some(term)
     }
 
     /// Whether this member knows a leader it can count on: another member
     /// it has heard from within an election timeout, or itself while a
     /// quorum keeps acknowledging it (see `raft::election`).
     pub fn has_leader(&self) -> bool {
-        self.elections.acting_leader().is_some()
+        self.replica.elections.acting_leader().is_some()
     }
 
     /// Resolves once this member has been without a leader (see
@@ -491,7 +408,7 @@ impl Node {
     pub fn status(&self) -> NodeStatus {
         let m = self.metrics();
         NodeStatus {
-            leader: self.elections.acting_leader().unwrap_or(0),
+            leader: self.replica.elections.acting_leader().unwrap_or(0),
             raft_term: m.current_term,
             raft_index: m.last_log_index.unwrap_or(0),
             applied_index: m.last_applied.map_or(0, |l| l.index),
@@ -509,7 +426,7 @@ impl Node {
         if running > 0 {
             tracing::warn!(running, "tasks or streams still running after {STOP_WAIT:?}; stopping anyway");
         }
-        if let Err(e) = self.raft.shutdown().await {
+        if let Err(e) = self.replica.raft.shutdown().await {
             tracing::warn!(error = %e, "raft shutdown");
         }
         if let Err(e) = self.state_store.sync() {

@@ -39,7 +39,11 @@ impl Node {
     async fn read_index_attempt(&self, route: Route, deadline: Instant) -> Attempt<(u64, Instant), ServerError> {
         match route {
             Route::Here => {
-                match tokio::time::timeout_at(deadline, read_index(&self.raft, &self.read_floor, &self.elections)).await
+                match tokio::time::timeout_at(
+                    deadline,
+                    read_index(&self.replica.raft, &self.replica.read_floor, &self.replica.elections),
+                )
+                .await
                 {
                     Err(_) => Attempt::Done(Err(ServerError::Timeout)),
                     Ok(Ok(index)) => Attempt::Done(Ok((index, deadline))),
@@ -51,7 +55,7 @@ impl Node {
             Route::Leader { id, url } => {
                 let remaining = deadline.saturating_duration_since(Instant::now());
                 tokio::select! {
-                    index = self.peers.read_index(&url, remaining) => match index {
+                    index = self.replica.peers.read_index(&url, remaining) => match index {
                         Ok(index) => Attempt::Done(Ok((index, deadline))),
                         Err(_) => Attempt::Retry,
                     },
@@ -64,7 +68,7 @@ impl Node {
     /// Wait until this member has applied log index `index`, until `deadline`.
     pub(super) async fn wait_applied(&self, index: u64, deadline: Instant) -> Result<(), ServerError> {
         let remaining = deadline.saturating_duration_since(Instant::now());
-        match crate::raft::wait_applied(&self.raft, index, remaining).await {
+        match crate::raft::wait_applied(&self.replica.raft, index, remaining).await {
             Ok(()) => Ok(()),
             Err(WaitError::Timeout) => Err(ServerError::Timeout),
             Err(WaitError::Stopped) => Err(ServerError::Stopped),

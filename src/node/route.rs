@@ -70,8 +70,8 @@ impl Node {
     /// The leader's ID and peer URL, if there is a leader (this member only
     /// while a quorum acknowledges it: check-quorum).
     fn leader(&self) -> Option<(u64, String)> {
-        let leader = self.elections.acting_leader()?;
-        let m = self.raft.metrics();
+        let leader = self.replica.elections.acting_leader()?;
+        let m = self.replica.raft.metrics();
         let m = m.borrow();
         let url = m.membership_config.membership().get_node(&leader).map(|n| n.peer_url.clone())?;
         Some((leader, url))
@@ -80,7 +80,7 @@ impl Node {
     /// Resolves once this member knows of a leader other than `leader` (or
     /// of an election under way); never, once Raft has stopped.
     pub(super) async fn leader_replaced(&self, leader: u64) {
-        let mut server = self.raft.server_metrics();
+        let mut server = self.replica.raft.server_metrics();
         if server.wait_for(|m| m.current_leader != Some(leader)).await.is_err() {
             std::future::pending::<()>().await;
         }
@@ -96,7 +96,7 @@ impl Node {
         if Instant::now() >= deadline {
             return Err(if had_leader { ServerError::Timeout } else { ServerError::NoLeader });
         }
-        let mut server = self.raft.server_metrics();
+        let mut server = self.replica.raft.server_metrics();
         let until = deadline.min(Instant::now() + Duration::from_millis(100));
         let _ = tokio::time::timeout_at(until, server.changed()).await;
         // Do not spin when the metrics change for other reasons.

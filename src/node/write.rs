@@ -204,7 +204,7 @@ impl Node {
         cmd: Command,
     ) -> Attempt<CommandResult, ServerError> {
         match route {
-            Route::Here => match tokio::time::timeout_at(deadline, self.proposer.propose(cmd)).await {
+            Route::Here => match tokio::time::timeout_at(deadline, self.replica.proposer.propose(cmd)).await {
                 Err(_) => Attempt::Done(Err(ServerError::Timeout)),
                 Ok(Ok(result)) => Attempt::Done(Ok(result)),
                 // Not handed to openraft: safe to retry.
@@ -216,7 +216,7 @@ impl Node {
                 Ok(Err(ProposeError::Superseded)) => unreachable!("only the keeper's lease expiries are superseded"),
             },
             Route::Leader { url, .. } => {
-                let forwarded = self.forwarder.forward(url, cmd);
+                let forwarded = self.replica.forwarder.forward(url, cmd);
                 match tokio::time::timeout_at(deadline, forwarded).await {
                     Err(_) => Attempt::Done(Err(ServerError::Timeout)),
                     Ok(Ok(result)) => Attempt::Done(Ok(result)),

@@ -58,32 +58,24 @@ mod types;
 mod write;
 
 // The face: everything the node uses of raft/, and nothing else.
-pub(crate) use cluster::bootstrap::bootstrap_when_a_majority_answers;
 pub(crate) use cluster::membership::{change as change_membership, MembershipAnswer};
 pub use cluster::membership::{MembershipChange, MembershipRefusal};
-pub(crate) use cluster::prevote::Elections;
 pub(crate) use cluster::transfer::transfer;
 pub use cluster::transfer::TransferError;
 pub(crate) use peer::client::{never_sent, ForwardFailure, PeerClients};
-pub(crate) use peer::gate::PeerGate;
 pub(crate) use peer::identity::PeerIdentity;
 #[cfg(fuzzing)]
 pub(crate) use peer::messages::fuzz_decode;
 pub(crate) use peer::messages::{ControlRequest, LeaseAnswer, LeaseQuery};
-pub(crate) use peer::network::PeerNetwork;
-pub(crate) use peer::server::{LeaseAuthority, PeerService};
-pub(crate) use read_index::{read_index, wait_applied, ReadFloor, ReadIndexError, WaitError};
-pub(crate) use replica::start as start_raft;
-pub(crate) use store::log_bound::{bound_log, member_stretch};
-pub(crate) use store::log_store::LogStore;
+pub(crate) use peer::server::LeaseAuthority;
+pub(crate) use read_index::{read_index, wait_applied, ReadIndexError, WaitError};
+pub(crate) use replica::{Replica, ReplicaConfig};
 pub(crate) use store::restore::restore_member;
-pub(crate) use store::state_machine::{encode_state, AppliedConfiguration, RevisionBump, StateMachine};
+pub(crate) use store::state_machine::{encode_state, RevisionBump};
 #[cfg(fuzzing)]
 pub(crate) use store::state_machine::{fuzz_apply, fuzz_image, fuzz_journal, fuzz_state};
 pub(crate) use types::{
-    leaving, matched_index, other_peer_urls, MemberNode, Raft, RaftMetrics, RaftSettings, ServerMetrics, ServerState,
+    leaving, matched_index, other_peer_urls, MemberNode, RaftMetrics, RaftSettings, ServerMetrics, ServerState,
 };
-pub(crate) use write::forward::Forwarder;
-pub(crate) use write::forwarded::ForwardedAnswers;
 pub(crate) use write::lease_order::Mark;
-pub(crate) use write::proposer::{ProposeError, Proposer};
+pub(crate) use write::proposer::ProposeError;
