@@ -52,7 +52,7 @@ impl Lock for LockService {
         let caller = auth::caller(&self.node, &req).await?;
         let key = req.into_inner().key;
         self.node.state().auth().check(&caller, &key, &[], PermKind::Write).map_err(denied)?;
-        let revision = locks::delete(&self.node, &key).await.map_err(error::v3_recipe)?;
+        let revision = locks::turn::delete(&self.node, &key).await.map_err(error::v3_recipe)?;
         Ok(Response::new(lpb::UnlockResponse { header: header(&self.node, revision) }))
     }
 }

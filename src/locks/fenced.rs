@@ -33,9 +33,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::turn::{enqueue_guarded, wait_for_turn, GaveUp};
 use super::{
-    compare, create_revision_is, enqueue_guarded, hold_count_key, holders_and_waiters, mode_of, prefix_end,
-    queue_prefix, wait_for_turn, GaveUp, Mode, Place, RecipeError,
+    compare, create_revision_is, hold_count_key, holders_and_waiters, mode_of, prefix_end, queue_prefix, Mode, Place,
+    RecipeError,
 };
 use crate::model::mvcc::{
     Compare, CompareResult, CompareTarget, DeleteRangeRequest, KeyValue, PutRequest, RangeRequest, RequestOp,

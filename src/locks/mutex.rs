@@ -6,7 +6,8 @@
 
 use std::sync::Arc;
 
-use super::{enqueue_guarded, queue_prefix, wait_for_turn, Mode, Place, RecipeError};
+use super::turn::{enqueue_guarded, wait_for_turn};
+use super::{queue_prefix, Mode, Place, RecipeError};
 use crate::model::mvcc::KeyValue;
 use crate::node::Node;
 

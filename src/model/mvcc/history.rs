@@ -20,7 +20,8 @@
 //! skips them ([`visible_from`]), so what a member returns does not depend on
 //! how far its own sweep has come.
 
-use super::{Change, KeyRange, MvccError, MvccStore, Revision, Version};
+use super::version::{newest_is_live, Version};
+use super::{Change, KeyRange, MvccError, MvccStore, Revision};
 
 /// A scan of history over a key range (see the module doc).
 #[derive(Debug)]
@@ -180,13 +181,13 @@ impl MvccStore {
                 break;
             }
             let keep_from = visible_from(versions, compact_revision);
-            let was_live = super::newest_is_live(versions);
+            let was_live = newest_is_live(versions);
             for v in versions.drain(..keep_from) {
                 bytes -= super::version_bytes(key, v.value_len());
             }
             // Only a tombstone goes as a key's newest version (a live one
             // is visible at the compaction revision, or after it).
-            debug_assert!(!was_live || super::newest_is_live(versions), "a sweep removed a live key");
+            debug_assert!(!was_live || newest_is_live(versions), "a sweep removed a live key");
             if versions.is_empty() {
                 emptied.push(key.clone());
             }

@@ -1,0 +1,356 @@
+//! A queued caller's turn, and giving it up: [`enqueue_guarded`] places the
+//! caller's key with a guard that removes it if the caller goes away,
+//! [`wait_for_turn`] waits until the keys ahead of it leave (watching only
+//! the last key ahead with one permit, so a release wakes one waiter, not
+//! all), and [`give_up`] / [`CleanupOnDrop`] remove a key that will not be
+//! used — by its token, so that a newer place of the same lease survives.
+//!
+//! Invariant: a waiter decides from the applied state it read at a
+//! revision, and waits for changes after that revision, so no release
+//! between the read and the watch is missed.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::*;
+
+/// [`enqueue`], guarded: the place comes with the [`CleanupOnDrop`] that
+/// removes it unless disarmed. The txn runs in a task of its own, so that
+/// a caller that goes away while it is in flight (a cancelled request) cannot
+/// leave a place behind: the task finishes, and the guard it produced, which
+/// nobody takes, removes the key. A place the lease already held comes with
+/// an unarmed guard: an acquire that finds the lock held by its lease never
+/// removes it.
+pub async fn enqueue_guarded(node: &Arc<Node>, place: &Place<'_>) -> Result<(Queued, CleanupOnDrop), RecipeError> {
+    let (node, name, value) = (node.clone(), place.name.to_vec(), place.value.to_vec());
+    let place = Place { name: &[], value: &[], ..place.clone() };
+    let task = tokio::spawn(async move {
+        let place = Place { name: &name, value: &value, ..place };
+        let queued = match enqueue(&node, &place).await {
+            // Its txn may or may not have been applied: queue again (a place
+            // the first try made is then joined). Not for the native API,
+            // where a reentrant acquire would count a join as a second hold.
+            Err(RecipeError::Server(ServerError::LeaderChanged)) if !place.native => enqueue(&node, &place).await?,
+            queued => queued?,
+        };
+        let waits = Waits { prefix: queue_prefix(place.name), mode: place.mode, permits: place.permits };
+        let guard = match !queued.created && queued.holds() {
+            // The lease held the lock already: nothing of this acquire's to remove.
+            true => CleanupOnDrop::unarmed(waits),
+            false => CleanupOnDrop::new(node, &queued.mine, waits),
+        };
+        Ok((queued, guard))
+    });
+    task.await.unwrap_or(Err(RecipeError::Server(ServerError::Stopped)))
+}
+
+/// The place `key` (made with `token`) as this member's applied state has
+/// it (or whatever now has that key), the keys queued ahead of it under
+/// `prefix` that a `mode` waiter waits for ([`classify`]), and the revision
+/// of that state.
+fn standing(
+    node: &Node,
+    key: &[u8],
+    token: i64,
+    prefix: &[u8],
+    mode: Mode,
+) -> Result<(Option<KeyValue>, Vec<KeyValue>, i64), RecipeError> {
+    let mvcc = node.state().mvcc();
+    let own = mvcc.range(&RangeRequest { key: key.to_vec(), ..Default::default() });
+    let own = own.map_err(RecipeError::Mvcc)?.kvs.into_iter().next();
+    let earlier = RangeRequest {
+        key: prefix.to_vec(),
+        range_end: prefix_end(prefix),
+        max_create_revision: token - 1,
+        keys_only: true,
+        ..Default::default()
+    };
+    let mut ahead = mvcc.range(&earlier).map_err(RecipeError::Mvcc)?.kvs;
+    ahead.retain(|kv| waits_for(mode, classify(prefix, &kv.key)));
+    Ok((own, ahead, mvcc.revision()))
+}
+
+/// Wait until fewer than `permits` keys under `prefix` that a `mode` waiter
+/// waits for ([`classify`]) were created before `mine` (it holds the lock), or
+/// until `deadline` ([`RecipeError::TimedOut`]). A reader's `permits` is 1.
+/// Fails if `mine` itself is deleted (its lease ended) before its turn comes.
+/// Returns our key as it is when the turn came.
+///
+/// It reads the keys ahead in the local applied state (committed, so the
+/// reading is true at that revision; later keys are created behind `mine`),
+/// and waits for deletions: with one permit, of the last key ahead
+/// ([`wait_for_the_last_key_ahead`]); with more, of any key ahead, counted
+/// down from the changes under the prefix ([`count_down_the_keys_ahead`]). Either way it looks at
+/// the store again only when the turn may have come, and that look is the
+/// re-check: our key (hence our lease) is alive in the committed state in
+/// which nobody is ahead of us any more.
+pub async fn wait_for_turn(
+    node: &Node,
+    prefix: &[u8],
+    mine: &KeyValue,
+    mode: Mode,
+    permits: usize,
+    deadline: Option<Instant>,
+) -> Result<KeyValue, RecipeError> {
+    let _waiting = stats::Waiting::start();
+    // The key may have been queued through another member; see it here first.
+    node.wait_revision(mine.mod_revision).await?;
+    if permits == 1 {
+        wait_for_the_last_key_ahead(node, prefix, mine, mode, deadline).await
+    } else {
+        count_down_the_keys_ahead(node, prefix, mine, mode, permits, deadline).await
+    }
+}
+
+/// [`wait_for_turn`] with one permit: the turn cannot come before the key
+/// ahead that was created last (of those a `mode` waiter waits for) is
+/// deleted, so wait for that deletion (and for our own key's), then look
+/// again. A release therefore wakes only the waiters that waited for that
+/// key, and a write anywhere else wakes none (as etcd's client-side mutex
+/// watches only the key before its own).
+async fn wait_for_the_last_key_ahead(
+    node: &Node,
+    prefix: &[u8],
+    mine: &KeyValue,
+    mode: Mode,
+    deadline: Option<Instant>,
+) -> Result<KeyValue, RecipeError> {
+    let mut stopping = node.stopping();
+    // The key ahead waited for, and the wait on it (and on our own key).
+    let mut wait: Option<(Vec<u8>, crate::model::applied::DeletionWait)> = None;
+    loop {
+        let (own, ahead, _) = standing(node, &mine.key, mine.create_revision, prefix, mode)?;
+        let current = match own {
+            Some(kv) if kv.create_revision == mine.create_revision => kv,
+            _ => return Err(RecipeError::SessionExpired),
+        };
+        let Some(last) = ahead.into_iter().max_by_key(|kv| kv.create_revision) else {
+            return Ok(current);
+        };
+        match &wait {
+            Some((ahead, w)) if *ahead == last.key => tokio::select! {
+                _ = w.deleted() => {}
+                _ = stopping.stopped() => return Err(ServerError::Stopped.into()),
+                _ = until(deadline) => return Err(RecipeError::TimedOut),
+            },
+            // Wait first, then look again: a deletion between the look
+            // above and the registration would go unseen otherwise.
+            _ => {
+                let w = node.state().wait_for_deletion(vec![mine.key.clone(), last.key.clone()]);
+                wait = Some((last.key, w));
+            }
+        }
+    }
+}
+
+/// [`wait_for_turn`] with more than one permit: follow the applied changes
+/// under `prefix` ([`crate::model::applied::AppliedState::follow`]) and count down
+/// the deletions of keys ahead (any of them may be the one that lets us in),
+/// looking at the store again only when the count says the turn has come, or
+/// when changes were lost. Only a change under the prefix wakes such a waiter.
+async fn count_down_the_keys_ahead(
+    node: &Node,
+    prefix: &[u8],
+    mine: &KeyValue,
+    mode: Mode,
+    permits: usize,
+    deadline: Option<Instant>,
+) -> Result<KeyValue, RecipeError> {
+    let waits_for = |key: &[u8]| waits_for(mode, classify(prefix, key));
+    let mut stopping = node.stopping();
+    // Follow the keys before reading them, so that no deletion slips between.
+    let inbox = node.state().follow(&KeyRange::with_prefix(prefix));
+    'count: loop {
+        // What is queued now shows in the look that follows.
+        inbox.take();
+        let (own, ahead, read_at) = standing(node, &mine.key, mine.create_revision, prefix, mode)?;
+        let current = match own {
+            Some(kv) if kv.create_revision == mine.create_revision => kv,
+            _ => return Err(RecipeError::SessionExpired),
+        };
+        let mut ahead = ahead.len();
+        if ahead < permits {
+            return Ok(current);
+        }
+        while ahead >= permits {
+            tokio::select! {
+                _ = inbox.ready() => {}
+                _ = stopping.stopped() => return Err(ServerError::Stopped.into()),
+                _ = until(deadline) => return Err(RecipeError::TimedOut),
+            }
+            let taken = inbox.take();
+            if taken.lost_after.is_some() {
+                // Missed changes (or a snapshot replaced the store): count again.
+                continue 'count;
+            }
+            // Changes up to `read_at` are already in the count.
+            for batch in &taken.batches {
+                for c in batch.changes.iter().filter(|c| c.kv.is_none() && c.revision > read_at) {
+                    if c.key == mine.key {
+                        return Err(RecipeError::SessionExpired);
+                    }
+                    let was_ahead = c.prev.as_ref().is_some_and(|p| p.create_revision < mine.create_revision);
+                    if was_ahead && c.key.starts_with(prefix) && waits_for(&c.key) {
+                        ahead = ahead.saturating_sub(1);
+                    }
+                }
+            }
+        }
+        // The count says the turn has come: the look that follows confirms it.
+    }
+}
+
+/// Resolves at `deadline`, or never.
+async fn until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Delete `key` (one revision if it existed); returns the store revision.
+pub async fn delete(node: &Node, key: &[u8]) -> Result<i64, RecipeError> {
+    let req = DeleteRangeRequest { key: key.to_vec(), range_end: vec![], prev_kv: false };
+    Ok(node.delete_range(req, None).await?.revision)
+}
+
+/// What a fenced release did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Release {
+    /// The revision of the release's txn.
+    pub revision: i64,
+    pub released: bool,
+    /// When not released: the key's create_revision now, 0 if it does not exist.
+    pub current_token: i64,
+}
+
+/// How many times the removal of an abandoned place is tried while its
+/// writes end with their fate unknown or find no leader (an election).
+const CLEANUP_TRIES: u32 = 5;
+
+/// Remove an abandoned place while it still waits (see [`CleanupOnDrop`]).
+/// The removal is a guarded txn, so one whose fate is unknown is tried
+/// again, after a pause that grows with each try.
+async fn remove_abandoned(node: &Node, key: &[u8], token: i64, waits: &Waits) -> Result<(), RecipeError> {
+    let mut tries = 1;
+    loop {
+        match give_up(node, key, token, waits).await {
+            Err(RecipeError::Server(ServerError::LeaderChanged | ServerError::Timeout | ServerError::NoLeader))
+                if tries < CLEANUP_TRIES =>
+            {
+                tokio::time::sleep(std::time::Duration::from_millis(200) * tries).await;
+                tries += 1;
+            }
+            removed => return removed.map(|_| ()),
+        }
+    }
+}
+
+/// How a place in a queue waits: what [`give_up`] must find still ahead of it.
+#[derive(Clone, Debug)]
+pub struct Waits {
+    /// The queue's prefix, `name/`.
+    pub prefix: Vec<u8>,
+    pub mode: Mode,
+    pub permits: usize,
+}
+
+/// What [`give_up`] came to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GaveUp {
+    /// The place was removed (or was gone already: `released` false).
+    Removed(Release),
+    /// The place holds the lock: its turn came first. It is kept.
+    Holds(KeyValue),
+}
+
+/// How many times [`give_up`] looks again when the queue changed under it.
+const GIVE_UP_TRIES: usize = 64;
+
+/// Remove the place `key` (made with `token`) while it still waits, never
+/// once it holds: the removal is a txn guarded by `permits` keys that were
+/// ahead of it (while they all exist, it waits), read linearizably just
+/// before. A place whose turn has come is answered as [`GaveUp::Holds`].
+pub async fn give_up(node: &Node, key: &[u8], token: i64, waits: &Waits) -> Result<GaveUp, RecipeError> {
+    for _ in 0..GIVE_UP_TRIES {
+        node.read_barrier().await?;
+        let (mine, ahead, revision) = standing(node, key, token, &waits.prefix, waits.mode)?;
+        let mine = match mine {
+            Some(kv) if kv.create_revision == token => kv,
+            other => {
+                let current_token = other.map_or(0, |kv| kv.create_revision);
+                return Ok(GaveUp::Removed(Release { revision, released: false, current_token }));
+            }
+        };
+        if ahead.len() < waits.permits {
+            return Ok(GaveUp::Holds(mine));
+        }
+        let mut compare = vec![create_revision_is(key, token)];
+        compare.extend(ahead.iter().take(waits.permits).map(|kv| create_revision_is(&kv.key, kv.create_revision)));
+        let delete = DeleteRangeRequest { key: key.to_vec(), range_end: vec![], prev_kv: false };
+        let txn = TxnRequest { compare, success: vec![RequestOp::DeleteRange(delete)], failure: vec![] };
+        let result = node.txn(txn, None).await?;
+        if result.succeeded {
+            return Ok(GaveUp::Removed(Release { revision: result.revision, released: true, current_token: 0 }));
+        }
+        // A key ahead went (or ours did): look again.
+    }
+    Err(RecipeError::Contended)
+}
+
+/// Removes a waiting place, unless disarmed: explicitly
+/// ([`CleanupOnDrop::give_up`]) when the waiter gives up, or in the
+/// background when it is dropped mid-wait (the client went away).
+///
+/// Either way a place is removed only while it still waits ([`give_up`]),
+/// never once its turn has come: the place belongs to the lease, and another
+/// acquire of the lease (a retry, say) may have joined it and been told it
+/// holds, which nothing in the store records (a join writes nothing, as in
+/// etcd). A place whose turn came as its caller went away stays until its
+/// lease releases it or ends; a retry by the same lease is granted it.
+pub struct CleanupOnDrop {
+    node: Option<Arc<Node>>,
+    key: Vec<u8>,
+    token: i64,
+    waits: Waits,
+}
+
+impl CleanupOnDrop {
+    /// Armed for the place `mine`.
+    pub fn new(node: Arc<Node>, mine: &KeyValue, waits: Waits) -> Self {
+        CleanupOnDrop { node: Some(node), key: mine.key.clone(), token: mine.create_revision, waits }
+    }
+
+    /// A guard that removes nothing.
+    fn unarmed(waits: Waits) -> Self {
+        CleanupOnDrop { node: None, key: Vec::new(), token: 0, waits }
+    }
+
+    /// The wait ended with the lock; keep the key.
+    pub fn disarm(mut self) {
+        self.node = None;
+    }
+
+    /// The waiter gave up: remove the place now, unless its turn has come
+    /// ([`give_up`]). Stays armed until that is settled, so that a failure,
+    /// or this call being dropped midway, still leaves it to the background.
+    pub async fn give_up(mut self) -> Result<GaveUp, RecipeError> {
+        let node = self.node.clone().expect("armed until used");
+        let outcome = give_up(&node, &self.key, self.token, &self.waits).await?;
+        self.node = None;
+        Ok(outcome)
+    }
+}
+
+impl Drop for CleanupOnDrop {
+    fn drop(&mut self) {
+        if let Some(node) = self.node.take() {
+            let (key, token, waits) = (std::mem::take(&mut self.key), self.token, self.waits.clone());
+            tokio::spawn(async move {
+                if let Err(e) = remove_abandoned(&node, &key, token, &waits).await {
+                    tracing::warn!(error = %e, "removing an abandoned waiter's key");
+                }
+            });
+        }
+    }
+}
