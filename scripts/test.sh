@@ -21,5 +21,9 @@ RAFTLOCK_ETCD_DIR=$(scripts/install-etcd.sh)
 RAFTLOCK_PYTHON_ETCD3=$(scripts/install-python-etcd3.sh)
 export RAFTLOCK_ETCD_DIR RAFTLOCK_PYTHON_ETCD3
 
+# The crate's shape first (seconds): no import circle, layers kept, openraft
+# only under src/raft, sled only under src/storage, files under 600 lines.
+python3 scripts/check-layers.py
+
 # With raftlockctl's etcd-client bench driver (it needs protoc, installed above).
 cargo test --workspace --features raftlock/bench-etcd-client "$@"

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::bench_etcd_client::{self, EtcdClientDriver};
+use crate::bench_load::{idle_observers, idle_watchers, watch_history};
 use anyhow::Context;
 use raftlock::client::{ClientTls, Service, TokenInterceptor};
 use tonic::service::interceptor::InterceptedService;
@@ -418,147 +419,7 @@ pub async fn run(
     Ok(r)
 }
 
-/// Streams opened by [`idle_watchers`]: each its request sender (a closed
-/// request stream would end the watch) and its responses.
-type IdleWatch = (tokio::sync::mpsc::Sender<pb::WatchRequest>, tonic::Streaming<pb::WatchResponse>);
-
-/// Open `n` watch streams (see [`BenchArgs::idle_watchers`]), at most 100 on
-/// one connection, the connections round-robin over `endpoints`; each is
-/// returned once its watcher was created.
-async fn idle_watchers(
-    endpoints: &[String],
-    tls: Option<&ClientTls>,
-    token: &TokenInterceptor,
-    n: usize,
-) -> anyhow::Result<Vec<IdleWatch>> {
-    use raftlock::proto::etcdserverpb::watch_client::WatchClient;
-    const STREAMS_PER_CONNECTION: usize = 100;
-    let mut channels = Vec::new();
-    for i in 0..n.div_ceil(STREAMS_PER_CONNECTION) {
-        let url = &endpoints[i % endpoints.len()];
-        let channel =
-            raftlock::client::endpoint(url, tls)?.connect().await.with_context(|| format!("connecting to {url}"))?;
-        channels.push(InterceptedService::new(channel, token.clone()));
-    }
-    let mut watches = Vec::with_capacity(n);
-    for i in 0..n {
-        let create = pb::WatchRequest {
-            request_union: Some(pb::watch_request::RequestUnion::CreateRequest(pb::WatchCreateRequest {
-                key: format!("bench-idle/{i}").into_bytes(),
-                ..Default::default()
-            })),
-        };
-        let (tx, rx) = tokio::sync::mpsc::channel(1);
-        tx.send(create).await?;
-        let channel = channels[i / STREAMS_PER_CONNECTION].clone();
-        let mut stream =
-            WatchClient::new(channel).watch(tokio_stream::wrappers::ReceiverStream::new(rx)).await?.into_inner();
-        let created = stream.message().await?.context("a watch stream ended before its watcher was created")?;
-        anyhow::ensure!(created.created && !created.canceled, "an idle watcher was refused: {}", created.cancel_reason);
-        watches.push((tx, stream));
-    }
-    Ok(watches)
-}
-
-/// Election observers opened by [`idle_observers`]: each the task that holds
-/// its call (aborted when the run ends).
-struct IdleObservers(Vec<tokio::task::JoinHandle<Result<(), tonic::Status>>>);
-
-impl Drop for IdleObservers {
-    fn drop(&mut self) {
-        self.0.iter().for_each(tokio::task::JoinHandle::abort);
-    }
-}
-
-/// Open `n` election observers (see [`BenchArgs::idle_observers`]), at most
-/// 100 on one connection, the connections round-robin over `endpoints`. An
-/// election without a leader answers nothing (etcd sends not even the
-/// response's headers), so each call is held by a task of its own, and the
-/// servers are given a moment to take them all in; an observer refused or
-/// ended by then fails the run.
-async fn idle_observers(
-    endpoints: &[String],
-    tls: Option<&ClientTls>,
-    token: &TokenInterceptor,
-    n: usize,
-) -> anyhow::Result<IdleObservers> {
-    use raftlock::proto::v3electionpb::{election_client::ElectionClient, LeaderRequest};
-    const STREAMS_PER_CONNECTION: usize = 100;
-    let mut observers = Vec::with_capacity(n);
-    for i in 0..n.div_ceil(STREAMS_PER_CONNECTION) {
-        let url = &endpoints[i % endpoints.len()];
-        let channel =
-            raftlock::client::endpoint(url, tls)?.connect().await.with_context(|| format!("connecting to {url}"))?;
-        let client = ElectionClient::new(InterceptedService::new(channel, token.clone()));
-        for j in i * STREAMS_PER_CONNECTION..n.min((i + 1) * STREAMS_PER_CONNECTION) {
-            let (mut client, name) = (client.clone(), format!("bench-observe/{j}").into_bytes());
-            observers.push(tokio::spawn(async move {
-                let mut stream = client.observe(LeaderRequest { name }).await?.into_inner();
-                while stream.message().await?.is_some() {}
-                Err(tonic::Status::aborted("the observe stream ended"))
-            }));
-        }
-    }
-    if n > 0 {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
-    let mut observers = IdleObservers(observers);
-    if let Some(ended) = observers.0.iter().position(tokio::task::JoinHandle::is_finished) {
-        let outcome = observers.0.swap_remove(ended).await?;
-        anyhow::bail!("an idle observer ended before the run: {outcome:?}");
-    }
-    Ok(observers)
-}
-
-/// Read history back through one watch (see [`Workload::WatchHistory`]).
-async fn watch_history(channel: Service, args: &BenchArgs) -> anyhow::Result<BenchReport> {
-    use raftlock::proto::etcdserverpb::watch_client::WatchClient;
-    let current = KvClient::new(channel.clone())
-        .range(pb::RangeRequest { key: b"bench/".to_vec(), count_only: true, ..Default::default() })
-        .await?
-        .into_inner()
-        .header
-        .map_or(0, |h| h.revision);
-    let create = pb::WatchRequest {
-        request_union: Some(pb::watch_request::RequestUnion::CreateRequest(pb::WatchCreateRequest {
-            key: b"bench/".to_vec(),
-            range_end: b"bench0".to_vec(),
-            start_revision: args.start_revision,
-            ..Default::default()
-        })),
-    };
-    // The request stream stays open (a closed one ends the watch).
-    let (tx, rx) = tokio::sync::mpsc::channel(1);
-    tx.send(create).await?;
-    let start = Instant::now();
-    let cpu_at_start = CpuUsed::now(&args.server_pids);
-    let mut stream =
-        WatchClient::new(channel).watch(tokio_stream::wrappers::ReceiverStream::new(rx)).await?.into_inner();
-    let (mut events, mut gaps, mut last) = (0u64, Vec::new(), Instant::now());
-    while let Some(resp) = stream.message().await? {
-        anyhow::ensure!(!resp.canceled, "the watch was canceled: {}", resp.cancel_reason);
-        gaps.push(last.elapsed());
-        last = Instant::now();
-        events += resp.events.len() as u64;
-        if resp.events.last().and_then(|e| e.kv.as_ref()).is_some_and(|kv| kv.mod_revision >= current) {
-            break;
-        }
-        if args.seconds > 0.0 && start.elapsed().as_secs_f64() >= args.seconds {
-            break;
-        }
-    }
-    drop(tx);
-    let elapsed = start.elapsed().as_secs_f64();
-    let max_gap = gaps.iter().max().copied().unwrap_or_default();
-    let mut r = report(args, gaps, 0, elapsed);
-    r.max_gap_ms = max_gap.as_secs_f64() * 1e3;
-    r.total = events;
-    CpuUsed::now(&args.server_pids).record_since(&cpu_at_start, &mut r);
-    r.ops_per_sec = events as f64 / elapsed;
-    Ok(r)
-}
-
-fn report(args: &BenchArgs, mut latencies: Vec<Duration>, errors: u64, elapsed: f64) -> BenchReport {
+pub(crate) fn report(args: &BenchArgs, mut latencies: Vec<Duration>, errors: u64, elapsed: f64) -> BenchReport {
     latencies.sort_unstable();
     let pct = |p: f64| -> f64 {
         if latencies.is_empty() {
@@ -590,13 +451,13 @@ fn report(args: &BenchArgs, mut latencies: Vec<Duration>, errors: u64, elapsed: 
 
 /// CPU time used so far (user and system, every thread): by this process,
 /// and by the servers' processes when they were named.
-struct CpuUsed {
+pub(crate) struct CpuUsed {
     client: Duration,
     servers: Option<Duration>,
 }
 
 impl CpuUsed {
-    fn now(server_pids: &[u32]) -> CpuUsed {
+    pub(crate) fn now(server_pids: &[u32]) -> CpuUsed {
         // SAFETY: getrusage only writes the struct it is given.
         let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
         let client = if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } == 0 {
@@ -611,7 +472,7 @@ impl CpuUsed {
 
     /// Set `r`'s CPU figures: what was used from `start` to this, per
     /// request answered.
-    fn record_since(&self, start: &CpuUsed, r: &mut BenchReport) {
+    pub(crate) fn record_since(&self, start: &CpuUsed, r: &mut BenchReport) {
         let per_op = |cpu: Duration| cpu.as_secs_f64() * 1e6 / r.total.max(1) as f64;
         r.client_cpu_us_per_op = per_op(self.client.saturating_sub(start.client));
         r.server_cpu_us_per_op = self.servers.zip(start.servers).map(|(end, start)| per_op(end.saturating_sub(start)));

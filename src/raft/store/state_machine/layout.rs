@@ -59,14 +59,14 @@
 //! often).
 
 use std::collections::BTreeMap;
-use std::io::{self, Read, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use openraft::StoredMembership;
 use serde::{Deserialize, Serialize};
 
-use crate::base::codec::{decode, encode, DecodeError, FORMAT_V1};
+use super::image::{image_of, write_image, SnapshotImage};
+use crate::base::codec::{decode, encode};
 use crate::model::alarm::Alarms;
 use crate::model::applied::{AppliedState, MemberAttrs};
 use crate::model::auth::AuthStore;
@@ -145,212 +145,9 @@ fn journal_file(checkpoint_seq: u64) -> String {
     format!("{}{checkpoint_seq:016x}", crate::storage::JOURNAL_FILE_PREFIX)
 }
 
-/// The content of a snapshot, a checkpoint and a backup. Decoded with stored
-/// versions; captured from the live state with shared ones
-/// ([`CapturedImage`]), which encode the same.
-#[derive(Serialize, Deserialize)]
-pub(super) struct SnapshotImage<V = StoredVersion> {
-    pub revision: Revision,
-    pub compact_revision: Revision,
-    pub versions: Vec<V>,
-    pub members: Vec<(u64, MemberAttrs)>,
-    /// (id, granted TTL); attached keys are found again from the versions.
-    pub leases: Vec<(i64, i64)>,
-    /// Users, roles, whether auth is on. Added after the first format: an
-    /// image without it decodes with the empty store (see `decode`).
-    pub auth: AuthStore,
-    /// The alarms raised. Added in the third format: an older image decodes
-    /// with none.
-    pub alarms: Alarms,
-}
-
-/// The image as written before alarms were part of it.
-#[derive(Deserialize)]
-struct ImageWithoutAlarms {
-    revision: Revision,
-    compact_revision: Revision,
-    versions: Vec<StoredVersion>,
-    members: Vec<(u64, MemberAttrs)>,
-    leases: Vec<(i64, i64)>,
-    auth: AuthStore,
-}
-
-/// The image as written before the auth store was part of it.
-#[derive(Deserialize)]
-struct ImageWithoutAuth {
-    revision: Revision,
-    compact_revision: Revision,
-    versions: Vec<StoredVersion>,
-    members: Vec<(u64, MemberAttrs)>,
-    leases: Vec<(i64, i64)>,
-}
-
-/// The first byte of an image that holds the auth store (in place of the
-/// encoding's format byte, [`FORMAT_V1`], which images of the first format
-/// start with).
-pub(super) const IMAGE_WITH_AUTH: u8 = 2;
-/// The first byte of an image that also holds the alarms: the current format.
-pub(super) const IMAGE_WITH_ALARMS: u8 = 3;
-
-/// Encode a captured image, tagged as the current format, into one buffer
-/// (sized first, so that it is allocated once).
-pub(super) fn encode_image(image: &CapturedImage) -> Vec<u8> {
-    let size = bincode::serialized_size(image).expect("sizing in memory cannot fail") as usize;
-    let mut bytes = Vec::with_capacity(1 + size);
-    write_image(image, &mut bytes).expect("writing to memory cannot fail");
-    bytes
-}
-
-/// Stream a captured image, tagged as the current format, into `out`;
-/// returns the bytes written.
-pub(super) fn write_image(image: &CapturedImage, out: &mut dyn Write) -> io::Result<u64> {
-    struct Counting<'a> {
-        out: &'a mut dyn Write,
-        bytes: u64,
-    }
-    impl Write for Counting<'_> {
-        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-            let n = self.out.write(buf)?;
-            self.bytes += n as u64;
-            Ok(n)
-        }
-        fn flush(&mut self) -> io::Result<()> {
-            self.out.flush()
-        }
-    }
-    let mut counting = Counting { out, bytes: 0 };
-    counting.write_all(&[IMAGE_WITH_ALARMS])?;
-    bincode::serialize_into(&mut counting, image).map_err(|e| match *e {
-        bincode::ErrorKind::Io(e) => e,
-        other => io::Error::other(other),
-    })?;
-    Ok(counting.bytes)
-}
-
 /// The name of the file holding the checkpoint after apply call `seq`.
 fn checkpoint_file(seq: u64) -> String {
     format!("checkpoint-{seq:016x}.image")
-}
-
-/// The state captured on the apply path: the versions share their
-/// key-values with the store, so capturing copies no keys or values (but
-/// tombstones' keys), and encoding can happen elsewhere, later.
-pub(super) type CapturedImage = SnapshotImage<SharedVersion>;
-
-impl SnapshotImage {
-    /// Decode an image of either format: tagged [`IMAGE_WITH_AUTH`], or
-    /// the first one (written before the auth store was part of it), which
-    /// decodes with auth off and no users — and must then be whole, so that
-    /// an image of the current format is never taken for one of the first.
-    pub fn decode(bytes: &[u8]) -> Result<SnapshotImage, DecodeError> {
-        Self::read(bytes, bytes.len() as u64)
-    }
-
-    /// [`SnapshotImage::decode`] from a reader of `len` bytes (a file),
-    /// streamed: the image is never held encoded in memory. Bounded as
-    /// `raft::decode` is: no length inside may claim more than `len`.
-    pub fn read(reader: impl Read, len: u64) -> Result<SnapshotImage, DecodeError> {
-        let image = Self::read_unchecked(reader, len)?;
-        image.check().map_err(|why| DecodeError::Malformed(Box::new(bincode::ErrorKind::Custom(why))))?;
-        Ok(image)
-    }
-
-    /// What installing an image takes for granted (`MvccStore::restore`'s
-    /// invariants), checked: an image that breaks them — damaged on disk
-    /// past its checksum, or sent by a broken or hostile peer — is refused
-    /// as malformed rather than stopping the member that installs it.
-    fn check(&self) -> Result<(), String> {
-        if self.compact_revision > self.revision {
-            return Err(format!("compact revision {} above revision {}", self.compact_revision, self.revision));
-        }
-        let mut seen = std::collections::HashSet::with_capacity(self.versions.len());
-        for v in &self.versions {
-            if v.kv.as_ref().is_some_and(|kv| kv.key != v.key) {
-                return Err("a version's key-value names another key".into());
-            }
-            if v.revision > self.revision {
-                return Err(format!("a version at revision {} above the image's {}", v.revision, self.revision));
-            }
-            if !seen.insert((v.key.as_slice(), v.revision, v.sub)) {
-                return Err(format!("two versions of one key at ({}, {})", v.revision, v.sub));
-            }
-        }
-        Ok(())
-    }
-
-    fn read_unchecked(mut reader: impl Read, len: u64) -> Result<SnapshotImage, DecodeError> {
-        use bincode::Options;
-        let mut tag = [0u8];
-        reader.read_exact(&mut tag).map_err(|e| match e.kind() {
-            io::ErrorKind::UnexpectedEof => DecodeError::Empty,
-            _ => DecodeError::Malformed(Box::new(bincode::ErrorKind::Io(e))),
-        })?;
-        let options = || bincode::DefaultOptions::new().with_fixint_encoding().with_limit(len.saturating_sub(1));
-        match tag[0] {
-            IMAGE_WITH_ALARMS => Ok(options().deserialize_from(reader)?),
-            IMAGE_WITH_AUTH => {
-                let old: ImageWithoutAlarms = options().deserialize_from(reader)?;
-                Ok(SnapshotImage {
-                    revision: old.revision,
-                    compact_revision: old.compact_revision,
-                    versions: old.versions,
-                    members: old.members,
-                    leases: old.leases,
-                    auth: old.auth,
-                    alarms: Alarms::default(),
-                })
-            }
-            FORMAT_V1 => {
-                let old: ImageWithoutAuth = options().deserialize_from(&mut reader)?;
-                // Whole, and nothing after it (see above).
-                let mut rest = [0u8];
-                if reader.read(&mut rest).map_err(|e| DecodeError::Malformed(Box::new(bincode::ErrorKind::Io(e))))? != 0
-                {
-                    return Err(DecodeError::Malformed(Box::new(bincode::ErrorKind::Custom(
-                        "bytes left after an image of the first format".into(),
-                    ))));
-                }
-                Ok(SnapshotImage {
-                    revision: old.revision,
-                    compact_revision: old.compact_revision,
-                    versions: old.versions,
-                    members: old.members,
-                    leases: old.leases,
-                    auth: AuthStore::default(),
-                    alarms: Alarms::default(),
-                })
-            }
-            other => Err(DecodeError::UnknownFormat(other)),
-        }
-    }
-
-    /// Read the image that `file` holds, from its start.
-    pub fn read_file(mut file: std::fs::File) -> anyhow::Result<SnapshotImage> {
-        use std::io::Seek;
-        file.seek(io::SeekFrom::Start(0))?;
-        let len = file.metadata()?.len();
-        Ok(SnapshotImage::read(io::BufReader::with_capacity(1 << 20, file), len)?)
-    }
-
-    /// Make `state` this image, all at once (in the state's lock order): no
-    /// reader sees the new store with the old leases or members.
-    pub fn install(self, state: &AppliedState) {
-        let mut mvcc = state.mvcc_mut();
-        let mut leases = state.leases_mut();
-        let mut members = state.members_mut();
-        let spill = mvcc.spill().map(crate::model::mvcc::Spill::fresh);
-        *mvcc = MvccStore::restore(self.versions, self.revision, self.compact_revision);
-        if let Some(spill) = spill {
-            mvcc.spill_into(spill);
-        }
-        *leases = LeaseTable::restore(self.leases, mvcc.leased_keys());
-        *members = self.members.into_iter().collect();
-        *state.auth_mut() = self.auth;
-        *state.alarms_mut() = self.alarms;
-        // Tokens handed out or forgotten by the entries the snapshot skipped
-        // are unknown here: forget them all (clients authenticate again).
-        state.tokens().forget_all();
-    }
 }
 
 /// Where the applied state stands in the state store: the journal's
@@ -643,30 +440,4 @@ impl Persisted {
         let interval = self.checkpoint_min.max(self.checkpoint_bytes.load(Ordering::Relaxed));
         self.journal_bytes >= interval + interval.saturating_mul(self.checkpoint_stretch) / 2048
     }
-}
-
-/// The whole applied state, consistent: every lock is held at once (in the
-/// state's lock order), so no apply falls between the parts.
-pub(super) fn image_of(state: &AppliedState) -> CapturedImage {
-    let mvcc = state.mvcc();
-    let leases = state.leases();
-    let members = state.members();
-    let auth = state.auth();
-    let alarms = state.alarms();
-    SnapshotImage {
-        revision: mvcc.revision(),
-        compact_revision: mvcc.compact_revision(),
-        versions: mvcc.shared_versions().collect(),
-        members: members.iter().map(|(id, a)| (*id, a.clone())).collect(),
-        leases: leases.grants(),
-        auth: auth.clone(),
-        alarms: alarms.clone(),
-    }
-}
-
-/// The member's applied state, encoded as a snapshot is, and its revision:
-/// what Maintenance.Snapshot streams to a backup file.
-pub fn encode_state(state: &AppliedState) -> (Vec<u8>, Revision) {
-    let image = image_of(state);
-    (encode_image(&image), image.revision)
 }

@@ -36,6 +36,7 @@
 //! that moment.
 
 mod apply;
+mod image;
 mod layout;
 
 use std::path::PathBuf;
@@ -63,8 +64,9 @@ use crate::raft::write::forwarded::ForwardedAnswers;
 use crate::storage::wal::Durable;
 use crate::storage::StateStore;
 use apply::Apply;
-pub use layout::encode_state;
-use layout::{Membership, Persisted, Position, SnapshotImage};
+pub use image::encode_state;
+use image::SnapshotImage;
+use layout::{Membership, Persisted, Position};
 
 pub struct StateMachine {
     state: Arc<AppliedState>,
@@ -540,7 +542,7 @@ pub(crate) fn fuzz_journal(bytes: &[u8]) {
 mod tests {
     use std::sync::atomic::Ordering;
 
-    use super::layout::image_of;
+    use super::image::image_of;
     use super::*;
     use crate::base::codec::encode;
     use crate::model::alarm::{AlarmAction, AlarmKind};
@@ -683,7 +685,7 @@ mod tests {
         let (dir, _db, state, _sm) = fresh(1000);
         state.auth_mut().enabled = true;
         state.alarms_mut().apply(AlarmAction::Activate, 9, AlarmKind::NoSpace);
-        let current = layout::encode_image(&image_of(&state));
+        let current = image::encode_image(&image_of(&state));
         let decoded = SnapshotImage::decode(&current).unwrap();
         assert!(decoded.auth.enabled);
         assert_eq!(decoded.alarms.list(), vec![(9, AlarmKind::NoSpace)]);
@@ -708,7 +710,7 @@ mod tests {
             auth: state.auth().clone(),
         };
         let mut bytes = encode(&second);
-        bytes[0] = layout::IMAGE_WITH_AUTH;
+        bytes[0] = image::IMAGE_WITH_AUTH;
         let decoded = SnapshotImage::decode(&bytes).expect("an image of the second format");
         assert!(decoded.auth.enabled && decoded.alarms.is_empty());
         drop(dir);
@@ -918,7 +920,7 @@ mod tests {
         // journal it covers gone, the counters in sled.
         db.sync().unwrap();
         let mut batch = crate::storage::StateBatch::default();
-        batch.puts.push((b"c".to_vec(), layout::encode_image(&image_of(&state))));
+        batch.puts.push((b"c".to_vec(), image::encode_image(&image_of(&state))));
         batch.puts.push((b"m/checkpoint".to_vec(), encode(&10u64)));
         batch.puts.push((b"m/seq".to_vec(), encode(&10u64)));
         batch.puts.push((b"m/applied".to_vec(), encode(&applied)));
