@@ -12,6 +12,7 @@
 //! Ignored by `cargo test`: it needs Docker and the raftlock image.
 //! `scripts/compose-test.sh` builds the image and runs it (CI does).
 
+#[path = "common/mod.rs"]
 mod common;
 
 use std::process::Command;

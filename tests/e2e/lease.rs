@@ -4,11 +4,9 @@
 //! lapse together are revoked, and leases granted again under the IDs of
 //! ones being expired.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{grpc_error, Cluster, ELECTION_MS};
+use crate::common::{grpc_error, Cluster, ELECTION_MS};
 use etcd_client::{Client, LeaseGrantOptions, LeaseTimeToLiveOptions, PutOptions};
 use tonic::Code;
 

@@ -2,13 +2,11 @@
 //! follower paused and another killed under load, clean restarts. An
 //! acknowledged write must never be lost.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::Cluster;
+use crate::common::Cluster;
 use etcd_client::GetOptions;
 
 /// Write `d/<writer>/<n>` through member `via` until told to stop; record

@@ -7,10 +7,8 @@
 //! no user tying keys to another's lease. The exact answers of every service
 //! are `tests/auth_conformance.rs`'s.
 
-mod common;
-
-use common::certs::{self, Certs};
-use common::{raftlockctl, text, Etcdctl};
+use crate::common::certs::{self, Certs};
+use crate::common::{raftlockctl, text, Etcdctl};
 use etcd_client::{Client, ConnectOptions};
 
 /// `pre` then `args`: a command line with common flags first.
@@ -27,9 +25,9 @@ fn path(p: &std::path::Path) -> &str {
 /// relying on etcd's exact error), and then act as the users they made.
 #[tokio::test]
 async fn etcdctl_user_role_and_auth_commands_work_unchanged() {
-    let cluster = common::Cluster::start_with(3, &["--bcrypt-cost", "4"]).await;
+    let cluster = crate::common::Cluster::start_with(3, &["--bcrypt-cost", "4"]).await;
     let endpoints = cluster.endpoints().join(",");
-    for (i, bin) in common::etcdctls().into_iter().enumerate() {
+    for (i, bin) in crate::common::etcdctls().into_iter().enumerate() {
         let etcdctl = Etcdctl { bin, endpoints: endpoints.clone() };
         let root = ["--user", "root:rootpw"];
         let app = format!("app{i}/");
@@ -77,7 +75,7 @@ async fn etcdctl_user_role_and_auth_commands_work_unchanged() {
 /// (checkpoint and journal), and etcd-client and raftlockctl log in with it.
 #[tokio::test]
 async fn users_and_permissions_survive_restarts_and_serve_every_client() {
-    let mut cluster = common::Cluster::start_with(3, &["--bcrypt-cost", "4"]).await;
+    let mut cluster = crate::common::Cluster::start_with(3, &["--bcrypt-cost", "4"]).await;
     let etcdctl = Etcdctl::v35(&cluster.endpoints().join(","));
     etcdctl.ok(&["user", "add", "root:rootpw"]);
     etcdctl.ok(&["user", "add", "ops:opspw"]);
@@ -112,7 +110,7 @@ async fn users_and_permissions_survive_restarts_and_serve_every_client() {
         let mut c = Client::connect([cluster.members[i].endpoint()], Some(options)).await.expect("log in as ops");
         c.put(format!("jobs/{i}"), "ran", None).await.expect("ops writes under jobs/");
         let denied = c.put("payroll", "x", None).await.unwrap_err();
-        assert_eq!(common::grpc_error(denied), (tonic::Code::PermissionDenied, "etcdserver: permission denied".into()));
+        assert_eq!(crate::common::grpc_error(denied), (tonic::Code::PermissionDenied, "etcdserver: permission denied".into()));
     }
 
     // raftlockctl logs in with --user; the native lock API needs READ and
@@ -149,7 +147,7 @@ fn jwt_flag(dir: &std::path::Path) -> String {
 async fn jwt_tokens_are_accepted_everywhere_and_go_stale_when_auth_changes() {
     let keys = tempfile::tempdir().unwrap();
     let flag = jwt_flag(keys.path());
-    let cluster = common::Cluster::start_with(3, &["--auth-token", &flag, "--bcrypt-cost", "4"]).await;
+    let cluster = crate::common::Cluster::start_with(3, &["--auth-token", &flag, "--bcrypt-cost", "4"]).await;
     let etcdctl = Etcdctl::v35(&cluster.endpoints().join(","));
     etcdctl.ok(&["user", "add", "root:rootpw"]);
     etcdctl.ok(&["user", "add", "alice:alicepw"]);
@@ -197,7 +195,7 @@ async fn jwt_tokens_are_accepted_everywhere_and_go_stale_when_auth_changes() {
 async fn a_client_certificate_names_the_user() {
     let dir = tempfile::tempdir().unwrap();
     let certs: Certs = certs::make(&dir.path().join("certs"));
-    let cluster = common::Cluster::start_tls(dir, 3, &certs, &["--bcrypt-cost", "4"]).await;
+    let cluster = crate::common::Cluster::start_tls(dir, 3, &certs, &["--bcrypt-cost", "4"]).await;
     let etcdctl = Etcdctl::v35(&cluster.endpoints().join(","));
     let tls = ["--cacert", path(&certs.ca), "--cert", path(&certs.alice.cert), "--key", path(&certs.alice.key)];
     etcdctl.ok(&with(&tls, &["user", "add", "root:rootpw"]));
@@ -224,7 +222,7 @@ async fn a_client_certificate_names_the_user() {
 #[tokio::test]
 async fn a_user_cannot_tie_keys_to_a_lease_whose_keys_it_may_not_write() {
     use etcd_client::{LockOptions, PutOptions, Txn, TxnOp};
-    let cluster = common::Cluster::start_with(3, &["--bcrypt-cost", "4"]).await;
+    let cluster = crate::common::Cluster::start_with(3, &["--bcrypt-cost", "4"]).await;
     let etcdctl = Etcdctl::v35(&cluster.endpoints().join(","));
     etcdctl.ok(&["user", "add", "root:rootpw"]);
     for (user, prefix) in [("jobs", "jobs"), ("pay", "payroll")] {
@@ -243,9 +241,9 @@ async fn a_user_cannot_tie_keys_to_a_lease_whose_keys_it_may_not_write() {
     let mut jobs = login("jobs").await.unwrap();
     let put = TxnOp::put("jobs/x", "v", Some(PutOptions::new().with_lease(lease)));
     let refused = jobs.txn(Txn::new().and_then([put])).await.unwrap_err();
-    assert_eq!(common::grpc_error(refused), (tonic::Code::PermissionDenied, "etcdserver: permission denied".into()));
+    assert_eq!(crate::common::grpc_error(refused), (tonic::Code::PermissionDenied, "etcdserver: permission denied".into()));
     let refused = jobs.lock("jobs/lock", Some(LockOptions::new().with_lease(lease))).await.unwrap_err();
-    assert_eq!(common::grpc_error(refused), (tonic::Code::Unknown, "etcdserver: permission denied".into()));
+    assert_eq!(crate::common::grpc_error(refused), (tonic::Code::Unknown, "etcdserver: permission denied".into()));
     let mut native = raftlock::client::Client::connect([endpoint.clone()]).await.unwrap();
     native.authenticate("jobs", "pw").await.unwrap();
     let acquire =
@@ -272,7 +270,7 @@ async fn python_etcd3_logs_in_as_a_user() {
     assert!(python.exists(), "{} is missing: run the tests with scripts/test.sh, which installs it", python.display());
     let dir = tempfile::tempdir().unwrap();
     let certs: Certs = certs::make(&dir.path().join("certs"));
-    let cluster = common::Cluster::start_tls(dir, 3, &certs, &["--bcrypt-cost", "4"]).await;
+    let cluster = crate::common::Cluster::start_tls(dir, 3, &certs, &["--bcrypt-cost", "4"]).await;
     let follower = cluster.follower().await;
     let etcdctl = Etcdctl::v35(&cluster.endpoints().join(","));
     let tls = ["--cacert", path(&certs.ca), "--cert", path(&certs.alice.cert), "--key", path(&certs.alice.key)];

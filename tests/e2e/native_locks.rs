@@ -6,14 +6,12 @@
 //! readers, excluded writers and etcd locks, a waiting writer not starved,
 //! readers killed, a leader killed during contention) and reentrant holds.
 
-mod common;
-
 use std::os::unix::process::CommandExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Cluster, ELECTION_MS};
+use crate::common::{Cluster, ELECTION_MS};
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use raftlock::client::{Acquisition, Client, ClientError, Guard, LockOptions, Session};
 
@@ -172,7 +170,7 @@ async fn a_semaphore_admits_n_holders_then_serves_waiters_in_order() {
         let s = s.clone();
         let key = format!("gpu/{:x}", s.lease());
         waiting.push(tokio::spawn(async move { held(s.lock("gpu", permits(None)).await.unwrap()) }));
-        common::wait_for_key(&mut kv, &key).await;
+        crate::common::wait_for_key(&mut kv, &key).await;
     }
     let d = describe(&c, "gpu", 3).await;
     assert_eq!((d.holders.len(), d.waiters.len()), (3, 2));
@@ -214,7 +212,7 @@ async fn a_waiter_whose_lease_ends_gets_an_error_and_bad_requests_are_refused() 
     let w = waiter.clone();
     let waiting = tokio::spawn(async move { w.lock("busy", LockOptions::default()).await });
     let mut kv = cluster.client(2).await;
-    common::wait_for_key(&mut kv, &format!("busy/{:x}", waiter.lease())).await;
+    crate::common::wait_for_key(&mut kv, &format!("busy/{:x}", waiter.lease())).await;
     kv.lease_revoke(waiter.lease()).await.unwrap();
     let outcome = tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("answered at once").unwrap();
     let Err(ClientError::Status(s)) = outcome else { panic!("the lock must not be granted") };
@@ -252,7 +250,7 @@ async fn a_holder_process_killed_passes_the_lock_on_within_ttl_and_an_election_t
     let cluster = Cluster::start(3).await;
     let endpoint = cluster.members[0].endpoint();
     // In a process group of its own, so that its `sleep` can be cleaned up.
-    let mut holder = common::raftlockctl()
+    let mut holder = crate::common::raftlockctl()
         .args(["--endpoints", &endpoint, "lock", "cron", "--ttl", &TTL.to_string(), "--", "sleep", "600"])
         .stdout(std::process::Stdio::null())
         .process_group(0)
@@ -397,7 +395,7 @@ async fn readers_share_writers_exclude_and_a_waiting_writer_holds_back_later_rea
 
     // The writer queues; a reader that comes after it waits behind it.
     let writing = tokio::spawn(async move { held(w.lock("catalog", LockOptions::default()).await.unwrap()) });
-    common::wait_for_key(&mut kv, &format!("catalog/{:x}", sessions[2].lease())).await;
+    crate::common::wait_for_key(&mut kv, &format!("catalog/{:x}", sessions[2].lease())).await;
     let holders = busy(r3.lock("catalog", read_once()).await.unwrap());
     assert_eq!(holders.len(), 2, "the readers hold, not the waiting writer");
     let reading = {
@@ -406,7 +404,7 @@ async fn readers_share_writers_exclude_and_a_waiting_writer_holds_back_later_rea
             held(r3.lock("catalog", LockOptions { read: true, ..Default::default() }).await.unwrap())
         })
     };
-    common::wait_for_key(&mut kv, &format!("catalog/read-{:x}", r3.lease())).await;
+    crate::common::wait_for_key(&mut kv, &format!("catalog/read-{:x}", r3.lease())).await;
     let d = describe(&c, "catalog", 1).await;
     let modes =
         |owners: &[raftlock::proto::raftlock::v1::Owner]| owners.iter().map(|o| (o.lease, o.mode)).collect::<Vec<_>>();
@@ -529,7 +527,7 @@ async fn readers_killed_pass_the_lock_to_a_writer_within_ttl() {
     let endpoint = cluster.members[0].endpoint();
     let mut readers = Vec::new();
     for _ in 0..2 {
-        let reader = common::raftlockctl()
+        let reader = crate::common::raftlockctl()
             .args([
                 "--endpoints",
                 &endpoint,

@@ -4,14 +4,12 @@
 //! member), a member started with another token that cannot join, and the
 //! start-up errors of TLS flags. Certificates are made in the test (rcgen).
 
-mod common;
-
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use common::certs::{self, Certs};
-use common::{raftlockctl, text, Cluster, Etcdctl};
+use crate::common::certs::{self, Certs};
+use crate::common::{raftlockctl, text, Cluster, Etcdctl};
 use raftlock::proto::raftlock::peer::peer_client::PeerClient;
 use raftlock::proto::raftlock::peer::RaftPayload;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
@@ -225,9 +223,9 @@ async fn peers_from_another_cluster_or_with_an_id_that_is_not_a_member_are_refus
     let leader = cluster.leader().await;
     let follower = cluster.follower().await;
     let mut peer = PeerClient::new(peer_channel(&cluster.peer_url(leader), None).await.unwrap());
-    let cluster_id = raftlock::config::cluster_id(TOKEN);
-    let member_id = raftlock::config::member_id(&[cluster.peer_url(follower)], TOKEN);
-    let other_cluster = raftlock::config::cluster_id("another-token");
+    let cluster_id = raftlock::ids::cluster_id(TOKEN);
+    let member_id = raftlock::ids::member_id(&[cluster.peer_url(follower)], TOKEN);
+    let other_cluster = raftlock::ids::cluster_id("another-token");
     let mut kv = cluster.client(leader).await;
 
     let refusals = [
@@ -341,11 +339,11 @@ fn tls_flags_that_cannot_work_stop_start_up_with_the_flags_named() {
         assert!(!out.status.success(), "{args:?} started");
         text(&out)
     };
-    let port = common::free_port();
+    let port = crate::common::free_port();
     let https = format!("https://127.0.0.1:{port}");
     let err = run(&["--listen-client-urls", &https]);
     assert!(err.contains("--cert-file and --key-file, or --auto-tls"), "{err}");
-    let peer = format!("https://127.0.0.1:{}", common::free_port());
+    let peer = format!("https://127.0.0.1:{}", crate::common::free_port());
     let err = run(&["--listen-peer-urls", &peer]);
     assert!(err.contains("--peer-cert-file and --peer-key-file, or --peer-auto-tls"), "{err}");
     let err = run(&["--listen-client-urls", &https, "--auto-tls", "--tls-min-version", "TLS1.1"]);
@@ -358,7 +356,7 @@ fn tls_flags_that_cannot_work_stop_start_up_with_the_flags_named() {
 fn auto_tls_serves_https_with_a_certificate_made_under_the_data_dir() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("auto.raftlock");
-    let (client, peer) = (common::free_port(), common::free_port());
+    let (client, peer) = (crate::common::free_port(), crate::common::free_port());
     let mut child = Command::new(env!("CARGO_BIN_EXE_raftlock"))
         .args(["--data-dir", path(&data), "--auto-tls", "--peer-auto-tls"])
         .args(["--listen-client-urls", &format!("https://127.0.0.1:{client}")])

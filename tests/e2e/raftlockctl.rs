@@ -3,16 +3,14 @@
 //! signals), try-lock's exit code, describe/list, the key-value, lease, member
 //! and endpoint commands, human and JSON output.
 
-mod common;
-
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::Cluster;
+use crate::common::Cluster;
 use serde_json::Value;
 
 fn ctl(endpoints: &str, args: &[&str]) -> Output {
-    common::raftlockctl().env("RAFTLOCK_ENDPOINTS", endpoints).args(args).output().unwrap()
+    crate::common::raftlockctl().env("RAFTLOCK_ENDPOINTS", endpoints).args(args).output().unwrap()
 }
 
 fn stdout(o: &Output) -> String {
@@ -67,7 +65,7 @@ async fn lock_runs_a_command_holding_the_lock_and_releases_it() {
     assert!(stdout(&o).contains("already expired"), "{}", stdout(&o));
 
     // While one holds it, a try fails at once with exit code 75 and names the holder.
-    let mut holder = common::raftlockctl()
+    let mut holder = crate::common::raftlockctl()
         .env("RAFTLOCK_ENDPOINTS", e)
         .args(["lock", "deploy", "--metadata", "release-42", "--", "sleep", "30"])
         .spawn()
@@ -114,7 +112,7 @@ async fn key_value_lease_member_and_endpoint_commands() {
     assert_eq!(v["kvs"][1]["value"], "2");
 
     // A watch started before a change prints it.
-    let mut watch = common::raftlockctl()
+    let mut watch = crate::common::raftlockctl()
         .env("RAFTLOCK_ENDPOINTS", e)
         // From just after the puts above, which the member it reaches may not
         // have applied yet.
@@ -182,7 +180,7 @@ async fn lock_stops_the_command_when_the_lease_is_lost_and_reports_a_command_tha
 
     // The whole cluster goes away while the command runs: within the TTL the
     // lock must be considered lost, the command stopped, and the exit code 1.
-    let mut holder = common::raftlockctl()
+    let mut holder = crate::common::raftlockctl()
         .env("RAFTLOCK_ENDPOINTS", e)
         .args(["--command-timeout", "1s", "lock", "job", "--ttl", "2", "--", "sleep", "60"])
         .stderr(Stdio::piped())

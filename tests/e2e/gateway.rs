@@ -7,12 +7,10 @@
 //! raftlock's native lock API under `/v1/locks/`, which etcd has not, and a
 //! watch that stays open for new events are checked on their own.
 
-mod common;
-
 use std::path::PathBuf;
 use std::time::Duration;
 
-use common::golden::load;
+use crate::common::golden::load;
 use serde_json::{json, Value};
 
 fn suite_path(golden: bool) -> PathBuf {
@@ -131,9 +129,9 @@ async fn run_suite(url: &str, scenarios: &Value) -> Value {
 
 #[tokio::test]
 async fn raftlock_gateway_matches_etcd_golden() {
-    let cluster = common::Cluster::start(1).await;
+    let cluster = crate::common::Cluster::start(1).await;
     let actual = run_suite(&cluster.members[0].endpoint(), &load(&suite_path(false))).await;
-    let mismatches = common::golden::mismatches("gateway", &load(&suite_path(true)), &actual);
+    let mismatches = crate::common::golden::mismatches("gateway", &load(&suite_path(true)), &actual);
     assert!(mismatches.is_empty(), "{} answers differ from etcd's:\n{}", mismatches.len(), mismatches.join("\n"));
 }
 
@@ -142,7 +140,7 @@ async fn raftlock_gateway_matches_etcd_golden() {
 #[tokio::test]
 #[ignore]
 async fn record_gateway_golden() {
-    let etcd = common::golden::RecordingEtcd::start(&[]).await;
+    let etcd = crate::common::golden::RecordingEtcd::start(&[]).await;
     let recorded = run_suite(&etcd.url, &load(&suite_path(false))).await;
     std::fs::write(suite_path(true), serde_json::to_string_pretty(&recorded).unwrap() + "\n").unwrap();
 }
@@ -168,7 +166,7 @@ async fn post(url: &str, path: &str, body: Value) -> Value {
 
 #[tokio::test]
 async fn native_locks_over_http_and_a_watch_that_stays_open() {
-    let cluster = common::Cluster::start(3).await;
+    let cluster = crate::common::Cluster::start(3).await;
     let url = cluster.members[1].endpoint();
     let lease = post(&url, "/v3/lease/grant", json!({"TTL": 30})).await["ID"].as_str().unwrap().to_string();
     let other = post(&url, "/v3/lease/grant", json!({"TTL": 30})).await["ID"].as_str().unwrap().to_string();

@@ -7,12 +7,10 @@
 //! the same scenarios against a 3-member raftlock cluster, through a follower,
 //! and reports every op whose response differs.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::golden::load;
+use crate::common::golden::load;
 use etcd_client::{
     Client, Compare, CompareOp, DeleteOptions, EventType, GetOptions, LeaderKey, LeaseGrantOptions,
     LeaseTimeToLiveOptions, LockOptions, ProclaimOptions, PutOptions, ResignOptions, SortOrder, SortTarget, Txn, TxnOp,
@@ -447,14 +445,14 @@ async fn run_suite(c: &mut Client, suite: &Value) -> Value {
 
 #[tokio::test]
 async fn raftlock_matches_etcd_goldens() {
-    let cluster = common::Cluster::start(3).await;
+    let cluster = crate::common::Cluster::start(3).await;
     let mut c = cluster.client(cluster.follower().await).await;
     let mut mismatches = Vec::new();
     for suite in SUITES {
         let scenarios = load(&suite_path(suite, false));
         let golden = load(&suite_path(suite, true));
         let actual = run_suite(&mut c, &scenarios).await;
-        mismatches.extend(common::golden::mismatches(suite, &golden, &actual));
+        mismatches.extend(crate::common::golden::mismatches(suite, &golden, &actual));
     }
     assert!(mismatches.is_empty(), "{} responses differ from etcd:\n{}", mismatches.len(), mismatches.join("\n"));
 }
@@ -464,7 +462,7 @@ async fn raftlock_matches_etcd_goldens() {
 #[tokio::test]
 #[ignore]
 async fn record_goldens() {
-    let etcd = common::golden::RecordingEtcd::start(&[]).await;
+    let etcd = crate::common::golden::RecordingEtcd::start(&[]).await;
     let mut c = Client::connect([etcd.url.clone()], None).await.unwrap();
     for suite in SUITES {
         let recorded = run_suite(&mut c, &load(&suite_path(suite, false))).await;

@@ -2,14 +2,12 @@
 //! etcdctl 3.4 (Debian's etcd-client) and 3.5.1 (installed by
 //! `scripts/install-etcd.sh`). `scripts/test.sh` installs both.
 
-mod common;
-
 use std::process::Command;
 use std::time::Duration;
 
-use common::Cluster;
+use crate::common::Cluster;
 
-use common::{etcdctls, Etcdctl as Ctl};
+use crate::common::{etcdctls, Etcdctl as Ctl};
 
 /// etcdctl's outcome, stdout and stderr.
 fn run(ctl: &Ctl, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {

@@ -1,11 +1,9 @@
 //! Watches on a real 3-member cluster, driven by `etcd-client`.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::Cluster;
+use crate::common::Cluster;
 use etcd_client::{EventType, WatchFilterType, WatchOptions, WatchResponse, WatchStream};
 
 async fn next(stream: &mut WatchStream) -> WatchResponse {
@@ -204,7 +202,7 @@ async fn a_watch_that_fell_behind_its_inbox_reads_the_rest_from_history() {
     let endpoint = cluster.members[leader].endpoint();
     let mut c = cluster.client(leader).await;
     let overflows = "raftlock_watch_inbox_overflows_total";
-    let before = common::metric(&endpoint, overflows).await;
+    let before = crate::common::metric(&endpoint, overflows).await;
     let mut stalled = c.watch("behind/", Some(WatchOptions::new().with_prefix())).await.unwrap();
     // Created before the first put (the stream's headers may come first),
     // and then not read while the puts run.
@@ -213,7 +211,7 @@ async fn a_watch_that_fell_behind_its_inbox_reads_the_rest_from_history() {
     for i in 0..PUTS {
         writer.put(format!("behind/{i:05}"), vec![(i % 251) as u8; VALUE], None).await.unwrap();
     }
-    let after = common::metric(&endpoint, overflows).await;
+    let after = crate::common::metric(&endpoint, overflows).await;
     assert!(after > before, "the stalled session's inbox never overflowed ({before} -> {after})");
     let mut seen = 0;
     let mut last = 0;
@@ -370,13 +368,13 @@ async fn a_watch_that_requires_a_leader_ends_when_its_member_has_none() {
     let end = tokio::time::timeout(Duration::from_secs(20), stream.message())
         .await
         .expect("the watch still waits in silence 20 s after its member lost the leader");
-    let (code, message) = common::grpc_error(end.expect_err("the watch must end with an error"));
+    let (code, message) = crate::common::grpc_error(end.expect_err("the watch must end with an error"));
     assert_eq!((code, message.as_str()), (tonic::Code::Unavailable, "etcdserver: no leader"));
     let refused = async {
         let mut s = c.watch("r/", None).await?;
         s.message().await
     };
-    let (code, message) = common::grpc_error(refused.await.expect_err("a new watch must be refused"));
+    let (code, message) = crate::common::grpc_error(refused.await.expect_err("a new watch must be refused"));
     assert_eq!((code, message.as_str()), (tonic::Code::Unavailable, "etcdserver: no leader"));
 }
 

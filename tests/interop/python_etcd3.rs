@@ -3,12 +3,10 @@
 //! for with a watch) against a 3-member raftlock cluster, through a follower.
 //! `scripts/test.sh` installs python-etcd3 (`scripts/install-python-etcd3.sh`).
 
-mod common;
-
 use std::path::PathBuf;
 use std::process::Command;
 
-use common::Cluster;
+use crate::common::Cluster;
 
 #[tokio::test]
 async fn python_etcd3_locks_work_against_raftlock() {

@@ -11,13 +11,11 @@
 //! Both systems run with `--auth-token-ttl 2` (so that a token expires within
 //! the scenario) and `--bcrypt-cost 4`.
 
-mod common;
-
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::golden::load;
+use crate::common::golden::load;
 use raftlock::proto::authpb;
 use raftlock::proto::etcdserverpb as pb;
 use raftlock::proto::etcdserverpb::{
@@ -460,10 +458,10 @@ async fn run_suite(endpoint: &str, suite: &Value) -> Value {
 #[tokio::test]
 async fn raftlock_auth_matches_etcd_golden() {
     let (scenarios, golden) = paths();
-    let cluster = common::Cluster::start_with(3, FLAGS).await;
+    let cluster = crate::common::Cluster::start_with(3, FLAGS).await;
     let follower = cluster.follower().await;
     let actual = run_suite(&cluster.members[follower].endpoint(), &load(&scenarios)).await;
-    let mismatches = common::golden::mismatches("auth", &load(&golden), &actual);
+    let mismatches = crate::common::golden::mismatches("auth", &load(&golden), &actual);
     assert!(mismatches.is_empty(), "{} responses differ from etcd:\n{}", mismatches.len(), mismatches.join("\n"));
 }
 
@@ -472,7 +470,7 @@ async fn raftlock_auth_matches_etcd_golden() {
 #[tokio::test]
 #[ignore]
 async fn record_auth_golden() {
-    let etcd = common::golden::RecordingEtcd::start(FLAGS).await;
+    let etcd = crate::common::golden::RecordingEtcd::start(FLAGS).await;
     let (scenarios, golden) = paths();
     let recorded = run_suite(&etcd.url, &load(&scenarios)).await;
     std::fs::write(golden, serde_json::to_string_pretty(&recorded).unwrap() + "\n").unwrap();

@@ -1,12 +1,10 @@
 //! The etcd-compatible Lock and Election services on a real 3-member cluster,
 //! driven by `etcd-client`.
 
-mod common;
-
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{grpc_error, Cluster};
+use crate::common::{grpc_error, Cluster};
 use etcd_client::{Client, LockOptions, ProclaimOptions, ResignOptions};
 use tonic::Code;
 
@@ -78,7 +76,7 @@ async fn waiters_are_served_in_fifo_order_and_a_dead_holder_passes_the_lock_on()
             wc.unlock(key).await.unwrap();
         }));
         // Each waiter's key exists before the next one's is created.
-        common::wait_for_key(&mut c, &format!("fifo/{id:x}")).await;
+        crate::common::wait_for_key(&mut c, &format!("fifo/{id:x}")).await;
     }
     assert!(order.lock().unwrap().is_empty(), "nobody gets a held lock");
     // The holder "dies": its lease is revoked, as expiry would do.
@@ -108,7 +106,7 @@ async fn a_waiter_whose_predecessor_leaves_waits_for_the_next_key_ahead() {
         let id = lease(&mut wc, 60).await;
         leases.push(id);
         waiters.push(tokio::spawn(async move { (lock(&mut wc, "chain", id).await, wc) }));
-        common::wait_for_key(&mut c, &format!("chain/{id:x}")).await;
+        crate::common::wait_for_key(&mut c, &format!("chain/{id:x}")).await;
     }
     // The middle waiter leaves; the last one now has the first ahead of it.
     c.lease_revoke(leases[1]).await.unwrap();
@@ -148,7 +146,7 @@ async fn a_waiter_whose_lease_ends_gets_an_error_and_a_cancelled_waiter_leaves_n
     let doomed = lease(&mut c, 60).await;
     let mut wc = cluster.client(1).await;
     let waiting = tokio::spawn(async move { lock(&mut wc, "busy", doomed).await });
-    common::wait_for_key(&mut c, &format!("busy/{doomed:x}")).await;
+    crate::common::wait_for_key(&mut c, &format!("busy/{doomed:x}")).await;
     c.lease_revoke(doomed).await.unwrap();
     let outcome = tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("answered at once").unwrap();
     let (code, msg) = grpc_error(outcome.unwrap_err());
@@ -190,7 +188,7 @@ async fn an_abandoned_lock_call_never_frees_a_place_granted_to_another_call_of_i
     let key = format!("shared/{both:x}");
     let mut fc = cluster.client(follower).await;
     let first = tokio::spawn(async move { lock(&mut fc, "shared", both).await });
-    common::wait_for_key(&mut c, &key).await;
+    crate::common::wait_for_key(&mut c, &key).await;
     let mut sc = cluster.client(leader).await;
     let second = tokio::spawn(async move { lock(&mut sc, "shared", both).await });
     tokio::time::sleep(Duration::from_millis(300)).await;

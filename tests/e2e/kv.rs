@@ -1,8 +1,6 @@
 //! KV behaviour on a real 3-member cluster, driven by the `etcd-client` crate.
 
-mod common;
-
-use common::{grpc_error, Cluster};
+use crate::common::{grpc_error, Cluster};
 use etcd_client::{
     Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
 };

@@ -3,12 +3,10 @@
 //! defrag + disarm, with etcdctl), auto compaction in both modes, and etcd's
 //! request size limits on every service.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::Etcdctl;
-use common::{grpc_error, http_get, Cluster};
+use crate::common::Etcdctl;
+use crate::common::{grpc_error, http_get, Cluster};
 use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
 use raftlock::proto::raftlock::v1::AcquireRequest;
 
@@ -47,7 +45,7 @@ async fn a_full_quota_raises_nospace_and_compact_defrag_disarm_recover() {
     let put_txn = Txn::new().and_then([TxnOp::put("t", "1", None)]);
     assert_eq!(grpc_error(other.txn(put_txn).await.unwrap_err()).1, NO_SPACE);
     let ctl_put = ctl.run(&["put", "small", "1"], None);
-    assert!(common::text(&ctl_put).contains("database space exceeded"), "{}", common::text(&ctl_put));
+    assert!(crate::common::text(&ctl_put).contains("database space exceeded"), "{}", crate::common::text(&ctl_put));
 
     // What frees space, or reads, still works.
     assert_eq!(other.get("full/000", None).await.unwrap().kvs()[0].value(), &value[..]);
@@ -298,7 +296,7 @@ fn sample(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64
 /// happened; `/health`, `/livez` and `/readyz` answer as etcd's.
 #[tokio::test]
 async fn metrics_and_health_endpoints_answer_as_etcds() {
-    let metrics_port = common::free_port();
+    let metrics_port = crate::common::free_port();
     let metrics_url = format!("http://127.0.0.1:{metrics_port}");
     let single = Cluster::start_with(1, &["--listen-metrics-urls", &metrics_url]).await;
     let mut c = single.client(0).await;
@@ -460,7 +458,7 @@ async fn a_cluster_restored_from_a_saved_snapshot_serves_the_saved_data() {
 
     let mut restored = Cluster::unstarted(3);
     let restore_with = |i: usize, file: &std::path::Path, data_dir: &std::path::Path, extra: &[&str]| {
-        common::raftlockctl()
+        crate::common::raftlockctl()
             .args(["snapshot", "restore", file.to_str().unwrap()])
             .args(["--name", &restored.members[i].name])
             .args(["--initial-cluster", restored.initial_cluster()])
@@ -474,9 +472,9 @@ async fn a_cluster_restored_from_a_saved_snapshot_serves_the_saved_data() {
     // Without a bump, the backup's revision and history are kept.
     let unbumped = dir.path().join("unbumped.raftlock");
     let out = restore_with(0, &file, &unbumped, &["--bump-revision", "0"]);
-    assert!(common::text(&out).contains(&format!("Restored revision {saved_revision} ")), "{}", common::text(&out));
+    assert!(crate::common::text(&out).contains(&format!("Restored revision {saved_revision} ")), "{}", crate::common::text(&out));
     let out = restore_with(0, &file, &dir.path().join("refused"), &["--bump-revision", "0", "--mark-compacted"]);
-    assert!(!out.status.success() && common::text(&out).contains("--mark-compacted needs"), "{}", common::text(&out));
+    assert!(!out.status.success() && crate::common::text(&out).contains("--mark-compacted needs"), "{}", crate::common::text(&out));
     let bumped_revision = saved_revision + 1_000_000_000;
     // A damaged file is refused, and leaves nothing behind.
     let mut damaged = std::fs::read(&file).unwrap();
@@ -484,20 +482,20 @@ async fn a_cluster_restored_from_a_saved_snapshot_serves_the_saved_data() {
     let damaged_file = dir.path().join("damaged.db");
     std::fs::write(&damaged_file, damaged).unwrap();
     let out = restore(0, &damaged_file, &restored.members[0].data_dir);
-    assert!(!out.status.success() && common::text(&out).contains("hash mismatch"), "{}", common::text(&out));
+    assert!(!out.status.success() && crate::common::text(&out).contains("hash mismatch"), "{}", crate::common::text(&out));
     assert!(!restored.members[0].data_dir.exists());
     for i in 0..3 {
         let out = restore(i, &file, &restored.members[i].data_dir);
-        assert!(out.status.success(), "{}", common::text(&out));
+        assert!(out.status.success(), "{}", crate::common::text(&out));
         assert!(
-            common::text(&out).contains(&format!("Restored revision {bumped_revision} ")),
+            crate::common::text(&out).contains(&format!("Restored revision {bumped_revision} ")),
             "{}",
-            common::text(&out)
+            crate::common::text(&out)
         );
     }
     // An existing data directory is never overwritten.
     let out = restore(0, &file, &restored.members[0].data_dir);
-    assert!(!out.status.success() && common::text(&out).contains("exists"), "{}", common::text(&out));
+    assert!(!out.status.success() && crate::common::text(&out).contains("exists"), "{}", crate::common::text(&out));
 
     restored.start_all().await;
     for i in 0..3 {

@@ -9,14 +9,12 @@
 //! Caveat: Debian's clientv3 is 3.4's, whose Mutex has no TryLock (3.5 added
 //! it); raftlock's try-lock is covered by the native API's tests.
 
-mod common;
-
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
-use common::Cluster;
+use crate::common::Cluster;
 
 /// Where Debian installs Go packages' source (GOPATH layout).
 const DEBIAN_GOPATH: &str = "/usr/share/gocode";

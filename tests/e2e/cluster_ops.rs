@@ -7,11 +7,9 @@
 //! whose state store was damaged on disk, which the start-up corruption check
 //! also finds; the gRPC health service.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::Cluster;
+use crate::common::Cluster;
 use etcd_client::{Client, GetOptions};
 
 /// Every member snapshots every 50-75 entries (stretched per member) and
@@ -77,8 +75,8 @@ async fn a_member_behind_the_purged_log_catches_up_by_snapshot_and_restarts_are_
 /// etcdctl 3.5 at `endpoints`, which must succeed; its stdout and stderr.
 fn etcdctl(endpoints: &str, args: &[&str]) -> String {
     let out = etcdctl_unchecked(endpoints, args);
-    assert!(out.status.success(), "etcdctl {args:?}: {}", common::text(&out));
-    common::text(&out)
+    assert!(out.status.success(), "etcdctl {args:?}: {}", crate::common::text(&out));
+    crate::common::text(&out)
 }
 
 /// `etcdctl member add` (as a learner if `learner`); returns the
@@ -153,7 +151,7 @@ async fn members_are_added_promoted_and_removed_with_etcdctl_even_the_leader() {
     let dup = Client::connect([cluster.members[1].endpoint()], None).await.unwrap();
     let err = dup.cluster_client().member_add([url.clone()], None).await.unwrap_err();
     assert_eq!(
-        common::grpc_error(err),
+        crate::common::grpc_error(err),
         (tonic::Code::FailedPrecondition, "etcdserver: Peer URLs already exists".into())
     );
 
@@ -239,7 +237,7 @@ async fn snapshot_save_and_defrag_with_etcdctl_and_raftlockctl() {
     let len = std::fs::metadata(&file).unwrap().len();
     assert!(len > 100 * 100 && (len - 32).is_multiple_of(512), "{len} bytes");
     let ours = dir.path().join("raftlockctl.snap");
-    let out = common::raftlockctl()
+    let out = crate::common::raftlockctl()
         .args(["--endpoints", &cluster.members[2].endpoint(), "snapshot", "save", ours.to_str().unwrap()])
         .output()
         .unwrap();
@@ -256,7 +254,7 @@ async fn a_member_without_a_leader_is_unhealthy() {
     let survivor = cluster.follower().await;
     let endpoint = cluster.members[survivor].endpoint();
     let health = |endpoint: &str| {
-        common::raftlockctl()
+        crate::common::raftlockctl()
             .args(["--endpoints", endpoint, "--command-timeout", "2s", "endpoint", "health"])
             .output()
             .unwrap()
@@ -285,7 +283,7 @@ async fn a_member_without_a_leader_is_unhealthy() {
 }
 
 fn etcdctl_unchecked(endpoints: &str, args: &[&str]) -> std::process::Output {
-    common::Etcdctl::v35(endpoints).run(args, None)
+    crate::common::Etcdctl::v35(endpoints).run(args, None)
 }
 
 #[tokio::test]
@@ -499,9 +497,9 @@ async fn membership_changes_that_could_lose_the_quorum_are_refused() {
         "etcdserver: re-configuration failed due to not enough started members".to_string(),
     );
     let refused = c.member_add(["http://127.0.0.1:1"], None).await.unwrap_err();
-    assert_eq!(common::grpc_error(refused), expected);
+    assert_eq!(crate::common::grpc_error(refused), expected);
     let refused = c.member_remove(up).await.unwrap_err();
-    assert_eq!(common::grpc_error(refused), expected);
+    assert_eq!(crate::common::grpc_error(refused), expected);
     assert_eq!(c.member_list().await.unwrap().members().len(), 3, "a refused change changed nothing");
 
     c.member_remove(down).await.unwrap();
@@ -595,12 +593,12 @@ async fn hash_kv_is_equal_on_every_member_at_a_revision() {
         assert_eq!(m.hash_kv(0).await.unwrap().hash(), at_current[i], "0 means the current revision");
         let future = m.hash_kv(current + 100).await.unwrap_err();
         assert_eq!(
-            common::grpc_error(future),
+            crate::common::grpc_error(future),
             (tonic::Code::OutOfRange, "etcdserver: mvcc: required revision is a future revision".into())
         );
         let compacted = m.hash_kv(mid - 10).await.unwrap_err();
         assert_eq!(
-            common::grpc_error(compacted),
+            crate::common::grpc_error(compacted),
             (tonic::Code::OutOfRange, "etcdserver: mvcc: required revision has been compacted".into())
         );
     }
@@ -628,7 +626,7 @@ async fn hash_kv_is_equal_on_every_member_at_a_revision() {
 
     // etcdctl's view: one line per endpoint, all with the same hash.
     let out =
-        common::Etcdctl::v35(&cluster.endpoints().join(",")).ok(&["endpoint", "hashkv", "--rev", &mid.to_string()]);
+        crate::common::Etcdctl::v35(&cluster.endpoints().join(",")).ok(&["endpoint", "hashkv", "--rev", &mid.to_string()]);
     let hashes: Vec<&str> = out.lines().filter_map(|l| l.split(", ").nth(1)).collect();
     assert_eq!(hashes, vec![at_mid[0].to_string().as_str(); 3], "{out}");
 }
@@ -755,7 +753,7 @@ async fn the_grpc_health_service_follows_the_members_leader() {
 #[tokio::test]
 async fn a_member_that_starts_after_the_leader_is_elected_joins_it_without_an_election() {
     let mut cluster = Cluster::unstarted(3);
-    let id = |c: &Cluster, i: usize| raftlock::config::member_id(&[c.peer_url(i)], "raftlock-cluster");
+    let id = |c: &Cluster, i: usize| raftlock::ids::member_id(&[c.peer_url(i)], "raftlock-cluster");
     let late = (0..3).max_by_key(|&i| id(&cluster, i)).unwrap();
     for i in (0..3).filter(|&i| i != late) {
         cluster.restart(i);
@@ -788,7 +786,7 @@ async fn a_member_that_starts_after_the_leader_is_elected_joins_it_without_an_el
 #[tokio::test]
 async fn members_that_start_one_by_one_elect_one_leader_in_term_one() {
     let mut cluster = Cluster::unstarted(3);
-    let id = |c: &Cluster, i: usize| raftlock::config::member_id(&[c.peer_url(i)], "raftlock-cluster");
+    let id = |c: &Cluster, i: usize| raftlock::ids::member_id(&[c.peer_url(i)], "raftlock-cluster");
     let mut order: Vec<usize> = (0..3).collect();
     order.sort_by_key(|&i| std::cmp::Reverse(id(&cluster, i)));
     for i in order {

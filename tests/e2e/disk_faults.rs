@@ -3,14 +3,12 @@
 //! LD_PRELOAD shim around fdatasync/fsync, built here with the system's C
 //! compiler). Both need root (mount; CI runs as root).
 
-mod common;
-
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{grpc_error, Cluster};
+use crate::common::{grpc_error, Cluster};
 use etcd_client::GetOptions;
 
 const NO_SPACE: &str = "etcdserver: mvcc: database space exceeded";
@@ -29,7 +27,7 @@ impl SmallDisk {
         std::fs::create_dir(&mount).unwrap();
         let size = format!("size={mib}m");
         let out = Command::new("mount").args(["-t", "tmpfs", "-o", &size, "tmpfs"]).arg(&mount).output().unwrap();
-        assert!(out.status.success(), "mount: {}", common::text(&out));
+        assert!(out.status.success(), "mount: {}", crate::common::text(&out));
         SmallDisk { _dir: dir, mount }
     }
 
@@ -162,7 +160,7 @@ int fsync(int fd) {
     .unwrap();
     let lib = dir.join("libeio.so");
     let out = Command::new("cc").args(["-shared", "-fPIC", "-o"]).arg(&lib).arg(&source).arg("-ldl").output().unwrap();
-    assert!(out.status.success(), "cc: {}", common::text(&out));
+    assert!(out.status.success(), "cc: {}", crate::common::text(&out));
     lib
 }
 

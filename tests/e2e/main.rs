@@ -1,0 +1,21 @@
+//! raftlock end to end: real members (`raftlock` processes) on this machine,
+//! driven through the clients users run (the `etcd-client` crate, the HTTP
+//! gateway, raftlockctl). One test binary for every behaviour test; each
+//! module is one concern.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod auth;
+mod cluster_ops;
+mod disk_faults;
+mod durability;
+mod gateway;
+mod kv;
+mod lease;
+mod locks;
+mod native_locks;
+mod operations;
+mod raftlockctl;
+mod security;
+mod watch;
