@@ -207,7 +207,7 @@ pub enum CompactionMode {
     Revision,
 }
 
-/// What auto compaction keeps (see `server::compactor`).
+/// What auto compaction keeps (see `node::compactor`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AutoCompaction {
     /// Keep this much time of history.

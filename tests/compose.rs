@@ -12,8 +12,7 @@
 //! Ignored by `cargo test`: it needs Docker and the raftlock image.
 //! `scripts/compose-test.sh` builds the image and runs it (CI does).
 
-#[path = "common/mod.rs"]
-mod common;
+use raftlock_testkit as common;
 
 use std::process::Command;
 use std::time::{Duration, Instant};

@@ -25,7 +25,7 @@ const ELECTION: Duration = Duration::from_millis(ELECTION_MS);
 
 /// Run both scenarios; `Err` says what went wrong.
 pub async fn run(binary: &Path, dir: &Path) -> anyhow::Result<()> {
-    let mut cluster = Cluster::start(binary, dir, 3, None)?;
+    let mut cluster = crate::cluster::start(binary, dir, 3, None)?;
     let outcome = async {
         cluster.wait_healthy(Duration::from_secs(60)).await?;
         pre_vote(&cluster).await?;
@@ -60,7 +60,7 @@ async fn views(cluster: &Cluster) -> Vec<Option<View>> {
 }
 
 async fn leader_and_term(cluster: &Cluster) -> anyhow::Result<(usize, View)> {
-    let leader = cluster.leader().await.ok_or_else(|| anyhow::anyhow!("no leader"))?;
+    let leader = cluster.current_leader().await.ok_or_else(|| anyhow::anyhow!("no leader"))?;
     let view = cluster.view(leader).await.ok_or_else(|| anyhow::anyhow!("the leader did not answer"))?;
     Ok((leader, view))
 }

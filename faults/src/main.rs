@@ -336,7 +336,7 @@ async fn run(
     let mut rng = Rng::new(seed);
     let mut net = Partition::new()?;
     let clocks = if nemesis.moves_clocks() { Some(Clocks::new(dir)?) } else { None };
-    let mut cluster = Cluster::start(binary, dir, members, clocks)?;
+    let mut cluster = cluster::start(binary, dir, members, clocks)?;
     cluster.wait_healthy(Duration::from_secs(60)).await?;
     let clock = Clock::start();
     let start_revision =

@@ -170,14 +170,14 @@ impl Injector {
     }
 
     async fn leader_or_any(&mut self, cluster: &Cluster) -> usize {
-        match cluster.leader().await {
+        match cluster.current_leader().await {
             Some(l) => l,
             None => self.rng.below(cluster.len()),
         }
     }
 
     async fn follower(&mut self, cluster: &Cluster) -> usize {
-        let leader = cluster.leader().await;
+        let leader = cluster.current_leader().await;
         let others: Vec<usize> = (0..cluster.len()).filter(|i| Some(*i) != leader).collect();
         others[self.rng.below(others.len())]
     }

@@ -1,6 +1,6 @@
 //! etcd's Cluster service: MemberList, and the membership changes MemberAdd,
 //! MemberRemove, MemberUpdate and MemberPromote (run by the leader, see
-//! `raft::membership`). A change answers once this member has the new
+//! `raft::cluster::membership`). A change answers once this member has the new
 //! configuration, so the member list in the response includes it.
 
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 //! etcd's Maintenance service: Status, alarms (`crate::model::alarm`), Snapshot (the member's
 //! state streamed as a backup, in raftlock's own encoding — not a bbolt file),
 //! Defragment (a flush of the state store) and MoveLeader (see
-//! `raft::transfer`). Hashes and Downgrade answer `Unimplemented`.
+//! `raft::cluster::transfer`). Hashes and Downgrade answer `Unimplemented`.
 
 use std::pin::Pin;
 use std::sync::Arc;

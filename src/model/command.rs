@@ -38,7 +38,7 @@ pub enum Command {
         name: String,
         client_urls: Vec<String>,
     },
-    /// Several client commands proposed as one entry (see `raft::proposer`);
+    /// Several client commands proposed as one entry (see `raft::write::proposer`);
     /// applied one after the other, each with its own result. Never nested.
     /// Shared: the log keeps the newest entries in memory and hands out a
     /// copy to each reader (apply, and each follower's replication), which
@@ -57,7 +57,7 @@ pub enum Command {
         id: i64,
     },
     /// Revoke a lease whose deadline passed, as the leader of `term` decided
-    /// (`server::lease_keeper`). Applied only if the entry was appended in
+    /// (`node::lease::keeper`). Applied only if the entry was appended in
     /// `term`: lease time is the leader's, so the word of a leader that has
     /// since been deposed — whose deadlines missed every keepalive the next
     /// leader took — must never revoke a lease, whichever way its proposal
@@ -88,7 +88,7 @@ pub enum Command {
     /// A write member `origin` forwarded to the leader, as the leader
     /// proposed it: applied as `command`, and the member that forwarded it
     /// answers its client from its own apply, where it finds its `tag`
-    /// (`raft::forwarded`). Never holds a batch or another forwarded write.
+    /// (`raft::write::forwarded`). Never holds a batch or another forwarded write.
     /// Caveat: raftlocks before it cannot decode it. In a rolling upgrade,
     /// once a member of this version leads and another one forwards to it,
     /// a member still on an older version stops applying until it is

@@ -4,7 +4,7 @@
 //! This is deterministic state, changed only by applied commands: a grant, a
 //! revoke, and the puts and deletes that attach keys to and detach them from
 //! leases. *Time* is not here: when a lease expires is decided by the leader
-//! alone (`crate::node::lease_keeper`), which proposes a revoke through Raft
+//! alone (`crate::node::lease::keeper`), which proposes a revoke through Raft
 //! like any client would. So every replica agrees on which leases exist, and
 //! none of them ever reads a clock in apply.
 //!

@@ -7,7 +7,7 @@
 //! - [`mvcc`]: the revisioned key-value store (ranges, txns, history,
 //!   compaction);
 //! - [`lease`]: the lease table (TTLs and attached keys; time is the
-//!   leader's, `node::lease_keeper`);
+//!   leader's, `node::lease::keeper`);
 //! - [`alarm`]: NOSPACE and CORRUPT alarms;
 //! - [`auth`]: users, roles, permission checks and the token table;
 //! - [`applied`]: the applied state readers share with apply, and the

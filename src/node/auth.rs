@@ -5,7 +5,7 @@
 //! bcrypt is slow on purpose (tens of milliseconds at the default cost): it
 //! runs on tokio's blocking pool, never on the runtime's workers, in one of
 //! a few slots, and not at all for a name or address locked out after
-//! failing too often (`server::passwords`).
+//! failing too often (`node::passwords`).
 
 use super::passwords::Refused;
 use super::{Node, ServerError, WriteError};

@@ -7,7 +7,7 @@
 //!   follower they are forwarded to the leader over the peer protocol.
 //! - Reads ([`read`]): [`Node::read_barrier`] makes the next local read
 //!   linearizable (ReadIndex); reads then look at [`Node::state`].
-//! - Lease time ([`leases`], [`lease_keeper`]): keepalives and TimeToLive go
+//! - Lease time ([`leases`], [`lease::keeper`]): keepalives and TimeToLive go
 //!   to the leader, which alone keeps deadlines and proposes expiries.
 //! - Membership ([`members`]): changes, leader transfer, the member list.
 //! - Every request that only the leader can answer goes through one routing
@@ -33,8 +33,7 @@ mod auth;
 mod compactor;
 mod corruption;
 pub mod disk;
-pub mod lease_keeper;
-mod leases;
+pub mod lease;
 mod members;
 pub mod passwords;
 mod read;
@@ -56,7 +55,7 @@ use crate::raft::PeerIdentity;
 use crate::raft::{MemberNode, RaftMetrics, RaftSettings, ServerMetrics, ServerState};
 use crate::raft::{Replica, ReplicaConfig};
 use crate::storage::StateStore;
-use lease_keeper::LeaseKeeper;
+use lease::keeper::LeaseKeeper;
 
 /// Why a request could not be served; each maps to one of etcd's errors.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -258,7 +257,7 @@ impl Node {
         node.replica.run(node.id, node.state.clone(), || node.stopping());
         tokio::spawn(node.clone().publish(attrs, node.stopping()));
         tokio::spawn(node.clone().watch_for_a_leader(node.stopping()));
-        tokio::spawn(lease_keeper::run(node.clone(), node.stopping()));
+        tokio::spawn(lease::keeper::run(node.clone(), node.stopping()));
         tokio::spawn(compactor::sweep(node.clone(), node.stopping()));
         tokio::spawn(count_leader_changes(node.replica.raft.server_metrics(), node.stopping()));
         tokio::spawn(disk::watch(node.clone(), data_dir, config.disk_space_reserve_bytes, node.stopping()));
@@ -342,7 +341,7 @@ impl Node {
 
     /// The term this member leads, if it leads.
     /// A leader that no quorum has acknowledged for an election timeout does
-    /// not count (check-quorum, see `raft::election`).
+    /// not count (check-quorum, see `raft::cluster::prevote`).
     pub fn leading_term(&self) -> Option<u64> {
         let term = self.replica.raft.metrics().borrow().current_term;
         (self.replica.elections.acting_leader() == Some(self.id)).then_some(term)
@@ -350,7 +349,7 @@ impl Node {
 
     /// Whether this member knows a leader it can count on: another member
     /// it has heard from within an election timeout, or itself while a
-    /// quorum keeps acknowledging it (see `raft::election`).
+    /// quorum keeps acknowledging it (see `raft::cluster::prevote`).
     pub fn has_leader(&self) -> bool {
         self.replica.elections.acting_leader().is_some()
     }

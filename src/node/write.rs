@@ -2,13 +2,13 @@
 //! answering with that operation's own result or why it has none.
 //!
 //! Every write goes through `Node::write`: on the leader, its proposer
-//! (`raft::proposer`, which batches concurrent commands into one entry); on a
-//! follower, the peer protocol's forwarder (`raft::peer::forward`), which
+//! (`raft::write::proposer`, which batches concurrent commands into one entry); on a
+//! follower, the peer protocol's forwarder (`raft::write::forward`), which
 //! hands it to the leader's proposer. It is retried only when it certainly
 //! was not applied (the target was not the leader, or could not be reached);
 //! anything ambiguous is reported to the client, as etcd does.
 //!
-//! Invariant (apply's contract, `raft::apply`): a command is answered with
+//! Invariant (apply's contract, `raft::store::state_machine::apply`): a command is answered with
 //! its own result variant, or `Rejected` with the store unchanged. Any other
 //! answer is a bug, reported once, in [`mismatch`].
 

@@ -104,7 +104,7 @@ pub struct StateBatch {
     /// second name of `file` (a hard link, replacing any file so named), which
     /// outlives the store's own retiring of `file`. Not synced: a name that
     /// must survive a crash is a file of its own. A snapshot's file is its
-    /// checkpoint's this way (`raft::state_machine`). Where hard links cannot
+    /// checkpoint's this way (`raft::store::state_machine`). Where hard links cannot
     /// be made, the file is copied; a name that can be made neither way is
     /// logged and missing (whoever waits for it finds it missing).
     pub links: Vec<(String, String)>,
@@ -321,7 +321,7 @@ fn write_loop(store: StateStore) {
         if let Err(e) = retired {
             // sled fails every write after one has failed: only a restart
             // (which replays the log) can go on. After a full disk, the next
-            // start waits for space (`server::disk`).
+            // start waits for space (`node::disk`).
             tracing::error!(error = %e, "state store write failed; aborting so that the log is replayed");
             std::process::abort();
         }

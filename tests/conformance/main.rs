@@ -3,8 +3,7 @@
 //! this file, re-recorded by scripts/record-goldens.sh) replayed against a
 //! raftlock cluster, every answer compared field by field.
 
-#[path = "../common/mod.rs"]
-mod common;
+use raftlock_testkit as common;
 
 mod api;
 mod auth;

@@ -87,7 +87,7 @@ async fn users_and_permissions_survive_restarts_and_serve_every_client() {
         cluster.kill(i);
     }
     for i in 0..3 {
-        cluster.restart(i);
+        cluster.restart(i).expect("restart");
     }
     cluster.log_in_as("root", "rootpw");
     cluster.wait_ready().await;
@@ -110,7 +110,10 @@ async fn users_and_permissions_survive_restarts_and_serve_every_client() {
         let mut c = Client::connect([cluster.members[i].endpoint()], Some(options)).await.expect("log in as ops");
         c.put(format!("jobs/{i}"), "ran", None).await.expect("ops writes under jobs/");
         let denied = c.put("payroll", "x", None).await.unwrap_err();
-        assert_eq!(crate::common::grpc_error(denied), (tonic::Code::PermissionDenied, "etcdserver: permission denied".into()));
+        assert_eq!(
+            crate::common::grpc_error(denied),
+            (tonic::Code::PermissionDenied, "etcdserver: permission denied".into())
+        );
     }
 
     // raftlockctl logs in with --user; the native lock API needs READ and
@@ -241,7 +244,10 @@ async fn a_user_cannot_tie_keys_to_a_lease_whose_keys_it_may_not_write() {
     let mut jobs = login("jobs").await.unwrap();
     let put = TxnOp::put("jobs/x", "v", Some(PutOptions::new().with_lease(lease)));
     let refused = jobs.txn(Txn::new().and_then([put])).await.unwrap_err();
-    assert_eq!(crate::common::grpc_error(refused), (tonic::Code::PermissionDenied, "etcdserver: permission denied".into()));
+    assert_eq!(
+        crate::common::grpc_error(refused),
+        (tonic::Code::PermissionDenied, "etcdserver: permission denied".into())
+    );
     let refused = jobs.lock("jobs/lock", Some(LockOptions::new().with_lease(lease))).await.unwrap_err();
     assert_eq!(crate::common::grpc_error(refused), (tonic::Code::Unknown, "etcdserver: permission denied".into()));
     let mut native = raftlock::client::Client::connect([endpoint.clone()]).await.unwrap();

@@ -38,7 +38,7 @@ async fn a_member_behind_the_purged_log_catches_up_by_snapshot_and_restarts_are_
         assert!(Instant::now() < deadline, "the leader did not purge its log:\n{}", cluster.logs());
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    cluster.restart(down);
+    cluster.restart(down).expect("restart");
     cluster.wait_for_keys(down, "snap/", 299).await;
     // (The log line follows the install by a moment.)
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -64,7 +64,7 @@ async fn a_member_behind_the_purged_log_catches_up_by_snapshot_and_restarts_are_
         cluster.terminate(i);
     }
     for i in 0..3 {
-        cluster.restart(i);
+        cluster.restart(i).expect("restart");
     }
     cluster.wait_ready().await;
     for i in 0..3 {
@@ -339,7 +339,7 @@ async fn a_follower_forwards_again_to_a_leader_that_was_killed_and_leads_again()
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     via.put("forwarded/2", "meanwhile", None).await.unwrap();
-    cluster.restart(leader);
+    cluster.restart(leader).expect("restart");
     let deadline = Instant::now() + Duration::from_secs(20);
     while !etcdctl_unchecked(&endpoints, &["move-leader", &format!("{leader_id:x}")]).status.success() {
         assert!(Instant::now() < deadline, "leadership could not be handed back to the restarted member");
@@ -388,7 +388,7 @@ async fn a_write_that_reaches_a_follower_after_its_leader_died_goes_to_the_next_
         if let Err(e) = written.unwrap() {
             panic!("round {round}: the write failed: {e}\n{}", cluster.logs());
         }
-        cluster.restart(leader);
+        cluster.restart(leader).expect("restart");
         cluster.wait_ready().await;
     }
     let mut c = cluster.client(0).await;
@@ -521,7 +521,7 @@ async fn a_member_whose_data_was_lost_is_refused_and_the_others_go_on() {
     }
     cluster.kill(lost);
     std::fs::remove_dir_all(&cluster.members[lost].data_dir).unwrap();
-    cluster.restart(lost);
+    cluster.restart(lost).expect("restart");
     let status = cluster.wait_exit(lost, Duration::from_secs(15));
     assert!(status.is_some_and(|s| !s.success()), "the member with lost data was let in:\n{}", cluster.logs());
     assert!(cluster.log_of(lost).contains("has already been bootstrapped"), "{}", cluster.log_of(lost));
@@ -625,8 +625,12 @@ async fn hash_kv_is_equal_on_every_member_at_a_revision() {
     }
 
     // etcdctl's view: one line per endpoint, all with the same hash.
-    let out =
-        crate::common::Etcdctl::v35(&cluster.endpoints().join(",")).ok(&["endpoint", "hashkv", "--rev", &mid.to_string()]);
+    let out = crate::common::Etcdctl::v35(&cluster.endpoints().join(",")).ok(&[
+        "endpoint",
+        "hashkv",
+        "--rev",
+        &mid.to_string(),
+    ]);
     let hashes: Vec<&str> = out.lines().filter_map(|l| l.split(", ").nth(1)).collect();
     assert_eq!(hashes, vec![at_mid[0].to_string().as_str(); 3], "{out}");
 }
@@ -671,7 +675,7 @@ async fn hash_kv_tells_a_member_with_a_damaged_state_store() {
         std::fs::write(&path, bytes).unwrap();
     }
     assert_eq!(changed, 1, "the value is in one journal frame");
-    cluster.restart(2);
+    cluster.restart(2).expect("restart");
     cluster.wait_ready().await;
 
     let mut hashes = Vec::new();
@@ -688,13 +692,13 @@ async fn hash_kv_tells_a_member_with_a_damaged_state_store() {
     // refuses to serve; the healthy ones pass the same check.
     assert!(cluster.terminate(2).success());
     cluster.add_args(&["--experimental-initial-corrupt-check"]);
-    cluster.restart(2);
+    cluster.restart(2).expect("restart");
     let status = cluster.wait_exit(2, Duration::from_secs(30)).expect("the damaged member stops");
     assert!(!status.success());
     let log = cluster.log_of(2);
     assert!(log.contains("found data inconsistency with peer"), "{log}");
     assert!(cluster.terminate(1).success());
-    cluster.restart(1);
+    cluster.restart(1).expect("restart");
     cluster.wait_ready().await;
     let deadline = Instant::now() + Duration::from_secs(10);
     while !cluster.log_of(1).contains("initial corruption check passed") {
@@ -741,7 +745,7 @@ async fn the_grpc_health_service_follows_the_members_leader() {
     cluster.kill(2);
     wait_for(0, ServingStatus::NotServing).await;
     assert_eq!(status(0, "raftlock.v1.Locks").await, ServingStatus::NotServing);
-    cluster.restart(1);
+    cluster.restart(1).expect("restart");
     wait_for(0, ServingStatus::Serving).await;
 }
 
@@ -756,12 +760,12 @@ async fn a_member_that_starts_after_the_leader_is_elected_joins_it_without_an_el
     let id = |c: &Cluster, i: usize| raftlock::ids::member_id(&[c.peer_url(i)], "raftlock-cluster");
     let late = (0..3).max_by_key(|&i| id(&cluster, i)).unwrap();
     for i in (0..3).filter(|&i| i != late) {
-        cluster.restart(i);
+        cluster.restart(i).expect("restart");
     }
     let leader = cluster.leader().await;
     let before = cluster.client(leader).await.status().await.unwrap();
 
-    cluster.restart(late);
+    cluster.restart(late).expect("restart");
     cluster.wait_ready().await;
     // A deposed leader is noticed at the late member's first AppendEntries
     // answer; the next election would come an election timeout later.
@@ -790,7 +794,7 @@ async fn members_that_start_one_by_one_elect_one_leader_in_term_one() {
     let mut order: Vec<usize> = (0..3).collect();
     order.sort_by_key(|&i| std::cmp::Reverse(id(&cluster, i)));
     for i in order {
-        cluster.restart(i);
+        cluster.restart(i).expect("restart");
         tokio::time::sleep(Duration::from_millis(400)).await;
     }
     cluster.wait_ready().await;

@@ -110,7 +110,7 @@ async fn a_full_disk_refuses_writes_cleanly_and_recovers_when_space_returns() {
     let filler = disk.fill(0);
     let _ = c.put("disk/full", "x", None).await;
     cluster.kill(0);
-    cluster.restart(0);
+    cluster.restart(0).expect("restart");
     let deadline = Instant::now() + Duration::from_secs(10);
     while !cluster.log_of(0).contains("not enough disk space to start") {
         assert!(Instant::now() < deadline, "no wait for space:\n{}", cluster.log_of(0));
@@ -190,7 +190,7 @@ async fn an_fsync_failure_stops_the_member_with_a_clear_error() {
     assert!(log.contains("Input/output error") && log.contains("this member stops"), "{log}");
 
     std::fs::remove_file(&trigger).unwrap();
-    cluster.restart(0);
+    cluster.restart(0).expect("restart");
     cluster.wait_ready().await;
     let mut c = cluster.client(0).await;
     let kept = c.get("eio/", Some(GetOptions::new().with_prefix().with_count_only())).await.unwrap();

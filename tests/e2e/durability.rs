@@ -72,7 +72,7 @@ async fn killing_the_leader_loses_no_acknowledged_write() {
         assert!(lost.is_empty(), "acknowledged writes lost: {lost:?}");
     }
     // The old leader comes back and catches up.
-    cluster.restart(leader);
+    cluster.restart(leader).expect("restart");
     cluster.wait_ready().await;
     let mut c = cluster.client(leader).await;
     let mut tries = 0;
@@ -136,7 +136,7 @@ async fn a_paused_and_a_killed_follower_under_load_catch_up_with_every_write() {
     progress_over(&acked, Duration::from_secs(2), "writes stalled: the resumed follower is not replicated").await;
 
     // The killed follower comes back and catches up while writes go on.
-    cluster.restart(killed);
+    cluster.restart(killed).expect("restart");
     cluster.wait_ready().await;
     progress_over(&acked, Duration::from_secs(1), "writes stalled after the restart").await;
     stop.notify_waiters();
@@ -187,7 +187,7 @@ async fn kill_every_member_and_restart_keeps_every_acknowledged_write() {
     let acked = acked.lock().unwrap().clone();
     assert!(acked.len() > 10, "only {} writes acknowledged", acked.len());
     for i in 0..3 {
-        cluster.restart(i);
+        cluster.restart(i).expect("restart");
     }
     cluster.wait_ready().await;
     for via in 0..3 {
@@ -216,7 +216,7 @@ async fn a_clean_shutdown_and_restart_keeps_data_and_revisions() {
         assert!(status.success(), "member {i} exited with {status} on SIGTERM");
     }
     for i in 0..3 {
-        cluster.restart(i);
+        cluster.restart(i).expect("restart");
     }
     cluster.wait_ready().await;
     let mut c = cluster.client(1).await;

@@ -169,7 +169,7 @@ async fn leases_survive_a_restart_of_every_member() {
         assert!(cluster.terminate(i).success());
     }
     for i in 0..3 {
-        cluster.restart(i);
+        cluster.restart(i).expect("restart");
     }
     cluster.wait_ready().await;
     let mut c = cluster.client(1).await;

@@ -3,8 +3,7 @@
 //! gateway, raftlockctl). One test binary for every behaviour test; each
 //! module is one concern.
 
-#[path = "../common/mod.rs"]
-mod common;
+use raftlock_testkit as common;
 
 mod auth;
 mod cluster_ops;

@@ -81,7 +81,7 @@ async fn a_full_quota_raises_nospace_and_compact_defrag_disarm_recover() {
         cluster.terminate(i);
     }
     for i in 0..3 {
-        cluster.restart(i);
+        cluster.restart(i).expect("restart");
     }
     cluster.wait_ready().await;
     let mut c = cluster.client(1).await;
@@ -405,7 +405,7 @@ async fn metrics_and_health_endpoints_answer_as_etcds() {
     for i in 0..3 {
         cluster.kill(i);
     }
-    cluster.restart(0);
+    cluster.restart(0).expect("restart");
     let endpoint = cluster.members[0].endpoint();
     // Until its election timeout passes, a restarted member still counts on
     // the leader its stored vote names, and its health check's read times
@@ -472,9 +472,17 @@ async fn a_cluster_restored_from_a_saved_snapshot_serves_the_saved_data() {
     // Without a bump, the backup's revision and history are kept.
     let unbumped = dir.path().join("unbumped.raftlock");
     let out = restore_with(0, &file, &unbumped, &["--bump-revision", "0"]);
-    assert!(crate::common::text(&out).contains(&format!("Restored revision {saved_revision} ")), "{}", crate::common::text(&out));
+    assert!(
+        crate::common::text(&out).contains(&format!("Restored revision {saved_revision} ")),
+        "{}",
+        crate::common::text(&out)
+    );
     let out = restore_with(0, &file, &dir.path().join("refused"), &["--bump-revision", "0", "--mark-compacted"]);
-    assert!(!out.status.success() && crate::common::text(&out).contains("--mark-compacted needs"), "{}", crate::common::text(&out));
+    assert!(
+        !out.status.success() && crate::common::text(&out).contains("--mark-compacted needs"),
+        "{}",
+        crate::common::text(&out)
+    );
     let bumped_revision = saved_revision + 1_000_000_000;
     // A damaged file is refused, and leaves nothing behind.
     let mut damaged = std::fs::read(&file).unwrap();
@@ -482,7 +490,11 @@ async fn a_cluster_restored_from_a_saved_snapshot_serves_the_saved_data() {
     let damaged_file = dir.path().join("damaged.db");
     std::fs::write(&damaged_file, damaged).unwrap();
     let out = restore(0, &damaged_file, &restored.members[0].data_dir);
-    assert!(!out.status.success() && crate::common::text(&out).contains("hash mismatch"), "{}", crate::common::text(&out));
+    assert!(
+        !out.status.success() && crate::common::text(&out).contains("hash mismatch"),
+        "{}",
+        crate::common::text(&out)
+    );
     assert!(!restored.members[0].data_dir.exists());
     for i in 0..3 {
         let out = restore(i, &file, &restored.members[i].data_dir);
@@ -530,7 +542,7 @@ async fn a_taken_port_stops_the_start_before_anything_is_written() {
     let (peer_port, client_port) = (cluster.members[0].peer_port, cluster.members[0].client_port);
     for taken in [peer_port, client_port] {
         let holder = std::net::TcpListener::bind(("127.0.0.1", taken)).unwrap();
-        cluster.restart(0);
+        cluster.restart(0).expect("restart");
         let status = cluster.wait_exit(0, Duration::from_secs(20)).expect("the member exits by itself");
         assert!(!status.success());
         let log = cluster.log_of(0);

@@ -2,8 +2,7 @@
 //! and its `concurrency` Mutex and Election (the Go program under `go/`),
 //! and python-etcd3 (`etcd3_locks.py`).
 
-#[path = "../common/mod.rs"]
-mod common;
+use raftlock_testkit as common;
 
 mod etcdctl;
 mod go_clientv3;

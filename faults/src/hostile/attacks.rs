@@ -437,7 +437,7 @@ fn peer_garbage(t: &mut Target) -> BoxFuture<'_, anyhow::Result<String>> {
         let noise = noise(2_246_822_519);
         raw::send_raw(&addr, &noise, Duration::from_secs(3)).await?;
         let identity = [
-            ("raftlock-cluster-id", format!("{:x}", raftlock::config::cluster_id("raftlock-cluster"))),
+            ("raftlock-cluster-id", format!("{:x}", raftlock::ids::cluster_id("raftlock-cluster"))),
             ("raftlock-member-id", format!("{:x}", t.cluster.member_id(1))),
         ];
         let mut seen = Vec::new();

@@ -71,7 +71,7 @@ impl Target {
 
     /// A fresh client of member `i` alone.
     pub async fn client(&self, i: usize) -> anyhow::Result<Client> {
-        self.cluster.client(i).await
+        self.cluster.try_client(i).await
     }
 
     /// Kill every member (-9) and start them all again with their data:
@@ -165,7 +165,7 @@ pub async fn run(binary: &Path, dir: &Path, only: &[String]) -> anyhow::Result<V
     for n in only {
         anyhow::ensure!(names.contains(&n.as_str()), "unknown attack {n} (attacks: {})", names.join(", "));
     }
-    let cluster = Cluster::start_limited(binary, dir, 3, ADDRESS_SPACE)?;
+    let cluster = crate::cluster::start_limited(binary, dir, 3, ADDRESS_SPACE)?;
     cluster.wait_healthy(Duration::from_secs(60)).await?;
     let pids = (0..cluster.len()).map(|i| cluster.pid(i).expect("started")).collect();
     let checkers = connect_each(&cluster, None).await?;

@@ -60,7 +60,7 @@
 //! is a new lease with a full TTL. The expiry command names only the ID and
 //! the term (as etcd's names the ID), so an expiry decided for the old lease
 //! and applied after the new grant would revoke the new one; the proposer
-//! orders the two (`raft::lease_order`): the keeper takes a mark before it
+//! orders the two (`raft::write::lease_order`): the keeper takes a mark before it
 //! reads the table, and an expiry whose ID was granted since, or has a
 //! grant in flight, is not proposed (the next tick decides again).
 
@@ -70,10 +70,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::Node;
 use crate::base::limits::EXPIRIES_PER_SECOND;
 use crate::base::shutdown::Stopping;
 use crate::model::lease::{GrantMark, LeaseTable};
+use crate::node::Node;
 
 /// How often the leader looks for expired leases.
 pub const TICK: Duration = Duration::from_millis(100);
@@ -296,7 +296,7 @@ pub async fn run(node: Arc<Node>, mut stopping: Stopping) {
         }
         let term = node.leading_term();
         // Before the table is read: grants after this are ordered against
-        // the expiries decided from it (`raft::lease_order`).
+        // the expiries decided from it (`raft::write::lease_order`).
         let mark = node.replica.proposer.lease_mark();
         let expired = node.lease_keeper.tick(term, &node.state().leases(), Instant::now());
         if let (Some(term), false) = (term, expired.is_empty()) {

@@ -1,17 +1,19 @@
 //! Lease time: keepalives and TimeToLive, which only the leader answers
-//! (lease deadlines are the leader's, `lease_keeper`), and expiry, which
+//! (lease deadlines are the leader's, [`keeper`]), and expiry, which
 //! only the leader of the term that set a deadline proposes.
 //!
 //! A follower asks the leader over the peer protocol; a question waiting on a
 //! leader that has since been replaced (paused, cut off) is asked of the new
 //! one at once, so that keepalives reach the leader whose deadlines count.
 
+pub mod keeper;
+
 use tokio::time::Instant;
 
-use super::route::{Attempt, Route};
-use super::{Node, ServerError};
 use crate::model::command::CommandResult;
 use crate::model::lease::LeaseStatus;
+use crate::node::route::{Attempt, Route};
+use crate::node::{Node, ServerError};
 use crate::raft::read_index;
 use crate::raft::LeaseAuthority;
 use crate::raft::ProposeError;
@@ -66,7 +68,7 @@ impl Node {
     }
 
     /// Expire leases whose deadlines passed while this member led `term`
-    /// (see `lease_keeper`): only if a quorum confirms that it still leads
+    /// (see `lease::keeper`): only if a quorum confirms that it still leads
     /// `term`, proposed here and nowhere else, and never retried — the next
     /// tick decides again. Apply ignores the expiry if its entry is not of
     /// `term`.

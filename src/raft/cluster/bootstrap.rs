@@ -56,7 +56,7 @@ async fn ask_for_leader(
 ///
 /// A member that granted a vote before it had a configuration (a first
 /// campaign) joins that candidate; if the campaign failed, the election
-/// timer (`raft::election`) lets it grant the pre-votes of the next.
+/// timer (`raft::cluster::prevote`) lets it grant the pre-votes of the next.
 ///
 /// Caveats: a member that asks while the others are electing hears of no
 /// leader and campaigns all the same; the answers are as old as the

@@ -57,7 +57,7 @@ static ONE_CHANGE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_
 /// Changes run one at a time, and each waits for the configuration before
 /// it to be applied here. openraft only checks that it is committed, and the
 /// leader counts an entry as committed before its own copy is synced (see
-/// `raft::log_store`); joint consensus needs the previous configuration
+/// `raft::store::log_store`); joint consensus needs the previous configuration
 /// durable on a quorum before the next one starts.
 pub async fn change(raft: &Raft, peers: &PeerClients, token: &str, change: MembershipChange) -> MembershipAnswer {
     let _one = ONE_CHANGE_AT_A_TIME.lock().await;

@@ -41,11 +41,11 @@
 //!   counts on no leader (it reports none, and routes nothing to it).
 //!
 //! ## Invariants
-//! - Only [`Elections::run`] and a leader transfer (`raft::transfer`, whose
+//! - Only [`Elections::run`] and a leader transfer (`raft::cluster::transfer`, whose
 //!   target campaigns at once, as etcd's `TimeoutNow`) start elections.
 //! - Safety never depends on these timers: a vote is still judged by
 //!   openraft (terms and logs), reads confirm leadership with a quorum, and
-//!   lease expiry is confirmed by a quorum (`server::lease_keeper`).
+//!   lease expiry is confirmed by a quorum (`node::lease::keeper`).
 //!
 //! ## Caveats
 //! - Two voters whose timers fire within a round trip of each other split the
@@ -86,7 +86,7 @@ pub struct Elections {
     /// std Mutex: held only to read or set an instant.
     clock: Mutex<Clock>,
     /// This member leads and is handing leadership over: it proposes nothing
-    /// meanwhile (see `raft::transfer`).
+    /// meanwhile (see `raft::cluster::transfer`).
     transferring: std::sync::atomic::AtomicBool,
 }
 

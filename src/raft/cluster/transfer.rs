@@ -2,7 +2,7 @@
 //! of its own.
 //!
 //! openraft's voters refuse to vote while their leader lease (two heartbeats
-//! since they last heard from the leader, see `raft::election`) lasts, so the
+//! since they last heard from the leader, see `raft::cluster::prevote`) lasts, so the
 //! transfer lets that lease run out and lets only the target campaign:
 //! 1. the target must be a voter whose log matches the leader's, and the
 //!    leader proposes nothing more and confirms no read (the heartbeats that

@@ -7,7 +7,7 @@
 //! the process ([`PeerClients`]); a tonic channel multiplexes concurrent calls
 //! over one HTTP/2 connection and reconnects by itself, so a peer that restarts
 //! is reached again without a new channel. Raft's own RPCs use the same
-//! channels (`raft::network`).
+//! channels (`raft::peer::network`).
 //!
 //! Every request carries this member's [`PeerIdentity`] (cluster and member
 //! ID), which the answering member checks (`peer::gate`).

@@ -1,5 +1,5 @@
 //! The peer protocol's messages: what travels, bincode-encoded
-//! (`raft::encode`), inside the `RaftPayload` of each `Peer` RPC.
+//! (`base::codec::encode`), inside the `RaftPayload` of each `Peer` RPC.
 //!
 //! Compatibility: like the log's `Command`, these are numbered by position
 //! on the wire, so variants are only appended; a member of another version
@@ -26,7 +26,7 @@ pub enum ForwardError {
 /// (`Peer.Forward`). The leader proposes each as a `Command::Forwarded`
 /// with its tag, and tells the follower only what failed
 /// ([`ForwardReply::Failed`]); the follower answers the others from its own
-/// apply (`raft::forwarded`). IDs rise by one per batch, in the order sent.
+/// apply (`raft::write::forwarded`). IDs rise by one per batch, in the order sent.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct ForwardBatch {
     /// Unique on its stream.
@@ -124,14 +124,14 @@ pub enum ControlRequest {
     },
     /// Would you vote for me, a voter at `term` whose log ends at
     /// `last_log`? Changes nothing on either side; asked before an election
-    /// (see `raft::election`).
+    /// (see `raft::cluster::prevote`).
     PreVote {
         term: u64,
         last_log: Option<crate::raft::types::LogId>,
     },
     /// Do you count on a leader (`Elections::acting_leader`)? Asked by a
     /// member of a new cluster before it bootstraps (see
-    /// `raft::bootstrap_when_a_majority_answers`).
+    /// `raft::cluster::bootstrap`).
     HasLeader,
 }
 
@@ -175,7 +175,7 @@ pub enum MembershipAnswer {
     Refused(MembershipRefusal),
     /// openraft took the change, then answered that another member leads:
     /// it refused to append it, or truncated it after it was appended, and a
-    /// later leader may still commit it (see `raft::proposer`).
+    /// later leader may still commit it (see `raft::write::proposer`).
     Uncertain,
 }
 

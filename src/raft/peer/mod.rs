@@ -12,9 +12,9 @@
 //!   the rest to the leader's proposer, read index, lease authority,
 //!   membership changes and leader transfer.
 //!
-//! openraft's own RPCs go through `raft::network` (the `RaftNetwork`
+//! openraft's own RPCs go through `raft::peer::network` (the `RaftNetwork`
 //! adapter) over the same channels; a leader's log streams to each follower
-//! on `Peer.Replicate` (`raft::pipeline`).
+//! on `Peer.Replicate` (`raft::peer::pipeline`).
 //!
 //! Module order: `messages`, `identity` <- `client` <- `forward`, `gate`
 //! (which asks other members through `client`); `server` uses `messages`, `gate`

@@ -7,7 +7,7 @@
 //! `Network` error; a Raft-level refusal by the peer is a `RemoteError`.
 //!
 //! AppendEntries to a follower go through a replication pipe
-//! (`raft::pipeline`) once the follower has confirmed where its log matches;
+//! (`raft::peer::pipeline`) once the follower has confirmed where its log matches;
 //! calls the pipe cannot answer are sent as single requests, as all other
 //! Raft RPCs are.
 
@@ -36,7 +36,7 @@ use crate::storage::wal::Durable;
 pub struct PeerNetwork {
     pub clients: PeerClients,
     /// The local log: replication pipes send from it, and AppendEntries waits
-    /// for its commit index to be durable in it (see `raft::log_store`).
+    /// for its commit index to be durable in it (see `raft::store::log_store`).
     log: LogStore,
 }
 
@@ -70,7 +70,7 @@ pub struct PeerConnection {
     clients: PeerClients,
     durable_log: Durable,
     log: LogStore,
-    /// The replication pipe to this follower (see `raft::pipeline`).
+    /// The replication pipe to this follower (see `raft::peer::pipeline`).
     pipe: Option<Pipe>,
     /// The last AppendEntries answered succeeded: openraft's idea of where the
     /// follower's log matches is confirmed, not a guess of its search.
@@ -172,7 +172,7 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         }
         // A follower may apply what it learns is committed: on the leader,
         // an entry counts as committed before it is synced here, so its
-        // commit index travels only once it is (see `raft::log_store`).
+        // commit index travels only once it is (see `raft::store::log_store`).
         if let Some(committed) = rpc.leader_commit {
             self.durable_log.wait_for(committed.index).await.map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         }

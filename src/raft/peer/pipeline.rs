@@ -13,11 +13,11 @@
 //!
 //! ## How
 //! A [`Pipe`] is one `Peer.Replicate` stream to one follower, opened by that
-//! follower's connection (`raft::network`) when openraft asks it to send
+//! follower's connection (`raft::peer::network`) when openraft asks it to send
 //! entries after the follower has confirmed where its log matches (not while
 //! openraft is still searching for that point), starting there. Its task
 //! sends every entry as soon as the leader's log holds it (written, see
-//! `raft::log_store`), in AppendEntries requests that each continue where the
+//! `raft::store::log_store`), in AppendEntries requests that each continue where the
 //! previous one ended, up to [`APPENDS_IN_FLIGHT`] unanswered. The follower
 //! handles them in order (`raft::peer`), one sync for all that have arrived,
 //! and answers each in order. openraft's own calls on that connection then
@@ -58,7 +58,7 @@
 //! - Requests on the stream are answered in the order sent, so the n-th answer
 //!   is for the n-th request; any answer but `Success` stops the pipe.
 //! - A commit index travels only once the leader's own copy of the entry is
-//!   durable (see `raft::log_store`), as on every other path.
+//!   durable (see `raft::store::log_store`), as on every other path.
 //! - Caveat: openraft's leader clock (when a follower last confirmed this
 //!   leader) is taken as the time of the call that openraft made, while the
 //!   follower confirmed the leader for a request sent earlier: up to a round

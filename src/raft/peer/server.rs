@@ -5,7 +5,7 @@
 //! batches (`peer::forward`): each batch runs through the leader's proposer
 //! (so it is batched with the leader's own writes) while later ones are
 //! read, each command as a `Command::Forwarded` that its sender answers from
-//! its own apply (`raft::forwarded`); the leader answers a batch (with its
+//! its own apply (`raft::write::forwarded`); the leader answers a batch (with its
 //! ID) only for the commands that failed. The sender's
 //! membership is checked again for each batch, since the stream outlives
 //! configurations. `ReadIndex` confirms leadership with a quorum and returns the index a
@@ -13,7 +13,7 @@
 //! lease questions and membership changes only the leader can answer; `Admin`
 //! what a leader handing over leadership asks of the others.
 //!
-//! `Replicate` is a leader's replication pipe (`raft::pipeline`): its
+//! `Replicate` is a leader's replication pipe (`raft::peer::pipeline`): its
 //! AppendEntries requests are handed to openraft in the order they arrive,
 //! those that arrived together as one (one append, one sync), and each is
 //! answered in order. It ends when the leader closes it or this member stops.
@@ -25,7 +25,7 @@
 //!
 //! A payload that does not decode is `InvalidArgument`: it is a peer of another
 //! version or not a peer at all, and nothing is applied. Decoding is bounded
-//! (`raft::decode`): a nested txn deeper than the API accepts is refused, not
+//! (`base::codec::decode`): a nested txn deeper than the API accepts is refused, not
 //! recursed into.
 
 use std::collections::VecDeque;
@@ -368,7 +368,7 @@ async fn forwarded_batch(
 }
 
 /// Whether a follower ever forwards `command`: what its clients' writes
-/// become (`server::write`), and nothing else. Refused: batches and
+/// become (`node::write`), and nothing else. Refused: batches and
 /// forwarded writes (a forwarded write is one command), an auth change
 /// not wrapped in its caller's `AsUser` (followers always wrap them, so
 /// that apply checks the caller: a bare one is an auth change nobody was
@@ -393,7 +393,7 @@ fn forwardable(command: &Command) -> bool {
 /// proposer, which puts its commands in one entry; `slot` is given back once
 /// the batch is done. A tagged batch's commands are proposed each as a
 /// `Command::Forwarded` with `sender` and its tag, so that `sender` answers
-/// them from its own apply (`raft::forwarded`), and an answer is queued on
+/// them from its own apply (`raft::write::forwarded`), and an answer is queued on
 /// `answers` only for the commands that failed; an untagged one is answered
 /// with every result. A batch whose run ended without being done (it
 /// panicked, or the runtime is shutting down) is answered with an internal
@@ -454,7 +454,7 @@ impl Drop for Unanswered<'_> {
 }
 
 /// Whether an AppendEntries answered so came from the leader this member
-/// follows: any answer but "my vote is newer" (see `raft::election`).
+/// follows: any answer but "my vote is newer" (see `raft::cluster::prevote`).
 fn from_leader(answer: &Result<AppendEntriesResponse<u64>, openraft::error::RaftError<u64>>) -> bool {
     matches!(answer, Ok(a) if !matches!(a, AppendEntriesResponse::HigherVote(_)))
 }

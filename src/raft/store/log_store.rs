@@ -6,7 +6,7 @@
 //! (a follower far behind, apply far behind). What the log holds in memory
 //! while it serves is so bounded whatever its length (at start, the WAL's
 //! replay still reads all of it once); how much log the WAL keeps is the
-//! snapshot policy's business (`raft::bound_log`). An entry becomes readable only once it is
+//! snapshot policy's business (`raft::store::log_bound`). An entry becomes readable only once it is
 //! written, so nothing reads (and replicates) an entry that a failed write
 //! did not keep.
 //! The vote is written through the same WAL, so vote and log writes are
@@ -40,7 +40,7 @@
 //!   (openraft 0.9 would): its lost tail may be on followers, and a new
 //!   entry at a lost index would carry the same log id as theirs;
 //! - membership changes wait for the previous configuration to be applied
-//!   (`raft::membership`), since openraft only checks that it is committed.
+//!   (`raft::cluster::membership`), since openraft only checks that it is committed.
 //!
 //! The committed index is not persisted (openraft's `save_committed` is
 //! optional): it would cost a write per commit, and a restarted member learns
@@ -221,7 +221,7 @@ pub struct LogStore {
     /// std Mutex, not tokio's: it is never held across an `.await`.
     cache: Arc<Mutex<LogCache>>,
     /// The index of the last entry in the log, published after every change
-    /// (replication pipelines follow it: `raft::pipeline`).
+    /// (replication pipelines follow it: `raft::peer::pipeline`).
     last_index: Arc<watch::Sender<Option<u64>>>,
     wal: Wal,
     state_store: StateStore,

@@ -14,10 +14,10 @@
 //! The leader proposes each command as a `Command::Forwarded` naming this
 //! member and the tag, and answers a batch (with its ID) only if some of its
 //! commands failed. The others are answered by this member's own apply
-//! (`raft::forwarded`): a successful batch costs the leader no message, and
+//! (`raft::write::forwarded`): a successful batch costs the leader no message, and
 //! a client that got its answer here reads its write here.
 //!
-//! What a failure means (what `server::write` may retry):
+//! What a failure means (what `node::write` may retry):
 //! - the stream could not be opened because no connection could be made
 //!   (`client::never_sent`): the batches queued on it never left, and are
 //!   `Unreachable`;
@@ -103,7 +103,7 @@ pub struct Forwarder {
 
 /// The most commands in one forwarded batch, its most bytes, and what may
 /// wait behind the batches in flight: the proposer's bounds
-/// (`raft::proposer`), so that what one forwarded batch carries fits one entry.
+/// (`raft::write::proposer`), so that what one forwarded batch carries fits one entry.
 const LIMITS: Limits = Limits {
     max_batch: crate::base::limits::MAX_BATCH_COMMANDS,
     max_batch_weight: crate::base::limits::MAX_BATCH_BYTES,

@@ -1,7 +1,7 @@
 //! Forwarded writes answered from their own member's apply.
 //!
 //! A follower forwards its clients' writes to the leader
-//! (`raft::peer::forward`), each with a tag this member chose. The leader
+//! (`raft::write::forward`), each with a tag this member chose. The leader
 //! proposes each one as a [`Command::Forwarded`](crate::model::command::Command)
 //! naming the member it came from (`origin`, the peer the leader
 //! authenticated) and the tag, and tells the follower only which ones

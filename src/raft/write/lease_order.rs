@@ -1,6 +1,6 @@
 //! The order of one lease ID's grants and expiries on the leader.
 //!
-//! The leader's keeper (`server::lease_keeper`) decides from its deadlines
+//! The leader's keeper (`node::lease::keeper`) decides from its deadlines
 //! that lease `id` has expired, confirms with a quorum that it still leads,
 //! and proposes `Command::LeaseExpire { id, term }`, which revokes whatever
 //! lease has that ID when it is applied. A client may revoke a lease and
@@ -29,7 +29,7 @@
 //! wait, and only for an expiry's batch already admitted, which waits for
 //! nothing more: the wait ends when that entry is answered (applied, or
 //! refused), which a batch is, with its grants and expiries in flight, even
-//! if the caller that ran it stopped waiting (`raft::proposer` then
+//! if the caller that ran it stopped waiting (`raft::write::proposer` then
 //! proposes it in a task of its own). While a grant waits, its whole batch
 //! does. Within a batch, commands apply in order: an expiry after a grant of
 //! its ID is dropped, a grant after an expiry of its ID needs no wait.

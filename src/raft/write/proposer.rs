@@ -9,7 +9,7 @@
 //! result), in queue order, so a batch is indistinguishable from its commands
 //! proposed one after the other.
 //!
-//! Each batch is admitted by `raft::lease_order` before it is proposed: a
+//! Each batch is admitted by `raft::write::lease_order` before it is proposed: a
 //! lease grant may wait there for an expiry of its ID, and a lease expiry
 //! that a grant of its ID has overtaken is answered
 //! [`ProposeError::Superseded`] instead of proposed.
@@ -68,7 +68,7 @@ pub enum ProposeError {
     Overloaded,
     /// A lease expiry not proposed: a grant of its ID was in flight, or was
     /// made after the expiry was decided, or the decision is no longer
-    /// known (see `raft::lease_order`).
+    /// known (see `raft::write::lease_order`).
     Superseded,
 }
 
@@ -76,7 +76,7 @@ pub enum ProposeError {
 #[derive(Clone)]
 pub struct Proposer {
     batcher: Batcher<Command, Result<CommandResult, ProposeError>>,
-    /// Orders each lease ID's grants and expiries (see `raft::lease_order`).
+    /// Orders each lease ID's grants and expiries (see `raft::write::lease_order`).
     lease_order: Arc<LeaseOrder>,
 }
 
@@ -100,7 +100,7 @@ impl Proposer {
                 let proposed = if commands.is_empty() {
                     Vec::new()
                 } else if waited && !elections.may_propose() {
-                    // It waited for an expiry (see `raft::lease_order`): asked again.
+                    // It waited for an expiry (see `raft::write::lease_order`): asked again.
                     vec![Err(ProposeError::NotLeader { leader: None }); commands.len()]
                 } else if in_flight.is_empty() {
                     propose_batch(&raft, commands).await
@@ -139,7 +139,7 @@ impl Proposer {
     }
 
     /// A mark for the lease keeper to take before it reads the lease table
-    /// to decide expiries (see `raft::lease_order`).
+    /// to decide expiries (see `raft::write::lease_order`).
     pub fn lease_mark(&self) -> Mark {
         self.lease_order.mark()
     }

@@ -42,7 +42,7 @@
 //!   flusher thread makes them durable with the next `fdatasync`, shared by
 //!   every write made while the previous one ran (group commit across
 //!   appends). The leader's own appends go this way, so that it replicates an
-//!   entry while its disk writes it (see `raft::log_store` for why that is safe).
+//!   entry while its disk writes it (see `raft::store::log_store` for why that is safe).
 //!
 //! Either way [`Durable`] tells how far the log is on stable storage: the
 //! index of the last entry of the log as synced.

@@ -32,7 +32,7 @@ pub(super) struct Apply<'a> {
     /// it answers none).
     me: Option<u64>,
     /// The results of this member's forwarded writes, by tag, for their
-    /// waiters (`raft::forwarded`) once the call ends.
+    /// waiters (`raft::write::forwarded`) once the call ends.
     pub answered: Vec<(u64, CommandResult)>,
 }
 
@@ -230,7 +230,7 @@ impl<'a> Apply<'a> {
 
     /// A new configuration was applied: a member that left forgets what it
     /// published, so that, added again, it is a new member (see
-    /// `server::members::refuse_if_bootstrapped`).
+    /// `node::members::refuse_if_bootstrapped`).
     pub fn configuration(&mut self, is_member: &dyn Fn(u64) -> bool) {
         let mut members = self.state.members_mut();
         let gone: Vec<u64> = members.keys().copied().filter(|id| !is_member(*id)).collect();

@@ -118,7 +118,7 @@ impl SnapshotImage {
 
     /// [`SnapshotImage::decode`] from a reader of `len` bytes (a file),
     /// streamed: the image is never held encoded in memory. Bounded as
-    /// `raft::decode` is: no length inside may claim more than `len`.
+    /// `base::codec::decode` is: no length inside may claim more than `len`.
     pub fn read(reader: impl Read, len: u64) -> Result<SnapshotImage, DecodeError> {
         let image = Self::read_unchecked(reader, len)?;
         image.check().map_err(|why| DecodeError::Malformed(Box::new(bincode::ErrorKind::Custom(why))))?;

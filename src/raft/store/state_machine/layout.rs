@@ -50,7 +50,7 @@
 //! then ([`Persisted::checkpoint_as_snapshot`]): its file gets the snapshot's
 //! name as a second name, so the state is written once for both, and the
 //! checkpoint resets the journal count, so the regular checkpoint rule rarely
-//! fires between snapshots (whose own rule, `raft::bound_log`, is the same
+//! fires between snapshots (whose own rule, `raft::store::log_bound`, is the same
 //! size rule on the log).
 //!
 //! Caveat: a restart replays up to about 1.5 × max(64 MiB, the checkpoint's

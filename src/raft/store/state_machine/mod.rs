@@ -12,7 +12,7 @@
 //! state diverge.
 //!
 //! An entry is applied only once it is durable in the local log: the leader
-//! syncs its own appends while it replicates them (see `raft::log_store`).
+//! syncs its own appends while it replicates them (see `raft::store::log_store`).
 //!
 //! The configuration (members, voters) a membership entry or a snapshot
 //! brings is published to the member list ([`AppliedConfiguration`]) before
@@ -21,7 +21,7 @@
 //!
 //! Snapshots are the whole state (every version, leases, members) in a file,
 //! `snapshot-<id>.image`, in the state store's file directory. openraft asks
-//! for one when the log since the last is large (see `raft::bound_log`); a
+//! for one when the log since the last is large (see `raft::store::log_bound`); a
 //! snapshot is then a checkpoint taken at that moment (`layout`): the state is
 //! captured on the apply path, streamed into the checkpoint's file on the
 //! state store's writer thread, and the file is given the snapshot's name as a
@@ -83,9 +83,9 @@ pub struct StateMachine {
     incoming_count: u64,
     /// When set, an entry is applied only once it is durable in the local log
     /// (the leader syncs its own appends while it replicates them: see
-    /// `raft::log_store`).
+    /// `raft::store::log_store`).
     durable_log: Option<Durable>,
-    /// The waiters of this member's forwarded writes (`raft::forwarded`).
+    /// The waiters of this member's forwarded writes (`raft::write::forwarded`).
     forwarded: Option<Arc<ForwardedAnswers>>,
 }
 
@@ -219,7 +219,7 @@ impl StateMachine {
     }
 
     /// Hand this member's forwarded writes their results as they are
-    /// applied, and publish the applied term there (see `raft::forwarded`).
+    /// applied, and publish the applied term there (see `raft::write::forwarded`).
     pub fn answering_forwarded(mut self, answers: Arc<ForwardedAnswers>) -> StateMachine {
         answers.applied(self.applied_term());
         self.forwarded = Some(answers);
