@@ -418,8 +418,9 @@ impl Node {
     }
 
     /// Stop: signal every task and stream and wait until they have ended
-    /// (requests in flight are answered meanwhile), then stop Raft and push
-    /// the state store to disk.
+    /// (requests in flight are answered meanwhile), then stop Raft, push
+    /// the state store to disk and close it (its files are released once
+    /// the node is dropped).
     pub async fn shutdown(&self) {
         let running = self.shutdown.stop(STOP_WAIT).await;
         if running > 0 {
@@ -431,5 +432,6 @@ impl Node {
         if let Err(e) = self.state_store.sync() {
             tracing::warn!(error = %e, "syncing the state store at shutdown");
         }
+        self.state_store.close();
     }
 }

@@ -87,6 +87,8 @@ struct Pending {
     barriers: Vec<std::sync::mpsc::Sender<()>>,
     /// The writer is waiting for work and must be woken.
     writer_idle: bool,
+    /// [`StateStore::close`] was called: the writer ends once idle.
+    closed: bool,
 }
 
 /// One atomic change of the state store.
@@ -235,6 +237,17 @@ impl StateStore {
         Ok(())
     }
 
+    /// Let the writer thread end once everything queued is written: what a
+    /// stopping node calls last, after [`StateStore::sync`]. Once every
+    /// clone is dropped, the store's files and sled's lock are released, so
+    /// that the member can be opened again in the same process. Nothing may
+    /// be committed after it (it would never be written).
+    pub fn close(&self) {
+        let mut pending = self.queue.pending.lock().expect("state queue lock poisoned");
+        pending.closed = true;
+        self.queue.wake.notify_all();
+    }
+
     /// Push everything to disk: the journal files (and their directory),
     /// then sled's flush and a real fsync of its files (sled's own flush is
     /// not a durable sync).
@@ -277,7 +290,7 @@ const STATE_CACHE_BYTES: u64 = 64 << 20;
 /// (sync, snapshot install) ends the window at once.
 const STATE_WRITE_WINDOW: std::time::Duration = std::time::Duration::from_millis(20);
 
-/// The writer thread (it lives as long as the process): every window, merge all queued batches into one sled
+/// The writer thread (it lives until the store is closed): every window, merge all queued batches into one sled
 /// batch (later writes to a key replace earlier ones, as applying them in turn
 /// would) and apply it, after writing their files; answer barriers at once.
 fn write_loop(store: StateStore) {
@@ -287,6 +300,9 @@ fn write_loop(store: StateStore) {
         let (batches, barriers) = {
             let mut pending = queue.pending.lock().expect("state queue lock poisoned");
             while pending.batches.is_empty() && pending.barriers.is_empty() {
+                if pending.closed {
+                    return;
+                }
                 pending.writer_idle = true;
                 pending = queue.wake.wait(pending).expect("state queue lock poisoned");
             }

@@ -2,7 +2,9 @@
 //! the fault and hostile suites (`faults/`): the one harness that runs a
 //! cluster of real `raftlock` processes ([`cluster`]), certificates made in
 //! the test ([`certs`]), etcd's recorded answers ([`golden`]), the
-//! command-line tools the tests drive ([`tools`]), and small client helpers.
+//! command-line tools the tests drive ([`tools`]), small client helpers, and
+//! the in-process tier ([`inprocess`]): members inside the test's own
+//! process, for protocol tests that need no process fault.
 //!
 //! Caveat: the harness runs the binaries cargo built (found beside the
 //! running test binary, [`cluster::built_binary`]) or the one it is given;
@@ -17,6 +19,7 @@ use etcd_client::{Client, ConnectOptions};
 pub mod certs;
 pub mod cluster;
 pub mod golden;
+pub mod inprocess;
 pub mod tools;
 
 pub use cluster::{Addressing, Clocks, Cluster, Member, View};

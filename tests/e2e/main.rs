@@ -10,6 +10,7 @@ mod cluster_ops;
 mod disk_faults;
 mod durability;
 mod gateway;
+mod in_process;
 mod kv;
 mod lease;
 mod locks;
