@@ -28,7 +28,9 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{Client, ConnectOptions};
 
+pub use crate::builder::Builder;
 use crate::certs::Certs;
+pub use crate::clocks::Clocks;
 use crate::free_port;
 
 /// The members' `--initial-cluster-token` (raftlock's default).
@@ -76,43 +78,6 @@ impl Member {
     }
 }
 
-/// Wall clocks the cluster can move: libfaketime's library, and the
-/// directory of the members' clock files. Each member's wall clock is
-/// offset by what its own clock file says, read again at most once a
-/// second; its monotonic clock is not faked.
-#[derive(Clone, Debug)]
-pub struct Clocks {
-    library: PathBuf,
-    dir: PathBuf,
-}
-
-impl Clocks {
-    /// Clock files under `dir`, with Debian's libfaketime (package
-    /// `libfaketime`), found wherever its multiarch directory is.
-    pub fn new(dir: &Path) -> anyhow::Result<Clocks> {
-        let library = std::fs::read_dir("/usr/lib")?
-            .filter_map(|e| e.ok())
-            .map(|e| e.path().join("faketime/libfaketimeMT.so.1"))
-            .find(|p| p.exists())
-            .ok_or_else(|| anyhow::anyhow!("no libfaketime under /usr/lib/*/faketime (Debian's libfaketime)"))?;
-        Ok(Clocks { library, dir: dir.to_path_buf() })
-    }
-
-    fn file(&self, i: usize) -> PathBuf {
-        self.dir.join(format!("m{i}.clock"))
-    }
-
-    /// Member `i`'s wall clock `offset_secs` from the true one: written
-    /// aside and renamed, so that libfaketime never reads half of it.
-    fn set(&self, i: usize, offset_secs: i64) -> anyhow::Result<()> {
-        let file = self.file(i);
-        let aside = file.with_extension("next");
-        std::fs::write(&aside, format!("{offset_secs:+}\n"))?;
-        std::fs::rename(&aside, &file)?;
-        Ok(())
-    }
-}
-
 /// What one member said of the cluster: its ID, the leader it knows (0:
 /// none) and its Raft term.
 #[derive(Clone, Copy, Debug)]
@@ -122,151 +87,24 @@ pub struct View {
     pub term: u64,
 }
 
-/// How a cluster is made: [`Cluster::builder`], then [`Builder::spawn`]
-/// (start the members) or [`Builder::unstarted`] (choose their addresses
-/// and directories only).
-pub struct Builder {
-    n: usize,
-    binary: PathBuf,
-    dir: Option<PathBuf>,
-    temp: Option<tempfile::TempDir>,
-    addressing: Addressing,
-    scheme: &'static str,
-    args: Vec<String>,
-    heartbeat_ms: u64,
-    election_ms: u64,
-    clocks: Option<Clocks>,
-    memory_limit: Option<u64>,
-    connect: Option<ConnectOptions>,
-}
-
-impl Builder {
-    /// The `raftlock` binary to run (by default the one cargo built beside
-    /// the running test binary).
-    pub fn binary(mut self, binary: &Path) -> Builder {
-        self.binary = binary.to_path_buf();
-        self
-    }
-
-    /// Data directories and logs under `dir` (by default a temporary
-    /// directory the cluster owns).
-    pub fn dir(mut self, dir: &Path) -> Builder {
-        self.dir = Some(dir.to_path_buf());
-        self
-    }
-
-    /// Data directories and logs in `temp`, which the cluster then owns.
-    pub fn temp_dir(mut self, temp: tempfile::TempDir) -> Builder {
-        self.temp = Some(temp);
-        self
-    }
-
-    pub fn addressing(mut self, addressing: Addressing) -> Builder {
-        self.addressing = addressing;
-        self
-    }
-
-    /// Flags every member gets on top of the cluster's own.
-    pub fn args<S: AsRef<str>>(mut self, args: &[S]) -> Builder {
-        self.args.extend(args.iter().map(|a| a.as_ref().to_string()));
-        self
-    }
-
-    /// `--heartbeat-interval` and `--election-timeout`, in milliseconds.
-    pub fn timing(mut self, heartbeat_ms: u64, election_ms: u64) -> Builder {
-        self.heartbeat_ms = heartbeat_ms;
-        self.election_ms = election_ms;
-        self
-    }
-
-    /// mTLS on both ports of every member (certificates from `certs`); the
-    /// harness's clients connect as `alice`.
-    pub fn tls(mut self, certs: &Certs) -> Builder {
-        self.args.extend(certs.member_flags());
-        self.scheme = "https";
-        self.connect = Some(certs.client_options(&certs.alice));
-        self
-    }
-
-    /// Every member under libfaketime, its wall clock true until moved.
-    pub fn clocks(mut self, clocks: Clocks) -> Builder {
-        self.clocks = Some(clocks);
-        self
-    }
-
-    /// Every member (and every restart of it) under an address-space
-    /// ceiling of `bytes`, as `ulimit -v` sets it: an allocation past it
-    /// fails in the member, which aborts.
-    pub fn memory_limit(mut self, bytes: u64) -> Builder {
-        self.memory_limit = Some(bytes);
-        self
-    }
-
-    /// The members' addresses and directories chosen, none started.
-    pub fn unstarted(self) -> anyhow::Result<Cluster> {
-        let Builder { n, binary, dir, temp, addressing, scheme, args, heartbeat_ms, election_ms, .. } = self;
-        let temp = match (&dir, temp) {
-            (None, None) => Some(tempfile::tempdir()?),
-            (_, temp) => temp,
-        };
-        let dir = dir.unwrap_or_else(|| temp.as_ref().expect("a temporary directory").path().to_path_buf());
-        if let Some(clocks) = &self.clocks {
-            for i in 0..n {
-                clocks.set(i, 0)?;
-            }
-        }
-        let mut cluster = Cluster {
-            members: Vec::new(),
-            binary,
-            dir,
-            temp,
-            addressing,
-            scheme,
-            initial_cluster: String::new(),
-            extra_args: args,
-            heartbeat_ms,
-            election_ms,
-            clocks: self.clocks,
-            memory_limit: self.memory_limit,
-            connect: self.connect,
-            env: Vec::new(),
-        };
-        for _ in 0..n {
-            cluster.new_member();
-        }
-        cluster.initial_cluster =
-            cluster.members.iter().map(|m| format!("{}={}", m.name, m.peer_url())).collect::<Vec<_>>().join(",");
-        Ok(cluster)
-    }
-
-    /// Start every member (without waiting for them to serve).
-    pub fn spawn(self) -> anyhow::Result<Cluster> {
-        let mut cluster = self.unstarted()?;
-        for i in 0..cluster.len() {
-            cluster.spawn(i)?;
-        }
-        Ok(cluster)
-    }
-}
-
 pub struct Cluster {
     pub members: Vec<Member>,
-    binary: PathBuf,
-    dir: PathBuf,
+    pub(crate) binary: PathBuf,
+    pub(crate) dir: PathBuf,
     /// Kept (and printed) when a test fails, for the post-mortem.
-    temp: Option<tempfile::TempDir>,
-    addressing: Addressing,
-    scheme: &'static str,
-    initial_cluster: String,
+    pub(crate) temp: Option<tempfile::TempDir>,
+    pub(crate) addressing: Addressing,
+    pub(crate) scheme: &'static str,
+    pub(crate) initial_cluster: String,
     /// Flags every member gets on top of the cluster's own.
-    extra_args: Vec<String>,
-    heartbeat_ms: u64,
-    election_ms: u64,
-    clocks: Option<Clocks>,
+    pub(crate) extra_args: Vec<String>,
+    pub(crate) heartbeat_ms: u64,
+    pub(crate) election_ms: u64,
+    pub(crate) clocks: Option<Clocks>,
     /// Each member's address-space ceiling (`ulimit -v`), if any.
-    memory_limit: Option<u64>,
+    pub(crate) memory_limit: Option<u64>,
     /// How the harness's clients connect (TLS, a user).
-    connect: Option<ConnectOptions>,
+    pub(crate) connect: Option<ConnectOptions>,
     /// Environment variables every member is started with.
     pub env: Vec<(String, String)>,
 }
@@ -396,7 +234,7 @@ impl Cluster {
         raftlock::ids::member_id(&[self.peer_url(i)], TOKEN)
     }
 
-    fn spawn(&mut self, i: usize) -> anyhow::Result<()> {
+    pub(crate) fn spawn(&mut self, i: usize) -> anyhow::Result<()> {
         let m = &mut self.members[i];
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&m.log)?;
         let (initial_cluster, state) = match &m.joins {

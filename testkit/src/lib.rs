@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{Client, ConnectOptions};
 
+pub mod builder;
 pub mod certs;
+pub mod clocks;
 pub mod cluster;
 pub mod golden;
 pub mod inprocess;
