@@ -187,8 +187,7 @@ impl InProcessCluster {
     }
 
     async fn all_read(&self) -> bool {
-        for m in self.members.iter().filter(|m| m.node.is_some()) {
-            let Some(node) = &m.node else { continue };
+        for node in self.members.iter().filter_map(|m| m.node.as_ref()) {
             let read = tokio::time::timeout(Duration::from_secs(2), node.read_barrier()).await;
             if !matches!(read, Ok(Ok(()))) {
                 return false;
