@@ -24,7 +24,8 @@ compgen -G '/usr/lib/*/faketime/libfaketimeMT.so.1' >/dev/null || missing+=(libf
 command -v protoc >/dev/null || missing+=(protobuf-compiler)
 scripts/apt-install.sh "${missing[@]}"
 # Both packages' binaries (a `--bin` filter would apply to both and skip the suite's).
-cargo build --quiet -p raftlock -p raftlock-faults --bins
+# scripts/test.sh's features, so that its build of raftlock serves here too.
+cargo build --quiet -p raftlock -p raftlock-faults --bins --features raftlock/bench-etcd-client
 # Cargo's target directory: ./target unless CARGO_TARGET_DIR or a config moves it.
 target=$(cargo metadata --format-version 1 --no-deps |
   python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')

@@ -19,7 +19,8 @@ cd "$(dirname "$0")/.."
 missing=()
 command -v protoc >/dev/null || missing+=(protobuf-compiler)
 scripts/apt-install.sh "${missing[@]}"
-cargo build --quiet -p raftlock -p raftlock-faults --bins
+# scripts/test.sh's features, so that its build of raftlock serves here too.
+cargo build --quiet -p raftlock -p raftlock-faults --bins --features raftlock/bench-etcd-client
 target=$(cargo metadata --format-version 1 --no-deps |
   python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
 exec "$target/debug/raftlock-faults" --hostile "$@"
