@@ -223,8 +223,17 @@ impl Client {
     /// Release a grant by key, fenced by its token; false if the key is gone or
     /// belongs to a later grant.
     pub async fn release(&self, key: &[u8], token: i64) -> Result<bool, ClientError> {
-        let req = locks::ReleaseRequest { key: key.to_vec(), token };
+        let req = locks::ReleaseRequest { key: key.to_vec(), token, ..Default::default() };
         Ok(self.locks().release(req).await?.into_inner().released)
+    }
+
+    /// Whether the grant `key` made with `token` still holds its lock (of
+    /// `permits`; 0 or 1 for a mutex), read linearizably, with its lease's
+    /// seconds left: what a resource that cannot keep tokens asks before it
+    /// acts on a request.
+    pub async fn validate(&self, key: &[u8], token: i64, permits: u32) -> Result<locks::ValidateResponse, ClientError> {
+        let req = locks::ValidateRequest { key: key.to_vec(), token, permits };
+        Ok(self.locks().validate(req).await?.into_inner())
     }
 }
 
@@ -313,6 +322,38 @@ pub enum Acquisition {
     Busy(Vec<locks::Owner>),
 }
 
+/// What [`Session::lock_all`] came to.
+pub enum MultiAcquisition {
+    Held(MultiGuard),
+    /// Not all granted within the wait (and none kept): the first lock that
+    /// was not held, and its holders.
+    Busy {
+        blocked_on: Vec<u8>,
+        holders: Vec<locks::Owner>,
+    },
+}
+
+/// Several locks held together ([`Session::lock_all`]): one grant (key and
+/// token) per lock, released together.
+pub struct MultiGuard {
+    client: Client,
+    grants: Vec<locks::Grant>,
+}
+
+impl MultiGuard {
+    /// One grant per lock, in the order they were asked for.
+    pub fn grants(&self) -> &[locks::Grant] {
+        &self.grants
+    }
+
+    /// Release every grant, each fenced by its token; true if all were
+    /// still held and are now released.
+    pub async fn release(self) -> Result<bool, ClientError> {
+        let req = locks::ReleaseRequest { grants: self.grants, ..Default::default() };
+        Ok(self.client.locks().release(req).await?.into_inner().released)
+    }
+}
+
 /// A granted lock. Dropping it does not release it (the session's end does).
 /// Acquiring a lock the session holds (in the same mode) gives another guard
 /// of the same grant: with `reentrant`, with one more hold, and each release
@@ -339,6 +380,12 @@ impl Guard {
     /// The session's holds on the grant when it was granted, this one's included.
     pub fn holds(&self) -> u32 {
         self.holds
+    }
+
+    /// Whether the grant still holds its lock (of `permits`), asked of the
+    /// cluster ([`Client::validate`]).
+    pub async fn is_current(&self, permits: u32) -> Result<bool, ClientError> {
+        Ok(self.client.validate(&self.key, self.token, permits).await?.current)
     }
 
     /// Give back this hold, fenced by the token (the last release releases
@@ -404,12 +451,42 @@ impl Session {
             metadata: options.metadata,
             mode: if options.read { locks::Mode::Read } else { locks::Mode::Write }.into(),
             reentrant: options.reentrant,
+            ..Default::default()
         };
         let r = self.client.locks().acquire(req).await?.into_inner();
         Ok(if r.acquired {
             Acquisition::Held(Guard { client: self.client.clone(), key: r.key, token: r.token, holds: r.holds })
         } else {
             Acquisition::Busy(r.holders)
+        })
+    }
+
+    /// Acquire every lock of `names` together, all or none (a multi-lock):
+    /// `options` apply to each of them (`reentrant` is refused). Nobody
+    /// deadlocks, whatever sets other sessions ask for in whatever order.
+    pub async fn lock_all<N: AsRef<[u8]>>(
+        &self,
+        names: impl IntoIterator<Item = N>,
+        options: LockOptions,
+    ) -> Result<MultiAcquisition, ClientError> {
+        let mode = if options.read { locks::Mode::Read } else { locks::Mode::Write };
+        let specs = names
+            .into_iter()
+            .map(|n| locks::LockSpec { name: n.as_ref().to_vec(), mode: mode.into(), permits: options.permits })
+            .collect();
+        let req = locks::AcquireRequest {
+            lease: self.lease,
+            wait_ms: options.wait.map_or(-1, |d| d.as_millis().min(i64::MAX as u128) as i64),
+            metadata: options.metadata,
+            reentrant: options.reentrant,
+            locks: specs,
+            ..Default::default()
+        };
+        let r = self.client.locks().acquire(req).await?.into_inner();
+        Ok(if r.acquired {
+            MultiAcquisition::Held(MultiGuard { client: self.client.clone(), grants: r.grants })
+        } else {
+            MultiAcquisition::Busy { blocked_on: r.blocked_on, holders: r.holders }
         })
     }
 

@@ -67,6 +67,20 @@ pub fn lease_required() -> Status {
 pub fn too_many_permits(max: u32) -> Status {
     Status::invalid_argument(format!("raftlock: permits must be at most {max}"))
 }
+pub fn too_many_locks(max: usize) -> Status {
+    Status::invalid_argument(format!("raftlock: a multi-lock takes at most {max} locks"))
+}
+pub fn multi_lock_fields() -> Status {
+    Status::invalid_argument(
+        "raftlock: a multi-lock names its locks in `locks` (or its grants in `grants`); leave the one-lock fields unset",
+    )
+}
+pub fn multi_lock_reentrant() -> Status {
+    Status::invalid_argument("raftlock: a multi-lock cannot be reentrant")
+}
+pub fn bad_lock_set(problem: &str) -> Status {
+    Status::invalid_argument(format!("raftlock: {problem}"))
+}
 pub fn read_lock_permits() -> Status {
     Status::invalid_argument("raftlock: a read lock is shared by every reader; its permits must be 0 or 1")
 }
@@ -196,7 +210,10 @@ pub fn v3_recipe(e: RecipeError) -> Status {
         RecipeError::TimedOut => Status::unknown("lock: wait timed out"),
         RecipeError::Denied(e) => Status::unknown(auth(e).message()),
         // Only native acquires can meet these.
-        e @ (RecipeError::OtherMode(_) | RecipeError::Contended) => native_recipe(e),
+        e @ (RecipeError::OtherMode(_)
+        | RecipeError::Contended
+        | RecipeError::NotAnOwnerKey(_)
+        | RecipeError::PartlyQueued(_)) => native_recipe(e),
     }
 }
 
@@ -211,6 +228,8 @@ pub fn native_recipe(e: RecipeError) -> Status {
         }
         e @ RecipeError::OtherMode(_) => Status::failed_precondition(format!("raftlock: {e}")),
         e @ RecipeError::Contended => Status::aborted(format!("raftlock: {e}; try again")),
+        e @ RecipeError::NotAnOwnerKey(_) => Status::invalid_argument(e.to_string()),
+        e @ RecipeError::PartlyQueued(_) => Status::failed_precondition(e.to_string()),
         other => v3_recipe(other),
     }
 }

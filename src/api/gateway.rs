@@ -127,6 +127,7 @@ pub fn routes(grpc: Router) -> Router {
         "/v1/locks/release" => LocksClient::release,
         "/v1/locks/describe" => LocksClient::describe,
         "/v1/locks/list" => LocksClient::list,
+        "/v1/locks/validate" => LocksClient::validate,
     }
     calls! { server_stream:
         "/v3/election/observe" => ElectionClient::observe,

@@ -1,5 +1,6 @@
 //! raftlock's native lock API, `raftlock.v1.Locks` (Acquire, Release,
-//! Describe, List), as an adapter over `crate::locks::fenced`.
+//! Describe, List, Validate), as an adapter over `crate::locks::fenced` and,
+//! for multi-locks, `crate::locks::multi`.
 //!
 //! Errors keep etcd's codes where etcd has the case (a missing lease is
 //! NotFound "etcdserver: requested lease not found"; availability is
@@ -12,9 +13,10 @@ use std::time::Duration;
 use tonic::{Request, Response, Status};
 
 use super::{auth, error, header};
-use crate::base::limits::MAX_PERMITS;
+use crate::base::limits::{MAX_LOCKS_PER_ACQUIRE, MAX_PERMITS};
 use crate::locks;
 use crate::locks::fenced::{self, Acquired, Owner, Wait};
+use crate::locks::multi::{self, MultiAcquired, Spec};
 use crate::model::auth::PermKind;
 use crate::node::Node;
 use crate::proto::raftlock::v1 as pb;
@@ -33,6 +35,24 @@ fn name(name: &[u8]) -> Result<(), Status> {
         return Err(error::no_lock_name());
     }
     Ok(())
+}
+
+/// The mode asked for, given the permits (a read lock has one).
+fn lock_mode(mode: i32, permits: usize) -> Result<locks::Mode, Status> {
+    match pb::Mode::try_from(mode) {
+        Ok(pb::Mode::Write) => Ok(locks::Mode::Write),
+        Ok(pb::Mode::Read) if permits == 1 => Ok(locks::Mode::Read),
+        Ok(pb::Mode::Read) => Err(error::read_lock_permits()),
+        Err(_) => Err(error::unknown_lock_mode(mode)),
+    }
+}
+
+fn wait(ms: i64) -> Wait {
+    match ms {
+        0 => Wait::Never,
+        ms if ms < 0 => Wait::Forever,
+        ms => Wait::For(Duration::from_millis(ms as u64)),
+    }
 }
 
 fn mode(m: locks::Mode) -> pb::Mode {
@@ -79,6 +99,9 @@ impl Locks for LocksService {
         let caller = auth::caller(&self.node, &req).await?;
         let req = req.into_inner();
         super::check_request_size(&req)?;
+        if !req.locks.is_empty() {
+            return self.acquire_all(arrived, &caller, req).await;
+        }
         name(&req.name)?;
         auth::check_prefix(&self.node, &caller, &locks::queue_prefix(&req.name)).map_err(error::auth)?;
         auth::check_lease(&self.node, &caller, req.lease).map_err(error::auth)?;
@@ -86,17 +109,8 @@ impl Locks for LocksService {
             return Err(error::lease_required());
         }
         let permits = permits(req.permits)?;
-        let mode = match pb::Mode::try_from(req.mode) {
-            Ok(pb::Mode::Write) => locks::Mode::Write,
-            Ok(pb::Mode::Read) if permits == 1 => locks::Mode::Read,
-            Ok(pb::Mode::Read) => return Err(error::read_lock_permits()),
-            Err(_) => return Err(error::unknown_lock_mode(req.mode)),
-        };
-        let wait = match req.wait_ms {
-            0 => Wait::Never,
-            ms if ms < 0 => Wait::Forever,
-            ms => Wait::For(Duration::from_millis(ms as u64)),
-        };
+        let mode = lock_mode(req.mode, permits)?;
+        let wait = wait(req.wait_ms);
         let request = fenced::Request {
             name: &req.name,
             lease: req.lease,
@@ -116,6 +130,8 @@ impl Locks for LocksService {
                     key: kv.key,
                     holders: vec![],
                     holds,
+                    grants: vec![],
+                    blocked_on: vec![],
                 }
             }
             Acquired::Refused { holders, revision } => pb::AcquireResponse {
@@ -125,6 +141,8 @@ impl Locks for LocksService {
                 token: 0,
                 holders: holders.into_iter().map(owner).collect(),
                 holds: 0,
+                grants: vec![],
+                blocked_on: vec![],
             },
         };
         Ok(Response::new(response))
@@ -133,21 +151,20 @@ impl Locks for LocksService {
     async fn release(&self, req: Request<pb::ReleaseRequest>) -> Result<Response<pb::ReleaseResponse>, Status> {
         let caller = auth::caller(&self.node, &req).await?;
         let req = req.into_inner();
+        if !req.grants.is_empty() {
+            return self.release_all(&caller, req).await;
+        }
         if req.key.is_empty() {
             return Err(error::empty_key());
         }
-        auth::check_read_write(&self.node, &caller, &req.key, &[]).map_err(error::auth)?;
-        // A release may change the grant's hold count too.
-        auth::check_read_write(&self.node, &caller, &locks::hold_count_key(&req.key), &[]).map_err(error::auth)?;
-        if req.token <= 0 {
-            return Err(error::release_needs_token());
-        }
+        check_release(&self.node, &caller, &req.key, req.token)?;
         let r = fenced::release(&self.node, &req.key, req.token).await.map_err(error::native_recipe)?;
         Ok(Response::new(pb::ReleaseResponse {
             header: header(&self.node, r.revision),
             released: r.released,
             current_token: r.current_token,
             holds: r.holds,
+            results: vec![],
         }))
     }
 
@@ -183,5 +200,138 @@ impl Locks for LocksService {
             })
             .collect();
         Ok(Response::new(pb::ListResponse { header: header(&self.node, revision), locks }))
+    }
+
+    async fn validate(&self, req: Request<pb::ValidateRequest>) -> Result<Response<pb::ValidateResponse>, Status> {
+        let caller = auth::caller(&self.node, &req).await?;
+        let req = req.into_inner();
+        if req.key.is_empty() {
+            return Err(error::empty_key());
+        }
+        // It reads the key's whole queue: the lock's prefix must be readable.
+        let name = req.key.iter().rposition(|&b| b == b'/').map_or(&req.key[..], |slash| &req.key[..slash]);
+        let prefix = locks::queue_prefix(name);
+        auth::check(&self.node, &caller, &prefix, &locks::prefix_end(&prefix), PermKind::Read)?;
+        let permits = permits(req.permits)?;
+        let v = fenced::validate(&self.node, &req.key, req.token, permits).await.map_err(error::native_recipe)?;
+        Ok(Response::new(pb::ValidateResponse {
+            header: header(&self.node, v.revision),
+            current: v.current,
+            current_token: v.current_token,
+            lease: v.lease,
+            ttl: v.ttl,
+        }))
+    }
+}
+
+/// A release's checks: the caller may write the key and its hold count, and
+/// names a token.
+fn check_release(node: &Node, caller: &crate::model::auth::Caller, key: &[u8], token: i64) -> Result<(), Status> {
+    auth::check_read_write(node, caller, key, &[]).map_err(error::auth)?;
+    // A release may change the grant's hold count too.
+    auth::check_read_write(node, caller, &locks::hold_count_key(key), &[]).map_err(error::auth)?;
+    if token <= 0 {
+        return Err(error::release_needs_token());
+    }
+    Ok(())
+}
+
+impl LocksService {
+    /// A multi-lock ([`multi::acquire_all`]): `locks` set, the one-lock
+    /// fields unset.
+    async fn acquire_all(
+        &self,
+        arrived: std::time::Instant,
+        caller: &crate::model::auth::Caller,
+        req: pb::AcquireRequest,
+    ) -> Result<Response<pb::AcquireResponse>, Status> {
+        if !req.name.is_empty() || req.permits != 0 || req.mode != 0 {
+            return Err(error::multi_lock_fields());
+        }
+        if req.reentrant {
+            return Err(error::multi_lock_reentrant());
+        }
+        if req.locks.len() > MAX_LOCKS_PER_ACQUIRE {
+            return Err(error::too_many_locks(MAX_LOCKS_PER_ACQUIRE));
+        }
+        auth::check_lease(&self.node, caller, req.lease).map_err(error::auth)?;
+        if req.lease == 0 {
+            return Err(error::lease_required());
+        }
+        let mut specs = Vec::with_capacity(req.locks.len());
+        for lock in req.locks {
+            name(&lock.name)?;
+            auth::check_prefix(&self.node, caller, &locks::queue_prefix(&lock.name)).map_err(error::auth)?;
+            let permits = permits(lock.permits)?;
+            specs.push(Spec { mode: lock_mode(lock.mode, permits)?, name: lock.name, permits });
+        }
+        if let Some(problem) = multi::set_problem(&specs) {
+            return Err(error::bad_lock_set(&problem));
+        }
+        let outcome = multi::acquire_all(self.node.clone(), specs.clone(), req.lease, &req.metadata, wait(req.wait_ms))
+            .await
+            .map_err(error::native_recipe)?;
+        let response = match outcome {
+            MultiAcquired::Granted { grants, revision } => {
+                for kv in &grants {
+                    super::lock::granted(&self.grants, &self.node, "native", arrived, &kv.key, kv.create_revision);
+                }
+                let grants = specs
+                    .into_iter()
+                    .zip(grants)
+                    .map(|(spec, kv)| pb::Grant { name: spec.name, token: kv.create_revision, key: kv.key })
+                    .collect();
+                pb::AcquireResponse {
+                    header: header(&self.node, revision),
+                    acquired: true,
+                    grants,
+                    ..Default::default()
+                }
+            }
+            MultiAcquired::Refused { blocked_on, holders, revision } => pb::AcquireResponse {
+                header: header(&self.node, revision),
+                acquired: false,
+                holders: holders.into_iter().map(owner).collect(),
+                blocked_on,
+                ..Default::default()
+            },
+        };
+        Ok(Response::new(response))
+    }
+
+    /// A multi-lock's release: every grant released as one is, together.
+    async fn release_all(
+        &self,
+        caller: &crate::model::auth::Caller,
+        req: pb::ReleaseRequest,
+    ) -> Result<Response<pb::ReleaseResponse>, Status> {
+        if !req.key.is_empty() || req.token != 0 {
+            return Err(error::multi_lock_fields());
+        }
+        if req.grants.len() > MAX_LOCKS_PER_ACQUIRE {
+            return Err(error::too_many_locks(MAX_LOCKS_PER_ACQUIRE));
+        }
+        for grant in &req.grants {
+            if grant.key.is_empty() {
+                return Err(error::empty_key());
+            }
+            check_release(&self.node, caller, &grant.key, grant.token)?;
+        }
+        let node = &self.node;
+        let answers =
+            futures::future::join_all(req.grants.iter().map(|g| fenced::release(node, &g.key, g.token))).await;
+        let mut results = Vec::with_capacity(answers.len());
+        let mut revision = 0;
+        for (grant, answer) in req.grants.into_iter().zip(answers) {
+            let r = answer.map_err(error::native_recipe)?;
+            revision = revision.max(r.revision);
+            results.push(pb::GrantReleased { key: grant.key, released: r.released, current_token: r.current_token });
+        }
+        Ok(Response::new(pb::ReleaseResponse {
+            header: header(&self.node, revision),
+            released: results.iter().all(|r| r.released),
+            results,
+            ..Default::default()
+        }))
     }
 }

@@ -48,6 +48,10 @@ pub const MAX_GATEWAY_BODY_BYTES: usize = 4 * 1024 * 1024;
 /// The most permits a lock may have.
 pub const MAX_PERMITS: u32 = 1024;
 
+/// The most locks one multi-lock may take: its places are queued in one txn
+/// that reads every queue whole, three operations per lock.
+pub const MAX_LOCKS_PER_ACQUIRE: usize = 64;
+
 /// Snapshot stream chunk size (etcd's).
 pub const SNAPSHOT_CHUNK_BYTES: usize = 32 * 1024;
 

@@ -351,6 +351,38 @@ pub async fn release(node: &Node, key: &[u8], token: i64) -> Result<Released, Re
     Err(RecipeError::Contended)
 }
 
+/// What [`validate`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Validity {
+    /// The revision the answer holds at.
+    pub revision: i64,
+    /// The key exists with the token and holds its lock.
+    pub current: bool,
+    /// The key's create_revision now, 0 if it does not exist.
+    pub current_token: i64,
+    /// The key's lease (0 when the key is gone) and its seconds left (-1).
+    pub lease: i64,
+    pub ttl: i64,
+}
+
+/// Whether the grant `key` made with `token` still holds its lock (the one
+/// named by the key's path up to its last `/`, with `permits`), read
+/// linearizably; with its lease's time left, asked of the leader.
+pub async fn validate(node: &Node, key: &[u8], token: i64, permits: usize) -> Result<Validity, RecipeError> {
+    let slash = key.iter().rposition(|&b| b == b'/').ok_or_else(|| RecipeError::NotAnOwnerKey(key.to_vec()))?;
+    let name = &key[..slash];
+    let prefix = queue_prefix(name);
+    let keys = queue(node, name).await?;
+    let revision = node.revision();
+    let Some(mine) = keys.iter().find(|kv| kv.key == key).cloned() else {
+        return Ok(Validity { revision, current: false, current_token: 0, lease: 0, ttl: -1 });
+    };
+    let holders = holders_and_waiters(&prefix, keys, permits).0;
+    let current = mine.create_revision == token && holders.iter().any(|kv| kv.key == key);
+    let ttl = node.time_to_live(mine.lease).await?.map_or(-1, |status| status.remaining);
+    Ok(Validity { revision, current, current_token: mine.create_revision, lease: mine.lease, ttl })
+}
+
 /// A lock found by [`list`].
 pub struct Summary {
     pub name: Vec<u8>,

@@ -51,6 +51,7 @@
 
 pub mod election;
 pub mod fenced;
+pub mod multi;
 pub mod mutex;
 pub mod stats;
 pub mod turn;
@@ -91,6 +92,12 @@ pub enum RecipeError {
     /// and releases of one lease).
     #[error("the lock's hold count kept changing")]
     Contended,
+    /// A key named for validation is not a lock's owner key (no `/`).
+    #[error("raftlock: {:?} is not a lock's owner key (it has no '/')", String::from_utf8_lossy(.0))]
+    NotAnOwnerKey(Vec<u8>),
+    /// A multi-lock found the lease queued for some of its locks already.
+    #[error("raftlock: the lease already holds or waits for lock {:?}; a multi-lock takes all its locks at once", String::from_utf8_lossy(.0))]
+    PartlyQueued(Vec<u8>),
 }
 
 impl From<WriteError> for RecipeError {

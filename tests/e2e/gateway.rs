@@ -200,11 +200,27 @@ async fn native_locks_over_http_and_a_watch_that_stays_open() {
         json!({"error": "raftlock: lock name is not provided", "code": 3, "message": "raftlock: lock name is not provided"})
     );
 
-    // Released with its token; then the writer gets it.
+    // Validated while it holds: current, with its lease's TTL.
     let key = granted["key"].as_str().unwrap();
+    let valid = post(&url, "/v1/locks/validate", json!({"key": key, "token": token})).await;
+    assert_eq!((valid["current"].clone(), valid["current_token"].clone()), (json!(true), json!(token)), "{valid}");
+    // Released with its token; then the writer gets it.
     let released = post(&url, "/v1/locks/release", json!({"key": key, "token": token})).await;
     assert_eq!(released["released"], json!(true));
     assert_eq!(post(&url, "/v1/locks/acquire", acquire(&other, "WRITE", 0)).await["acquired"], json!(true));
+    let valid = post(&url, "/v1/locks/validate", json!({"key": key, "token": token})).await;
+    assert_eq!(valid.get("current"), None, "no longer current: {valid}");
+
+    // A multi-lock: two locks at once, one grant each; released together.
+    let set = json!({"lease": lease, "wait_ms": 0, "locks": [{"name": b64("a")}, {"name": b64("b"), "mode": "WRITE"}]});
+    let multi = post(&url, "/v1/locks/acquire", set).await;
+    assert_eq!(multi["acquired"], json!(true), "{multi}");
+    assert_eq!(multi["grants"][1]["name"], json!(b64("b")));
+    assert_eq!(multi["grants"][0]["token"], multi["grants"][1]["token"]);
+    let grants = multi["grants"].clone();
+    let released = post(&url, "/v1/locks/release", json!({"grants": grants})).await;
+    assert_eq!(released["released"], json!(true), "{released}");
+    assert_eq!(released["results"].as_array().map(Vec::len), Some(2));
 
     // A watch stays open after its request body has ended, and reports a put
     // made later through another member.

@@ -100,7 +100,8 @@ async fn stale_release_and_stale_writes_leave_the_new_holder_alone() {
     let second = held(sa.lock("db-migration", try_once()).await.unwrap());
     assert_eq!(second.key(), key.as_slice(), "same lease, same key");
     assert!(second.token() > old_token);
-    let req = raftlock::proto::raftlock::v1::ReleaseRequest { key: key.clone(), token: old_token };
+    let req =
+        raftlock::proto::raftlock::v1::ReleaseRequest { key: key.clone(), token: old_token, ..Default::default() };
     let stale = a.locks().release(req).await.unwrap().into_inner();
     assert!(!stale.released);
     assert_eq!(stale.current_token, second.token());
@@ -238,7 +239,8 @@ async fn a_waiter_whose_lease_ends_gets_an_error_and_bad_requests_are_refused() 
     assert_eq!(code, tonic::Code::InvalidArgument);
     let (code, msg) = refused(locks.acquire(acquire("x", 0x7777, 0)).await);
     assert_eq!((code, msg.as_str()), (tonic::Code::NotFound, "etcdserver: requested lease not found"));
-    let bad_release = raftlock::proto::raftlock::v1::ReleaseRequest { key: b"busy/1".to_vec(), token: 0 };
+    let bad_release =
+        raftlock::proto::raftlock::v1::ReleaseRequest { key: b"busy/1".to_vec(), token: 0, ..Default::default() };
     assert_eq!(locks.release(bad_release).await.unwrap_err().code(), tonic::Code::InvalidArgument);
     // Nothing was lost, and the node still serves.
     assert_eq!(describe(&c, "busy", 1).await.holders[0].lease, holder.lease());
@@ -477,7 +479,11 @@ async fn reentrant_acquires_count_holds_and_the_last_release_releases() {
     busy(other.lock("jobs", try_once()).await.unwrap());
 
     // One release gives one hold back; the lock stays held.
-    let release = |token| raftlock::proto::raftlock::v1::ReleaseRequest { key: first.key().to_vec(), token };
+    let release = |token| raftlock::proto::raftlock::v1::ReleaseRequest {
+        key: first.key().to_vec(),
+        token,
+        ..Default::default()
+    };
     let r = c.locks().release(release(first.token())).await.unwrap().into_inner();
     assert_eq!((r.released, r.holds), (true, 1));
     busy(other.lock("jobs", try_once()).await.unwrap());

@@ -98,6 +98,53 @@ async fn lock_runs_a_command_holding_the_lock_and_releases_it() {
 }
 
 #[tokio::test]
+async fn lock_takes_several_names_together_and_validate_tells_current_grants() {
+    let cluster = Cluster::start(3).await;
+    let endpoints = cluster.endpoints().join(",");
+    let e = endpoints.as_str();
+
+    // A multi-lock: every name held while the command runs, one token for all.
+    let script = r#"printf '%s|%s|%s' "$RAFTLOCK_LOCK_NAME" "$RAFTLOCK_LOCK_KEY" "$RAFTLOCK_FENCING_TOKEN""#;
+    let o = ctl(e, &["lock", "db", "cache", "--", "sh", "-c", script]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = stdout(&o);
+    let fields: Vec<&str> = out.split('|').collect();
+    assert_eq!(fields[0], "db cache", "{out}");
+    let keys: Vec<&str> = fields[1].lines().collect();
+    assert!(keys[0].starts_with("db/") && keys[1].starts_with("cache/"), "{out}");
+    let token: i64 = fields[2].parse().unwrap();
+    assert!(token > 0);
+    // Released on exit: the grant is no longer current (exit 1), and a
+    // second multi-lock takes both at once.
+    let o = ctl(e, &["validate", keys[0], "--token", &token.to_string()]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(stdout(&o).contains("no longer exists"), "{}", stdout(&o));
+
+    // While one name of the set is held, a try fails with 75 naming it.
+    let mut holder = crate::common::raftlockctl()
+        .env("RAFTLOCK_ENDPOINTS", e)
+        .args(["lock", "cache", "--", "sleep", "30"])
+        .spawn()
+        .unwrap();
+    let d = wait_holders(e, "cache", 1);
+    let key = d["holders"][0]["key"].as_str().unwrap().to_string();
+    let token = d["holders"][0]["token"].as_i64().unwrap().to_string();
+    let o = ctl(e, &["lock", "db", "cache", "--try"]);
+    assert_eq!(o.status.code(), Some(75));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("lock cache is held by cache/"));
+    assert!(json(e, &["describe", "db"])["holders"].as_array().unwrap().is_empty(), "db was given back");
+    // The holder's grant is current (exit 0), with its lease's TTL.
+    let v = json(e, &["validate", &key, "--token", &token]);
+    assert_eq!(v["current"], true, "{v}");
+    assert!(v["ttl"].as_i64().unwrap() > 0, "{v}");
+    let o = ctl(e, &["validate", &key, "--token", "1"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stdout(&o).contains("later grant"), "{}", stdout(&o));
+    unsafe { libc::kill(holder.id() as i32, libc::SIGTERM) };
+    holder.wait().unwrap();
+}
+
+#[tokio::test]
 async fn key_value_lease_member_and_endpoint_commands() {
     let cluster = Cluster::start(3).await;
     let endpoints = cluster.endpoints().join(",");

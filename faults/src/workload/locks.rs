@@ -212,6 +212,7 @@ async fn acquire_native(native: &mut LocksClient<Channel>, name: &str, lease: i6
         metadata: Vec::new(),
         mode: if ask.read { Mode::Read } else { Mode::Write }.into(),
         reentrant: false,
+        ..Default::default()
     };
     let resp = tokio::time::timeout(ask.wait + Duration::from_secs(1), native.acquire(req))
         .await
@@ -245,7 +246,7 @@ async fn reenter(
         // Not even the same grant: a wrong answer, told by its token 0.
         return Some((0, 0, 0));
     }
-    let req = ReleaseRequest { key: held.key.clone(), token: held.token };
+    let req = ReleaseRequest { key: held.key.clone(), token: held.token, ..Default::default() };
     let released = bounded(native.release(req)).await.ok()?.into_inner();
     Some((again.token, again.holds, if released.released { released.holds } else { u32::MAX }))
 }
@@ -273,7 +274,7 @@ async fn release(api: Api, c: &mut Client, native: &mut LocksClient<Channel>, he
     match api {
         Api::Etcd => bounded(c.unlock(held.key.clone())).await.map(|_| true),
         Api::Native { .. } | Api::ReadWrite => {
-            let req = ReleaseRequest { key: held.key.clone(), token: held.token };
+            let req = ReleaseRequest { key: held.key.clone(), token: held.token, ..Default::default() };
             bounded(native.release(req)).await.map(|r| r.into_inner()).map(|r| r.released && r.holds == 0)
         }
     }

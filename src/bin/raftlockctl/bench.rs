@@ -261,7 +261,9 @@ async fn one_request(d: &mut OwnDriver, args: &BenchArgs, key: Vec<u8>, value: &
             if !granted.acquired {
                 return Err(tonic::Status::internal("an unbounded wait answered without the lock"));
             }
-            locks.release(native::ReleaseRequest { key: granted.key, token: granted.token }).await?;
+            locks
+                .release(native::ReleaseRequest { key: granted.key, token: granted.token, ..Default::default() })
+                .await?;
         }
         Workload::WatchHistory => unreachable!("a watch is not a request loop"),
     }

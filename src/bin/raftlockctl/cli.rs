@@ -50,13 +50,23 @@ pub(crate) enum Format {
 
 #[derive(Subcommand)]
 pub(crate) enum Cmd {
-    /// Acquire a lock; run CMD while holding it, or hold it until interrupted.
+    /// Acquire a lock (or several together, all or none: a multi-lock); run
+    /// CMD while holding it, or hold it until interrupted.
     Lock(LockArgs),
     /// Release a grant by key, fenced by its token.
     Release {
         key: String,
         #[arg(long)]
         token: i64,
+    },
+    /// Tell whether a grant still holds its lock, read linearizably: exit 0
+    /// if it does, 1 if not.
+    Validate {
+        key: String,
+        #[arg(long)]
+        token: i64,
+        #[arg(long, default_value_t = 1)]
+        permits: u32,
     },
     /// Show who holds a lock and who waits for it.
     Describe {
@@ -138,7 +148,10 @@ pub(crate) enum Cmd {
 
 #[derive(Args)]
 pub(crate) struct LockArgs {
-    pub(crate) name: String,
+    /// The lock's name; several names take them all together (a
+    /// multi-lock), with one fencing token for all.
+    #[arg(required = true, value_name = "NAME")]
+    pub(crate) names: Vec<String>,
     /// TTL of the lock's session lease, in seconds: how long a crashed holder keeps it.
     #[arg(long, default_value_t = 10)]
     pub(crate) ttl: i64,

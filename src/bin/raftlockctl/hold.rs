@@ -1,6 +1,7 @@
-//! The lock-and-run supervisor: `raftlockctl lock NAME [-- CMD]` takes a
-//! native lock, then holds it while CMD runs (or until a signal), passing
-//! the fencing token to CMD and stopping CMD if the lock is lost.
+//! The lock-and-run supervisor: `raftlockctl lock NAME... [-- CMD]` takes a
+//! native lock (several names: a multi-lock, all or none), then holds it
+//! while CMD runs (or until a signal), passing the fencing token to CMD and
+//! stopping CMD if the lock is lost.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -9,7 +10,7 @@ use anyhow::{anyhow, Result};
 use serde_json::{json, Value};
 use tokio::signal::unix::{signal, SignalKind};
 
-use raftlock::client::{Acquisition, LockOptions, Session};
+use raftlock::client::{Acquisition, LockOptions, MultiAcquisition, Session};
 
 use super::cli::{Format, LockArgs};
 use super::output::{owner_json, owner_line, text};
@@ -57,41 +58,59 @@ pub(crate) async fn hold(ctl: &Ctl, args: &LockArgs, session: &Session) -> Resul
     let options =
         LockOptions { wait, permits: args.permits, metadata: metadata.into_bytes(), read: args.read, reentrant: false };
     let mut signals = Signals::new()?;
+    let name = args.names.join(" ");
+    let taking = async {
+        if let [one] = args.names.as_slice() {
+            Ok::<_, anyhow::Error>(match session.lock(one, options).await? {
+                Acquisition::Held(guard) => Ok((vec![text(guard.key())], guard.token())),
+                Acquisition::Busy(holders) => Err((one.clone(), holders)),
+            })
+        } else {
+            Ok(match session.lock_all(&args.names, options).await? {
+                // One txn queued them all: one token for every grant.
+                MultiAcquisition::Held(guard) => Ok((
+                    guard.grants().iter().map(|g| text(&g.key)).collect(),
+                    guard.grants().first().map_or(0, |g| g.token),
+                )),
+                MultiAcquisition::Busy { blocked_on, holders } => Err((text(&blocked_on), holders)),
+            })
+        }
+    };
     let acquired = tokio::select! {
-        r = session.lock(&args.name, options) => r?,
-        // The server removes our place in the queue when the call goes away.
+        r = taking => r?,
+        // The server removes our places in the queues when the call goes away.
         sig = signals.recv() => return Ok(ExitCode::from((128 + sig) as u8)),
     };
-    let guard = match acquired {
-        Acquisition::Held(guard) => guard,
-        Acquisition::Busy(holders) => {
+    let (keys, token) = match acquired {
+        Ok(held) => held,
+        Err((blocked, holders)) => {
             let human = match holders.first() {
-                Some(h) => format!("lock {} is held by {}", args.name, owner_line(h)),
-                None => format!("lock {} was not acquired", args.name),
+                Some(h) => format!("lock {blocked} is held by {}", owner_line(h)),
+                None => format!("lock {blocked} was not acquired"),
             };
             match ctl.format {
                 Format::Simple => eprintln!("{human}"),
                 Format::Json => {
                     let holders: Vec<Value> = holders.iter().map(owner_json).collect();
-                    println!("{}", json!({"acquired": false, "name": args.name, "holders": holders}));
+                    println!("{}", json!({"acquired": false, "name": blocked, "holders": holders}));
                 }
             }
             return Ok(ExitCode::from(NOT_ACQUIRED));
         }
     };
-    let (key, token) = (text(guard.key()), guard.token());
+    let key = keys.join("\n");
     if !args.command.is_empty() {
-        return run_holding(&args.name, &args.command, session, &key, token, &mut signals).await;
+        return run_holding(&name, &args.command, session, &key, token, &mut signals).await;
     }
     ctl.print(
         format!("{key}\ntoken {token}"),
-        json!({"acquired": true, "name": args.name, "key": key, "token": token, "lease": format!("{:x}", session.lease()),
-               "mode": if args.read { "read" } else { "write" }}),
+        json!({"acquired": true, "name": name, "key": key, "keys": keys, "token": token,
+               "lease": format!("{:x}", session.lease()), "mode": if args.read { "read" } else { "write" }}),
     );
     Ok(tokio::select! {
         _ = signals.recv() => ExitCode::SUCCESS,
         _ = session.lost() => {
-            eprintln!("Error: lock {} lost: its lease ended", args.name);
+            eprintln!("Error: lock {name} lost: its lease ended");
             ExitCode::FAILURE
         }
     })
@@ -106,8 +125,9 @@ pub(crate) fn default_metadata() -> String {
 /// How long CMD has to stop after SIGTERM, once the lock is lost, before SIGKILL.
 pub(crate) const STOP_GRACE: Duration = Duration::from_secs(10);
 
-/// Run `command` while the lock is held: the key and fencing token go in its
-/// environment, SIGTERM and SIGHUP to us are passed on (a terminal's SIGINT
+/// Run `command` while the lock is held: the name, key and fencing token go
+/// in its environment (a multi-lock's names space-separated and its keys
+/// one per line; its one token is every grant's), SIGTERM and SIGHUP to us are passed on (a terminal's SIGINT
 /// reaches it directly: it is in our process group), and if the lease is lost
 /// it gets SIGTERM, then SIGKILL after [`STOP_GRACE`]. Returns the command's
 /// exit code (128 + signal if it was killed; 127 if it could not be started),

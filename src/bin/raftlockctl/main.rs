@@ -158,7 +158,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Cmd::Lock(args) => hold::lock(&ctl, args).await,
         Cmd::Release { key, token } => {
-            let req = locks::ReleaseRequest { key: key.into_bytes(), token };
+            let req = locks::ReleaseRequest { key: key.into_bytes(), token, ..Default::default() };
             let r = ctl.call(ctl.client.locks().release(req)).await?;
             let human = if r.released && r.holds > 0 {
                 format!("one hold released; the lease still holds the lock {} more time(s)", r.holds)
@@ -171,6 +171,31 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             };
             ctl.print(human, json!({"released": r.released, "holds": r.holds, "current_token": r.current_token}));
             Ok(if r.released { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+        }
+        Cmd::Validate { key, token, permits } => {
+            let r = ctl
+                .call(ctl.client.locks().validate(locks::ValidateRequest {
+                    key: key.clone().into_bytes(),
+                    token,
+                    permits,
+                }))
+                .await?;
+            let human = if r.current {
+                format!("current  lease={:x}  ttl={}", r.lease, r.ttl)
+            } else if r.current_token == 0 {
+                format!("not current: {key} no longer exists")
+            } else if r.current_token != token {
+                format!("not current: {key} belongs to a later grant (token {})", r.current_token)
+            } else {
+                format!("not current: {key} waits for the lock")
+            };
+            let lease = format!("{:x}", r.lease);
+            ctl.print(
+                human,
+                json!({"current": r.current, "current_token": r.current_token, "lease": lease, "ttl": r.ttl,
+                       "revision": r.header.map_or(0, |h| h.revision)}),
+            );
+            Ok(if r.current { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
         Cmd::Describe { name, permits } => {
             let req = locks::DescribeRequest { name: name.clone().into_bytes(), permits };
