@@ -265,6 +265,10 @@ fn start_workloads(ctx: &Context, lease_ctx: &Context, start_revision: i64, rng:
     for id in 9..12 {
         w.locks.push(tokio::spawn(workload::locks::client(ctx.clone(), id, Api::ReadWrite, names.clone(), rng.next())));
     }
+    // Multi-locks of both names, asked for in shuffled orders.
+    for id in 12..14 {
+        w.locks.push(tokio::spawn(workload::locks::multi_client(ctx.clone(), id, names.clone(), rng.next())));
+    }
     for i in 0..2 {
         let (name, prefix) = (format!("watch-{i}-{}", workload::registers::PREFIX), workload::registers::PREFIX);
         w.watches.push(tokio::spawn(workload::watches::watcher(
@@ -389,6 +393,7 @@ async fn run(
         + recorded.locks.writes.len()
         + 2 * recorded.locks.reads.len()
         + 2 * recorded.locks.reentries.len()
+        + recorded.locks.validations.len()
         + recorded.watches.iter().map(|w| w.messages.len()).sum::<usize>();
     let undecided = anomalies.iter().filter(|a| a.checker == "undecided").count();
     anomalies.retain(|a| a.checker != "undecided");
@@ -441,6 +446,7 @@ async fn check(
         counters: &counters,
         reads: &rec.locks.reads,
         reentries: &rec.locks.reentries,
+        validations: &rec.locks.validations,
     }));
 
     // When the lease watcher first saw each lease key deleted.
@@ -494,6 +500,7 @@ fn save(dir: &Path, rec: &Recorded, anomalies: &[Anomaly]) -> anyhow::Result<()>
         "guarded_writes": rec.locks.writes,
         "shared_reads": rec.locks.reads,
         "reentries": rec.locks.reentries,
+        "validations": rec.locks.validations,
         "watches": rec.watches,
     });
     std::fs::write(dir.join("history.json"), serde_json::to_vec(&history)?)?;

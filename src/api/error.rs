@@ -75,6 +75,9 @@ pub fn multi_lock_fields() -> Status {
         "raftlock: a multi-lock names its locks in `locks` (or its grants in `grants`); leave the one-lock fields unset",
     )
 }
+pub fn negative_start_revision() -> Status {
+    Status::invalid_argument("raftlock: start_revision must not be negative")
+}
 pub fn multi_lock_reentrant() -> Status {
     Status::invalid_argument("raftlock: a multi-lock cannot be reentrant")
 }

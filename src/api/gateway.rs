@@ -13,7 +13,7 @@
 //!   "message"}` with gRPC's numeric code and the HTTP status etcd's gateway
 //!   gives it (a body that is not the request's JSON: code 3, 400).
 //! - Streams (`/v3/watch`, `/v3/lease/keepalive`, `/v3/election/observe`,
-//!   `/v3/maintenance/snapshot`) answer one `{"result": message}` per line,
+//!   `/v3/maintenance/snapshot`, `/v1/locks/observe`) answer one `{"result": message}` per line,
 //!   and a failure as `{"error": {"grpc_code", "http_code", "message",
 //!   "http_status"}}`. The request body of `/v3/watch` and
 //!   `/v3/lease/keepalive` is a sequence of request objects; the stream stays
@@ -132,6 +132,7 @@ pub fn routes(grpc: Router) -> Router {
     calls! { server_stream:
         "/v3/election/observe" => ElectionClient::observe,
         "/v3/maintenance/snapshot" => MaintenanceClient::snapshot,
+        "/v1/locks/observe" => LocksClient::observe,
     }
     // A bidirectional stream: request objects in as the body arrives.
     let inner = grpc.clone();

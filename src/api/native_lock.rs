@@ -1,6 +1,7 @@
 //! raftlock's native lock API, `raftlock.v1.Locks` (Acquire, Release,
-//! Describe, List, Validate), as an adapter over `crate::locks::fenced` and,
-//! for multi-locks, `crate::locks::multi`.
+//! Describe, List, Validate, Observe), as an adapter over
+//! `crate::locks::fenced`, `crate::locks::multi` (multi-locks) and
+//! `crate::locks::observe` (lock events).
 //!
 //! Errors keep etcd's codes where etcd has the case (a missing lease is
 //! NotFound "etcdserver: requested lease not found"; availability is
@@ -17,6 +18,7 @@ use crate::base::limits::{MAX_LOCKS_PER_ACQUIRE, MAX_PERMITS};
 use crate::locks;
 use crate::locks::fenced::{self, Acquired, Owner, Wait};
 use crate::locks::multi::{self, MultiAcquired, Spec};
+use crate::locks::observe;
 use crate::model::auth::PermKind;
 use crate::node::Node;
 use crate::proto::raftlock::v1 as pb;
@@ -92,8 +94,61 @@ impl LocksService {
     }
 }
 
+type ObserveStream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<pb::ObserveResponse, Status>> + Send>>;
+
+fn event(e: observe::LockEvent) -> pb::LockEvent {
+    use observe::EventKind as K;
+    use pb::lock_event::Kind;
+    let kind = match e.kind {
+        K::Holding => Kind::Holding,
+        K::Waiting => Kind::Waiting,
+        K::Queued => Kind::Queued,
+        K::Granted => Kind::Granted,
+        K::Released => Kind::Released,
+        K::LeaseEnded => Kind::LeaseEnded,
+        K::Ended => Kind::Ended,
+    };
+    let owner = Owner { kv: e.owner, ttl: -1, granted_ttl: 0, mode: e.mode, holds: 0 };
+    pb::LockEvent {
+        kind: kind.into(),
+        owner: Some(self::owner(owner)),
+        revision: e.revision,
+        position: e.position as i64,
+        was_holding: e.was_holding,
+    }
+}
+
 #[tonic::async_trait]
 impl Locks for LocksService {
+    type ObserveStream = ObserveStream;
+
+    async fn observe(&self, req: Request<pb::ObserveRequest>) -> Result<Response<ObserveStream>, Status> {
+        let caller = auth::caller(&self.node, &req).await?;
+        let req = req.into_inner();
+        name(&req.name)?;
+        let prefix = locks::queue_prefix(&req.name);
+        auth::check(&self.node, &caller, &prefix, &locks::prefix_end(&prefix), PermKind::Read)?;
+        let permits = permits(req.permits)?;
+        if req.start_revision < 0 {
+            return Err(error::negative_start_revision());
+        }
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        let node = self.node.clone();
+        tokio::spawn(async move {
+            let outcome = observe::observe(&node, &req.name, permits, req.start_revision, &tx, |revision, events| {
+                Ok(pb::ObserveResponse {
+                    header: header(&node, revision),
+                    events: events.into_iter().map(event).collect(),
+                })
+            })
+            .await;
+            if let Err(e) = outcome {
+                let _ = tx.send(Err(error::native_recipe(e))).await;
+            }
+        });
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+    }
+
     async fn acquire(&self, req: Request<pb::AcquireRequest>) -> Result<Response<pb::AcquireResponse>, Status> {
         let arrived = std::time::Instant::now();
         let caller = auth::caller(&self.node, &req).await?;

@@ -53,6 +53,7 @@ pub mod election;
 pub mod fenced;
 pub mod multi;
 pub mod mutex;
+pub mod observe;
 pub mod stats;
 pub mod turn;
 

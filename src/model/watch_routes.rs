@@ -62,6 +62,10 @@ pub struct AppliedChanges {
     /// hold everything that changed: the readers of particular keys must look
     /// at the store again, as after a lag.
     pub resync: bool,
+    /// The revisions, ascending, at which a lease's end (its expiry or
+    /// revoke) deleted its keys: what tells a lock's observers that a grant
+    /// was lost, not released. Not kept in history.
+    pub lease_ended: Vec<Revision>,
 }
 
 /// The routing table of one member's watch sessions (see the module doc).
@@ -362,7 +366,7 @@ mod tests {
                 prev: None,
             })
             .collect();
-        Arc::new(AppliedChanges { revision, changes, resync: false })
+        Arc::new(AppliedChanges { revision, changes, resync: false, lease_ended: Vec::new() })
     }
 
     async fn woken(inbox: &Inbox) -> bool {
@@ -474,7 +478,12 @@ mod tests {
         let taken = inbox.take();
         assert_eq!((revisions(&taken), taken.lost_after), (vec![5000], None));
         // A replaced store, with nothing queued: lost after what was routed.
-        routes.route(&Arc::new(AppliedChanges { revision: 6000, changes: Vec::new(), resync: true }));
+        routes.route(&Arc::new(AppliedChanges {
+            revision: 6000,
+            changes: Vec::new(),
+            resync: true,
+            lease_ended: Vec::new(),
+        }));
         assert!(woken(&inbox).await);
         assert_eq!(inbox.take().lost_after, Some(5000));
         // Bytes: a batch that does not fit loses the ones queued before it.

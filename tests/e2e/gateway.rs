@@ -222,6 +222,14 @@ async fn native_locks_over_http_and_a_watch_that_stays_open() {
     assert_eq!(released["released"], json!(true), "{released}");
     assert_eq!(released["results"].as_array().map(Vec::len), Some(2));
 
+    // A lock's events, a line each: first the lock as it is (its holder's
+    // event kind is HOLDING, proto3's default, so left out as etcd's PUT is).
+    let body = json!({"name": b64("reports")}).to_string();
+    let observed = curl(&url, "POST", "/v1/locks/observe", Some(&body), None, Some(Duration::from_secs(1))).await;
+    let first: Value = serde_json::from_str(observed.body.lines().next().unwrap_or("{}")).unwrap();
+    let holding = &first["result"]["events"][0];
+    assert_eq!((holding.get("kind"), holding["owner"]["lease"].as_str()), (None, Some(other.as_str())), "{first}");
+
     // A watch stays open after its request body has ended, and reports a put
     // made later through another member.
     let watch_url = url.clone();

@@ -28,7 +28,13 @@
 //!    proof here: the guards show its key, with its token, existed at both
 //!    reads, so it held the lock in between, and no writer may have written;
 //! 7. reentrancy: a kept holder that acquired its lock again (reentrantly)
-//!    got the same token with two holds, and giving one back left one.
+//!    got the same token with two holds, and giving one back left one;
+//! 8. validation: `Validate` never answered "current" for an exclusive grant
+//!    of a mutex whose successor (a grant of the same name with a greater
+//!    token) had already been granted when the Validate was invoked. The
+//!    successor's `granted_at` is when its acquire returned, so the server
+//!    granted it earlier still, and a linearizable Validate invoked after
+//!    that must see the earlier grant gone.
 //!
 //! Caveat: fencing order is judged only for names whose grants say they are
 //! mutexes (`permits == 1`) or that have no recorded grant; a semaphore lets
@@ -112,6 +118,18 @@ pub struct Counter {
     pub increments_unknown: u64,
 }
 
+/// A holder asking `Validate` about its own exclusive grant of a mutex.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Validation {
+    pub name: String,
+    pub client: usize,
+    pub token: i64,
+    pub invoked: Time,
+    pub completed: Time,
+    /// What it answered.
+    pub current: bool,
+}
+
 /// What the lock clients recorded, for [`check_locks`].
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Recorded<'a> {
@@ -120,11 +138,12 @@ pub struct Recorded<'a> {
     pub counters: &'a [Counter],
     pub reads: &'a [SharedRead],
     pub reentries: &'a [Reentry],
+    pub validations: &'a [Validation],
 }
 
 /// Runs every lock check; see the module documentation.
 pub fn check_locks(recorded: Recorded<'_>) -> Vec<Anomaly> {
-    let Recorded { grants, writes, counters, reads, reentries } = recorded;
+    let Recorded { grants, writes, counters, reads, reentries, validations } = recorded;
     let mut anomalies = Vec::new();
 
     let mut grants_by_name: BTreeMap<&str, Vec<&Grant>> = BTreeMap::new();
@@ -169,6 +188,24 @@ pub fn check_locks(recorded: Recorded<'_>) -> Vec<Anomaly> {
                 r.client, r.token, r.token_again, r.holds_after_acquire, r.holds_after_release
             );
             anomalies.push(Anomaly::new(CHECKER, &r.name, what));
+        }
+    }
+    for v in validations.iter().filter(|v| v.current) {
+        if permits_by_name.get(v.name.as_str()).is_some_and(|&permits| permits != 1) {
+            continue;
+        }
+        let successors = grants_by_name.get(v.name.as_str()).into_iter().flatten();
+        if let Some(next) = successors.filter(|g| g.token > v.token && g.granted_at < v.invoked).min_by_key(|g| g.token)
+        {
+            let what = format!(
+                "Validate of client {}'s grant (token {}), invoked {}, answered current, but {} had been granted \
+                 before it",
+                v.client,
+                v.token,
+                format_time(v.invoked),
+                describe(next)
+            );
+            anomalies.push(Anomaly::new(CHECKER, &v.name, what));
         }
     }
     anomalies
@@ -376,6 +413,31 @@ mod tests {
             kept: true,
             shared: false,
         }
+    }
+
+    fn validation(token: i64, invoked: Time, current: bool) -> Validation {
+        Validation { name: "a".into(), client: 0, token, invoked, completed: invoked + 1, current }
+    }
+
+    #[test]
+    fn validate_answering_current_after_a_successor_was_granted_is_found() {
+        let grants = [grant("a", 0, 10, 0, 5, 20), grant("a", 1, 12, 3, 25, 40)];
+        let check =
+            |validations: &[Validation]| check_locks(Recorded { grants: &grants, validations, ..Default::default() });
+        // Current while it held, not current after: fine.
+        assert!(check(&[validation(10, 10, true), validation(10, 30, false)]).is_empty());
+        // Current, but invoked when the grant had ended and the next been
+        // granted: the later grant is named.
+        let anomaly = only(check(&[validation(10, 30, true)]));
+        assert!(anomaly.what.contains("token 10") && anomaly.what.contains("token 12"), "{}", anomaly.what);
+        // Invoked before the successor's acquire returned: it may still have
+        // been current, so nothing is claimed.
+        assert!(check(&[validation(10, 24, true)]).is_empty());
+        // A semaphore's validations are not judged.
+        let mut sem = grants.clone();
+        sem.iter_mut().for_each(|g| g.permits = 2);
+        assert!(check_locks(Recorded { grants: &sem, validations: &[validation(10, 30, true)], ..Default::default() })
+            .is_empty());
     }
 
     fn check(grants: &[Grant], writes: &[GuardedWrite], counters: &[Counter]) -> Vec<Anomaly> {

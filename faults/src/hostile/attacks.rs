@@ -26,6 +26,7 @@ pub const ALL: &[(&str, Attack)] = &[
     ("slow-watcher", slow_watcher),
     ("range-watch-flood", range_watch_flood),
     ("proclaim-hijack", proclaim_hijack),
+    ("lock-api-abuse", lock_api_abuse),
     ("peer-garbage", peer_garbage),
     ("auth-flood", auth_flood),
 ];
@@ -138,6 +139,82 @@ fn maximal_requests(t: &mut Target) -> BoxFuture<'_, anyhow::Result<String>> {
         let limit = c.get("/max/", Some(GetOptions::new().with_prefix().with_limit(i64::MAX))).await?;
         anyhow::ensure!(limit.kvs().len() == 1, "limit i64::MAX: {} keys", limit.kvs().len());
         seen.push("limit i64::MAX: served".into());
+        Ok(seen.join("; "))
+    })
+}
+
+/// The native lock API asked for what it must refuse or bound: oversized
+/// and malformed multi-locks, Validate of a key that names no lock, Observe
+/// from absurd revisions, and a thousand Observe streams on one lock opened
+/// and dropped; the lock still works after.
+fn lock_api_abuse(t: &mut Target) -> BoxFuture<'_, anyhow::Result<String>> {
+    use raftlock::proto::raftlock::v1 as pb;
+    Box::pin(async move {
+        let endpoint = format!("http://{}", t.client_addr(1));
+        let channel = tonic::transport::Endpoint::from_shared(endpoint)?.connect().await?;
+        let mut locks = pb::locks_client::LocksClient::new(channel);
+        let mut c = t.client(1).await?;
+        let lease = c.lease_grant(30, None).await?.id();
+        let spec = |name: String| pb::LockSpec { name: name.into_bytes(), ..Default::default() };
+        let acquire = |specs: Vec<pb::LockSpec>| pb::AcquireRequest { lease, locks: specs, ..Default::default() };
+        let refused = |what: &str, r: Result<tonic::Response<pb::AcquireResponse>, tonic::Status>, words: &str| match r
+        {
+            Err(s) if s.code() == tonic::Code::InvalidArgument && s.message().contains(words) => {
+                Ok(format!("{what}: InvalidArgument {:?}", s.message()))
+            }
+            other => Err(anyhow::anyhow!("{what}: expected InvalidArgument ({words}), got {other:?}")),
+        };
+        let mut seen = Vec::new();
+        let many = (0..65).map(|i| spec(format!("abuse/{i}"))).collect();
+        seen.push(refused("65 locks", locks.acquire(acquire(many)).await, "at most 64")?);
+        let nested = vec![spec("abuse/a".into()), spec("abuse/a/b".into())];
+        seen.push(refused("nested locks", locks.acquire(acquire(nested)).await, "nested")?);
+        let twice = vec![spec("abuse/a".into()), spec("abuse/a".into())];
+        seen.push(refused("a lock named twice", locks.acquire(acquire(twice)).await, "named twice")?);
+        // 64 locks with names of 20 KiB: one txn of 64 puts and 128 reads,
+        // granted at once and released together.
+        let wide: Vec<_> = (0..64).map(|i| spec(format!("abuse/{i:02}/{}", "n".repeat(20 << 10)))).collect();
+        let granted = locks.acquire(acquire(wide)).await?.into_inner();
+        anyhow::ensure!(granted.acquired && granted.grants.len() == 64, "64 wide locks: {}", granted.grants.len());
+        let release = pb::ReleaseRequest { grants: granted.grants, ..Default::default() };
+        anyhow::ensure!(locks.release(release).await?.into_inner().released, "64 wide locks not released");
+        seen.push("64 locks with 20 KiB names: granted and released together".into());
+        let bad = locks.validate(pb::ValidateRequest { key: vec![b'k'; 1 << 20], token: 1, permits: 1 }).await;
+        match bad {
+            Err(s) if s.code() == tonic::Code::InvalidArgument => {
+                seen.push("Validate of a 1 MiB key with no '/': InvalidArgument".into())
+            }
+            other => anyhow::bail!("Validate of a key with no '/': {other:?}"),
+        }
+        let observe = |start_revision| pb::ObserveRequest { name: b"abuse/o".to_vec(), permits: 1, start_revision };
+        match locks.observe(observe(-1)).await {
+            Err(s) if s.code() == tonic::Code::InvalidArgument => {}
+            other => anyhow::bail!("Observe from revision -1: {:?}", other.map(|_| ())),
+        }
+        let mut far = locks.observe(observe(i64::MAX)).await?.into_inner();
+        far.message().await?;
+        seen.push("Observe from -1: InvalidArgument; from i64::MAX: served from now".into());
+        // A thousand observers of one lock, then a grant they all see, then gone.
+        let mut streams = Vec::new();
+        for _ in 0..1000 {
+            let mut s = locks.observe(observe(0)).await?.into_inner();
+            s.message().await?;
+            streams.push(s);
+        }
+        let one = pb::AcquireRequest { name: b"abuse/o".to_vec(), lease, ..Default::default() };
+        anyhow::ensure!(locks.acquire(one).await?.into_inner().acquired, "the observed lock was not granted");
+        let told = tokio::time::timeout(Duration::from_secs(30), async {
+            for s in &mut streams {
+                s.message().await?;
+            }
+            Ok::<_, tonic::Status>(())
+        })
+        .await;
+        anyhow::ensure!(matches!(told, Ok(Ok(()))), "not every observer was told of the grant: {told:?}");
+        drop(streams);
+        c.lease_revoke(lease).await?;
+        t.still_serving().await?;
+        seen.push(format!("1000 observers of one lock all told of its grant; peak RSS {} MiB", t.peak_rss_mib()));
         Ok(seen.join("; "))
     })
 }

@@ -1,6 +1,7 @@
 //! Locks: etcd's Lock API and raftlock's native API contending for the same
-//! names — the native API with write locks, and with read and write locks
-//! some of which are acquired again reentrantly — and a native semaphore.
+//! names — the native API with write locks, with read and write locks some
+//! of which are acquired again reentrantly, and with multi-locks that take
+//! both names at once — and a native semaphore.
 //!
 //! A holder of a mutex does fenced increments of the lock's counter: it
 //! reads the counter, then writes counter + 1 in a Txn guarded by its own
@@ -15,6 +16,12 @@
 //! reentrantly, without waiting, and gives that hold back before its work:
 //! the answers must show the same token, two holds, then one.
 //!
+//! A mutex holder also asks `Validate` about its own grant, once it has
+//! written: the answer is recorded with its interval, for the checker that
+//! no successor was granted before a "current" answer. A multi-lock's grant
+//! is recorded as one grant per name (same token, same interval), and its
+//! holder does its fenced increments on every name's counter.
+//!
 //! Every grant is recorded with its interval as the client saw it (acquire
 //! completed .. release invoked) and whether the holder's lease certainly
 //! lived through it: the grant and the keepalives answered with a TTL must
@@ -26,8 +33,8 @@ use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, LockOptions, Txn, TxnOp};
 use raftlock::proto::raftlock::v1::locks_client::LocksClient;
-use raftlock::proto::raftlock::v1::{AcquireRequest, Mode, ReleaseRequest};
-use raftlock_faults::check::locks::{Grant, GuardedWrite, Reentry, SharedRead};
+use raftlock::proto::raftlock::v1::{AcquireRequest, LockSpec, Mode, ReleaseRequest, ValidateRequest};
+use raftlock_faults::check::locks::{Grant, GuardedWrite, Reentry, SharedRead, Validation};
 use raftlock_faults::history::{Outcome, Time};
 use tonic::transport::{Channel, Endpoint};
 
@@ -64,6 +71,7 @@ pub struct LockHistory {
     pub increments: std::collections::BTreeMap<String, (u64, u64)>,
     pub reads: Vec<SharedRead>,
     pub reentries: Vec<Reentry>,
+    pub validations: Vec<Validation>,
 }
 
 impl LockHistory {
@@ -72,6 +80,7 @@ impl LockHistory {
         self.writes.extend(other.writes);
         self.reads.extend(other.reads);
         self.reentries.extend(other.reentries);
+        self.validations.extend(other.validations);
         for (name, (ok, unknown)) in other.increments {
             let e = self.increments.entry(name).or_default();
             e.0 += ok;
@@ -310,6 +319,119 @@ async fn increment(c: &mut Client, name: &str, held: &Held, client: usize, histo
     written
 }
 
+/// Ask `Validate` about the grant `held` of mutex `name`; `None` without a
+/// certain answer.
+async fn validate(
+    ctx: &Context,
+    native: &mut LocksClient<Channel>,
+    name: &str,
+    held: &Held,
+    client: usize,
+) -> Option<Validation> {
+    let invoked = ctx.clock.now();
+    let req = ValidateRequest { key: held.key.clone(), token: held.token, permits: 1 };
+    let answer = bounded(native.validate(req)).await.ok()?.into_inner();
+    let completed = ctx.clock.now();
+    Some(Validation { name: name.to_string(), client, token: held.token, invoked, completed, current: answer.current })
+}
+
+/// Take every one of `names` at once (a multi-lock), in the order given; the
+/// grants in the same order.
+async fn acquire_all(native: &mut LocksClient<Channel>, names: &[String], lease: i64) -> Result<Vec<Held>, String> {
+    let req = AcquireRequest {
+        lease,
+        wait_ms: ACQUIRE_WAIT.as_millis() as i64,
+        locks: names.iter().map(|n| LockSpec { name: n.as_bytes().to_vec(), ..Default::default() }).collect(),
+        ..Default::default()
+    };
+    let resp = tokio::time::timeout(ACQUIRE_WAIT + Duration::from_secs(1), native.acquire(req))
+        .await
+        .map_err(|_| "acquire timed out".to_string())?
+        .map_err(|s| s.message().to_string())?
+        .into_inner();
+    if !resp.acquired {
+        return Err("not acquired within the wait".to_string());
+    }
+    if resp.grants.len() != names.len() {
+        return Err(format!("{} grants for {} locks", resp.grants.len(), names.len()));
+    }
+    Ok(resp.grants.into_iter().map(|g| Held { key: g.key, token: g.token }).collect())
+}
+
+/// One client taking all of `names` together (multi-locks), each time in a
+/// shuffled order, and incrementing every name's counter under the set.
+pub async fn multi_client(ctx: Context, id: usize, mut names: Vec<String>, seed: u64) -> LockHistory {
+    let mut rng = Rng::new(seed);
+    let mut history = LockHistory::default();
+    let mut member = id % ctx.endpoints.len();
+    while !ctx.stopping() {
+        let endpoint = ctx.endpoints[member].clone();
+        let (Ok(mut c), Ok(channel)) =
+            (connect(std::slice::from_ref(&endpoint)).await, Endpoint::from_shared(endpoint))
+        else {
+            member = rng.below(ctx.endpoints.len());
+            ctx.pause(BACKOFF).await;
+            continue;
+        };
+        let mut native = LocksClient::new(channel.connect_lazy());
+        let Ok(lease) = HeldLease::grant(&ctx, &mut c, member).await else {
+            member = rng.below(ctx.endpoints.len());
+            ctx.pause(BACKOFF).await;
+            continue;
+        };
+        while !ctx.stopping() {
+            for i in (1..names.len()).rev() {
+                names.swap(i, rng.below(i + 1));
+            }
+            let acquire_invoked = ctx.clock.now();
+            let Ok(held) = acquire_all(&mut native, &names, lease.id).await else { break };
+            let granted_at = ctx.clock.now();
+            let mut deposed = false;
+            'names: for (name, held) in names.iter().zip(&held) {
+                match increment(&mut c, name, held, id, &mut history).await {
+                    Some(true) => {}
+                    Some(false) => {
+                        deposed = true;
+                        break 'names;
+                    }
+                    None => break 'names,
+                }
+            }
+            let released_at = ctx.clock.now();
+            let grants = held
+                .iter()
+                .map(|h| raftlock::proto::raftlock::v1::Grant {
+                    key: h.key.clone(),
+                    token: h.token,
+                    ..Default::default()
+                })
+                .collect();
+            let req = ReleaseRequest { grants, ..Default::default() };
+            let released = bounded(native.release(req)).await.map(|r| r.into_inner().released);
+            let kept = !deposed && matches!(released, Ok(true)) && lease.covers(granted_at, released_at);
+            for (name, held) in names.iter().zip(&held) {
+                history.grants.push(Grant {
+                    name: name.clone(),
+                    client: id,
+                    permits: 1,
+                    token: held.token,
+                    acquire_invoked,
+                    granted_at,
+                    released_at,
+                    kept,
+                    shared: false,
+                });
+            }
+            if released.is_err() {
+                break;
+            }
+        }
+        lease.give_up(&mut c).await;
+        member = rng.below(ctx.endpoints.len());
+    }
+    history
+}
+
 /// One client taking `names` in turn through `api`.
 pub async fn client(ctx: Context, id: usize, api: Api, names: Vec<String>, seed: u64) -> LockHistory {
     let mut rng = Rng::new(seed);
@@ -393,6 +515,9 @@ pub async fn client(ctx: Context, id: usize, api: Api, names: Vec<String>, seed:
                             }
                             None => break,
                         }
+                    }
+                    if let Some(v) = validate(&ctx, &mut native, &name, &held, id).await {
+                        history.validations.push(v);
                     }
                 }
                 (false, false, _) => {

@@ -68,6 +68,16 @@ pub(crate) enum Cmd {
         #[arg(long, default_value_t = 1)]
         permits: u32,
     },
+    /// Print a lock's events until interrupted: its holders and waiters,
+    /// then every place queued, granted and ended (released, or its lease's end).
+    Observe {
+        name: String,
+        #[arg(long, default_value_t = 1)]
+        permits: u32,
+        /// Start with the changes from this revision on (history included).
+        #[arg(long, default_value_t = 0)]
+        rev: i64,
+    },
     /// Show who holds a lock and who waits for it.
     Describe {
         name: String,

@@ -1,6 +1,5 @@
-//! The commands that speak etcd's v3 API and hold a stream or ask every
-//! endpoint: `elect`, `watch`, `lease`, `endpoint status|health`,
-//! `snapshot save`.
+//! The commands that hold a stream or ask every endpoint: `elect`,
+//! `observe`, `watch`, `lease`, `endpoint status|health`, `snapshot save`.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -14,7 +13,7 @@ use raftlock::proto::v3electionpb as election;
 
 use super::cli::{Format, LeaseCmd};
 use super::hold::Signals;
-use super::output::{kv_json, text};
+use super::output::{kv_json, owner_json, owner_line, text};
 use super::Ctl;
 
 pub(crate) async fn elect(
@@ -70,6 +69,47 @@ pub(crate) async fn elect(
     }
     session.close().await?;
     Ok(code)
+}
+
+/// `observe NAME`: a lock's events, one line (or JSON object) each, until
+/// interrupted: its holders and waiters first, then every change.
+pub(crate) async fn observe(ctl: &Ctl, name: String, permits: u32, rev: i64) -> Result<ExitCode> {
+    use raftlock::proto::raftlock::v1::lock_event::Kind;
+    let mut signals = Signals::new()?;
+    let mut stream = ctl.client.observe(name.as_bytes(), permits, rev).await?;
+    loop {
+        let message = tokio::select! {
+            m = stream.message() => match m? {
+                Some(m) => m,
+                None => return Ok(ExitCode::SUCCESS),
+            },
+            _ = signals.recv() => return Ok(ExitCode::SUCCESS),
+        };
+        for e in &message.events {
+            let kind = match e.kind() {
+                Kind::Holding => "holding",
+                Kind::Waiting => "waiting",
+                Kind::Queued => "queued",
+                Kind::Granted => "granted",
+                Kind::Released => "released",
+                Kind::LeaseEnded => "lease-ended",
+                Kind::Ended => "ended",
+            };
+            let owner = e.owner.clone().unwrap_or_default();
+            let mut human = format!("{:<11} {}  rev={}", kind, owner_line(&owner), e.revision);
+            if matches!(e.kind(), Kind::Waiting | Kind::Queued) {
+                human += &format!("  position={}", e.position);
+            }
+            if e.was_holding {
+                human += "  (was holding)";
+            }
+            ctl.print(
+                human,
+                json!({"name": name, "event": kind, "revision": e.revision, "position": e.position,
+                       "was_holding": e.was_holding, "owner": owner_json(&owner)}),
+            );
+        }
+    }
 }
 
 pub(crate) async fn watch(ctl: &Ctl, create: etcd::WatchCreateRequest) -> Result<ExitCode> {

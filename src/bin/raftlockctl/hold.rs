@@ -1,7 +1,9 @@
 //! The lock-and-run supervisor: `raftlockctl lock NAME... [-- CMD]` takes a
 //! native lock (several names: a multi-lock, all or none), then holds it
 //! while CMD runs (or until a signal), passing the fencing token to CMD and
-//! stopping CMD if the lock is lost.
+//! stopping CMD if the lock is lost: its lease could not be kept alive, or
+//! the lock's events say the grant ended (its lease was revoked, or its key
+//! deleted by someone else) — told as soon as a member applies the change.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -98,9 +100,10 @@ pub(crate) async fn hold(ctl: &Ctl, args: &LockArgs, session: &Session) -> Resul
             return Ok(ExitCode::from(NOT_ACQUIRED));
         }
     };
+    let lost_lock = std::pin::pin!(lost(ctl, session, &keys, token));
     let key = keys.join("\n");
     if !args.command.is_empty() {
-        return run_holding(&name, &args.command, session, &key, token, &mut signals).await;
+        return run_holding(&name, &args.command, session, &key, token, &mut signals, lost_lock).await;
     }
     ctl.print(
         format!("{key}\ntoken {token}"),
@@ -109,11 +112,32 @@ pub(crate) async fn hold(ctl: &Ctl, args: &LockArgs, session: &Session) -> Resul
     );
     Ok(tokio::select! {
         _ = signals.recv() => ExitCode::SUCCESS,
-        _ = session.lost() => {
-            eprintln!("Error: lock {name} lost: its lease ended");
+        reason = lost_lock => {
+            eprintln!("Error: lock {name} lost: {reason}");
             ExitCode::FAILURE
         }
     })
+}
+
+/// Resolves when the lock held under `session` (its grants `keys`, all made
+/// with `token`) is lost, saying how: the session could not keep its lease
+/// alive, or a grant's events tell that it ended ([`raftlock::client::Client::grant_ended`]).
+async fn lost(ctl: &Ctl, session: &Session, keys: &[String], token: i64) -> String {
+    use raftlock::proto::raftlock::v1::lock_event::Kind;
+    let ended = async {
+        let ends = keys.iter().map(|key| Box::pin(ctl.client.grant_ended(key.as_bytes(), token)));
+        match futures::future::select_all(ends).await.0 {
+            Ok(Kind::LeaseEnded) => "its lease ended".to_string(),
+            Ok(Kind::Released) => "its key was deleted by another client".to_string(),
+            Ok(_) => "its key is gone".to_string(),
+            // The events cannot be followed (refused): the lease alone tells.
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = session.lost() => "its lease ended".to_string(),
+        reason = ended => reason,
+    }
 }
 
 pub(crate) fn default_metadata() -> String {
@@ -139,6 +163,7 @@ pub(crate) async fn run_holding(
     key: &str,
     token: i64,
     signals: &mut Signals,
+    mut lost_lock: std::pin::Pin<&mut impl std::future::Future<Output = String>>,
 ) -> Result<ExitCode> {
     let spawned = tokio::process::Command::new(&command[0])
         .args(&command[1..])
@@ -170,10 +195,10 @@ pub(crate) async fn run_holding(
             sig = signals.recv() => if sig != libc::SIGINT {
                 signal_child(sig);
             },
-            _ = session.lost(), if !lost => {
+            reason = &mut lost_lock, if !lost => {
                 lost = true;
                 kill_at = Some(tokio::time::Instant::now() + STOP_GRACE);
-                eprintln!("Error: lock {name} lost: its lease ended; stopping {}", command[0]);
+                eprintln!("Error: lock {name} lost: {reason}; stopping {}", command[0]);
                 signal_child(libc::SIGTERM);
             }
             _ = async { tokio::time::sleep_until(kill_at.expect("set")).await }, if kill_at.is_some() => {

@@ -288,6 +288,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             ctl.print(r.deleted, json!({"deleted": r.deleted, "revision": r.header.map_or(0, |h| h.revision)}));
             Ok(ExitCode::SUCCESS)
         }
+        Cmd::Observe { name, permits, rev } => commands::observe(&ctl, name, permits, rev).await,
         Cmd::Watch { key, range_end: end, prefix, rev, prev_kv } => {
             let (key, range_end) = key_range(key, end, prefix);
             let create =

@@ -28,6 +28,9 @@ pub(super) struct Apply<'a> {
     state: &'a AppliedState,
     pub journal: Vec<JournalOp<SharedVersion>>,
     pub published: Vec<Change>,
+    /// The revisions at which a lease's end deleted its keys, ascending
+    /// (`AppliedChanges::lease_ended`).
+    pub lease_ended: Vec<i64>,
     /// This member's ID, by which it finds its own forwarded writes (None:
     /// it answers none).
     me: Option<u64>,
@@ -38,7 +41,7 @@ pub(super) struct Apply<'a> {
 
 impl<'a> Apply<'a> {
     pub fn new(state: &'a AppliedState, me: Option<u64>) -> Apply<'a> {
-        Apply { state, journal: Vec::new(), published: Vec::new(), me, answered: Vec::new() }
+        Apply { state, journal: Vec::new(), published: Vec::new(), lease_ended: Vec::new(), me, answered: Vec::new() }
     }
 
     /// Apply one command of an entry appended in `term`; `is_member` tells
@@ -162,6 +165,9 @@ impl<'a> Apply<'a> {
                     Some(keys) => {
                         self.journal.push(JournalOp::LeaseRevoke(id));
                         let (revision, changes) = mvcc.delete_keys(&keys);
+                        if !changes.is_empty() {
+                            self.lease_ended.push(revision);
+                        }
                         self.record(changes);
                         CommandResult::LeaseRevoked { revision }
                     }

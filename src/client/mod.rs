@@ -48,6 +48,8 @@ use crate::proto::raftlock::v1::locks_client::LocksClient;
 use crate::proto::v3electionpb as election;
 use crate::proto::v3electionpb::election_client::ElectionClient;
 
+mod events;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     #[error("invalid endpoint {0}: {1}")]
@@ -346,6 +348,13 @@ impl MultiGuard {
         &self.grants
     }
 
+    /// Resolves when any grant of the set ends without its release here,
+    /// with how ([`Client::grant_ended`]).
+    pub async fn lost(&self) -> Result<locks::lock_event::Kind, ClientError> {
+        let ends = self.grants.iter().map(|g| Box::pin(self.client.grant_ended(&g.key, g.token)));
+        futures::future::select_all(ends).await.0
+    }
+
     /// Release every grant, each fenced by its token; true if all were
     /// still held and are now released.
     pub async fn release(self) -> Result<bool, ClientError> {
@@ -380,6 +389,14 @@ impl Guard {
     /// The session's holds on the grant when it was granted, this one's included.
     pub fn holds(&self) -> u32 {
         self.holds
+    }
+
+    /// Resolves when the grant ends without this guard's release: its lease
+    /// ended, or its key was deleted by someone else ([`Client::grant_ended`]).
+    /// A holder that selects on it learns of the loss as soon as a member
+    /// it reaches has applied it.
+    pub async fn lost(&self) -> Result<locks::lock_event::Kind, ClientError> {
+        self.client.grant_ended(&self.key, self.token).await
     }
 
     /// Whether the grant still holds its lock (of `permits`), asked of the
