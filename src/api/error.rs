@@ -70,6 +70,9 @@ pub fn too_many_permits(max: u32) -> Status {
 pub fn too_many_locks(max: usize) -> Status {
     Status::invalid_argument(format!("raftlock: a multi-lock takes at most {max} locks"))
 }
+pub fn multi_lock_names_too_long(max: usize) -> Status {
+    Status::invalid_argument(format!("raftlock: a multi-lock's names may have at most {max} bytes together"))
+}
 pub fn multi_lock_fields() -> Status {
     Status::invalid_argument(
         "raftlock: a multi-lock names its locks in `locks` (or its grants in `grants`); leave the one-lock fields unset",

@@ -14,7 +14,7 @@ use std::time::Duration;
 use tonic::{Request, Response, Status};
 
 use super::{auth, error, header};
-use crate::base::limits::{MAX_LOCKS_PER_ACQUIRE, MAX_PERMITS};
+use crate::base::limits::{MAX_LOCKS_PER_ACQUIRE, MAX_MULTI_LOCK_NAME_BYTES, MAX_PERMITS};
 use crate::locks;
 use crate::locks::fenced::{self, Acquired, Owner, Wait};
 use crate::locks::multi::{self, MultiAcquired, Spec};
@@ -206,6 +206,7 @@ impl Locks for LocksService {
     async fn release(&self, req: Request<pb::ReleaseRequest>) -> Result<Response<pb::ReleaseResponse>, Status> {
         let caller = auth::caller(&self.node, &req).await?;
         let req = req.into_inner();
+        super::check_request_size(&req)?;
         if !req.grants.is_empty() {
             return self.release_all(&caller, req).await;
         }
@@ -308,6 +309,9 @@ impl LocksService {
         }
         if req.locks.len() > MAX_LOCKS_PER_ACQUIRE {
             return Err(error::too_many_locks(MAX_LOCKS_PER_ACQUIRE));
+        }
+        if req.locks.iter().map(|l| l.name.len()).sum::<usize>() > MAX_MULTI_LOCK_NAME_BYTES {
+            return Err(error::multi_lock_names_too_long(MAX_MULTI_LOCK_NAME_BYTES));
         }
         auth::check_lease(&self.node, caller, req.lease).map_err(error::auth)?;
         if req.lease == 0 {

@@ -52,6 +52,11 @@ pub const MAX_PERMITS: u32 = 1024;
 /// that reads every queue whole, three operations per lock.
 pub const MAX_LOCKS_PER_ACQUIRE: usize = 64;
 
+/// The most bytes a multi-lock's names may have together: its grants, which
+/// a client hands back whole to release them, repeat each name twice (the
+/// name and the owner key), and must still fit a request.
+pub const MAX_MULTI_LOCK_NAME_BYTES: usize = 512 * 1024;
+
 /// Snapshot stream chunk size (etcd's).
 pub const SNAPSHOT_CHUNK_BYTES: usize = 32 * 1024;
 

@@ -358,7 +358,9 @@ impl MultiGuard {
     /// Release every grant, each fenced by its token; true if all were
     /// still held and are now released.
     pub async fn release(self) -> Result<bool, ClientError> {
-        let req = locks::ReleaseRequest { grants: self.grants, ..Default::default() };
+        // A release needs each grant's key and token, not its name.
+        let grants = self.grants.into_iter().map(|g| locks::Grant { name: Vec::new(), ..g }).collect();
+        let req = locks::ReleaseRequest { grants, ..Default::default() };
         Ok(self.client.locks().release(req).await?.into_inner().released)
     }
 }

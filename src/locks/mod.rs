@@ -94,11 +94,24 @@ pub enum RecipeError {
     #[error("the lock's hold count kept changing")]
     Contended,
     /// A key named for validation is not a lock's owner key (no `/`).
-    #[error("raftlock: {:?} is not a lock's owner key (it has no '/')", String::from_utf8_lossy(.0))]
+    #[error("raftlock: {} is not a lock's owner key (it has no '/')", shown(.0))]
     NotAnOwnerKey(Vec<u8>),
     /// A multi-lock found the lease queued for some of its locks already.
-    #[error("raftlock: the lease already holds or waits for lock {:?}; a multi-lock takes all its locks at once", String::from_utf8_lossy(.0))]
+    #[error("raftlock: the lease already holds or waits for lock {}; a multi-lock takes all its locks at once", shown(.0))]
     PartlyQueued(Vec<u8>),
+}
+
+/// How an error message shows a name or key from a request: quoted, and cut
+/// to its first 64 bytes, since a message travels in a header (a long one
+/// can make a client drop the connection) and must not echo a request.
+pub fn shown(bytes: &[u8]) -> String {
+    const SHOWN: usize = 64;
+    let text = String::from_utf8_lossy(&bytes[..bytes.len().min(SHOWN)]);
+    if bytes.len() > SHOWN {
+        format!("{text:?}… ({} bytes)", bytes.len())
+    } else {
+        format!("{text:?}")
+    }
 }
 
 impl From<WriteError> for RecipeError {

@@ -35,7 +35,9 @@ use std::time::Instant;
 
 use super::fenced::{self, Owner, Wait};
 use super::turn::{wait_for_turn, CleanupOnDrop, GaveUp, Waits};
-use super::{create_revision_is, front_range, holders_and_waiters, owner_key, queue_prefix, Mode, Queued, RecipeError};
+use super::{
+    create_revision_is, front_range, holders_and_waiters, owner_key, queue_prefix, shown, Mode, Queued, RecipeError,
+};
 use crate::model::mvcc::{KeyValue, PutRequest, RangeRequest, RequestOp, ResponseOp, TxnRequest};
 use crate::node::{Node, ServerError};
 
@@ -70,17 +72,13 @@ pub fn set_problem(specs: &[Spec]) -> Option<String> {
     for pair in names.windows(2) {
         let (a, b) = (pair[0], pair[1]);
         if a == b {
-            return Some(format!("lock {:?} is named twice", String::from_utf8_lossy(a)));
+            return Some(format!("lock {} is named twice", shown(a)));
         }
     }
     for a in &names {
         let prefix = queue_prefix(a);
         if let Some(b) = names.iter().find(|b| b.starts_with(&prefix)) {
-            return Some(format!(
-                "lock {:?} is nested under lock {:?} of the same set",
-                String::from_utf8_lossy(b),
-                String::from_utf8_lossy(a)
-            ));
+            return Some(format!("lock {} is nested under lock {} of the same set", shown(b), shown(a)));
         }
     }
     None

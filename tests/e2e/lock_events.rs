@@ -203,7 +203,7 @@ async fn raftlockctl_stops_its_command_when_its_key_is_deleted_by_another_client
     let c = native(&cluster, 0).await;
     // The lease lives on (a TTL of 30 s, kept alive): only the events can
     // tell raftlockctl that its grant is gone.
-    let mut holder = crate::common::raftlockctl()
+    let holder = crate::common::raftlockctl()
         .args(["--endpoints", &cluster.members[1].endpoint(), "lock", "deploy", "--ttl", "30", "--", "sleep", "60"])
         .stderr(Stdio::piped())
         .spawn()
