@@ -91,8 +91,10 @@ const SEARCH_BUDGET: usize = 20_000_000;
 struct Row {
     nemesis: &'static str,
     ops: usize,
-    /// Lock grants: all, read locks, and those that re-entered.
-    grants: (usize, usize, usize),
+    /// Lock grants: all, read locks, those that re-entered, those of
+    /// multi-locks; and Validate answers (all, "current").
+    grants: (usize, usize, usize, usize),
+    validations: (usize, usize),
     faults: u64,
     anomalies: Vec<Anomaly>,
     undecided: usize,
@@ -174,8 +176,13 @@ async fn main() -> anyhow::Result<()> {
             row.undecided,
             row.seconds
         );
-        let (grants, read, reentered) = row.grants;
-        println!("  {:<22} {grants:>8} lock grants: {read} read, {reentered} re-entered", "");
+        let (grants, read, reentered, multi) = row.grants;
+        let (validated, current) = row.validations;
+        println!(
+            "  {:<22} {grants:>8} lock grants: {read} read, {reentered} re-entered, {multi} in multi-locks; \
+             {validated} validated ({current} current)",
+            ""
+        );
         for a in row.anomalies.iter().take(20) {
             println!("      {a}");
         }
@@ -401,8 +408,23 @@ async fn run(
         save(dir, &recorded, &anomalies)?;
     }
     let locks = &recorded.locks;
-    let grants = (locks.grants.len(), locks.grants.iter().filter(|g| g.shared).count(), locks.reentries.len());
-    Ok(Row { nemesis: nemesis.name(), ops, grants, faults: injector.faults, anomalies, undecided, seconds: 0 })
+    let grants = (
+        locks.grants.len(),
+        locks.grants.iter().filter(|g| g.shared).count(),
+        locks.reentries.len(),
+        locks.grants.iter().filter(|g| g.multi).count(),
+    );
+    let validations = (locks.validations.len(), locks.validations.iter().filter(|v| v.current).count());
+    Ok(Row {
+        nemesis: nemesis.name(),
+        ops,
+        grants,
+        validations,
+        faults: injector.faults,
+        anomalies,
+        undecided,
+        seconds: 0,
+    })
 }
 
 /// Run every checker over what was recorded, reading the final state

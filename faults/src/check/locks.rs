@@ -70,6 +70,10 @@ pub struct Grant {
     /// A read lock's grant: shared with other readers, not with writers.
     #[serde(default)]
     pub shared: bool,
+    /// One lock of a multi-lock's grant (the set's other grants have the
+    /// same token and interval).
+    #[serde(default)]
+    pub multi: bool,
 }
 
 /// A reader's two reads of the counter, each guarded by its fencing token.
@@ -412,6 +416,7 @@ mod tests {
             released_at,
             kept: true,
             shared: false,
+            multi: false,
         }
     }
 

@@ -420,6 +420,7 @@ pub async fn multi_client(ctx: Context, id: usize, mut names: Vec<String>, seed:
                     released_at,
                     kept,
                     shared: false,
+                    multi: true,
                 });
             }
             if released.is_err() {
@@ -542,6 +543,7 @@ pub async fn client(ctx: Context, id: usize, api: Api, names: Vec<String>, seed:
                 released_at,
                 kept,
                 shared: read,
+                multi: false,
             });
             if released.is_err() || reentrant && !reentered {
                 break;
