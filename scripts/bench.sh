@@ -28,6 +28,9 @@
 #                               # gap between two acknowledged writes, for
 #                               # the client on the new leader and the other
 #                               # (FAILOVER_ROUNDS, default 10 and 5)
+#   scripts/bench.sh observers  # lock handoffs with 0 and with 1,000 lock-event
+#                               # streams (Observe) on the lock, alternating
+#                               # (ROUNDS, default 3)
 #   scripts/bench.sh memory     # memory instead: RSS per member after 300k
 #                               # puts of 1 KiB (100k keys, so 2/3 of it is
 #                               # history), then after compaction + defrag;
@@ -397,6 +400,21 @@ for r in sorted(rows, key=lambda r: (r["event"], r["system"])):
     print(f"{r['event']:<16} {r['system']:<9} {r['event_seconds']:>8.2f} {r['elections']:>9} {b['ops_per_sec']:>8.0f}"
           f" {b['p50_ms']:>8.2f} {b['p99_ms']:>8.2f} {b['max_ms']:>8.1f} {b['errors']:>6}")
 PY
+  exit 0
+fi
+
+if [ "${1:-}" = observers ]; then
+  # Lock handoffs (16 clients on one native lock) with no lock-event
+  # streams, then with 1,000 (Observe on the same lock, spread over the
+  # members, each reading every event), alternating, ROUNDS times (default 3).
+  start_cluster raftlock 24790
+  for round in $(seq "${ROUNDS:-3}"); do
+    for n in 0 1000; do
+      out=$("$ctl" --endpoints "$endpoints" -w json bench native-lock --clients 16 --conns 4 --lock-names 1 \
+        --total $((4000 / scale)) --lock-observers $n)
+      python3 -c 'import json, sys; r = json.loads(sys.argv[2]); print("round %s, %5d observers: %6.0f handoffs/s  p50 %6.2f ms  p99 %6.2f ms" % (sys.argv[3], int(sys.argv[1]), r["ops_per_sec"], r["p50_ms"], r["p99_ms"]))' "$n" "$out" "$round"
+    done
+  done
   exit 0
 fi
 

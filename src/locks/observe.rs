@@ -96,8 +96,8 @@ impl Queue {
     }
 
     /// The keys that hold, as [`super::holders_and_waiters`] decides (the
-    /// same rules, tested against it below), looking only at the front of
-    /// the queue: behind the first waiter, every place waits.
+    /// same rules, tested against it below); with one permit it looks only
+    /// at the front of the queue, up to the first waiter.
     fn holders(&self) -> Vec<Vec<u8>> {
         let (mut ahead, mut writers_ahead) = (0, 0);
         let mut holders = Vec::new();
@@ -111,10 +111,14 @@ impl Queue {
                 }
             };
             ahead += 1;
-            if !holds {
+            if holds {
+                holders.push(kv.key.clone());
+            } else if self.permits == 1 {
+                // With one permit, every place behind a waiter waits too (a
+                // writer has someone ahead; a reader, a writer ahead). With
+                // more, a writer behind a waiting reader may still hold.
                 break;
             }
-            holders.push(kv.key.clone());
         }
         holders
     }

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::bench_etcd_client::{self, EtcdClientDriver};
-use crate::bench_load::{idle_observers, idle_watchers, watch_history};
+use crate::bench_load::{idle_observers, idle_watchers, lock_observers, watch_history};
 use anyhow::Context;
 use raftlock::client::{ClientTls, Service, TokenInterceptor};
 use tonic::service::interceptor::InterceptedService;
@@ -117,6 +117,12 @@ pub struct BenchArgs {
     /// what idle observers cost the requests.
     #[arg(long, default_value_t = 0)]
     pub idle_observers: usize,
+    /// Lock workloads: raftlock lock-event streams (`Observe`) held open
+    /// through the run on the workload's own lock names, spread over the
+    /// names and the endpoints, each reading every event: what followers of
+    /// a busy lock cost its handoffs.
+    #[arg(long, default_value_t = 0)]
+    pub lock_observers: usize,
     /// The servers' process IDs, when they run on this machine: their CPU
     /// time (from /proc) over the measured run is reported per request.
     #[arg(long, value_delimiter = ',')]
@@ -370,6 +376,7 @@ pub async fn run(
     }
     let _watchers = idle_watchers(endpoints, tls, &token, args.idle_watchers).await?;
     let _observers = idle_observers(endpoints, tls, &token, args.idle_observers).await?;
+    let _lock_observers = lock_observers(endpoints, tls, &token, args.lock_observers, args.lock_names.max(1)).await?;
     let start = Instant::now();
     let cpu_at_start = CpuUsed::now(&args.server_pids);
     for (c, mut driver) in drivers.into_iter().enumerate() {

@@ -55,7 +55,7 @@ pub(crate) async fn idle_watchers(
     Ok(watches)
 }
 
-/// Election observers opened by [`idle_observers`]: each the task that holds
+/// Observer streams opened by [`idle_observers`] or [`lock_observers`]: each the task that holds
 /// its call (aborted when the run ends).
 pub(crate) struct IdleObservers(Vec<tokio::task::JoinHandle<Result<(), tonic::Status>>>);
 
@@ -103,6 +103,39 @@ pub(crate) async fn idle_observers(
         anyhow::bail!("an idle observer ended before the run: {outcome:?}");
     }
     Ok(observers)
+}
+
+/// Open `n` lock-event streams (see [`BenchArgs::lock_observers`]) on the
+/// lock workload's names `bench-lock/0 .. names`, at most 100 on one
+/// connection, the connections round-robin over `endpoints`; each reads every
+/// event it is sent. The first message (the lock as it is) comes at once, so
+/// each is known to be open before the run starts.
+pub(crate) async fn lock_observers(
+    endpoints: &[String],
+    tls: Option<&ClientTls>,
+    token: &TokenInterceptor,
+    n: usize,
+    names: usize,
+) -> anyhow::Result<IdleObservers> {
+    use raftlock::proto::raftlock::v1::{locks_client::LocksClient, ObserveRequest};
+    const STREAMS_PER_CONNECTION: usize = 100;
+    let mut observers = Vec::with_capacity(n);
+    for i in 0..n.div_ceil(STREAMS_PER_CONNECTION) {
+        let url = &endpoints[i % endpoints.len()];
+        let channel =
+            raftlock::client::endpoint(url, tls)?.connect().await.with_context(|| format!("connecting to {url}"))?;
+        let client = LocksClient::new(InterceptedService::new(channel, token.clone()));
+        for j in i * STREAMS_PER_CONNECTION..n.min((i + 1) * STREAMS_PER_CONNECTION) {
+            let name = format!("bench-lock/{}", j % names).into_bytes();
+            let mut stream = client.clone().observe(ObserveRequest { name, ..Default::default() }).await?.into_inner();
+            stream.message().await?.context("a lock-event stream ended before its first message")?;
+            observers.push(tokio::spawn(async move {
+                while stream.message().await?.is_some() {}
+                Err(tonic::Status::aborted("the lock-event stream ended"))
+            }));
+        }
+    }
+    Ok(IdleObservers(observers))
 }
 
 /// Read history back through one watch (see [`Workload::WatchHistory`]).
