@@ -25,7 +25,11 @@
 //! Caveats: a waiter's position is told when it queues; later positions
 //! follow from the events (each place that ends ahead of a waiter moves it
 //! up by one). Events are per member: a stream on a member that falls behind
-//! tells changes when that member applies them.
+//! tells changes when that member applies them. The first message holds
+//! every place of the queue, so a queue of tens of thousands of places makes
+//! it megabytes (over a client's usual 4 MiB limit near 40,000); and a
+//! revision that changed the queue costs each observer of a semaphore a walk
+//! of the whole queue (a mutex's, only its front).
 
 use std::collections::{BTreeMap, HashSet};
 

@@ -127,9 +127,19 @@ impl Builder {
         Ok(cluster)
     }
 
-    /// Start every member (without waiting for them to serve).
+    /// Start every member (without waiting for them to serve). Refuses if
+    /// a member's address is taken: on fixed addresses (the fault suite's),
+    /// a member left running by an earlier, interrupted run would otherwise
+    /// answer this run's clients with that run's data.
     pub fn spawn(self) -> anyhow::Result<Cluster> {
         let mut cluster = self.unstarted()?;
+        for m in &cluster.members {
+            for port in [m.client_port, m.peer_port] {
+                if let Err(e) = std::net::TcpListener::bind((m.ip.as_str(), port)) {
+                    anyhow::bail!("{}:{port} is taken ({e}): is a member of an earlier run still running?", m.ip);
+                }
+            }
+        }
         for i in 0..cluster.len() {
             cluster.spawn(i)?;
         }
