@@ -265,9 +265,11 @@ impl Locks for LocksService {
             return Err(error::empty_key());
         }
         // It reads the key's whole queue: the lock's prefix must be readable.
-        let name = req.key.iter().rposition(|&b| b == b'/').map_or(&req.key[..], |slash| &req.key[..slash]);
-        let prefix = locks::queue_prefix(name);
-        auth::check(&self.node, &caller, &prefix, &locks::prefix_end(&prefix), PermKind::Read)?;
+        // (A key with no lock name is refused below, having read nothing.)
+        if let Some(name) = locks::lock_name_of(&req.key) {
+            let prefix = locks::queue_prefix(name);
+            auth::check(&self.node, &caller, &prefix, &locks::prefix_end(&prefix), PermKind::Read)?;
+        }
         let permits = permits(req.permits)?;
         let v = fenced::validate(&self.node, &req.key, req.token, permits).await.map_err(error::native_recipe)?;
         Ok(Response::new(pb::ValidateResponse {

@@ -34,7 +34,7 @@ impl Client {
     /// request itself is wrong ends it early.
     pub async fn grant_ended(&self, key: &[u8], token: i64) -> Result<locks::lock_event::Kind, ClientError> {
         use locks::lock_event::Kind;
-        let name = key.iter().rposition(|&b| b == b'/').map_or(key, |slash| &key[..slash]);
+        let name = crate::locks::lock_name_of(key).unwrap_or(key);
         let ours = |e: &locks::LockEvent| e.owner.as_ref().is_some_and(|o| o.key == key && o.token == token);
         // From the grant's revision; 0 once history was compacted past it:
         // then the lock as it is, which must still hold the grant.

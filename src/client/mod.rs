@@ -23,7 +23,8 @@
 //! cannot for a whole TTL it reports the session lost ([`Session::lost`]), and
 //! from then on every lock taken under it must be treated as gone — which is
 //! what fencing tokens are for. With several endpoints, requests are spread
-//! over them and a dead endpoint is skipped.
+//! over them and a dead endpoint is skipped once a request to it has failed
+//! (the first request sent to it after it died fails with `Unavailable`).
 //!
 //! With etcd's auth on, [`Client::authenticate`] logs in as a user and every
 //! later request carries its token (a simple token lives while it is used;

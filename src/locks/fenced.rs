@@ -369,8 +369,7 @@ pub struct Validity {
 /// named by the key's path up to its last `/`, with `permits`), read
 /// linearizably; with its lease's time left, asked of the leader.
 pub async fn validate(node: &Node, key: &[u8], token: i64, permits: usize) -> Result<Validity, RecipeError> {
-    let slash = key.iter().rposition(|&b| b == b'/').ok_or_else(|| RecipeError::NotAnOwnerKey(key.to_vec()))?;
-    let name = &key[..slash];
+    let name = super::lock_name_of(key).ok_or_else(|| RecipeError::NotAnOwnerKey(key.to_vec()))?;
     let prefix = queue_prefix(name);
     let keys = queue(node, name).await?;
     let revision = node.revision();
@@ -426,9 +425,10 @@ pub async fn list(node: &Node, prefix: &[u8], permits: usize) -> Result<(Vec<Sum
 /// The lock a key belongs to, if it is an owner key: `<name>/<lease hex>` or
 /// `<name>/read-<lease hex>`, attached to that very lease.
 fn lock_name(kv: &KeyValue) -> Option<&[u8]> {
-    let slash = kv.key.iter().rposition(|&b| b == b'/')?;
-    let owner = kv.key[slash + 1..].strip_prefix(super::READER).unwrap_or(&kv.key[slash + 1..]);
-    (kv.lease != 0 && owner == format!("{:x}", kv.lease).as_bytes()).then(|| &kv.key[..slash])
+    let name = super::lock_name_of(&kv.key)?;
+    let last = &kv.key[name.len() + 1..];
+    let owner = last.strip_prefix(super::READER).unwrap_or(last);
+    (kv.lease != 0 && owner == format!("{:x}", kv.lease).as_bytes()).then_some(name)
 }
 
 #[cfg(test)]

@@ -259,6 +259,12 @@ impl Queued {
     }
 }
 
+/// The name of the lock an owner key queues in: the key up to its last `/`
+/// (`None` without one).
+pub fn lock_name_of(key: &[u8]) -> Option<&[u8]> {
+    key.iter().rposition(|&b| b == b'/').map(|slash| &key[..slash])
+}
+
 /// `name/`, the prefix of every key of a lock or election.
 pub fn queue_prefix(name: &[u8]) -> Vec<u8> {
     let mut prefix = name.to_vec();

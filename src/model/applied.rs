@@ -368,7 +368,7 @@ mod tests {
     }
 
     fn applied(changes: Vec<Change>, resync: bool) -> AppliedChanges {
-        AppliedChanges { revision: 2, changes, resync, lease_ended: Vec::new() }
+        AppliedChanges { resync, ..AppliedChanges::new(2, changes) }
     }
 
     async fn soon(wait: impl std::future::Future<Output = ()>) -> bool {
@@ -382,8 +382,7 @@ mod tests {
     #[tokio::test]
     async fn a_revision_wait_is_woken_by_the_apply_that_reaches_its_revision() {
         let state = AppliedState::default();
-        let published =
-            |revision| AppliedChanges { revision, changes: Vec::new(), resync: false, lease_ended: Vec::new() };
+        let published = |revision| AppliedChanges::new(revision, Vec::new());
         let registered = |state: &AppliedState| {
             let by_revision = state.revision_waits.by_revision.lock().unwrap();
             by_revision.iter().map(|(&r, waits)| (r, waits.len())).collect::<Vec<_>>()

@@ -68,6 +68,18 @@ pub struct AppliedChanges {
     pub lease_ended: Vec<Revision>,
 }
 
+impl AppliedChanges {
+    /// What one apply call changed (no lease ended in it).
+    pub fn new(revision: Revision, changes: Vec<Change>) -> AppliedChanges {
+        AppliedChanges { revision, changes, resync: false, lease_ended: Vec::new() }
+    }
+
+    /// The store was replaced at `revision`: every reader must look again.
+    pub fn resync(revision: Revision) -> AppliedChanges {
+        AppliedChanges { resync: true, ..AppliedChanges::new(revision, Vec::new()) }
+    }
+}
+
 /// The routing table of one member's watch sessions (see the module doc).
 #[derive(Default)]
 pub struct WatchRoutes {
@@ -366,7 +378,7 @@ mod tests {
                 prev: None,
             })
             .collect();
-        Arc::new(AppliedChanges { revision, changes, resync: false, lease_ended: Vec::new() })
+        Arc::new(AppliedChanges::new(revision, changes))
     }
 
     async fn woken(inbox: &Inbox) -> bool {
@@ -478,12 +490,7 @@ mod tests {
         let taken = inbox.take();
         assert_eq!((revisions(&taken), taken.lost_after), (vec![5000], None));
         // A replaced store, with nothing queued: lost after what was routed.
-        routes.route(&Arc::new(AppliedChanges {
-            revision: 6000,
-            changes: Vec::new(),
-            resync: true,
-            lease_ended: Vec::new(),
-        }));
+        routes.route(&Arc::new(AppliedChanges::resync(6000)));
         assert!(woken(&inbox).await);
         assert_eq!(inbox.take().lost_after, Some(5000));
         // Bytes: a batch that does not fit loses the ones queued before it.

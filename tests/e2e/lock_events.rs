@@ -11,24 +11,10 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use crate::common::Cluster;
-use raftlock::client::{Acquisition, Client, Guard, LockOptions};
+use crate::native_locks::{held, native, try_once};
+use raftlock::client::{Client, LockOptions};
 use raftlock::proto::raftlock::v1::lock_event::Kind;
 use raftlock::proto::raftlock::v1::{LockEvent, ObserveResponse};
-
-async fn native(cluster: &Cluster, i: usize) -> Client {
-    Client::connect([cluster.members[i].endpoint()]).await.unwrap()
-}
-
-fn held(a: Acquisition) -> Guard {
-    match a {
-        Acquisition::Held(g) => g,
-        Acquisition::Busy(h) => panic!("expected the lock, it is held by {h:?}"),
-    }
-}
-
-fn try_once() -> LockOptions {
-    LockOptions { wait: Some(Duration::ZERO), ..Default::default() }
-}
 
 /// The next message of an observe stream, within 10 s.
 async fn next(stream: &mut tonic::Streaming<ObserveResponse>) -> ObserveResponse {

@@ -11,23 +11,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::common::{Cluster, ELECTION_MS};
-use raftlock::client::{Acquisition, Client, Guard, LockOptions, MultiAcquisition, MultiGuard};
+use crate::native_locks::{held, native, try_once};
+use raftlock::client::{Acquisition, Client, LockOptions, MultiAcquisition, MultiGuard};
 use raftlock::proto::raftlock::v1 as pb;
-
-async fn native(cluster: &Cluster, i: usize) -> Client {
-    Client::connect([cluster.members[i].endpoint()]).await.unwrap()
-}
-
-fn try_once() -> LockOptions {
-    LockOptions { wait: Some(Duration::ZERO), ..Default::default() }
-}
-
-fn held(a: Acquisition) -> Guard {
-    match a {
-        Acquisition::Held(g) => g,
-        Acquisition::Busy(h) => panic!("expected the lock, it is held by {h:?}"),
-    }
-}
 
 fn all_held(a: MultiAcquisition) -> MultiGuard {
     match a {

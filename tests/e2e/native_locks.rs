@@ -15,15 +15,16 @@ use crate::common::{Cluster, ELECTION_MS};
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use raftlock::client::{Acquisition, Client, ClientError, Guard, LockOptions, Session};
 
-async fn native(cluster: &Cluster, i: usize) -> Client {
+/// A Rust client of member `i` alone (shared with the other lock modules).
+pub(crate) async fn native(cluster: &Cluster, i: usize) -> Client {
     Client::connect([cluster.members[i].endpoint()]).await.unwrap()
 }
 
-fn try_once() -> LockOptions {
+pub(crate) fn try_once() -> LockOptions {
     LockOptions { wait: Some(Duration::ZERO), ..Default::default() }
 }
 
-fn held(a: Acquisition) -> Guard {
+pub(crate) fn held(a: Acquisition) -> Guard {
     match a {
         Acquisition::Held(g) => g,
         Acquisition::Busy(h) => panic!("expected the lock, it is held by {h:?}"),

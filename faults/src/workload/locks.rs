@@ -358,6 +358,16 @@ async fn acquire_all(native: &mut LocksClient<Channel>, names: &[String], lease:
     Ok(resp.grants.into_iter().map(|g| Held { key: g.key, token: g.token }).collect())
 }
 
+/// A lock client's connection to `member` (etcd's API and the native one)
+/// and a lease kept alive there; `None` if either failed.
+async fn open_session(ctx: &Context, member: usize) -> Option<(Client, LocksClient<Channel>, HeldLease)> {
+    let endpoint = ctx.endpoints[member].clone();
+    let mut c = connect(std::slice::from_ref(&endpoint)).await.ok()?;
+    let native = LocksClient::new(Endpoint::from_shared(endpoint).ok()?.connect_lazy());
+    let lease = HeldLease::grant(ctx, &mut c, member).await.ok()?;
+    Some((c, native, lease))
+}
+
 /// One client taking all of `names` together (multi-locks), each time in a
 /// shuffled order, and incrementing every name's counter under the set.
 pub async fn multi_client(ctx: Context, id: usize, mut names: Vec<String>, seed: u64) -> LockHistory {
@@ -365,16 +375,7 @@ pub async fn multi_client(ctx: Context, id: usize, mut names: Vec<String>, seed:
     let mut history = LockHistory::default();
     let mut member = id % ctx.endpoints.len();
     while !ctx.stopping() {
-        let endpoint = ctx.endpoints[member].clone();
-        let (Ok(mut c), Ok(channel)) =
-            (connect(std::slice::from_ref(&endpoint)).await, Endpoint::from_shared(endpoint))
-        else {
-            member = rng.below(ctx.endpoints.len());
-            ctx.pause(BACKOFF).await;
-            continue;
-        };
-        let mut native = LocksClient::new(channel.connect_lazy());
-        let Ok(lease) = HeldLease::grant(&ctx, &mut c, member).await else {
+        let Some((mut c, mut native, lease)) = open_session(&ctx, member).await else {
             member = rng.below(ctx.endpoints.len());
             ctx.pause(BACKOFF).await;
             continue;
@@ -443,22 +444,10 @@ pub async fn client(ctx: Context, id: usize, api: Api, names: Vec<String>, seed:
         Api::Native { permits } => permits.max(1) as usize,
     };
     while !ctx.stopping() {
-        let endpoint = ctx.endpoints[member].clone();
-        let (Ok(mut c), Ok(channel)) =
-            (connect(std::slice::from_ref(&endpoint)).await, Endpoint::from_shared(endpoint))
-        else {
+        let Some((mut c, mut native, lease)) = open_session(&ctx, member).await else {
             member = rng.below(ctx.endpoints.len());
             ctx.pause(BACKOFF).await;
             continue;
-        };
-        let mut native = LocksClient::new(channel.connect_lazy());
-        let lease = match HeldLease::grant(&ctx, &mut c, member).await {
-            Ok(l) => l,
-            Err(_) => {
-                member = rng.below(ctx.endpoints.len());
-                ctx.pause(BACKOFF).await;
-                continue;
-            }
         };
         // Take locks under this lease until something fails; then start
         // over with a new lease (an attempt that failed may have left a key).

@@ -27,33 +27,55 @@ pub(crate) async fn idle_watchers(
     n: usize,
 ) -> anyhow::Result<Vec<IdleWatch>> {
     use raftlock::proto::etcdserverpb::watch_client::WatchClient;
-    const STREAMS_PER_CONNECTION: usize = 100;
-    let mut channels = Vec::new();
+    let mut watches = Vec::with_capacity(n);
+    for (service, streams) in spread(endpoints, tls, token, n).await? {
+        for i in streams {
+            let create = pb::WatchRequest {
+                request_union: Some(pb::watch_request::RequestUnion::CreateRequest(pb::WatchCreateRequest {
+                    key: format!("bench-idle/{i}").into_bytes(),
+                    ..Default::default()
+                })),
+            };
+            let (tx, rx) = tokio::sync::mpsc::channel(1);
+            tx.send(create).await?;
+            let mut stream = WatchClient::new(service.clone())
+                .watch(tokio_stream::wrappers::ReceiverStream::new(rx))
+                .await?
+                .into_inner();
+            let created = stream.message().await?.context("a watch stream ended before its watcher was created")?;
+            anyhow::ensure!(
+                created.created && !created.canceled,
+                "an idle watcher was refused: {}",
+                created.cancel_reason
+            );
+            watches.push((tx, stream));
+        }
+    }
+    Ok(watches)
+}
+
+/// The connections for `n` long-lived streams, at most
+/// [`STREAMS_PER_CONNECTION`] on one, round-robin over `endpoints`: each with
+/// the indices of the streams it carries.
+async fn spread(
+    endpoints: &[String],
+    tls: Option<&ClientTls>,
+    token: &TokenInterceptor,
+    n: usize,
+) -> anyhow::Result<Vec<(Service, std::ops::Range<usize>)>> {
+    let mut connections = Vec::new();
     for i in 0..n.div_ceil(STREAMS_PER_CONNECTION) {
         let url = &endpoints[i % endpoints.len()];
         let channel =
             raftlock::client::endpoint(url, tls)?.connect().await.with_context(|| format!("connecting to {url}"))?;
-        channels.push(InterceptedService::new(channel, token.clone()));
+        let streams = i * STREAMS_PER_CONNECTION..n.min((i + 1) * STREAMS_PER_CONNECTION);
+        connections.push((InterceptedService::new(channel, token.clone()), streams));
     }
-    let mut watches = Vec::with_capacity(n);
-    for i in 0..n {
-        let create = pb::WatchRequest {
-            request_union: Some(pb::watch_request::RequestUnion::CreateRequest(pb::WatchCreateRequest {
-                key: format!("bench-idle/{i}").into_bytes(),
-                ..Default::default()
-            })),
-        };
-        let (tx, rx) = tokio::sync::mpsc::channel(1);
-        tx.send(create).await?;
-        let channel = channels[i / STREAMS_PER_CONNECTION].clone();
-        let mut stream =
-            WatchClient::new(channel).watch(tokio_stream::wrappers::ReceiverStream::new(rx)).await?.into_inner();
-        let created = stream.message().await?.context("a watch stream ended before its watcher was created")?;
-        anyhow::ensure!(created.created && !created.canceled, "an idle watcher was refused: {}", created.cancel_reason);
-        watches.push((tx, stream));
-    }
-    Ok(watches)
+    Ok(connections)
 }
+
+/// How many observer streams share one connection.
+const STREAMS_PER_CONNECTION: usize = 100;
 
 /// Observer streams opened by [`idle_observers`] or [`lock_observers`]: each the task that holds
 /// its call (aborted when the run ends).
@@ -78,14 +100,10 @@ pub(crate) async fn idle_observers(
     n: usize,
 ) -> anyhow::Result<IdleObservers> {
     use raftlock::proto::v3electionpb::{election_client::ElectionClient, LeaderRequest};
-    const STREAMS_PER_CONNECTION: usize = 100;
     let mut observers = Vec::with_capacity(n);
-    for i in 0..n.div_ceil(STREAMS_PER_CONNECTION) {
-        let url = &endpoints[i % endpoints.len()];
-        let channel =
-            raftlock::client::endpoint(url, tls)?.connect().await.with_context(|| format!("connecting to {url}"))?;
-        let client = ElectionClient::new(InterceptedService::new(channel, token.clone()));
-        for j in i * STREAMS_PER_CONNECTION..n.min((i + 1) * STREAMS_PER_CONNECTION) {
+    for (service, streams) in spread(endpoints, tls, token, n).await? {
+        let client = ElectionClient::new(service);
+        for j in streams {
             let (mut client, name) = (client.clone(), format!("bench-observe/{j}").into_bytes());
             observers.push(tokio::spawn(async move {
                 let mut stream = client.observe(LeaderRequest { name }).await?.into_inner();
@@ -118,14 +136,10 @@ pub(crate) async fn lock_observers(
     names: usize,
 ) -> anyhow::Result<IdleObservers> {
     use raftlock::proto::raftlock::v1::{locks_client::LocksClient, ObserveRequest};
-    const STREAMS_PER_CONNECTION: usize = 100;
     let mut observers = Vec::with_capacity(n);
-    for i in 0..n.div_ceil(STREAMS_PER_CONNECTION) {
-        let url = &endpoints[i % endpoints.len()];
-        let channel =
-            raftlock::client::endpoint(url, tls)?.connect().await.with_context(|| format!("connecting to {url}"))?;
-        let client = LocksClient::new(InterceptedService::new(channel, token.clone()));
-        for j in i * STREAMS_PER_CONNECTION..n.min((i + 1) * STREAMS_PER_CONNECTION) {
+    for (service, streams) in spread(endpoints, tls, token, n).await? {
+        let client = LocksClient::new(service);
+        for j in streams {
             let name = format!("bench-lock/{}", j % names).into_bytes();
             let mut stream = client.clone().observe(ObserveRequest { name, ..Default::default() }).await?.into_inner();
             stream.message().await?.context("a lock-event stream ended before its first message")?;

@@ -86,15 +86,8 @@ pub(crate) async fn observe(ctl: &Ctl, name: String, permits: u32, rev: i64) -> 
             _ = signals.recv() => return Ok(ExitCode::SUCCESS),
         };
         for e in &message.events {
-            let kind = match e.kind() {
-                Kind::Holding => "holding",
-                Kind::Waiting => "waiting",
-                Kind::Queued => "queued",
-                Kind::Granted => "granted",
-                Kind::Released => "released",
-                Kind::LeaseEnded => "lease-ended",
-                Kind::Ended => "ended",
-            };
+            // The proto's name, as a flag would spell it: LEASE_ENDED is lease-ended.
+            let kind = e.kind().as_str_name().to_lowercase().replace('_', "-");
             let owner = e.owner.clone().unwrap_or_default();
             let mut human = format!("{:<11} {}  rev={}", kind, owner_line(&owner), e.revision);
             if matches!(e.kind(), Kind::Waiting | Kind::Queued) {

@@ -176,7 +176,7 @@ impl StateMachine {
         // The watch routes count from the restored revision: no session
         // existed before it, so every change up to it counts as routed.
         let revision = state.mvcc().revision();
-        state.publish(AppliedChanges { revision, changes: Vec::new(), resync: false, lease_ended: Vec::new() });
+        state.publish(AppliedChanges::new(revision, Vec::new()));
         let configuration = AppliedConfiguration(Arc::new(std::sync::RwLock::new(position.membership.clone())));
         Ok(StateMachine {
             state,
@@ -290,7 +290,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         self.persisted.commit_apply(&self.state, &journal, &self.position);
         if !published.is_empty() {
             let revision = self.state.mvcc().revision();
-            self.state.publish(AppliedChanges { revision, changes: published, resync: false, lease_ended });
+            self.state.publish(AppliedChanges { lease_ended, ..AppliedChanges::new(revision, published) });
         }
         // Answers first, then the term: a waiter that sees the term move on
         // has already been handed its result if it had one here.
@@ -368,12 +368,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             (skipped, mvcc.revision(), mvcc.compact_revision())
         };
         match skipped {
-            Some(changes) => self.state.publish(AppliedChanges {
-                revision: current,
-                changes,
-                resync: false,
-                lease_ended: Vec::new(),
-            }),
+            Some(changes) => self.state.publish(AppliedChanges::new(current, changes)),
             // Compacted past what the readers here have seen: they must look
             // at the store again (watchers get cancelled with the
             // compact revision, lock waiters look at their queue again).
@@ -383,12 +378,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     compacted,
                     "an installed snapshot skipped compacted changes; watchers and waiters resync"
                 );
-                self.state.publish(AppliedChanges {
-                    revision: current,
-                    changes: Vec::new(),
-                    resync: true,
-                    lease_ended: Vec::new(),
-                });
+                self.state.publish(AppliedChanges::resync(current));
             }
         }
         // The entries the snapshot covers are not applied here: a forwarded
