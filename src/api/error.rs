@@ -81,6 +81,15 @@ pub fn multi_lock_fields() -> Status {
 pub fn negative_start_revision() -> Status {
     Status::invalid_argument("raftlock: start_revision must not be negative")
 }
+pub fn lock_delay_too_long(max: u32) -> Status {
+    Status::invalid_argument(format!("raftlock: lock_delay_ms must be at most {max}"))
+}
+pub fn lock_delay_not_exclusive() -> Status {
+    Status::invalid_argument("raftlock: a lock-delay is only for an exclusive lock (WRITE mode, one permit)")
+}
+pub fn multi_lock_delay() -> Status {
+    Status::invalid_argument("raftlock: a multi-lock cannot have a lock-delay")
+}
 pub fn multi_lock_reentrant() -> Status {
     Status::invalid_argument("raftlock: a multi-lock cannot be reentrant")
 }

@@ -93,6 +93,9 @@ impl ClientApi {
     pub async fn serve_clients(self, listeners: Vec<crate::base::listen::Bound>) -> anyhow::Result<()> {
         let ClientApi { node, settings, grants } = self;
         let health = health::service(node.clone());
+        // Lock-delays end on this member's clock while it leads (`locks::delay`).
+        let delays = Arc::new(crate::locks::delay::DelayClock::default());
+        tokio::spawn(crate::locks::delay::run(node.clone(), delays.clone(), node.stopping()));
         let make = || {
             let mut grpc = Routes::builder();
             grpc.add_service(health.clone())
@@ -104,7 +107,7 @@ impl ClientApi {
                 .add_service(watch::WatchService::server(node.clone(), settings.watch_progress_interval))
                 .add_service(lock::LockService::server(node.clone(), grants.clone()))
                 .add_service(lock::ElectionService::server(node.clone(), grants.clone()))
-                .add_service(native_lock::LocksService::server(node.clone(), grants.clone()));
+                .add_service(native_lock::LocksService::server(node.clone(), grants.clone(), delays.clone()));
             let grpc = grpc.routes().into_axum_router();
             let routes = grpc.clone().merge(gateway::routes(grpc)).merge(http::routes(node.clone(), grants.clone()));
             Server::builder()

@@ -20,6 +20,7 @@ use crate::locks::fenced::{self, Acquired, Owner, Wait};
 use crate::locks::multi::{self, MultiAcquired, Spec};
 use crate::locks::observe;
 use crate::model::auth::PermKind;
+use crate::model::lock_delay::MAX_LOCK_DELAY_MS;
 use crate::node::Node;
 use crate::proto::raftlock::v1 as pb;
 use crate::proto::raftlock::v1::locks_server::{Locks, LocksServer};
@@ -74,21 +75,25 @@ fn owner(o: Owner) -> pb::Owner {
         granted_ttl: o.granted_ttl,
         metadata: o.kv.value,
         key: o.kv.key,
+        lock_delay_ms: o.lock_delay_ms,
     }
 }
 
 pub struct LocksService {
     node: Arc<Node>,
     grants: Arc<crate::locks::stats::Grants>,
+    /// This member's lock-delay keeper's clock (what Describe says is left).
+    delays: Arc<crate::locks::delay::DelayClock>,
 }
 
 impl LocksService {
     pub fn server(
         node: Arc<Node>,
         grants: Arc<crate::locks::stats::Grants>,
+        delays: Arc<crate::locks::delay::DelayClock>,
     ) -> super::served::Served<LocksServer<LocksService>> {
         super::served::Served(
-            LocksServer::new(LocksService { node, grants })
+            LocksServer::new(LocksService { node, grants, delays })
                 .max_decoding_message_size(crate::base::limits::MAX_GRPC_MESSAGE_BYTES),
         )
     }
@@ -107,9 +112,16 @@ fn event(e: observe::LockEvent) -> pb::LockEvent {
         K::Released => Kind::Released,
         K::LeaseEnded => Kind::LeaseEnded,
         K::Ended => Kind::Ended,
+        K::DelayStarted => Kind::DelayStarted,
+        K::DelayEnded => Kind::DelayEnded,
     };
-    let owner = Owner { kv: e.owner, ttl: -1, granted_ttl: 0, mode: e.mode, holds: 0 };
+    let lock_delay_ms = match e.kind {
+        K::DelayStarted => crate::model::lock_delay::parse_ms(&e.owner.value).unwrap_or(0),
+        _ => 0,
+    };
+    let owner = Owner { kv: e.owner, ttl: -1, granted_ttl: 0, mode: e.mode, holds: 0, lock_delay_ms: 0 };
     pb::LockEvent {
+        lock_delay_ms,
         kind: kind.into(),
         owner: Some(self::owner(owner)),
         revision: e.revision,
@@ -165,8 +177,15 @@ impl Locks for LocksService {
         }
         let permits = permits(req.permits)?;
         let mode = lock_mode(req.mode, permits)?;
+        if req.lock_delay_ms > MAX_LOCK_DELAY_MS {
+            return Err(error::lock_delay_too_long(MAX_LOCK_DELAY_MS));
+        }
+        if req.lock_delay_ms > 0 && (mode != locks::Mode::Write || permits != 1) {
+            return Err(error::lock_delay_not_exclusive());
+        }
         let wait = wait(req.wait_ms);
         let request = fenced::Request {
+            lock_delay_ms: req.lock_delay_ms,
             name: &req.name,
             lease: req.lease,
             metadata: &req.metadata,
@@ -235,6 +254,11 @@ impl Locks for LocksService {
             header: header(&self.node, d.revision),
             holders: d.holders.into_iter().map(owner).collect(),
             waiters: d.waiters.into_iter().map(owner).collect(),
+            lock_delay: d.delay.map(|marker| pb::LockDelay {
+                delay_ms: crate::model::lock_delay::parse_ms(&marker.value).unwrap_or(0),
+                revision: marker.mod_revision,
+                remaining_ms: self.delays.remaining(&marker.key).map_or(-1, |left| left.as_millis() as i64),
+            }),
         }))
     }
 
@@ -308,6 +332,9 @@ impl LocksService {
         }
         if req.reentrant {
             return Err(error::multi_lock_reentrant());
+        }
+        if req.lock_delay_ms != 0 {
+            return Err(error::multi_lock_delay());
         }
         if req.locks.len() > MAX_LOCKS_PER_ACQUIRE {
             return Err(error::too_many_locks(MAX_LOCKS_PER_ACQUIRE));

@@ -311,11 +311,23 @@ pub struct LockOptions {
     /// must give back (false, the default: answer with the grant as it is,
     /// so that retrying an acquire is safe).
     pub reentrant: bool,
+    /// Lock-delay: if the grant ends involuntarily (the session's lease
+    /// ends, or someone else deletes its key), nobody is granted the lock
+    /// until this much time has passed (at most 60 s; whole milliseconds).
+    /// Only for an exclusive lock (write, one permit); not for `lock_all`.
+    pub lock_delay: Duration,
 }
 
 impl Default for LockOptions {
     fn default() -> Self {
-        LockOptions { wait: None, permits: 1, metadata: Vec::new(), read: false, reentrant: false }
+        LockOptions {
+            wait: None,
+            permits: 1,
+            metadata: Vec::new(),
+            read: false,
+            reentrant: false,
+            lock_delay: Duration::ZERO,
+        }
     }
 }
 
@@ -471,6 +483,7 @@ impl Session {
             metadata: options.metadata,
             mode: if options.read { locks::Mode::Read } else { locks::Mode::Write }.into(),
             reentrant: options.reentrant,
+            lock_delay_ms: options.lock_delay.as_millis().min(u32::MAX as u128) as u32,
             ..Default::default()
         };
         let r = self.client.locks().acquire(req).await?.into_inner();
@@ -499,6 +512,7 @@ impl Session {
             wait_ms: options.wait.map_or(-1, |d| d.as_millis().min(i64::MAX as u128) as i64),
             metadata: options.metadata,
             reentrant: options.reentrant,
+            lock_delay_ms: options.lock_delay.as_millis().min(u32::MAX as u128) as u32,
             locks: specs,
             ..Default::default()
         };

@@ -38,6 +38,7 @@ use super::{
     compare, create_revision_is, hold_count_key, holders_and_waiters, mode_of, prefix_end, queue_prefix, Mode, Place,
     RecipeError,
 };
+use crate::model::lock_delay;
 use crate::model::mvcc::{
     Compare, CompareResult, CompareTarget, DeleteRangeRequest, KeyValue, PutRequest, RangeRequest, RequestOp,
     ResponseOp, SortOrder, SortTarget, TxnRequest,
@@ -65,11 +66,13 @@ pub struct Owner {
     pub mode: Mode,
     /// The lease's holds on the grant; Describe only, for holders (else 0).
     pub holds: u32,
+    /// The grant's lock-delay in ms; Describe only, for holders (else 0).
+    pub lock_delay_ms: u32,
 }
 
 impl Owner {
     fn of(prefix: &[u8], kv: KeyValue) -> Self {
-        Owner { mode: mode_of(prefix, &kv.key), kv, ttl: -1, granted_ttl: 0, holds: 0 }
+        Owner { mode: mode_of(prefix, &kv.key), kv, ttl: -1, granted_ttl: 0, holds: 0, lock_delay_ms: 0 }
     }
 }
 
@@ -92,11 +95,47 @@ pub struct Request<'a> {
     pub mode: Mode,
     /// Add a hold if the lease holds the lock already.
     pub reentrant: bool,
+    /// The grant's lock-delay in ms (0: none; an exclusive lock only).
+    pub lock_delay_ms: u32,
 }
 
 /// Acquire as `req` says, waiting at most `wait`.
 pub async fn acquire(node: Arc<Node>, req: Request<'_>, wait: Wait) -> Result<Acquired, RecipeError> {
-    let Request { name, lease, metadata, permits, mode, reentrant } = req;
+    let lock_delay_ms = req.lock_delay_ms;
+    let acquired = acquire_place(node.clone(), req, wait).await?;
+    match acquired {
+        Acquired::Granted { kv, holds, .. } if lock_delay_ms > 0 => {
+            let revision = set_lock_delay(&node, &kv, lock_delay_ms).await?;
+            Ok(Acquired::Granted { kv, revision, holds })
+        }
+        other => Ok(other),
+    }
+}
+
+/// Store the lock-delay of the grant `owner` (`crate::model::lock_delay`),
+/// once it is granted: a lock-delay protects a grant, never a place that
+/// waits. Fails if the grant has ended meanwhile (its lease ended).
+async fn set_lock_delay(node: &Node, owner: &KeyValue, ms: u32) -> Result<i64, RecipeError> {
+    let setting = PutRequest {
+        key: lock_delay::setting_key(&owner.key),
+        value: lock_delay::format_ms(ms),
+        lease: owner.lease,
+        ..Default::default()
+    };
+    let txn = TxnRequest {
+        compare: vec![create_revision_is(&owner.key, owner.create_revision)],
+        success: vec![RequestOp::Put(setting)],
+        failure: vec![],
+    };
+    let result = node.txn(txn, None).await?;
+    match result.succeeded {
+        true => Ok(result.revision),
+        false => Err(RecipeError::SessionExpired),
+    }
+}
+
+async fn acquire_place(node: Arc<Node>, req: Request<'_>, wait: Wait) -> Result<Acquired, RecipeError> {
+    let Request { name, lease, metadata, permits, mode, reentrant, .. } = req;
     let place = Place { name, lease, value: metadata, permits, mode, whole_queue: true, native: true };
     let (queued, cleanup) = enqueue_guarded(&node, &place).await?;
     if queued.holds() {
@@ -162,21 +201,27 @@ pub struct Description {
     pub holders: Vec<Owner>,
     pub waiters: Vec<Owner>,
     pub revision: i64,
+    /// The lock's delay marker, while it is in a lock-delay.
+    pub delay: Option<KeyValue>,
 }
 
 pub async fn describe(node: &Node, name: &[u8], permits: usize) -> Result<Description, RecipeError> {
     let prefix = queue_prefix(name);
     let keys = queue(node, name).await?;
     let revision = node.revision();
-    let counts: BTreeMap<Vec<u8>, KeyValue> = keys
+    // Hold counts and delay settings, by key.
+    let asides: BTreeMap<Vec<u8>, KeyValue> = keys
         .iter()
-        .filter(|kv| super::classify(&prefix, &kv.key) == super::QueueKey::HoldCount)
+        .filter(|kv| {
+            matches!(super::classify(&prefix, &kv.key), super::QueueKey::HoldCount | super::QueueKey::DelaySetting)
+        })
         .map(|kv| (kv.key.clone(), kv.clone()))
         .collect();
+    let delay = keys.iter().find(|kv| super::classify(&prefix, &kv.key) == super::QueueKey::Delay).cloned();
     let (holders, waiters) = holders_and_waiters(&prefix, keys, permits);
     let owners = |kvs: Vec<KeyValue>, held: bool| {
         let prefix = &prefix;
-        let counts = &counts;
+        let asides = &asides;
         async move {
             let answers = futures::future::join_all(kvs.iter().map(|kv| node.time_to_live(kv.lease))).await;
             let mut owners = Vec::with_capacity(kvs.len());
@@ -185,13 +230,19 @@ pub async fn describe(node: &Node, name: &[u8], permits: usize) -> Result<Descri
                     Some(status) => (status.remaining, status.granted),
                     None => (-1, 0),
                 };
-                let holds = if held { holds_of(&kv, counts.get(&hold_count_key(&kv.key))) } else { 0 };
-                owners.push(Owner { ttl, granted_ttl, holds, ..Owner::of(prefix, kv) });
+                let holds = if held { holds_of(&kv, asides.get(&hold_count_key(&kv.key))) } else { 0 };
+                let lock_delay_ms = match held {
+                    true => asides.get(&lock_delay::setting_key(&kv.key)).and_then(|s| lock_delay::parse_ms(&s.value)),
+                    false => None,
+                };
+                let lock_delay_ms = lock_delay_ms.unwrap_or(0);
+                owners.push(Owner { ttl, granted_ttl, holds, lock_delay_ms, ..Owner::of(prefix, kv) });
             }
             Ok::<_, RecipeError>(owners)
         }
     };
-    Ok(Description { holders: owners(holders, true).await?, waiters: owners(waiters, false).await?, revision })
+    let (holders, waiters) = (owners(holders, true).await?, owners(waiters, false).await?);
+    Ok(Description { holders, waiters, revision, delay })
 }
 
 /// The holds on `owner`'s grant that its hold-count key (if any) says.
@@ -318,7 +369,8 @@ pub async fn release(node: &Node, key: &[u8], token: i64) -> Result<Released, Re
     for _ in 0..HOLD_COUNT_TRIES {
         let holds = holds_of(&owner, count.as_ref());
         let (success, left) = if holds <= 1 {
-            (vec![delete(key), delete(&count_key)], 0)
+            // The delay setting goes with the key: a release starts no lock-delay.
+            (vec![delete(key), delete(&count_key), delete(&lock_delay::setting_key(key))], 0)
         } else if holds == 2 {
             (vec![delete(&count_key)], 1)
         } else {
@@ -405,9 +457,19 @@ pub async fn list(node: &Node, prefix: &[u8], permits: usize) -> Result<(Vec<Sum
         (result.kvs, result.revision)
     };
     let mut locks: BTreeMap<Vec<u8>, Vec<KeyValue>> = BTreeMap::new();
+    let mut delayed = Vec::new();
     for kv in kvs {
         if let Some(name) = lock_name(&kv) {
             locks.entry(name.to_vec()).or_default().push(kv);
+        } else if lock_delay::is_marker(&kv.key) {
+            delayed.push(kv);
+        }
+    }
+    // A lock in a lock-delay has no holder (its marker says so).
+    for marker in delayed {
+        let name = &marker.key[..marker.key.len() - lock_delay::MARKER_SEGMENT.len() - 1];
+        if let Some(kvs) = locks.get_mut(name) {
+            kvs.push(marker);
         }
     }
     let summaries = locks

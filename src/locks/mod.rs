@@ -49,6 +49,7 @@
 //! an etcd Unlock deletes the owner key alone (the count then lingers until
 //! its lease ends, or until the lease's next reentrant acquire deletes it).
 
+pub mod delay;
 pub mod election;
 pub mod fenced;
 pub mod multi;
@@ -57,6 +58,7 @@ pub mod observe;
 pub mod stats;
 pub mod turn;
 
+use crate::model::lock_delay;
 use crate::model::mvcc::{
     Compare, CompareResult, CompareTarget, DeleteRangeRequest, KeyRange, KeyValue, MvccError, PutRequest, RangeRequest,
     RequestOp, ResponseOp, SortOrder, SortTarget, TxnRequest,
@@ -178,15 +180,24 @@ pub enum QueueKey {
     Shared,
     /// A hold count: nobody waits for it.
     HoldCount,
+    /// A grant's lock-delay setting (`<owner key>.delay`): nobody waits for it.
+    DelaySetting,
+    /// The lock's delay marker (`name/.lock-delay`): while it exists the
+    /// lock is in a lock-delay, and nobody is granted it ([`delay`]).
+    Delay,
 }
 
 /// What `key` is to the lock whose keys start with `prefix` (`name/`).
 pub fn classify(prefix: &[u8], key: &[u8]) -> QueueKey {
     let rest = key.strip_prefix(prefix).unwrap_or(key);
-    if rest.contains(&b'/') {
+    if rest == lock_delay::MARKER_SEGMENT {
+        QueueKey::Delay
+    } else if rest.contains(&b'/') {
         QueueKey::Exclusive
     } else if rest.ends_with(HOLDS) {
         QueueKey::HoldCount
+    } else if lock_delay::is_setting(rest) {
+        QueueKey::DelaySetting
     } else if rest.starts_with(READER) {
         QueueKey::Shared
     } else {
@@ -197,7 +208,7 @@ pub fn classify(prefix: &[u8], key: &[u8]) -> QueueKey {
 /// Whether a waiter in `mode` waits for an earlier key of kind `kind`.
 fn waits_for(mode: Mode, kind: QueueKey) -> bool {
     match kind {
-        QueueKey::HoldCount => false,
+        QueueKey::HoldCount | QueueKey::DelaySetting | QueueKey::Delay => false,
         QueueKey::Exclusive => true,
         QueueKey::Shared => mode == Mode::Write,
     }
@@ -212,14 +223,19 @@ pub fn mode_of(prefix: &[u8], key: &[u8]) -> Mode {
 }
 
 /// Split a queue (its keys in create_revision order) into holders and
-/// waiters, leaving hold counts out. A writer holds while fewer than
-/// `permits` owners are ahead of it, a reader while no writer is.
+/// waiters, leaving hold counts, delay settings and the delay marker out.
+/// A writer holds while fewer than `permits` owners are ahead of it, a
+/// reader while no writer is; nobody holds while the lock is in a
+/// lock-delay (its marker is in the queue: it follows the involuntary end
+/// of an exclusive grant, the only kind that may ask for one).
 pub fn holders_and_waiters(prefix: &[u8], queue: Vec<KeyValue>, permits: usize) -> (Vec<KeyValue>, Vec<KeyValue>) {
     let (mut holders, mut waiters) = (Vec::new(), Vec::new());
     let (mut ahead, mut writers_ahead) = (0, 0);
+    let delayed = queue.iter().any(|kv| classify(prefix, &kv.key) == QueueKey::Delay);
     for kv in queue {
         let holds = match classify(prefix, &kv.key) {
-            QueueKey::HoldCount => continue,
+            QueueKey::HoldCount | QueueKey::DelaySetting | QueueKey::Delay => continue,
+            _ if delayed => false,
             QueueKey::Shared => writers_ahead == 0,
             QueueKey::Exclusive => {
                 writers_ahead += 1;
@@ -321,6 +337,8 @@ pub async fn enqueue(node: &Node, place: &Place<'_>) -> Result<Queued, RecipeErr
     let mut reads = vec![
         range(key.clone()),
         RequestOp::Range(front_range(&prefix, if place.whole_queue { 0 } else { place.permits })),
+        // The delay marker, which the front read may not reach.
+        range(lock_delay::marker_key(place.name)),
     ];
     let mut compare = vec![create_revision_is(&key, 0)];
     if place.native {
@@ -342,8 +360,8 @@ pub async fn enqueue(node: &Node, place: &Place<'_>) -> Result<Queued, RecipeErr
         ResponseOp::Range(r) => Some(r.kvs),
         _ => None,
     });
-    let (Some(mine), Some(queue)) = (ranges.next(), ranges.next()) else {
-        unreachable!("the queue txn reads the key and the queue")
+    let (Some(mine), Some(queue), Some(marker)) = (ranges.next(), ranges.next(), ranges.next()) else {
+        unreachable!("the queue txn reads the key, the queue and the delay marker")
     };
     let (hold_count, other) = (ranges.next().and_then(first), ranges.next().and_then(first));
     if other.is_some() {
@@ -351,7 +369,8 @@ pub async fn enqueue(node: &Node, place: &Place<'_>) -> Result<Queued, RecipeErr
     }
     // A failure branch on a key that exists always finds it: the txn is atomic.
     let mine = mine.into_iter().next().ok_or(RecipeError::SessionExpired)?;
-    let front = holders_and_waiters(&prefix, queue, place.permits).0;
+    // In a lock-delay nobody holds; the wait for the turn waits for its end.
+    let front = if marker.is_empty() { holders_and_waiters(&prefix, queue, place.permits).0 } else { Vec::new() };
     Ok(Queued { mine, revision: result.revision, front, created: result.succeeded, hold_count })
 }
 

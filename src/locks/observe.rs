@@ -54,6 +54,12 @@ pub enum EventKind {
     LeaseEnded,
     /// The place's key is gone, and how is not known (see the module doc).
     Ended,
+    /// The lock is in a lock-delay from this revision on (in the first
+    /// answer: it is in one); the event's owner is its marker, whose value
+    /// is the delay in ms. Nobody is granted the lock until it ends.
+    DelayStarted,
+    /// The lock-delay ended: the next in line may be granted.
+    DelayEnded,
 }
 
 /// One event of a lock.
@@ -77,20 +83,31 @@ struct Queue {
     permits: usize,
     places: BTreeMap<(i64, Vec<u8>), KeyValue>,
     holding: HashSet<Vec<u8>>,
+    /// The lock's delay marker, while it is in a lock-delay.
+    delay: Option<KeyValue>,
 }
 
 impl Queue {
     fn new(prefix: Vec<u8>, permits: usize, kvs: Vec<KeyValue>) -> Queue {
-        let mut queue = Queue { prefix, permits, places: BTreeMap::new(), holding: HashSet::new() };
+        let mut queue = Queue { prefix, permits, places: BTreeMap::new(), holding: HashSet::new(), delay: None };
         for kv in kvs {
-            queue.insert(kv);
+            if classify(&queue.prefix, &kv.key) == QueueKey::Delay {
+                queue.delay = Some(kv);
+            } else {
+                queue.insert(kv);
+            }
         }
         queue.holding = queue.holders().into_iter().collect();
         queue
     }
 
     fn is_place(&self, key: &[u8]) -> bool {
-        key.starts_with(&self.prefix) && classify(&self.prefix, key) != QueueKey::HoldCount
+        key.starts_with(&self.prefix)
+            && !matches!(classify(&self.prefix, key), QueueKey::HoldCount | QueueKey::DelaySetting | QueueKey::Delay)
+    }
+
+    fn is_marker(&self, key: &[u8]) -> bool {
+        key.starts_with(&self.prefix) && classify(&self.prefix, key) == QueueKey::Delay
     }
 
     fn insert(&mut self, kv: KeyValue) {
@@ -105,9 +122,13 @@ impl Queue {
     fn holders(&self) -> Vec<Vec<u8>> {
         let (mut ahead, mut writers_ahead) = (0, 0);
         let mut holders = Vec::new();
+        if self.delay.is_some() {
+            // Nobody is granted a lock in a lock-delay.
+            return holders;
+        }
         for kv in self.places.values() {
             let holds = match classify(&self.prefix, &kv.key) {
-                QueueKey::HoldCount => continue,
+                QueueKey::HoldCount | QueueKey::DelaySetting | QueueKey::Delay => continue,
                 QueueKey::Shared => writers_ahead == 0,
                 QueueKey::Exclusive => {
                     writers_ahead += 1;
@@ -141,16 +162,16 @@ impl Queue {
     /// The queue as it is: its holders, then its waiters in order.
     fn snapshot(&self, revision: i64) -> Vec<LockEvent> {
         let mut waiting = 0;
-        self.places
-            .values()
-            .map(|kv| {
+        let delay = self.delay.iter().map(|m| self.event(EventKind::DelayStarted, m, m.mod_revision));
+        delay
+            .chain(self.places.values().map(|kv| {
                 if self.holding.contains(&kv.key) {
                     self.event(EventKind::Holding, kv, revision)
                 } else {
                     waiting += 1;
                     LockEvent { position: waiting - 1, ..self.event(EventKind::Waiting, kv, revision) }
                 }
-            })
+            }))
             .collect()
     }
 
@@ -165,6 +186,21 @@ impl Queue {
         let mut created = Vec::new();
         let mut touched = false;
         for c in changes {
+            if self.is_marker(&c.key) {
+                touched = true;
+                match &c.kv {
+                    Some(marker) => {
+                        self.delay = Some(marker.as_ref().clone());
+                        out.push(self.event(EventKind::DelayStarted, marker, revision));
+                    }
+                    None => {
+                        if let Some(marker) = self.delay.take() {
+                            out.push(self.event(EventKind::DelayEnded, &marker, revision));
+                        }
+                    }
+                }
+                continue;
+            }
             if !self.is_place(&c.key) {
                 continue;
             }
@@ -224,6 +260,16 @@ impl Queue {
     /// Changes were lost: take the queue as it is now (read at `revision`),
     /// telling the places that went (as [`EventKind::Ended`]) and came.
     fn resync(&mut self, kvs: Vec<KeyValue>, revision: i64, out: &mut Vec<LockEvent>) {
+        let marker = kvs.iter().find(|kv| self.is_marker(&kv.key)).cloned();
+        match (self.delay.take(), &marker) {
+            (None, Some(m)) => out.push(self.event(EventKind::DelayStarted, m, revision)),
+            (Some(old), None) => out.push(self.event(EventKind::DelayEnded, &old, revision)),
+            (Some(old), Some(m)) if old.mod_revision != m.mod_revision => {
+                out.push(self.event(EventKind::DelayStarted, m, revision))
+            }
+            _ => {}
+        }
+        self.delay = marker;
         let fresh: BTreeMap<(i64, Vec<u8>), KeyValue> = kvs
             .into_iter()
             .filter(|kv| self.is_place(&kv.key))
@@ -428,11 +474,33 @@ mod tests {
     }
 
     #[test]
+    fn a_lock_delay_holds_back_the_next_grant_until_it_ends() {
+        use EventKind::*;
+        let (a, b) = (kv("m/a", 2, 0xa), kv("m/b", 3, 0xb));
+        let setting = kv("m/a.delay", 4, 0xa);
+        let mut q = Queue::new(b"m/".to_vec(), 1, vec![a.clone(), b.clone(), setting.clone()]);
+        assert_eq!(kinds(&q.snapshot(4)), [(Holding, "m/a".into(), 0), (Waiting, "m/b".into(), 0)]);
+        // The holder's lease ends: its key and setting go, the marker comes; nobody is granted.
+        let marker = KeyValue { value: b"1500".to_vec(), ..kv("m/.lock-delay", 5, 0) };
+        let mut out = Vec::new();
+        let changes = [delete(&a, 5), delete(&setting, 5), Change { sub: 2, ..put(&marker) }];
+        q.apply_revision(5, changes.iter(), &|_| LeaseEnded, &mut out);
+        assert_eq!(kinds(&out), [(LeaseEnded, "m/a".into(), 0), (DelayStarted, "m/.lock-delay".into(), 0)]);
+        assert_eq!(kinds(&q.snapshot(5))[0].0, DelayStarted);
+        // The delay ends: the next in line is granted.
+        let mut out = Vec::new();
+        q.apply_revision(6, [delete(&marker, 6)].iter(), &released, &mut out);
+        assert_eq!(kinds(&out), [(DelayEnded, "m/.lock-delay".into(), 0), (Granted, "m/b".into(), 0)]);
+    }
+
+    #[test]
     fn holders_are_those_the_waiters_see() {
         let queues = [
             vec![kv("q/read-1", 1, 1), kv("q/read-2", 2, 2), kv("q/3", 3, 3), kv("q/read-4", 4, 4)],
             vec![kv("q/1", 1, 1), kv("q/1.holds", 2, 1), kv("q/read-2", 3, 2), kv("q/3", 4, 3)],
             vec![kv("q/1", 1, 1), kv("q/2", 2, 2), kv("q/read-3", 3, 3), kv("q/x/y", 4, 4)],
+            vec![kv("q/1", 1, 1), kv("q/1.delay", 2, 1), kv("q/2", 3, 2)],
+            vec![kv("q/1", 1, 1), kv("q/.lock-delay", 2, 0), kv("q/2", 3, 2)],
         ];
         for queue in queues {
             for permits in 1..=3 {

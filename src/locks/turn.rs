@@ -44,20 +44,37 @@ pub async fn enqueue_guarded(node: &Arc<Node>, place: &Place<'_>) -> Result<(Que
     task.await.unwrap_or(Err(RecipeError::Server(ServerError::Stopped)))
 }
 
+/// Where a place stands, as one applied state has it.
+struct Standing {
+    /// The place's key (or whatever now has that key).
+    own: Option<KeyValue>,
+    /// The keys queued ahead of it that a waiter of its mode waits for.
+    ahead: Vec<KeyValue>,
+    /// The lock's delay marker, if the lock is in a lock-delay: no turn
+    /// comes until it is gone, wherever it stands in the queue.
+    delay: Option<KeyValue>,
+    /// The revision of that state.
+    revision: i64,
+}
+
+impl Standing {
+    /// Whether the turn has come, with `permits`.
+    fn turn_came(&self, permits: usize) -> bool {
+        self.ahead.len() < permits && self.delay.is_none()
+    }
+}
+
 /// The place `key` (made with `token`) as this member's applied state has
-/// it (or whatever now has that key), the keys queued ahead of it under
-/// `prefix` that a `mode` waiter waits for ([`classify`]), and the revision
-/// of that state.
-fn standing(
-    node: &Node,
-    key: &[u8],
-    token: i64,
-    prefix: &[u8],
-    mode: Mode,
-) -> Result<(Option<KeyValue>, Vec<KeyValue>, i64), RecipeError> {
+/// it, the keys queued ahead of it under `prefix` that a `mode` waiter
+/// waits for ([`classify`]) and the lock's delay marker.
+fn standing(node: &Node, key: &[u8], token: i64, prefix: &[u8], mode: Mode) -> Result<Standing, RecipeError> {
     let mvcc = node.state().mvcc();
-    let own = mvcc.range(&RangeRequest { key: key.to_vec(), ..Default::default() });
-    let own = own.map_err(RecipeError::Mvcc)?.kvs.into_iter().next();
+    let point = |key: Vec<u8>| -> Result<Option<KeyValue>, RecipeError> {
+        let found = mvcc.range(&RangeRequest { key, ..Default::default() });
+        Ok(found.map_err(RecipeError::Mvcc)?.kvs.into_iter().next())
+    };
+    let own = point(key.to_vec())?;
+    let delay = point(crate::model::lock_delay::marker_key(&prefix[..prefix.len() - 1]))?;
     let earlier = RangeRequest {
         key: prefix.to_vec(),
         range_end: prefix_end(prefix),
@@ -67,7 +84,7 @@ fn standing(
     };
     let mut ahead = mvcc.range(&earlier).map_err(RecipeError::Mvcc)?.kvs;
     ahead.retain(|kv| waits_for(mode, classify(prefix, &kv.key)));
-    Ok((own, ahead, mvcc.revision()))
+    Ok(Standing { own, ahead, delay, revision: mvcc.revision() })
 }
 
 /// Wait until fewer than `permits` keys under `prefix` that a `mode` waiter
@@ -119,12 +136,13 @@ async fn wait_for_the_last_key_ahead(
     // The key ahead waited for, and the wait on it (and on our own key).
     let mut wait: Option<(Vec<u8>, crate::model::applied::DeletionWait)> = None;
     loop {
-        let (own, ahead, _) = standing(node, &mine.key, mine.create_revision, prefix, mode)?;
+        let Standing { own, ahead, delay, .. } = standing(node, &mine.key, mine.create_revision, prefix, mode)?;
         let current = match own {
             Some(kv) if kv.create_revision == mine.create_revision => kv,
             _ => return Err(RecipeError::SessionExpired),
         };
-        let Some(last) = ahead.into_iter().max_by_key(|kv| kv.create_revision) else {
+        // The last key ahead goes first; then the delay marker, if any.
+        let Some(last) = ahead.into_iter().max_by_key(|kv| kv.create_revision).or(delay) else {
             return Ok(current);
         };
         match &wait {
@@ -163,16 +181,17 @@ async fn count_down_the_keys_ahead(
     'count: loop {
         // What is queued now shows in the look that follows.
         inbox.take();
-        let (own, ahead, read_at) = standing(node, &mine.key, mine.create_revision, prefix, mode)?;
-        let current = match own {
-            Some(kv) if kv.create_revision == mine.create_revision => kv,
+        let standing = standing(node, &mine.key, mine.create_revision, prefix, mode)?;
+        let read_at = standing.revision;
+        let current = match &standing.own {
+            Some(kv) if kv.create_revision == mine.create_revision => kv.clone(),
             _ => return Err(RecipeError::SessionExpired),
         };
-        let mut ahead = ahead.len();
-        if ahead < permits {
+        if standing.turn_came(permits) {
             return Ok(current);
         }
-        while ahead >= permits {
+        let (mut ahead, mut delayed) = (standing.ahead.len(), standing.delay.is_some());
+        while ahead >= permits || delayed {
             tokio::select! {
                 _ = inbox.ready() => {}
                 _ = stopping.stopped() => return Err(ServerError::Stopped.into()),
@@ -185,7 +204,15 @@ async fn count_down_the_keys_ahead(
             }
             // Changes up to `read_at` are already in the count.
             for batch in &taken.batches {
-                for c in batch.changes.iter().filter(|c| c.kv.is_none() && c.revision > read_at) {
+                for c in batch.changes.iter().filter(|c| c.revision > read_at) {
+                    if c.key.starts_with(prefix) && classify(prefix, &c.key) == QueueKey::Delay {
+                        // A lock-delay began (or began again), or ended.
+                        delayed = c.kv.is_some();
+                        continue;
+                    }
+                    if c.kv.is_some() {
+                        continue;
+                    }
                     if c.key == mine.key {
                         return Err(RecipeError::SessionExpired);
                     }
@@ -274,7 +301,9 @@ const GIVE_UP_TRIES: usize = 64;
 pub async fn give_up(node: &Node, key: &[u8], token: i64, waits: &Waits) -> Result<GaveUp, RecipeError> {
     for _ in 0..GIVE_UP_TRIES {
         node.read_barrier().await?;
-        let (mine, ahead, revision) = standing(node, key, token, &waits.prefix, waits.mode)?;
+        let standing = standing(node, key, token, &waits.prefix, waits.mode)?;
+        let turn_came = standing.turn_came(waits.permits);
+        let Standing { own: mine, ahead, delay, revision } = standing;
         let mine = match mine {
             Some(kv) if kv.create_revision == token => kv,
             other => {
@@ -282,11 +311,16 @@ pub async fn give_up(node: &Node, key: &[u8], token: i64, waits: &Waits) -> Resu
                 return Ok(GaveUp::Removed(Release { revision, released: false, current_token }));
             }
         };
-        if ahead.len() < waits.permits {
+        if turn_came {
             return Ok(GaveUp::Holds(mine));
         }
+        // While these keys ahead (or the delay marker) all exist, it waits.
         let mut compare = vec![create_revision_is(key, token)];
         compare.extend(ahead.iter().take(waits.permits).map(|kv| create_revision_is(&kv.key, kv.create_revision)));
+        if ahead.len() < waits.permits {
+            let delay = delay.expect("no turn: keys ahead or a delay");
+            compare.push(create_revision_is(&delay.key, delay.create_revision));
+        }
         let delete = DeleteRangeRequest { key: key.to_vec(), range_end: vec![], prev_kv: false };
         let txn = TxnRequest { compare, success: vec![RequestOp::DeleteRange(delete)], failure: vec![] };
         let result = node.txn(txn, None).await?;

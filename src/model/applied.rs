@@ -65,6 +65,8 @@ pub struct AppliedState {
     sweep: tokio::sync::Notify,
     deletion_waits: Arc<DeletionWaits>,
     watch_routes: Arc<WatchRoutes>,
+    /// Lock-delay markers' changes, for this member's keeper.
+    markers: crate::model::lock_delay::MarkerFeed,
 }
 
 impl Default for AppliedState {
@@ -87,6 +89,7 @@ impl AppliedState {
             sweep: tokio::sync::Notify::new(),
             deletion_waits: Arc::default(),
             watch_routes: Arc::default(),
+            markers: Default::default(),
         }
     }
 
@@ -166,7 +169,20 @@ impl AppliedState {
     pub fn publish(&self, changes: AppliedChanges) {
         self.revision_waits.reached(changes.revision);
         self.deletion_waits.wake(&changes);
+        let markers = changes.changes.iter().filter(|c| crate::model::lock_delay::is_marker(&c.key)).map(|c| {
+            let put = c.kv.as_ref().map(|kv| {
+                let ms = crate::model::lock_delay::parse_ms(&kv.value).unwrap_or(0);
+                (kv.mod_revision, ms)
+            });
+            (c.key.clone(), put)
+        });
+        self.markers.push(markers, changes.resync);
         self.watch_routes.route(&Arc::new(changes));
+    }
+
+    /// The lock-delay markers apply put and deleted (`locks::delay`).
+    pub fn markers(&self) -> &crate::model::lock_delay::MarkerFeed {
+        &self.markers
     }
 
     /// Open a watch session's inbox (see `crate::model::watch_routes`).

@@ -8,6 +8,7 @@
 //!   compaction);
 //! - [`lease`]: the lease table (TTLs and attached keys; time is the
 //!   leader's, `node::lease::keeper`);
+//! - [`lock_delay`]: which deletions start a lock-delay, and its keys;
 //! - [`alarm`]: NOSPACE and CORRUPT alarms;
 //! - [`auth`]: users, roles, permission checks and the token table;
 //! - [`applied`]: the applied state readers share with apply, and the
@@ -23,6 +24,7 @@ pub mod applied;
 pub mod auth;
 pub mod command;
 pub mod lease;
+pub mod lock_delay;
 pub mod mvcc;
 pub mod watch;
 pub mod watch_routes;

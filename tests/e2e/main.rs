@@ -13,6 +13,7 @@ mod gateway;
 mod in_process;
 mod kv;
 mod lease;
+mod lock_delay;
 mod lock_events;
 mod lock_sets;
 mod locks;

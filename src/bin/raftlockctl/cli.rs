@@ -181,6 +181,11 @@ pub(crate) struct LockArgs {
     /// Shown to others by `describe` (default: user@host pid N).
     #[arg(long)]
     pub(crate) metadata: Option<String>,
+    /// Lock-delay (e.g. 15s, at most 60s): if the lock is lost without being
+    /// released (the lease ends, the key is deleted by someone else), nobody
+    /// is granted it for this long. One exclusive lock only.
+    #[arg(long, value_parser = parse_duration)]
+    pub(crate) lock_delay: Option<Duration>,
     /// The command to run while holding the lock.
     #[arg(last = true)]
     pub(crate) command: Vec<String>,

@@ -96,10 +96,14 @@ pub(crate) async fn observe(ctl: &Ctl, name: String, permits: u32, rev: i64) -> 
             if e.was_holding {
                 human += "  (was holding)";
             }
+            if e.kind() == Kind::DelayStarted {
+                human += &format!("  lock-delay={}ms", e.lock_delay_ms);
+            }
             ctl.print(
                 human,
                 json!({"name": name, "event": kind, "revision": e.revision, "position": e.position,
-                       "was_holding": e.was_holding, "owner": owner_json(&owner)}),
+                       "was_holding": e.was_holding, "lock_delay_ms": e.lock_delay_ms,
+                       "owner": owner_json(&owner)}),
             );
         }
     }

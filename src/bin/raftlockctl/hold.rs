@@ -57,8 +57,14 @@ pub(crate) async fn lock(ctl: &Ctl, args: LockArgs) -> Result<ExitCode> {
 pub(crate) async fn hold(ctl: &Ctl, args: &LockArgs, session: &Session) -> Result<ExitCode> {
     let metadata = args.metadata.clone().unwrap_or_else(default_metadata);
     let wait = if args.try_once { Some(Duration::ZERO) } else { args.wait };
-    let options =
-        LockOptions { wait, permits: args.permits, metadata: metadata.into_bytes(), read: args.read, reentrant: false };
+    let options = LockOptions {
+        wait,
+        permits: args.permits,
+        metadata: metadata.into_bytes(),
+        read: args.read,
+        reentrant: false,
+        lock_delay: args.lock_delay.unwrap_or_default(),
+    };
     let mut signals = Signals::new()?;
     let name = args.names.join(" ");
     let taking = async {

@@ -201,7 +201,12 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             let req = locks::DescribeRequest { name: name.clone().into_bytes(), permits };
             let d = ctl.call(ctl.client.locks().describe(req)).await?;
             let mut human = String::new();
-            if d.holders.is_empty() {
+            if let Some(delay) = &d.lock_delay {
+                human += &format!(
+                    "{name}: in a lock-delay of {}ms since revision {} ({}ms left); nobody is granted it meanwhile\n",
+                    delay.delay_ms, delay.revision, delay.remaining_ms
+                );
+            } else if d.holders.is_empty() {
                 human += &format!("{name}: free");
             }
             for o in &d.holders {
@@ -214,6 +219,9 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 "name": name,
                 "holders": d.holders.iter().map(owner_json).collect::<Vec<_>>(),
                 "waiters": d.waiters.iter().map(owner_json).collect::<Vec<_>>(),
+                "lock_delay": d.lock_delay.as_ref().map(|l| json!({
+                    "delay_ms": l.delay_ms, "revision": l.revision, "remaining_ms": l.remaining_ms,
+                })),
             });
             ctl.print(human.trim_end(), json);
             Ok(ExitCode::SUCCESS)

@@ -21,6 +21,7 @@ pub(crate) fn owner_json(o: &locks::Owner) -> Value {
     json!({
         "key": text(&o.key), "token": o.token, "lease": format!("{:x}", o.lease), "ttl": o.ttl,
         "granted_ttl": o.granted_ttl, "metadata": text(&o.metadata), "mode": mode_name(o.mode), "holds": o.holds,
+        "lock_delay_ms": o.lock_delay_ms,
     })
 }
 
@@ -40,6 +41,9 @@ pub(crate) fn owner_line(o: &locks::Owner) -> String {
     }
     if o.holds > 1 {
         line += &format!("  holds={}", o.holds);
+    }
+    if o.lock_delay_ms > 0 {
+        line += &format!("  lock-delay={}ms", o.lock_delay_ms);
     }
     if o.ttl >= 0 || o.granted_ttl > 0 {
         line += &format!("  ttl={}s/{}s", o.ttl, o.granted_ttl);

@@ -24,6 +24,10 @@
 //! - no key has an empty version list and none starts with a tombstone;
 //! - `compact_revision <= revision`.
 //!
+//! One addition to etcd's semantics: a write that ends a lock grant which
+//! asked for a lock-delay also puts that lock's delay marker, in the same
+//! revision (`crate::model::lock_delay`).
+//!
 //! This module is deterministic: no clocks, no randomness, and no I/O but
 //! the spill's, which changes where a value is and never what is answered.
 //! The state machine drives it in log order and persists the [`Change`]s it
@@ -305,6 +309,13 @@ impl MvccStore {
                 self.load(k, versions.last()?).filter(|kv| kv.lease != 0).map(|kv| (k.clone(), kv.lease))
             })
             .collect()
+    }
+
+    /// The live key-values whose key `keep` accepts: a walk of every key's
+    /// name (the lock-delay keeper's look for markers, at start and after a
+    /// snapshot replaced the store).
+    pub fn live_where(&self, keep: impl Fn(&[u8]) -> bool) -> Vec<Arc<KeyValue>> {
+        self.index.iter().filter(|(k, _)| keep(k)).filter_map(|(k, versions)| self.load(k, versions.last()?)).collect()
     }
 
     /// Every key's readable history (see [`history::visible_from`]): what

@@ -542,3 +542,56 @@ fn byte_strings_encode_as_the_sequences_of_u8_written_before() {
     let stored: Vec<StoredVersion> = bincode::deserialize(&captured).unwrap();
     assert_eq!(captured, bincode::serialize(&stored.iter().map(as_sequences).collect::<Vec<_>>()).unwrap());
 }
+
+/// The lock-delay rule: a lease's end or someone else's deletion of an
+/// owner key with a delay setting puts the lock's marker in the same
+/// revision; deleting the key and its setting together (a release) does not.
+#[test]
+fn involuntary_ends_of_delayed_grants_put_the_lock_marker() {
+    let marker = |s: &MvccStore| get_at(s, "db/.lock-delay", 0).unwrap();
+    let delete = |key: &str| DeleteRangeRequest { key: key.into(), ..Default::default() };
+    let mut s = MvccStore::default();
+    put(&mut s, "db/1f", "");
+    put(&mut s, "db/1f.delay", "1500");
+    // A lease's end deletes both: the marker comes in the same revision.
+    let (revision, changes) = s.delete_keys(&[b"db/1f".to_vec(), b"db/1f.delay".to_vec()]);
+    let m = marker(&s).expect("a marker");
+    assert_eq!((m.value.as_slice(), m.mod_revision, m.lease), (&b"1500"[..], revision, 0));
+    assert_eq!(changes.len(), 3, "two deletions and the marker");
+    // A second involuntary end keeps the longer delay.
+    put(&mut s, "db/2a", "");
+    put(&mut s, "db/2a.delay", "900");
+    let (revision, _) = s.delete_keys(&[b"db/2a".to_vec(), b"db/2a.delay".to_vec()]);
+    let m = marker(&s).unwrap();
+    assert_eq!((m.value.as_slice(), m.mod_revision, m.version), (&b"1500"[..], revision, 2));
+    s.delete_range(&delete("db/.lock-delay"));
+    // A release deletes the key and its setting together: no marker.
+    put(&mut s, "db/3b", "");
+    put(&mut s, "db/3b.delay", "700");
+    let release = TxnRequest {
+        success: vec![RequestOp::DeleteRange(delete("db/3b.delay")), RequestOp::DeleteRange(delete("db/3b"))],
+        ..Default::default()
+    };
+    s.txn(&release, &()).unwrap();
+    assert!(marker(&s).is_none());
+    // Someone else deletes the owner key alone: marker, and the orphaned setting goes.
+    put(&mut s, "db/4c", "");
+    put(&mut s, "db/4c.delay", "60000");
+    let (deleted, _) = s.delete_range(&delete("db/4c"));
+    assert_eq!(marker(&s).unwrap().value, b"60000");
+    assert_eq!(marker(&s).unwrap().mod_revision, deleted.revision);
+    assert!(get_at(&s, "db/4c.delay", 0).unwrap().is_none());
+    s.delete_range(&delete("db/.lock-delay"));
+    // A lease's end that deletes the key but not a setting (another lease's) is no end of a delayed grant.
+    put(&mut s, "db/5d", "");
+    put(&mut s, "db/5d.delay", "100");
+    s.delete_keys(&[b"db/5d".to_vec()]);
+    assert!(marker(&s).is_none());
+    // A setting that is not a delay (out of range, not decimal) starts nothing.
+    for bad in ["0", "60001", "abc"] {
+        put(&mut s, "q/1", "");
+        put(&mut s, "q/1.delay", bad);
+        s.delete_keys(&[b"q/1".to_vec(), b"q/1.delay".to_vec()]);
+        assert!(get_at(&s, "q/.lock-delay", 0).unwrap().is_none(), "{bad}");
+    }
+}

@@ -188,6 +188,69 @@ impl WriteTxn<'_> {
         TxnResult { succeeded: path.succeeded, responses, revision: 0 }
     }
 
+    /// Start the lock-delays this write's deletions call for
+    /// ([`crate::model::lock_delay`]), inside this write: put each lock's
+    /// delay marker and, outside a lease's end, delete the settings the
+    /// write left orphaned. Costs nothing for a write that deletes nothing.
+    fn mark_lock_delays(&mut self, lease_end: bool) {
+        use crate::model::lock_delay::{format_ms, is_setting, lock_of_owner, marker_key, parse_ms, setting_key};
+        if !self.changes.iter().any(|c| c.kv.is_none()) {
+            return;
+        }
+        // The settings this write deleted, with their delays.
+        let deleted_settings: std::collections::HashMap<&[u8], Option<u32>> = self
+            .changes
+            .iter()
+            .filter(|c| c.kv.is_none() && is_setting(&c.key))
+            .map(|c| (c.key.as_slice(), c.prev.as_ref().and_then(|p| parse_ms(&p.value))))
+            .collect();
+        let read_at = self.read_revision();
+        // (lock, delay) for each involuntary end; and the orphaned settings.
+        let mut ended: Vec<(Vec<u8>, u32)> = Vec::new();
+        let mut orphans: Vec<Vec<u8>> = Vec::new();
+        for c in self.changes.iter().filter(|c| c.kv.is_none()) {
+            let Some(lock) = lock_of_owner(&c.key) else { continue };
+            let setting = setting_key(&c.key);
+            if let Some(deleted) = deleted_settings.get(setting.as_slice()) {
+                // Deleted together: a lease's end, or a release.
+                if let (true, Some(ms)) = (lease_end, deleted) {
+                    ended.push((lock.to_vec(), *ms));
+                }
+                continue;
+            }
+            if lease_end {
+                // A setting on another lease is not this grant's.
+                continue;
+            }
+            let mut alive = None;
+            self.store.visit_live(&KeyRange::Single(setting.clone()), read_at, |kv| alive = Some(kv));
+            if let Some(kv) = alive {
+                if let Some(ms) = parse_ms(&kv.value) {
+                    ended.push((lock.to_vec(), ms));
+                    orphans.push(setting);
+                }
+            }
+        }
+        for setting in orphans {
+            self.delete_range(&DeleteRangeRequest { key: setting, range_end: Vec::new(), prev_kv: false });
+        }
+        ended.sort();
+        // One marker per lock, with the longest delay asked for (or already there).
+        let mut last: Option<Vec<u8>> = None;
+        for (lock, ms) in ended.into_iter().rev() {
+            if last.as_ref() == Some(&lock) {
+                continue;
+            }
+            let marker = marker_key(&lock);
+            let mut current = None;
+            self.store.visit_live(&KeyRange::Single(marker.clone()), self.read_revision(), |kv| current = Some(kv));
+            let ms = current.and_then(|kv| parse_ms(&kv.value)).map_or(ms, |old| old.max(ms));
+            let put = PutRequest { key: marker, value: format_ms(ms), ..Default::default() };
+            self.put(Cow::Owned(put));
+            last = Some(lock);
+        }
+    }
+
     /// Ends the write: moves the store's revision if anything changed.
     fn finish(self) -> (Revision, Vec<Change>) {
         let revision = self.read_revision();
@@ -218,6 +281,7 @@ impl MvccStore {
         for key in keys {
             w.delete_range(&DeleteRangeRequest { key: key.clone(), range_end: Vec::new(), prev_kv: false });
         }
+        w.mark_lock_delays(true);
         w.finish()
     }
 
@@ -225,6 +289,7 @@ impl MvccStore {
     pub fn delete_range(&mut self, req: &DeleteRangeRequest) -> (DeleteRangeResult, Vec<Change>) {
         let mut w = self.begin_write();
         let result = w.delete_range(req);
+        w.mark_lock_delays(false);
         let (_, changes) = w.finish();
         (result, changes)
     }
@@ -235,6 +300,7 @@ impl MvccStore {
         self.check_path(req, &path, leases)?;
         let mut w = self.begin_write();
         let mut result = w.txn(req, &path);
+        w.mark_lock_delays(false);
         let (revision, changes) = w.finish();
         result.revision = revision;
         Ok((result, changes))
