@@ -111,3 +111,86 @@ async fn go_election_campaign_observe_resign_with_the_leader_killed() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A clientv3 Mutex taking `name` once, as a child: its "queued" and
+/// "locked" lines, each with when it came.
+struct GoLock {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<(String, std::time::Instant)>,
+}
+
+impl GoLock {
+    fn start(cluster: &Cluster, name: &str) -> GoLock {
+        let mut child = Command::new(recipes())
+            .args(["lock-once", &cluster.endpoints().join(","), name])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = BufReader::new(child.stdout.take().unwrap());
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in out.lines().map_while(Result::ok) {
+                let _ = tx.send((line, std::time::Instant::now()));
+            }
+        });
+        GoLock { child, lines }
+    }
+
+    /// When line `what` came (within 60 s).
+    fn said(&mut self, what: &str) -> std::time::Instant {
+        match self.lines.recv_timeout(std::time::Duration::from_secs(60)) {
+            Ok((line, at)) if line == what => at,
+            other => {
+                let _ = self.child.kill();
+                let mut err = String::new();
+                std::io::Read::read_to_string(self.child.stderr.as_mut().unwrap(), &mut err).unwrap();
+                panic!("expected {what:?}, got {other:?}:\n{err}");
+            }
+        }
+    }
+}
+
+/// Lock-delay and clientv3's Mutex (client-side: it compares create
+/// revisions): one that queues after a delayed native grant ended
+/// involuntarily sees the delay's marker ahead of it and waits for it to
+/// go; one that was already queued when the grant ended does not, and
+/// takes the lock at once. As docs/native-locks.md says.
+#[tokio::test(flavor = "multi_thread")]
+async fn go_mutex_honours_a_lock_delay_only_if_it_queued_after_the_end() {
+    use raftlock::client::{Acquisition, Client, LockOptions};
+    use std::time::{Duration, Instant};
+    const DELAY: Duration = Duration::from_millis(3000);
+    let cluster = Cluster::start(3).await;
+    let native = Client::connect(cluster.endpoints()).await.unwrap();
+    let delayed = LockOptions { lock_delay: DELAY, wait: Some(Duration::ZERO), ..Default::default() };
+    for queued_before in [true, false] {
+        let name = if queued_before { "gd-before" } else { "gd-after" };
+        let session = native.session(30).await.unwrap();
+        let Acquisition::Held(_guard) = session.lock(name, delayed.clone()).await.unwrap() else { panic!("busy") };
+        let mut early = queued_before.then(|| GoLock::start(&cluster, name));
+        if let Some(go) = early.as_mut() {
+            tokio::task::block_in_place(|| go.said("queued"));
+        }
+        // The holder's lease is revoked: an involuntary end.
+        let ended = Instant::now();
+        session.close().await.unwrap();
+        let mut go = early.unwrap_or_else(|| GoLock::start(&cluster, name));
+        let locked = tokio::task::block_in_place(|| {
+            if !queued_before {
+                go.said("queued");
+            }
+            go.said("locked")
+        });
+        let waited = locked - ended;
+        if queued_before {
+            assert!(waited < DELAY, "a Mutex queued before the end waited {waited:?}");
+        } else {
+            assert!(waited >= DELAY, "a Mutex queued after the end locked {waited:?} after it");
+        }
+        tokio::task::block_in_place(|| {
+            go.said("ok");
+            assert!(go.child.wait().unwrap().success());
+        });
+    }
+}

@@ -313,9 +313,40 @@ func watch(endpoints []string) {
 	fmt.Println("ok")
 }
 
+// lockOnce: one concurrency.Mutex on the name given, taken once: prints
+// "queued" once its key is in the queue, "locked" when Lock returns, then
+// unlocks. For the lock-delay test, which times the lines.
+func lockOnce(endpoints []string, name string) {
+	c := connect(endpoints)
+	defer c.Close()
+	s, err := concurrency.NewSession(c, concurrency.WithTTL(30))
+	check(err, "session")
+	m := concurrency.NewMutex(s, name)
+	done := make(chan error, 1)
+	go func() { done <- m.Lock(timeout(60 * time.Second)) }()
+	// Lock puts its key first, then waits: say so once the key exists.
+	for {
+		keys, err := c.Get(timeout(5*time.Second), fmt.Sprintf("%s/%x", name, s.Lease()))
+		check(err, "get own key")
+		if len(keys.Kvs) > 0 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	fmt.Println("queued")
+	check(<-done, "lock")
+	fmt.Println("locked")
+	check(m.Unlock(timeout(5*time.Second)), "unlock")
+	fmt.Println("ok")
+}
+
 func main() {
+	if len(os.Args) == 4 && os.Args[1] == "lock-once" {
+		lockOnce(strings.Split(os.Args[2], ","), os.Args[3])
+		return
+	}
 	if len(os.Args) != 3 {
-		fail("usage: clientv3_recipes mutex|election|stm|watch ENDPOINTS")
+		fail("usage: clientv3_recipes mutex|election|stm|watch ENDPOINTS, or lock-once ENDPOINTS NAME")
 	}
 	endpoints := strings.Split(os.Args[2], ",")
 	switch os.Args[1] {
