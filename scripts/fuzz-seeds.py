@@ -48,6 +48,10 @@ commands = {
     "as-user-put": u32(10) + b("alice") + u64(1) + put("u", "v"),
     "alarm": u32(11) + u32(0) + u64(1) + u32(1),
     "forwarded": u32(12) + u64(2) + u64(40) + put("f", "v"),
+    # Lock-delay: a delayed grant deleted by someone else, another ended by its lease's revoke.
+    "lock-delay": u32(5) + ops(u32(6) + i64(7) + i64(30), put("d/o", "", lease=7), put("d/o.delay", "1500", lease=7),
+                               delete("d/o"), put("e/o", "", lease=7), put("e/o.delay", "60000", lease=7),
+                               u32(7) + i64(7)),
 }
 peer = {
     "forward-batch": u64(7) + ops(put("k", "v"), txn([], [op_put(put("t", "1"))], [])) + u64(100),

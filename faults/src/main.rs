@@ -92,9 +92,11 @@ struct Row {
     nemesis: &'static str,
     ops: usize,
     /// Lock grants: all, read locks, those that re-entered, those of
-    /// multi-locks; and Validate answers (all, "current").
+    /// multi-locks; and Validate answers (all, "current"); grants with a
+    /// lock-delay (all, ended involuntarily).
     grants: (usize, usize, usize, usize),
     validations: (usize, usize),
+    delayed: (usize, usize),
     faults: u64,
     anomalies: Vec<Anomaly>,
     undecided: usize,
@@ -178,9 +180,10 @@ async fn main() -> anyhow::Result<()> {
         );
         let (grants, read, reentered, multi) = row.grants;
         let (validated, current) = row.validations;
+        let (delayed, lost) = row.delayed;
         println!(
-            "  {:<22} {grants:>8} lock grants: {read} read, {reentered} re-entered, {multi} in multi-locks; \
-             {validated} validated ({current} current)",
+            "  {:<22} {grants:>8} lock grants: {read} read, {reentered} re-entered, {multi} in multi-locks, \
+             {delayed} with a lock-delay ({lost} ended involuntarily); {validated} validated ({current} current)",
             ""
         );
         for a in row.anomalies.iter().take(20) {
@@ -275,6 +278,10 @@ fn start_workloads(ctx: &Context, lease_ctx: &Context, start_revision: i64, rng:
     // Multi-locks of both names, asked for in shuffled orders.
     for id in 12..14 {
         w.locks.push(tokio::spawn(workload::locks::multi_client(ctx.clone(), id, names.clone(), rng.next())));
+    }
+    // Mutex holders with a lock-delay, on the same names, some of which die holding them.
+    for id in 14..16 {
+        w.locks.push(tokio::spawn(workload::locks::client(ctx.clone(), id, Api::Delayed, names.clone(), rng.next())));
     }
     for i in 0..2 {
         let (name, prefix) = (format!("watch-{i}-{}", workload::registers::PREFIX), workload::registers::PREFIX);
@@ -415,7 +422,10 @@ async fn run(
         locks.grants.iter().filter(|g| g.multi).count(),
     );
     let validations = (locks.validations.len(), locks.validations.iter().filter(|v| v.current).count());
+    let delayed = locks.grants.iter().filter(|g| g.lock_delay_ms > 0);
+    let delayed = (delayed.clone().count(), delayed.filter(|g| g.ended_after.is_some()).count());
     Ok(Row {
+        delayed,
         nemesis: nemesis.name(),
         ops,
         grants,
@@ -468,6 +478,7 @@ async fn check(
         counters: &counters,
         reads: &rec.locks.reads,
         reentries: &rec.locks.reentries,
+        liveness: &rec.locks.liveness,
         validations: &rec.locks.validations,
     }));
 

@@ -19,7 +19,9 @@
 //! delay again (it starts the delay when it finds the marker, on loading
 //! its state or a snapshot).
 //!
-//! Caveats: the end is the leader's decision; a member's answer to
+//! Caveats: the end is the leader's decision; at most [`ENDS_PER_TICK`]
+//! delays end per tick, so a mass of them that came due together ends a
+//! little later; a member's answer to
 //! Describe shows how long it believes is left, by its own clock. A marker
 //! put by hand with a value that is no delay is deleted at the next tick.
 
@@ -39,6 +41,11 @@ pub const TICK: Duration = Duration::from_millis(50);
 
 /// How long a proposed end may stay unanswered before it is proposed again.
 const RETRY: Duration = Duration::from_secs(1);
+
+/// The most lock-delays ended in one tick (10,000 a second): markers that
+/// came due together (a fleet of holders lost at once, or markers put by
+/// hand in bulk) are ended over several ticks, not as one burst of writes.
+const ENDS_PER_TICK: usize = 500;
 
 /// A marker this member knows of.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -92,6 +99,9 @@ impl Delays {
     fn due(&mut self, now: Instant) -> Vec<(Vec<u8>, i64)> {
         let mut due = Vec::new();
         for (key, d) in &mut self.by_marker {
+            if due.len() == ENDS_PER_TICK {
+                break;
+            }
             let passed = now >= d.since + Duration::from_millis(d.ms as u64);
             let in_flight = d.proposed.is_some_and(|at| now < at + RETRY);
             if passed && !in_flight {

@@ -34,7 +34,19 @@
 //!    token) had already been granted when the Validate was invoked. The
 //!    successor's `granted_at` is when its acquire returned, so the server
 //!    granted it earlier still, and a linearizable Validate invoked after
-//!    that must see the earlier grant gone.
+//!    that must see the earlier grant gone;
+//! 9. lock-delay: after a grant that asked for a lock-delay of D ended
+//!    involuntarily (its holder revoked its lease without releasing, or
+//!    found its key gone when it released), the next grant of the name (the
+//!    least greater token) was not granted within D of that end. The end is
+//!    known only from below — no earlier than the last instant the holder
+//!    knew its grant alive (`ended_after`) — and a grant no later than when
+//!    its acquire returned, so `granted_at < ended_after + D` proves a grant
+//!    inside the delay;
+//! 10. liveness of multi-locks: once the faults had healed and every other
+//!    lock client had stopped, each multi-lock client's last multi-lock was
+//!    granted within its wait (a deadlock between sets, or a place or a
+//!    lock-delay that never goes, would leave it waiting).
 //!
 //! Caveat: fencing order is judged only for names whose grants say they are
 //! mutexes (`permits == 1`) or that have no recorded grant; a semaphore lets
@@ -74,6 +86,13 @@ pub struct Grant {
     /// same token and interval).
     #[serde(default)]
     pub multi: bool,
+    /// The lock-delay the grant asked for, in ms (0: none).
+    #[serde(default)]
+    pub lock_delay_ms: u64,
+    /// Set when the grant ended involuntarily: an instant before its end
+    /// (the last its holder knew it alive), for check 9.
+    #[serde(default)]
+    pub ended_after: Option<Time>,
 }
 
 /// A reader's two reads of the counter, each guarded by its fencing token.
@@ -134,6 +153,18 @@ pub struct Validation {
     pub current: bool,
 }
 
+/// A multi-lock client's last multi-lock, asked for after the faults healed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Liveness {
+    pub client: usize,
+    pub names: Vec<String>,
+    pub invoked: Time,
+    pub completed: Time,
+    pub granted: bool,
+    /// Why it was not granted.
+    pub why: String,
+}
+
 /// What the lock clients recorded, for [`check_locks`].
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Recorded<'a> {
@@ -143,11 +174,12 @@ pub struct Recorded<'a> {
     pub reads: &'a [SharedRead],
     pub reentries: &'a [Reentry],
     pub validations: &'a [Validation],
+    pub liveness: &'a [Liveness],
 }
 
 /// Runs every lock check; see the module documentation.
 pub fn check_locks(recorded: Recorded<'_>) -> Vec<Anomaly> {
-    let Recorded { grants, writes, counters, reads, reentries, validations } = recorded;
+    let Recorded { grants, writes, counters, reads, reentries, validations, liveness } = recorded;
     let mut anomalies = Vec::new();
 
     let mut grants_by_name: BTreeMap<&str, Vec<&Grant>> = BTreeMap::new();
@@ -194,6 +226,21 @@ pub fn check_locks(recorded: Recorded<'_>) -> Vec<Anomaly> {
             anomalies.push(Anomaly::new(CHECKER, &r.name, what));
         }
     }
+    for (&name, grants) in &grants_by_name {
+        check_lock_delay(name, grants, &mut anomalies);
+    }
+    for probe in liveness.iter().filter(|p| !p.granted) {
+        let what = format!(
+            "client {}'s multi-lock of {:?}, invoked {} after the faults healed and the other clients stopped, was \
+             not granted within {} ms: {}",
+            probe.client,
+            probe.names,
+            format_time(probe.invoked),
+            probe.completed.saturating_sub(probe.invoked) / 1_000_000,
+            probe.why
+        );
+        anomalies.push(Anomaly::new(CHECKER, &probe.names.join("+"), what));
+    }
     for v in validations.iter().filter(|v| v.current) {
         if permits_by_name.get(v.name.as_str()).is_some_and(|&permits| permits != 1) {
             continue;
@@ -213,6 +260,26 @@ pub fn check_locks(recorded: Recorded<'_>) -> Vec<Anomaly> {
         }
     }
     anomalies
+}
+
+/// Check 9 (see the module doc).
+fn check_lock_delay(name: &str, grants: &[&Grant], anomalies: &mut Vec<Anomaly>) {
+    for ended in grants.iter().filter(|g| g.lock_delay_ms > 0 && !g.shared) {
+        let Some(end) = ended.ended_after else { continue };
+        let Some(next) = grants.iter().filter(|g| g.token > ended.token).min_by_key(|g| g.token) else { continue };
+        let delay_ends = end + ended.lock_delay_ms * 1_000_000;
+        if next.granted_at < delay_ends {
+            let what = format!(
+                "{} was granted {} ms after {} ended involuntarily (it was alive at {}), inside its lock-delay of {} ms",
+                describe(next),
+                next.granted_at.saturating_sub(end) / 1_000_000,
+                describe(ended),
+                format_time(end),
+                ended.lock_delay_ms
+            );
+            anomalies.push(Anomaly::new(CHECKER, name, what));
+        }
+    }
 }
 
 fn describe(grant: &Grant) -> String {
@@ -417,7 +484,50 @@ mod tests {
             kept: true,
             shared: false,
             multi: false,
+            lock_delay_ms: 0,
+            ended_after: None,
         }
+    }
+
+    /// A grant with a lock-delay of 1 s that ended involuntarily after `end`.
+    fn delayed_and_lost(token: i64, granted_at: Time, end: Time) -> Grant {
+        Grant { lock_delay_ms: 1000, ended_after: Some(end), kept: false, ..grant("d", 0, token, 0, granted_at, end) }
+    }
+
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn a_multi_lock_not_granted_after_the_faults_healed_is_found() {
+        let probe = |granted| Liveness {
+            client: 12,
+            names: vec!["lock/0".into(), "lock/1".into()],
+            invoked: 0,
+            completed: 20_000 * MS,
+            granted,
+            why: if granted { String::new() } else { "not acquired within the wait".into() },
+        };
+        let found = check_locks(Recorded { liveness: &[probe(true), probe(false)], ..Default::default() });
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].what.contains("not granted within 20000 ms"), "{found:?}");
+    }
+
+    #[test]
+    fn a_grant_inside_a_lock_delay_is_found() {
+        let lost = delayed_and_lost(5, 10 * MS, 100 * MS);
+        let inside = grant("d", 1, 9, 20 * MS, 600 * MS, 700 * MS);
+        let found = check_locks(Recorded { grants: &[lost.clone(), inside], ..Default::default() });
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].what.contains("inside its lock-delay of 1000 ms"), "{found:?}");
+        // Granted after the delay: fine. So is one inside it after a release (no end recorded).
+        let after = grant("d", 1, 9, 20 * MS, 1101 * MS, 1200 * MS);
+        assert!(check_locks(Recorded { grants: &[lost.clone(), after], ..Default::default() }).is_empty());
+        let released = Grant { ended_after: None, ..lost.clone() };
+        let inside = grant("d", 1, 9, 20 * MS, 600 * MS, 700 * MS);
+        assert!(check_locks(Recorded { grants: &[released, inside.clone()], ..Default::default() }).is_empty());
+        // Only the next grant is judged against the end: a later one came after it anyway.
+        let next = grant("d", 1, 9, 20 * MS, 1150 * MS, 1160 * MS);
+        let later = grant("d", 2, 12, 20 * MS, 1170 * MS, 1180 * MS);
+        assert!(check_locks(Recorded { grants: &[lost, next, later], ..Default::default() }).is_empty());
     }
 
     fn validation(token: i64, invoked: Time, current: bool) -> Validation {

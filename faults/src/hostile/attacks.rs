@@ -27,6 +27,7 @@ pub const ALL: &[(&str, Attack)] = &[
     ("range-watch-flood", range_watch_flood),
     ("proclaim-hijack", proclaim_hijack),
     ("lock-api-abuse", lock_api_abuse),
+    ("lock-delay-abuse", lock_delay_abuse),
     ("peer-garbage", peer_garbage),
     ("auth-flood", auth_flood),
 ];
@@ -219,6 +220,101 @@ fn lock_api_abuse(t: &mut Target) -> BoxFuture<'_, anyhow::Result<String>> {
         c.lease_revoke(lease).await?;
         t.still_serving().await?;
         seen.push(format!("1000 observers of one lock all told of its grant; peak RSS {} MiB", t.peak_rss_mib()));
+        Ok(seen.join("; "))
+    })
+}
+
+/// Lock-delays asked for wrongly, and lock-delay keys written by hand in
+/// bulk: out-of-range and non-exclusive delays are refused; 2,000 delay
+/// settings ended by one lease revoke put 2,000 markers in one revision,
+/// which the keeper ends over its ticks while the member keeps serving;
+/// markers and settings with values that are no delay start nothing or are
+/// cleared at once.
+fn lock_delay_abuse(t: &mut Target) -> BoxFuture<'_, anyhow::Result<String>> {
+    use etcd_client::{GetOptions, Txn, TxnOp};
+    use raftlock::proto::raftlock::v1 as pb;
+    Box::pin(async move {
+        let endpoint = format!("http://{}", t.client_addr(1));
+        let channel = tonic::transport::Endpoint::from_shared(endpoint)?.connect().await?;
+        let mut locks = pb::locks_client::LocksClient::new(channel);
+        let mut c = t.client(1).await?;
+        let lease = c.lease_grant(60, None).await?.id();
+        let mut seen = Vec::new();
+        for (what, req, words) in [
+            (
+                "lock_delay_ms u32::MAX",
+                pb::AcquireRequest { lock_delay_ms: u32::MAX, ..Default::default() },
+                "at most 60000",
+            ),
+            (
+                "a lock-delay on a semaphore",
+                pb::AcquireRequest { permits: 3, lock_delay_ms: 10, ..Default::default() },
+                "exclusive",
+            ),
+            (
+                "a lock-delay on a read lock",
+                pb::AcquireRequest { mode: pb::Mode::Read.into(), lock_delay_ms: 10, ..Default::default() },
+                "exclusive",
+            ),
+        ] {
+            let req = pb::AcquireRequest { name: b"ld/x".to_vec(), lease, ..req };
+            match locks.acquire(req).await {
+                Err(s) if s.code() == tonic::Code::InvalidArgument && s.message().contains(words) => {
+                    seen.push(format!("{what}: InvalidArgument"))
+                }
+                other => anyhow::bail!("{what}: expected InvalidArgument, got {other:?}"),
+            }
+        }
+        // 2,000 owner keys with delay settings of 60 s on one lease, 100 per txn.
+        const LOCKS: usize = 2000;
+        for chunk in (0..LOCKS).collect::<Vec<_>>().chunks(50) {
+            let puts = chunk.iter().flat_map(|i| {
+                let put = |k: String, v: &str| TxnOp::put(k, v, Some(etcd_client::PutOptions::new().with_lease(lease)));
+                [put(format!("ld/{i}/owner"), ""), put(format!("ld/{i}/owner.delay"), "60000")]
+            });
+            c.txn(Txn::new().and_then(puts.collect::<Vec<_>>())).await?;
+        }
+        // A setting that is no delay, and a marker written by hand with garbage.
+        c.put("ld/odd/owner", "", None).await?;
+        c.put("ld/odd/owner.delay", "99999999999", None).await?;
+        c.delete("ld/odd/owner", None).await?;
+        c.put("ld/garbage/.lock-delay", "not a delay", None).await?;
+        let started = std::time::Instant::now();
+        c.lease_revoke(lease).await?;
+        let markers = |c: &mut etcd_client::Client| {
+            let mut c = c.clone();
+            async move {
+                let r = c.get("ld/", Some(GetOptions::new().with_prefix().with_keys_only())).await?;
+                Ok::<_, anyhow::Error>(
+                    r.kvs()
+                        .iter()
+                        .filter(|kv| kv.key().ends_with(b"/.lock-delay"))
+                        .map(|kv| kv.key().to_vec())
+                        .collect::<Vec<_>>(),
+                )
+            }
+        };
+        // The garbage marker goes at the leader's next tick.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let now = loop {
+            let now = markers(&mut c).await?;
+            if !now.iter().any(|k| k.starts_with(b"ld/garbage/")) {
+                break now;
+            }
+            anyhow::ensure!(std::time::Instant::now() < deadline, "a marker with garbage was not cleared within 5 s");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        anyhow::ensure!(now.len() == LOCKS, "{} markers after the revoke, expected {LOCKS}", now.len());
+        anyhow::ensure!(!now.iter().any(|k| k.starts_with(b"ld/odd/")), "a setting of 99999999999 ms started a delay");
+        t.still_serving().await?;
+        seen.push(format!(
+            "{LOCKS} delayed grants ended by one revoke: {LOCKS} markers in {} ms, member serving; a setting of \
+             99999999999 ms started nothing; a hand-written garbage marker was cleared",
+            started.elapsed().as_millis()
+        ));
+        // Deleting the markers by hand ends the delays.
+        c.delete("ld/", Some(etcd_client::DeleteOptions::new().with_prefix())).await?;
+        anyhow::ensure!(markers(&mut c).await?.is_empty(), "markers left after a delete");
         Ok(seen.join("; "))
     })
 }

@@ -22,6 +22,12 @@
 //! is recorded as one grant per name (same token, same interval), and its
 //! holder does its fenced increments on every name's counter.
 //!
+//! A native mutex holder with a lock-delay ([`Api::Delayed`]) sometimes
+//! dies holding its lock: it revokes its lease instead of releasing. Its
+//! grant is recorded with the instant it was last known alive (the revoke's
+//! invocation; for a grant found gone at its release, the last keepalive
+//! answered alive), for the checker that no successor came inside the delay.
+//!
 //! Every grant is recorded with its interval as the client saw it (acquire
 //! completed .. release invoked) and whether the holder's lease certainly
 //! lived through it: the grant and the keepalives answered with a TTL must
@@ -34,7 +40,7 @@ use std::time::Duration;
 use etcd_client::{Client, Compare, CompareOp, LockOptions, Txn, TxnOp};
 use raftlock::proto::raftlock::v1::locks_client::LocksClient;
 use raftlock::proto::raftlock::v1::{AcquireRequest, LockSpec, Mode, ReleaseRequest, ValidateRequest};
-use raftlock_faults::check::locks::{Grant, GuardedWrite, Reentry, SharedRead, Validation};
+use raftlock_faults::check::locks::{Grant, GuardedWrite, Liveness, Reentry, SharedRead, Validation};
 use raftlock_faults::history::{Outcome, Time};
 use tonic::transport::{Channel, Endpoint};
 
@@ -57,7 +63,15 @@ pub enum Api {
     /// raftlock's native read (two in three) and write locks, a quarter of
     /// them acquired a second time reentrantly.
     ReadWrite,
+    /// raftlock's native mutex with a lock-delay of [`LOCK_DELAY_MS`]; one
+    /// grant in [`ABANDON_ONE_IN`] ends by the holder revoking its lease.
+    Delayed,
 }
+
+/// The lock-delay of [`Api::Delayed`]'s grants.
+pub const LOCK_DELAY_MS: u32 = 1000;
+/// How often (one in this many) a delayed grant's holder dies holding it.
+const ABANDON_ONE_IN: usize = 5;
 
 pub fn counter_key(name: &str) -> String {
     format!("counter/{name}")
@@ -72,6 +86,8 @@ pub struct LockHistory {
     pub reads: Vec<SharedRead>,
     pub reentries: Vec<Reentry>,
     pub validations: Vec<Validation>,
+    /// The multi-lock clients' last acquires, after the faults healed.
+    pub liveness: Vec<Liveness>,
 }
 
 impl LockHistory {
@@ -81,6 +97,7 @@ impl LockHistory {
         self.reads.extend(other.reads);
         self.reentries.extend(other.reentries);
         self.validations.extend(other.validations);
+        self.liveness.extend(other.liveness);
         for (name, (ok, unknown)) in other.increments {
             let e = self.increments.entry(name).or_default();
             e.0 += ok;
@@ -127,6 +144,14 @@ impl HeldLease {
 
     fn covers(&self, from: Time, to: Time) -> bool {
         covered(&self.life.lock().expect("lifeline lock poisoned"), from, to)
+    }
+
+    /// The last instant up to `until` at which the lease is known to have
+    /// been alive after `from`: the latest keepalive invoked then that was
+    /// answered with a TTL (the server saw it alive after the invocation).
+    fn alive_after(&self, from: Time, until: Time) -> Time {
+        let life = self.life.lock().expect("lifeline lock poisoned");
+        life.iter().filter(|(at, ttl)| *ttl > 0 && *at <= until).map(|(at, _)| *at).fold(from, Time::max)
     }
 
     /// Stop keeping it alive and revoke it (best effort: it expires anyway).
@@ -179,6 +204,7 @@ struct Ask {
     permits: u32,
     read: bool,
     wait: Duration,
+    lock_delay_ms: u32,
 }
 
 async fn acquire(
@@ -202,11 +228,15 @@ async fn acquire(
             Ok(Held { key, token })
         }
         Api::Native { permits } => {
-            let ask = Ask { permits, read: false, wait: ACQUIRE_WAIT };
+            let ask = Ask { permits, read: false, wait: ACQUIRE_WAIT, lock_delay_ms: 0 };
             acquire_native(native, name, lease, ask).await
         }
         Api::ReadWrite => {
-            let ask = Ask { permits: 1, read, wait: ACQUIRE_WAIT };
+            let ask = Ask { permits: 1, read, wait: ACQUIRE_WAIT, lock_delay_ms: 0 };
+            acquire_native(native, name, lease, ask).await
+        }
+        Api::Delayed => {
+            let ask = Ask { permits: 1, read: false, wait: ACQUIRE_WAIT, lock_delay_ms: LOCK_DELAY_MS };
             acquire_native(native, name, lease, ask).await
         }
     }
@@ -221,6 +251,7 @@ async fn acquire_native(native: &mut LocksClient<Channel>, name: &str, lease: i6
         metadata: Vec::new(),
         mode: if ask.read { Mode::Read } else { Mode::Write }.into(),
         reentrant: false,
+        lock_delay_ms: ask.lock_delay_ms,
         ..Default::default()
     };
     let resp = tokio::time::timeout(ask.wait + Duration::from_secs(1), native.acquire(req))
@@ -282,7 +313,7 @@ async fn guarded_read(c: &mut Client, name: &str, held: &Held) -> Option<Option<
 async fn release(api: Api, c: &mut Client, native: &mut LocksClient<Channel>, held: &Held) -> Result<bool, String> {
     match api {
         Api::Etcd => bounded(c.unlock(held.key.clone())).await.map(|_| true),
-        Api::Native { .. } | Api::ReadWrite => {
+        Api::Native { .. } | Api::ReadWrite | Api::Delayed => {
             let req = ReleaseRequest { key: held.key.clone(), token: held.token, ..Default::default() };
             bounded(native.release(req)).await.map(|r| r.into_inner()).map(|r| r.released && r.holds == 0)
         }
@@ -338,13 +369,22 @@ async fn validate(
 /// Take every one of `names` at once (a multi-lock), in the order given; the
 /// grants in the same order.
 async fn acquire_all(native: &mut LocksClient<Channel>, names: &[String], lease: i64) -> Result<Vec<Held>, String> {
+    acquire_all_within(native, names, lease, ACQUIRE_WAIT).await
+}
+
+async fn acquire_all_within(
+    native: &mut LocksClient<Channel>,
+    names: &[String],
+    lease: i64,
+    wait: Duration,
+) -> Result<Vec<Held>, String> {
     let req = AcquireRequest {
         lease,
-        wait_ms: ACQUIRE_WAIT.as_millis() as i64,
+        wait_ms: wait.as_millis() as i64,
         locks: names.iter().map(|n| LockSpec { name: n.as_bytes().to_vec(), ..Default::default() }).collect(),
         ..Default::default()
     };
-    let resp = tokio::time::timeout(ACQUIRE_WAIT + Duration::from_secs(1), native.acquire(req))
+    let resp = tokio::time::timeout(wait + Duration::from_secs(1), native.acquire(req))
         .await
         .map_err(|_| "acquire timed out".to_string())?
         .map_err(|s| s.message().to_string())?
@@ -368,8 +408,41 @@ async fn open_session(ctx: &Context, member: usize) -> Option<(Client, LocksClie
     Some((c, native, lease))
 }
 
+/// How long the liveness probe waits: every place a stopped client left
+/// goes within its lease's TTL and the keeper's expiry (or at once, revoked),
+/// a lock-delay within [`LOCK_DELAY_MS`], all far below this.
+const PROBE_WAIT: Duration = Duration::from_secs(20);
+
+/// Liveness: one more multi-lock of `names` once the faults have healed and
+/// the clients are stopping, on a lease of its own that needs no keepalive
+/// (whose task stops with the clients). A place stuck in a queue (a
+/// deadlock, a lock-delay never ended) leaves it waiting.
+async fn liveness_probe(ctx: &Context, id: usize, names: &[String]) -> Liveness {
+    let invoked = ctx.clock.now();
+    let outcome = async {
+        let endpoint = ctx.endpoints[id % ctx.endpoints.len()].clone();
+        let mut c = connect(std::slice::from_ref(&endpoint)).await.map_err(|e| e.to_string())?;
+        let channel = Endpoint::from_shared(endpoint).map_err(|e| e.to_string())?.connect_lazy();
+        let mut native = LocksClient::new(channel);
+        let lease = bounded(c.lease_grant(60, None)).await?.id();
+        let held = acquire_all_within(&mut native, names, lease, PROBE_WAIT).await;
+        let _ = bounded(c.lease_revoke(lease)).await;
+        held.map(|_| ())
+    }
+    .await;
+    Liveness {
+        client: id,
+        names: names.to_vec(),
+        invoked,
+        completed: ctx.clock.now(),
+        granted: outcome.is_ok(),
+        why: outcome.err().unwrap_or_default(),
+    }
+}
+
 /// One client taking all of `names` together (multi-locks), each time in a
-/// shuffled order, and incrementing every name's counter under the set.
+/// shuffled order, and incrementing every name's counter under the set;
+/// once stopped, a last one that must be granted ([`liveness_probe`]).
 pub async fn multi_client(ctx: Context, id: usize, mut names: Vec<String>, seed: u64) -> LockHistory {
     let mut rng = Rng::new(seed);
     let mut history = LockHistory::default();
@@ -422,6 +495,8 @@ pub async fn multi_client(ctx: Context, id: usize, mut names: Vec<String>, seed:
                     kept,
                     shared: false,
                     multi: true,
+                    lock_delay_ms: 0,
+                    ended_after: None,
                 });
             }
             if released.is_err() {
@@ -431,6 +506,7 @@ pub async fn multi_client(ctx: Context, id: usize, mut names: Vec<String>, seed:
         lease.give_up(&mut c).await;
         member = rng.below(ctx.endpoints.len());
     }
+    history.liveness.push(liveness_probe(&ctx, id, &names).await);
     history
 }
 
@@ -440,7 +516,7 @@ pub async fn client(ctx: Context, id: usize, api: Api, names: Vec<String>, seed:
     let mut history = LockHistory::default();
     let mut member = id % ctx.endpoints.len();
     let permits = match api {
-        Api::Etcd | Api::ReadWrite => 1,
+        Api::Etcd | Api::ReadWrite | Api::Delayed => 1,
         Api::Native { permits } => permits.max(1) as usize,
     };
     while !ctx.stopping() {
@@ -515,8 +591,23 @@ pub async fn client(ctx: Context, id: usize, api: Api, names: Vec<String>, seed:
                 }
             }
             let released_at = ctx.clock.now();
-            let released = release(api, &mut c, &mut native, &held).await;
-            let kept = !deposed && matches!(released, Ok(true)) && lease.covers(granted_at, released_at);
+            let abandon = matches!(api, Api::Delayed) && !deposed && rng.below(ABANDON_ONE_IN) == 0;
+            let released = match abandon {
+                // The holder dies holding the lock: its lease ends, not its grant.
+                true => {
+                    lease.keeper.abort();
+                    bounded(c.lease_revoke(lease.id)).await.map(|_| false)
+                }
+                false => release(api, &mut c, &mut native, &held).await,
+            };
+            let kept = !deposed && (abandon || matches!(released, Ok(true))) && lease.covers(granted_at, released_at);
+            let ended_after = match (api, abandon, &released) {
+                // The revoke ended it, no sooner than it was invoked.
+                (Api::Delayed, true, Ok(_)) => Some(released_at),
+                // Found gone at its release: ended after it was last known alive.
+                (Api::Delayed, false, Ok(false)) => Some(lease.alive_after(acquire_invoked, released_at)),
+                _ => None,
+            };
             if let Some((first, second)) = read_twice {
                 history.reads.push(SharedRead { name: name.clone(), client: id, token: held.token, first, second });
             }
@@ -533,8 +624,10 @@ pub async fn client(ctx: Context, id: usize, api: Api, names: Vec<String>, seed:
                 kept,
                 shared: read,
                 multi: false,
+                lock_delay_ms: if matches!(api, Api::Delayed) { LOCK_DELAY_MS as u64 } else { 0 },
+                ended_after,
             });
-            if released.is_err() || reentrant && !reentered {
+            if released.is_err() || abandon || reentrant && !reentered {
                 break;
             }
         }
