@@ -5,8 +5,9 @@
 //! With `permits` = P the first P keys hold the lock (P = 1: a mutex; etcd's
 //! Lock and Election always use 1); the others wait in FIFO order. Because the
 //! keys are exactly etcd's, client-side recipes (etcdctl lock and elect,
-//! clientv3's `concurrency`, python etcd3 locks), etcd's Lock service and the
-//! native API all see and respect each other.
+//! clientv3's `concurrency`), etcd's Lock service and the native API all see
+//! and respect each other. (python-etcd3's lock is another recipe, on one key
+//! `/locks/<name>`, and shares nothing with these.)
 //!
 //! Taking a place is one txn that also reads the front of the queue, so an
 //! uncontended lock costs one write. Waiting is server-side, with no polling.
@@ -27,6 +28,10 @@
 //! waits, never once its turn has come (see [`CleanupOnDrop`]): a place
 //! belongs to the lease, and another acquire of it may have been told it
 //! holds.
+//!
+//! Lock-delay (exclusive grants that asked for one): after such a grant
+//! ends involuntarily, the lock's delay marker keeps every waiter waiting
+//! until the leader deletes it ([`delay`], `crate::model::lock_delay`).
 //!
 //! Fencing: a grant's token is its key's create_revision, strictly greater for
 //! every later holder of the same name. Releases can be fenced by it, so a
