@@ -63,19 +63,11 @@ pub async fn proclaim(node: &Node, leader: &LeaderKey, value: &[u8]) -> Result<i
         return Err(RecipeError::NotLeader);
     }
     let put = PutRequest { key: leader.key.clone(), value: value.to_vec(), lease: leader.lease, ..Default::default() };
-    let txn = TxnRequest {
-        compare: vec![
-            super::create_revision_is(&leader.key, leader.rev),
-            super::compare(&leader.key, CompareTarget::Lease, CompareResult::Equal, leader.lease),
-        ],
-        success: vec![RequestOp::Put(put)],
-        failure: vec![],
-    };
-    let r = node.txn(txn, None).await?;
-    match r.succeeded {
-        true => Ok(r.revision),
-        false => Err(RecipeError::NotLeader),
-    }
+    let guards = vec![
+        super::create_revision_is(&leader.key, leader.rev),
+        super::compare(&leader.key, CompareTarget::Lease, CompareResult::Equal, leader.lease),
+    ];
+    super::put_if(node, guards, put).await?.ok_or(RecipeError::NotLeader)
 }
 
 /// Whether a client's leader key can name a campaign of its election at

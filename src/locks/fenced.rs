@@ -122,16 +122,8 @@ async fn set_lock_delay(node: &Node, owner: &KeyValue, ms: u32) -> Result<i64, R
         lease: owner.lease,
         ..Default::default()
     };
-    let txn = TxnRequest {
-        compare: vec![create_revision_is(&owner.key, owner.create_revision)],
-        success: vec![RequestOp::Put(setting)],
-        failure: vec![],
-    };
-    let result = node.txn(txn, None).await?;
-    match result.succeeded {
-        true => Ok(result.revision),
-        false => Err(RecipeError::SessionExpired),
-    }
+    let guard = vec![create_revision_is(&owner.key, owner.create_revision)];
+    super::put_if(node, guard, setting).await?.ok_or(RecipeError::SessionExpired)
 }
 
 async fn acquire_place(node: Arc<Node>, req: Request<'_>, wait: Wait) -> Result<Acquired, RecipeError> {

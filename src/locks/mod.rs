@@ -342,8 +342,6 @@ pub async fn enqueue(node: &Node, place: &Place<'_>) -> Result<Queued, RecipeErr
     let mut reads = vec![
         range(key.clone()),
         RequestOp::Range(front_range(&prefix, if place.whole_queue { 0 } else { place.permits })),
-        // The delay marker, which the front read may not reach.
-        range(lock_delay::marker_key(place.name)),
     ];
     let mut compare = vec![create_revision_is(&key, 0)];
     if place.native {
@@ -365,8 +363,8 @@ pub async fn enqueue(node: &Node, place: &Place<'_>) -> Result<Queued, RecipeErr
         ResponseOp::Range(r) => Some(r.kvs),
         _ => None,
     });
-    let (Some(mine), Some(queue), Some(marker)) = (ranges.next(), ranges.next(), ranges.next()) else {
-        unreachable!("the queue txn reads the key, the queue and the delay marker")
+    let (Some(mine), Some(queue)) = (ranges.next(), ranges.next()) else {
+        unreachable!("the queue txn reads the key and the queue")
     };
     let (hold_count, other) = (ranges.next().and_then(first), ranges.next().and_then(first));
     if other.is_some() {
@@ -375,8 +373,23 @@ pub async fn enqueue(node: &Node, place: &Place<'_>) -> Result<Queued, RecipeErr
     // A failure branch on a key that exists always finds it: the txn is atomic.
     let mine = mine.into_iter().next().ok_or(RecipeError::SessionExpired)?;
     // In a lock-delay nobody holds; the wait for the turn waits for its end.
-    let front = if marker.is_empty() { holders_and_waiters(&prefix, queue, place.permits).0 } else { Vec::new() };
+    // The marker is looked up here, in this member's state once it has
+    // applied the txn, not read in the txn (whose entry every member stores
+    // and applies): a marker put after the txn can only follow the end of a
+    // grant this place made.
+    node.wait_revision(result.revision).await?;
+    let marker = RangeRequest { key: lock_delay::marker_key(place.name), count_only: true, ..Default::default() };
+    let delayed = node.state().mvcc().range(&marker).map_err(RecipeError::Mvcc)?.count > 0;
+    let front = if delayed { Vec::new() } else { holders_and_waiters(&prefix, queue, place.permits).0 };
     Ok(Queued { mine, revision: result.revision, front, created: result.succeeded, hold_count })
+}
+
+/// Put `put` if every guard in `compare` holds: its revision, or `None`
+/// when a guard failed.
+pub(super) async fn put_if(node: &Node, compare: Vec<Compare>, put: PutRequest) -> Result<Option<i64>, RecipeError> {
+    let txn = TxnRequest { compare, success: vec![RequestOp::Put(put)], failure: vec![] };
+    let result = node.txn(txn, None).await?;
+    Ok(result.succeeded.then_some(result.revision))
 }
 
 fn first(kvs: Vec<KeyValue>) -> Option<KeyValue> {

@@ -151,9 +151,7 @@ fn maximal_requests(t: &mut Target) -> BoxFuture<'_, anyhow::Result<String>> {
 fn lock_api_abuse(t: &mut Target) -> BoxFuture<'_, anyhow::Result<String>> {
     use raftlock::proto::raftlock::v1 as pb;
     Box::pin(async move {
-        let endpoint = format!("http://{}", t.client_addr(1));
-        let channel = tonic::transport::Endpoint::from_shared(endpoint)?.connect().await?;
-        let mut locks = pb::locks_client::LocksClient::new(channel);
+        let mut locks = t.locks_client(1).await?;
         let mut c = t.client(1).await?;
         let lease = c.lease_grant(30, None).await?.id();
         let spec = |name: String| pb::LockSpec { name: name.into_bytes(), ..Default::default() };
@@ -234,9 +232,7 @@ fn lock_delay_abuse(t: &mut Target) -> BoxFuture<'_, anyhow::Result<String>> {
     use etcd_client::{GetOptions, Txn, TxnOp};
     use raftlock::proto::raftlock::v1 as pb;
     Box::pin(async move {
-        let endpoint = format!("http://{}", t.client_addr(1));
-        let channel = tonic::transport::Endpoint::from_shared(endpoint)?.connect().await?;
-        let mut locks = pb::locks_client::LocksClient::new(channel);
+        let mut locks = t.locks_client(1).await?;
         let mut c = t.client(1).await?;
         let lease = c.lease_grant(60, None).await?.id();
         let mut seen = Vec::new();

@@ -74,6 +74,16 @@ impl Target {
         self.cluster.try_client(i).await
     }
 
+    /// A fresh client of member `i`'s native lock API.
+    pub async fn locks_client(
+        &self,
+        i: usize,
+    ) -> anyhow::Result<raftlock::proto::raftlock::v1::locks_client::LocksClient<tonic::transport::Channel>> {
+        let endpoint = format!("http://{}", self.client_addr(i));
+        let channel = tonic::transport::Endpoint::from_shared(endpoint)?.connect().await?;
+        Ok(raftlock::proto::raftlock::v1::locks_client::LocksClient::new(channel))
+    }
+
     /// Kill every member (-9) and start them all again with their data:
     /// the pids the checks expect become the new ones.
     pub async fn restart_all(&mut self) -> anyhow::Result<()> {
