@@ -37,6 +37,7 @@ use std::time::Duration;
 use clap::Parser;
 use raftlock_faults::check::leases::check_leases;
 use raftlock_faults::check::locks::{check_locks, Counter, Recorded as LocksRecorded};
+use raftlock_faults::check::lost::check_lost;
 use raftlock_faults::check::watches::{check_watch, EventKind, WatchMessage, WatchStream};
 use raftlock_faults::check::writes::check_acknowledged;
 use raftlock_faults::check::{check_register, check_serializable_reads, Verdict};
@@ -97,6 +98,9 @@ struct Row {
     grants: (usize, usize, usize, usize),
     validations: (usize, usize),
     delayed: (usize, usize),
+    /// Grants taken from their holders (check 11): how many, how many told,
+    /// and the longest a holder waited to be told (ms).
+    taken: (usize, usize, u64),
     faults: u64,
     anomalies: Vec<Anomaly>,
     undecided: usize,
@@ -181,9 +185,11 @@ async fn main() -> anyhow::Result<()> {
         let (grants, read, reentered, multi) = row.grants;
         let (validated, current) = row.validations;
         let (delayed, lost) = row.delayed;
+        let (taken, told, slowest) = row.taken;
         println!(
             "  {:<22} {grants:>8} lock grants: {read} read, {reentered} re-entered, {multi} in multi-locks, \
-             {delayed} with a lock-delay ({lost} ended involuntarily); {validated} validated ({current} current)",
+             {delayed} with a lock-delay ({lost} ended involuntarily); {validated} validated ({current} current); \
+             {taken} taken from their holders, {told} told (slowest {slowest} ms)",
             ""
         );
         for a in row.anomalies.iter().take(20) {
@@ -241,6 +247,19 @@ const REGISTER_KEYS: usize = 6;
 const LOCK_NAMES: [&str; 2] = ["lock/0", "lock/1"];
 const SEMAPHORE: &str = "sem/0";
 
+/// Check 11's bound, in ns: how soon a holder must be told that its grant
+/// was taken (see `raftlock_faults::check::lost::told_within`).
+fn told_within() -> u64 {
+    let (ping, ping_timeout) = (raftlock::client::PING_INTERVAL, raftlock::client::PING_TIMEOUT);
+    let ttl = workload::locks::TTL as u64;
+    raftlock_faults::check::lost::told_within(
+        ttl,
+        ELECTION_MS,
+        ping.as_millis() as u64,
+        ping_timeout.as_millis() as u64,
+    )
+}
+
 /// Start every workload. The lease watcher follows `lease_ctx`, which stops
 /// later than the rest: it must see the revocations of the leases that the
 /// others abandon when they stop.
@@ -282,6 +301,10 @@ fn start_workloads(ctx: &Context, lease_ctx: &Context, start_revision: i64, rng:
     // Mutex holders with a lock-delay, on the same names, some of which die holding them.
     for id in 14..16 {
         w.locks.push(tokio::spawn(workload::locks::client(ctx.clone(), id, Api::Delayed, names.clone(), rng.next())));
+    }
+    // Mutex holders that follow their grants while some are taken from them.
+    for id in 16..18 {
+        w.locks.push(tokio::spawn(workload::lost::client(ctx.clone(), id, names.clone(), rng.next(), told_within())));
     }
     for i in 0..2 {
         let (name, prefix) = (format!("watch-{i}-{}", workload::registers::PREFIX), workload::registers::PREFIX);
@@ -424,8 +447,11 @@ async fn run(
     let validations = (locks.validations.len(), locks.validations.iter().filter(|v| v.current).count());
     let delayed = locks.grants.iter().filter(|g| g.lock_delay_ms > 0);
     let delayed = (delayed.clone().count(), delayed.filter(|g| g.ended_after.is_some()).count());
+    let told = locks.lost.iter().filter_map(|l| Some(l.told_at?.saturating_sub(l.taken_at) / 1_000_000));
+    let taken = (locks.lost.len(), told.clone().count(), told.max().unwrap_or(0));
     Ok(Row {
         delayed,
+        taken,
         nemesis: nemesis.name(),
         ops,
         grants,
@@ -481,6 +507,7 @@ async fn check(
         liveness: &rec.locks.liveness,
         validations: &rec.locks.validations,
     }));
+    anomalies.extend(check_lost(&rec.locks.lost, told_within()));
 
     // When the lease watcher first saw each lease key deleted.
     let mut deleted: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
@@ -534,6 +561,7 @@ fn save(dir: &Path, rec: &Recorded, anomalies: &[Anomaly]) -> anyhow::Result<()>
         "shared_reads": rec.locks.reads,
         "reentries": rec.locks.reentries,
         "validations": rec.locks.validations,
+        "lost_grants": rec.locks.lost,
         "watches": rec.watches,
     });
     std::fs::write(dir.join("history.json"), serde_json::to_vec(&history)?)?;

@@ -4,6 +4,14 @@
 //! endpoint answers), which is what `Guard::lost` and `MultiGuard::lost`
 //! wait on.
 //!
+//! How soon an end is told: as soon as the stream's member applies it, if
+//! that member is live and in touch with the leader; if it is cut off from
+//! the leader, within three election timeouts (the member then ends its
+//! streams, and the stream is picked up on another endpoint); if it is
+//! frozen, or its host gone, once a ping goes unanswered (`PING_INTERVAL`
+//! and `PING_TIMEOUT`, 9 s at most). The fault suite's check 11 holds it to
+//! that.
+//!
 //! Caveat: a grant whose history was compacted away before the call is
 //! judged from the lock as it is (present: followed from then on; absent:
 //! ended, cause unknown).

@@ -139,11 +139,25 @@ impl ClientTls {
     }
 }
 
+/// While a stream is open on a connection, it is pinged this often, and
+/// closed when a ping is not answered within [`PING_TIMEOUT`]: a member that
+/// is frozen (or whose host is) answers nothing, but keeps its TCP
+/// connections, and a lock-event stream on it would wait in silence. Not
+/// under 5 s: etcd's servers refuse pings more frequent than that
+/// (`--grpc-keepalive-min-time`), and raftlockctl talks to them too.
+pub const PING_INTERVAL: Duration = Duration::from_secs(6);
+/// See [`PING_INTERVAL`].
+pub const PING_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// An endpoint for `url`, with TLS for `https://` URLs.
 pub fn endpoint(url: &str, tls: Option<&ClientTls>) -> Result<Endpoint, ClientError> {
     let bad = |err| ClientError::Endpoint(url.to_string(), err);
-    let mut endpoint =
-        Endpoint::from_shared(url.to_string()).map_err(bad)?.connect_timeout(Duration::from_secs(5)).tcp_nodelay(true);
+    let mut endpoint = Endpoint::from_shared(url.to_string())
+        .map_err(bad)?
+        .connect_timeout(Duration::from_secs(5))
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(PING_INTERVAL)
+        .keep_alive_timeout(PING_TIMEOUT);
     if url.starts_with("https://") {
         endpoint = endpoint.tls_config(tls.cloned().unwrap_or_default().config()).map_err(bad)?;
     }

@@ -22,6 +22,11 @@
 //! observer lost changes (its inbox overflowed or a snapshot replaced the
 //! store), told at the revision it looked again.
 //!
+//! A member that has been without a leader for three election timeouts
+//! (`Node::leaderless`, as a watch that requires a leader) ends its streams
+//! with "etcdserver: no leader": it would learn of no end while cut off, and
+//! the client picks the stream up from its last revision on another member.
+//!
 //! Caveats: a waiter's position is told when it queues; later positions
 //! follow from the events (each place that ends ahead of a waiter moves it
 //! up by one). Events are per member: a stream on a member that falls behind
@@ -336,11 +341,16 @@ pub async fn observe<T: Send>(
         return Ok(());
     }
     let mut stopping = node.stopping();
+    let leaderless = node.leaderless();
+    tokio::pin!(leaderless);
     loop {
         tokio::select! {
             _ = inbox.ready() => {}
             _ = out.closed() => return Ok(()),
             _ = stopping.stopped() => return Ok(()),
+            // A member cut off from the cluster learns of no end: the stream
+            // ends, and the client picks it up from its revision elsewhere.
+            _ = &mut leaderless => return Err(RecipeError::Server(crate::node::ServerError::NoLeader)),
         }
         let taken = inbox.take();
         let mut events = Vec::new();

@@ -4,6 +4,7 @@
 //! revision; a holder's guard learns that its grant ended without its asking
 //! (lease revoked by another client, key deleted by another client) within a
 //! round trip, and not when only its member dies while its lease lives on;
+//! a member cut off from the leader ends its streams ("no leader");
 //! `raftlockctl observe -w json` prints one object per event.
 
 use std::io::BufRead;
@@ -151,6 +152,26 @@ async fn a_holder_learns_its_grant_ended_without_its_asking_and_not_while_its_le
     // Released through a live member: this client's next request may still
     // be sent to the dead one (its channel learns of the death by failing).
     assert!(other.release(guard.key(), guard.token()).await.unwrap());
+}
+
+#[tokio::test]
+async fn a_member_cut_off_from_the_leader_ends_its_lock_event_streams() {
+    let mut cluster = Cluster::start(3).await;
+    let alone = cluster.follower().await;
+    let c = native(&cluster, alone).await;
+    let mut stream = c.observe(b"cut", 1, 0).await.unwrap();
+    next(&mut stream).await;
+    for i in (0..3).filter(|&i| i != alone) {
+        cluster.kill(i);
+    }
+    // It would learn of no end now: after three election timeouts without a
+    // leader it says so, and a client picks the stream up elsewhere.
+    let cut = Instant::now();
+    let ended = tokio::time::timeout(Duration::from_secs(20), stream.message()).await.expect("the stream went on");
+    let status = ended.expect_err("the stream ended without an error");
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    assert_eq!(status.message(), "etcdserver: no leader");
+    assert!(cut.elapsed() >= Duration::from_millis(500), "ended after {:?}", cut.elapsed());
 }
 
 #[tokio::test]

@@ -9,6 +9,8 @@
 //! - [`locks`]: lock and semaphore safety — unique fencing tokens, mutual
 //!   exclusion, tokens that grow with time, fenced writes that never land out
 //!   of order, and counters that lost no increment.
+//! - [`lost`]: a live holder is told, rightly and in time, when someone
+//!   else deletes its lock key or revokes its lease.
 //! - [`leases`]: a lease kept alive is never revoked (safety), and an abandoned
 //!   lease is revoked within a bound (liveness).
 //! - [`watches`]: a watch stream is ordered, unique, atomic per revision,
@@ -26,6 +28,7 @@
 pub mod leases;
 pub mod linearizable;
 pub mod locks;
+pub mod lost;
 pub mod watches;
 pub mod writes;
 

@@ -41,6 +41,7 @@ use etcd_client::{Client, Compare, CompareOp, LockOptions, Txn, TxnOp};
 use raftlock::proto::raftlock::v1::locks_client::LocksClient;
 use raftlock::proto::raftlock::v1::{AcquireRequest, LockSpec, Mode, ReleaseRequest, ValidateRequest};
 use raftlock_faults::check::locks::{Grant, GuardedWrite, Liveness, Reentry, SharedRead, Validation};
+use raftlock_faults::check::lost::LostGrant;
 use raftlock_faults::history::{Outcome, Time};
 use tonic::transport::{Channel, Endpoint};
 
@@ -51,7 +52,7 @@ use crate::cluster::connect;
 pub const TTL: i64 = 3;
 const KEEPALIVE_EVERY: Duration = Duration::from_secs(1);
 /// How long an acquisition may wait.
-const ACQUIRE_WAIT: Duration = Duration::from_secs(4);
+pub(super) const ACQUIRE_WAIT: Duration = Duration::from_secs(4);
 
 /// Which API a client takes its locks with.
 #[derive(Clone, Copy, Debug)]
@@ -88,6 +89,8 @@ pub struct LockHistory {
     pub validations: Vec<Validation>,
     /// The multi-lock clients' last acquires, after the faults healed.
     pub liveness: Vec<Liveness>,
+    /// Grants taken from their holders by someone else (check 11).
+    pub lost: Vec<LostGrant>,
 }
 
 impl LockHistory {
@@ -98,6 +101,7 @@ impl LockHistory {
         self.reentries.extend(other.reentries);
         self.validations.extend(other.validations);
         self.liveness.extend(other.liveness);
+        self.lost.extend(other.lost);
         for (name, (ok, unknown)) in other.increments {
             let e = self.increments.entry(name).or_default();
             e.0 += ok;
@@ -127,10 +131,10 @@ fn covered(life: &[(Time, i64)], from: Time, to: Time) -> bool {
 }
 
 /// A lease with a keepalive task of its own, recording its lifeline.
-struct HeldLease {
-    id: i64,
+pub(super) struct HeldLease {
+    pub(super) id: i64,
     life: Lifeline,
-    keeper: tokio::task::JoinHandle<()>,
+    pub(super) keeper: tokio::task::JoinHandle<()>,
 }
 
 impl HeldLease {
@@ -142,7 +146,7 @@ impl HeldLease {
         Ok(HeldLease { id: granted.id(), life, keeper })
     }
 
-    fn covers(&self, from: Time, to: Time) -> bool {
+    pub(super) fn covers(&self, from: Time, to: Time) -> bool {
         covered(&self.life.lock().expect("lifeline lock poisoned"), from, to)
     }
 
@@ -155,7 +159,7 @@ impl HeldLease {
     }
 
     /// Stop keeping it alive and revoke it (best effort: it expires anyway).
-    async fn give_up(self, c: &mut Client) {
+    pub(super) async fn give_up(self, c: &mut Client) {
         self.keeper.abort();
         let _ = bounded(c.lease_revoke(self.id)).await;
     }
@@ -193,18 +197,18 @@ async fn keep_alive(ctx: Context, lease: i64, life: Lifeline, mut member: usize)
 }
 
 /// A grant as the client holds it.
-struct Held {
-    key: Vec<u8>,
-    token: i64,
+pub(super) struct Held {
+    pub(super) key: Vec<u8>,
+    pub(super) token: i64,
 }
 
 /// What a native acquire asks for.
 #[derive(Clone, Copy)]
-struct Ask {
-    permits: u32,
-    read: bool,
-    wait: Duration,
-    lock_delay_ms: u32,
+pub(super) struct Ask {
+    pub(super) permits: u32,
+    pub(super) read: bool,
+    pub(super) wait: Duration,
+    pub(super) lock_delay_ms: u32,
 }
 
 async fn acquire(
@@ -242,7 +246,12 @@ async fn acquire(
     }
 }
 
-async fn acquire_native(native: &mut LocksClient<Channel>, name: &str, lease: i64, ask: Ask) -> Result<Held, String> {
+pub(super) async fn acquire_native(
+    native: &mut LocksClient<Channel>,
+    name: &str,
+    lease: i64,
+    ask: Ask,
+) -> Result<Held, String> {
     let req = AcquireRequest {
         name: name.as_bytes().to_vec(),
         lease,
@@ -322,7 +331,13 @@ async fn release(api: Api, c: &mut Client, native: &mut LocksClient<Channel>, he
 
 /// One fenced increment of `name`'s counter; `Ok(false)`: the guard found
 /// this holder deposed.
-async fn increment(c: &mut Client, name: &str, held: &Held, client: usize, history: &mut LockHistory) -> Option<bool> {
+pub(super) async fn increment(
+    c: &mut Client,
+    name: &str,
+    held: &Held,
+    client: usize,
+    history: &mut LockHistory,
+) -> Option<bool> {
     let counter = counter_key(name);
     let read = bounded(c.get(counter.as_str(), None)).await.ok()?;
     let value: u64 = read.kvs().first().and_then(|kv| kv.value_str().ok()?.parse().ok()).unwrap_or(0);
@@ -400,7 +415,7 @@ async fn acquire_all_within(
 
 /// A lock client's connection to `member` (etcd's API and the native one)
 /// and a lease kept alive there; `None` if either failed.
-async fn open_session(ctx: &Context, member: usize) -> Option<(Client, LocksClient<Channel>, HeldLease)> {
+pub(super) async fn open_session(ctx: &Context, member: usize) -> Option<(Client, LocksClient<Channel>, HeldLease)> {
     let endpoint = ctx.endpoints[member].clone();
     let mut c = connect(std::slice::from_ref(&endpoint)).await.ok()?;
     let native = LocksClient::new(Endpoint::from_shared(endpoint).ok()?.connect_lazy());

@@ -19,6 +19,7 @@
 
 pub mod leases;
 pub mod locks;
+pub mod lost;
 pub mod registers;
 pub mod watches;
 pub mod writes;
