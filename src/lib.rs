@@ -46,6 +46,8 @@ mod storage;
 pub use api::{ApiSettings, ClientApi};
 pub use base::ids;
 pub use base::listen::bind as bind_listeners;
+/// raftlock's release and the etcd API level (`raftlockctl version`, tests).
+pub use base::version;
 pub use locks::prefix_end;
 /// How fast a leader expires leases that lapsed together (etcd's rate).
 pub use node::lease::keeper::{EXPIRIES_PER_TICK, TICK as LEASE_TICK};

@@ -1,6 +1,6 @@
 //! The plain-HTTP endpoints etcd serves on its client port (and on
-//! `--listen-metrics-urls`): `/metrics`, `/health`, `/livez`, `/readyz`.
-//! They share the client port with gRPC (routed by path; HTTP/1.1 and
+//! `--listen-metrics-urls`): `/metrics`, `/health`, `/livez`, `/readyz`,
+//! `/version`. They share the client port with gRPC (routed by path; HTTP/1.1 and
 //! HTTP/2 both accepted).
 //!
 //! - `/metrics`: Prometheus' text format (`crate::base::metrics`), the view of the
@@ -9,6 +9,9 @@
 //!   `RAFT NO LEADER`, `ALARM NOSPACE` / `ALARM CORRUPT` (unless
 //!   `?exclude=NOSPACE`...), or the linearizable read's failure (unless
 //!   `?serializable=true`).
+//! - `/version`: etcd's JSON, `{"etcdserver":"3.5.0","etcdcluster":"3.5.0"}`
+//!   (the etcd API level raftlock implements), and `"raftlock"`, this
+//!   member's release.
 //! - `/livez`: the process serves a serializable read. `/readyz`: no CORRUPT
 //!   alarm, a serializable and a linearizable read, not a learner. Both answer
 //!   `ok` (with `?verbose`, one `[+]check ok` line per check first), or 503
@@ -41,6 +44,16 @@ pub fn routes(node: Arc<Node>, grants: Arc<Grants>) -> Router {
         .route("/health", get(move |uri: Uri| health(n1.clone(), uri)))
         .route("/livez", get(move |uri: Uri| livez(n2.clone(), uri)))
         .route("/readyz", get(move |uri: Uri| readyz(n3.clone(), uri)))
+        .route("/version", get(version))
+}
+
+/// etcd's `/version` (the etcd API level as both the server's and the
+/// cluster's version, which is what etcd's tools compare), with raftlock's
+/// own release beside it.
+async fn version() -> Response {
+    use crate::base::version::{ETCD_API, RAFTLOCK};
+    let body = serde_json::json!({ "etcdserver": ETCD_API, "etcdcluster": ETCD_API, "raftlock": RAFTLOCK });
+    ([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
 }
 
 async fn scrape(node: Arc<Node>, grants: Arc<Grants>) -> Response {

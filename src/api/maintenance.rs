@@ -15,9 +15,6 @@ use crate::node::Node;
 use crate::proto::etcdserverpb as pb;
 use crate::proto::etcdserverpb::maintenance_server::{Maintenance, MaintenanceServer};
 
-/// The etcd API version raftlock serves; clients gate features on it.
-pub const ETCD_API_VERSION: &str = "3.5.0";
-
 pub struct MaintenanceService {
     node: Arc<Node>,
 }
@@ -84,7 +81,7 @@ impl Maintenance for MaintenanceService {
         }
         Ok(Response::new(pb::StatusResponse {
             header: header(&self.node, self.node.revision()),
-            version: ETCD_API_VERSION.to_string(),
+            version: crate::base::version::ETCD_API.to_string(),
             db_size: s.db_size as i64,
             leader: s.leader,
             raft_index: s.raft_index,

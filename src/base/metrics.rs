@@ -229,6 +229,25 @@ impl Metrics {
             ),
             registry,
         };
+        // What this binary is: etcd's gauge (its label the etcd API level,
+        // which dashboards read as the server's version) and raftlock's own.
+        let info = |name: &str, help: &str, labels: &[(&str, &str)]| {
+            let names: Vec<&str> = labels.iter().map(|(n, _)| *n).collect();
+            let g = prometheus::IntGaugeVec::new(Opts::new(name, help), &names).expect("a valid metric");
+            g.with_label_values(&labels.iter().map(|(_, v)| *v).collect::<Vec<_>>()).set(1);
+            metrics.registry.register(Box::new(g)).expect("registered once");
+        };
+        use super::version::{ETCD_API, GIT_SHA, RAFTLOCK};
+        info(
+            "etcd_server_version",
+            "Which version is running. 1 for 'server_version' label with current version.",
+            &[("server_version", ETCD_API)],
+        );
+        info(
+            "raftlock_build_info",
+            "The raftlock release this member runs, its commit and the etcd API level it serves; always 1.",
+            &[("version", RAFTLOCK), ("git_sha", GIT_SHA), ("etcd_api", ETCD_API)],
+        );
         #[cfg(target_os = "linux")]
         {
             let process = prometheus::process_collector::ProcessCollector::for_self();

@@ -8,7 +8,8 @@
 //! - [`batcher`]: calls grouped into bounded batches;
 //! - [`metrics`]: the Prometheus registry, with etcd's metric names;
 //! - [`tls`]: rustls configurations for both ports, from etcd's TLS flags;
-//! - [`listen`]: binding and serving a port's listeners, plain or TLS.
+//! - [`listen`]: binding and serving a port's listeners, plain or TLS;
+//! - [`version`]: raftlock's release, the etcd API level, how both print.
 //!
 //! Invariant: no file here names a module of the crate outside `base`.
 
@@ -20,3 +21,4 @@ pub mod listen;
 pub mod metrics;
 pub mod shutdown;
 pub mod tls;
+pub mod version;

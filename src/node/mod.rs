@@ -191,6 +191,14 @@ impl Node {
         }
         disk::wait_for_space(&data_dir, config.disk_space_reserve_bytes / 2).await;
         crate::storage::data_dir::prepare(&data_dir)?;
+        let format = crate::storage::format::open(&data_dir, !fresh)?;
+        if format.written_by.as_deref().is_some_and(|v| v != crate::base::version::RAFTLOCK) {
+            tracing::info!(
+                written_by = format.written_by.as_deref().unwrap_or_default(),
+                format = format.format,
+                "data directory written by another raftlock release"
+            );
+        }
 
         let state_store =
             StateStore::open(&data_dir.join("state"), &data_dir.join("images")).context("opening the state store")?;

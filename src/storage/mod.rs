@@ -45,6 +45,7 @@
 
 pub mod data_dir;
 pub mod files;
+pub mod format;
 pub mod framing;
 pub mod wal;
 

@@ -21,4 +21,5 @@ mod native_locks;
 mod operations;
 mod raftlockctl;
 mod security;
+mod versions;
 mod watch;

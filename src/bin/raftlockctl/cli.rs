@@ -6,7 +6,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "raftlockctl", version, about = "Command-line client for raftlock")]
+#[command(name = "raftlockctl", version, long_version = raftlock::version::LONG, about = "Command-line client for raftlock")]
 pub(crate) struct Cli {
     /// Comma-separated client URLs (or host:port).
     #[arg(
@@ -154,6 +154,9 @@ pub(crate) enum Cmd {
     Snapshot(SnapshotCmd),
     /// Drive the endpoints with concurrent clients and report ops/s and latency.
     Bench(crate::bench::BenchArgs),
+    /// Print raftlockctl's version and the etcd API level it speaks (no
+    /// server is asked; `endpoint status` shows the members').
+    Version,
 }
 
 #[derive(Args)]

@@ -135,6 +135,14 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             (None, None) => anyhow::bail!("--user {user} needs a password: --user {user}:PASSWORD or --password"),
         }),
     };
+    if let Cmd::Version = &cli.command {
+        use raftlock::version::{ETCD_API_MINOR, RAFTLOCK};
+        match cli.write_out {
+            Format::Json => println!("{}", serde_json::json!({"raftlockctl": RAFTLOCK, "api": ETCD_API_MINOR})),
+            Format::Simple => println!("raftlockctl version: {RAFTLOCK}\nAPI version: {ETCD_API_MINOR}"),
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     if let Cmd::Snapshot(SnapshotCmd::Restore(args)) = &cli.command {
         return commands::snapshot_restore(args, cli.write_out).await;
     }
@@ -335,6 +343,6 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::Endpoint(EndpointCmd::Status) => commands::endpoint_status(&ctl).await,
         Cmd::Endpoint(EndpointCmd::Health) => commands::endpoint_health(&ctl).await,
         Cmd::Snapshot(SnapshotCmd::Save { file }) => commands::snapshot_save(&ctl, &file).await,
-        Cmd::Bench(_) | Cmd::Snapshot(SnapshotCmd::Restore(_)) => unreachable!("handled above"),
+        Cmd::Bench(_) | Cmd::Version | Cmd::Snapshot(SnapshotCmd::Restore(_)) => unreachable!("handled above"),
     }
 }
