@@ -4,7 +4,8 @@
 # etcd-client for etcdctl 3.4, etcd 3.5.1 from PyPI for etcdctl 3.5,
 # python-etcd3 from PyPI for the python interop test, Debian's golang-go and
 # golang-etcd-server-dev for the Go clientv3 interop test, curl for the
-# HTTP/JSON gateway test), then
+# HTTP/JSON gateway test, raftlock release 0.1.0 built from git for the
+# upgrade test), then
 # runs every test (the server's, and the fault suite's checkers). Extra arguments
 # go to `cargo test`.
 set -euo pipefail
@@ -19,7 +20,10 @@ command -v curl >/dev/null || missing+=(curl)
 scripts/apt-install.sh "${missing[@]}"
 RAFTLOCK_ETCD_DIR=$(scripts/install-etcd.sh)
 RAFTLOCK_PYTHON_ETCD3=$(scripts/install-python-etcd3.sh)
-export RAFTLOCK_ETCD_DIR RAFTLOCK_PYTHON_ETCD3
+# Release 0.1.0, for the rolling upgrade and downgrade test (built from git
+# history once; its dependencies shared with this tree's build).
+RAFTLOCK_RELEASE_0_1_0=$(scripts/old-release.sh)
+export RAFTLOCK_ETCD_DIR RAFTLOCK_PYTHON_ETCD3 RAFTLOCK_RELEASE_0_1_0
 
 # The crate's shape first (seconds): no import circle, layers kept, openraft
 # only under src/raft, sled only under src/storage, files under 600 lines.

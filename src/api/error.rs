@@ -130,6 +130,7 @@ pub fn server(e: ServerError) -> Status {
         ServerError::Timeout => Status::unavailable("etcdserver: request timed out"),
         ServerError::Stopped => Status::unavailable("etcdserver: server stopped"),
         ServerError::TooManyRequests => Status::resource_exhausted("etcdserver: too many requests"),
+        ServerError::NeedsRelease(why) => Status::failed_precondition(format!("raftlock: {why}")),
     }
 }
 

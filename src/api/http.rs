@@ -10,8 +10,9 @@
 //!   `?exclude=NOSPACE`...), or the linearizable read's failure (unless
 //!   `?serializable=true`).
 //! - `/version`: etcd's JSON, `{"etcdserver":"3.5.0","etcdcluster":"3.5.0"}`
-//!   (the etcd API level raftlock implements), and `"raftlock"`, this
-//!   member's release.
+//!   (the etcd API level raftlock implements), with `"raftlock"`, this
+//!   member's release, and `"raftlockcluster"`, the cluster version as this
+//!   member sees it (`node::versions`).
 //! - `/livez`: the process serves a serializable read. `/readyz`: no CORRUPT
 //!   alarm, a serializable and a linearizable read, not a learner. Both answer
 //!   `ok` (with `?verbose`, one `[+]check ok` line per check first), or 503
@@ -38,21 +39,32 @@ pub const READ_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The routes, for the client port and the metrics port.
 pub fn routes(node: Arc<Node>, grants: Arc<Grants>) -> Router {
-    let (n1, n2, n3) = (node.clone(), node.clone(), node.clone());
+    let (n1, n2, n3, n4) = (node.clone(), node.clone(), node.clone(), node.clone());
     Router::new()
         .route("/metrics", get(move || scrape(node.clone(), grants.clone())))
         .route("/health", get(move |uri: Uri| health(n1.clone(), uri)))
         .route("/livez", get(move |uri: Uri| livez(n2.clone(), uri)))
         .route("/readyz", get(move |uri: Uri| readyz(n3.clone(), uri)))
-        .route("/version", get(version))
+        .route("/version", get(move || version(n4.clone())))
 }
 
 /// etcd's `/version` (the etcd API level as both the server's and the
 /// cluster's version, which is what etcd's tools compare), with raftlock's
-/// own release beside it.
-async fn version() -> Response {
+/// own release beside it and the cluster's (the lowest of the members', or
+/// etcd's "not_decided" until every member has told its own).
+async fn version(node: Arc<Node>) -> Response {
     use crate::base::version::{ETCD_API, RAFTLOCK};
-    let body = serde_json::json!({ "etcdserver": ETCD_API, "etcdcluster": ETCD_API, "raftlock": RAFTLOCK });
+    use crate::node::versions::ClusterVersion;
+    let cluster = match node.cluster_version() {
+        ClusterVersion::Decided(v) => v.to_string(),
+        ClusterVersion::NotDecided(_) => "not_decided".to_string(),
+    };
+    let body = serde_json::json!({
+        "etcdserver": ETCD_API,
+        "etcdcluster": ETCD_API,
+        "raftlock": RAFTLOCK,
+        "raftlockcluster": cluster,
+    });
     ([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
 }
 

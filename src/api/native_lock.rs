@@ -183,6 +183,10 @@ impl Locks for LocksService {
         if req.lock_delay_ms > 0 && (mode != locks::Mode::Write || permits != 1) {
             return Err(error::lock_delay_not_exclusive());
         }
+        if req.lock_delay_ms > 0 {
+            // Older members apply a lock-delay's end without its marker.
+            self.node.require_release("a lock-delay", locks::LOCK_DELAY_SINCE).await.map_err(error::server)?;
+        }
         let wait = wait(req.wait_ms);
         let request = fenced::Request {
             lock_delay_ms: req.lock_delay_ms,

@@ -38,6 +38,7 @@ mod members;
 pub mod passwords;
 mod read;
 mod route;
+pub mod versions;
 mod write;
 
 pub use crate::raft::TransferError;
@@ -71,6 +72,10 @@ pub enum ServerError {
     /// A queue this request would wait in is full (etcd's "too many requests").
     #[error("too many requests")]
     TooManyRequests,
+    /// The request asks for what an older member's release lacks
+    /// (`versions`): says which release, and which members.
+    #[error("{0}")]
+    NeedsRelease(String),
 }
 
 /// Why a membership change failed.
@@ -167,6 +172,8 @@ pub struct Node {
     leaderless: tokio::sync::watch::Sender<bool>,
     /// bcrypt's slots, lockouts and `--bcrypt-cost` (`passwords`).
     passwords: passwords::PasswordGate,
+    /// The other members' releases, as they told them (`versions`).
+    releases: versions::Releases,
     /// `--client-cert-auth`: a verified client certificate names the user.
     client_cert_auth: bool,
     shutdown: Shutdown,
@@ -190,6 +197,9 @@ impl Node {
             members::refuse_if_bootstrapped(&peers, id, &config.name, &members, &data_dir).await?;
         }
         disk::wait_for_space(&data_dir, config.disk_space_reserve_bytes / 2).await;
+        if crate::storage::format::make_first_release_private(&data_dir, !fresh)? {
+            tracing::info!(data_dir = %data_dir.display(), "made private (0700) the data directory release 0.1.0 left open");
+        }
         crate::storage::data_dir::prepare(&data_dir)?;
         let format = crate::storage::format::open(&data_dir, !fresh)?;
         if format.written_by.as_deref().is_some_and(|v| v != crate::base::version::RAFTLOCK) {
@@ -257,6 +267,7 @@ impl Node {
                 election_timeout: config.election_timeout(),
                 leaderless: tokio::sync::watch::Sender::new(false),
                 passwords: passwords::PasswordGate::per_core(config.bcrypt_cost),
+                releases: versions::Releases::default(),
                 client_cert_auth: config.client_cert_auth,
                 shutdown,
             }
@@ -264,6 +275,7 @@ impl Node {
         let attrs = MemberAttrs { name: config.name.clone(), client_urls: config.advertise_client_urls() };
         node.replica.run(node.id, node.state.clone(), || node.stopping());
         tokio::spawn(node.clone().publish(attrs, node.stopping()));
+        tokio::spawn(versions::keep_asking(node.clone(), node.stopping()));
         tokio::spawn(node.clone().watch_for_a_leader(node.stopping()));
         tokio::spawn(lease::keeper::run(node.clone(), node.stopping()));
         tokio::spawn(compactor::sweep(node.clone(), node.stopping()));

@@ -8,7 +8,9 @@
 //! before a byte of it is read (an older binary would misread it, or write
 //! over what it does not understand). An older format is migrated forward
 //! (format 1 is the first; nothing to migrate yet). A directory with data
-//! but no file is format 1: raftlock 0.1.0 wrote none.
+//! but no file is format 1: raftlock 0.1.0 wrote none, and made its
+//! directories 0755, which later releases refuse; so a later release's first
+//! start on one makes it private ([`make_first_release_private`]).
 //!
 //! Invariant: [`CURRENT`] changes exactly when a release writes something
 //! an older one cannot read; the formats a release reads are 1..=CURRENT.
@@ -44,6 +46,25 @@ pub struct Opened {
     pub format: u32,
     /// The release that last opened it (`None` for a new directory).
     pub written_by: Option<String>,
+}
+
+/// Before the directory's permissions are checked (`data_dir::prepare`):
+/// a directory with data and no format file was written by 0.1.0, which
+/// created it 0755; this release keeps data directories private (0700) and
+/// refuses others, so the first start of a later release on it makes it
+/// private. Returns whether it did.
+pub fn make_first_release_private(dir: &Path, has_data: bool) -> anyhow::Result<bool> {
+    use std::os::unix::fs::PermissionsExt;
+    if !has_data || dir.join(FILE).exists() {
+        return Ok(false);
+    }
+    let mode = std::fs::metadata(dir).with_context(|| format!("reading {}", dir.display()))?.permissions().mode();
+    if mode & 0o077 == 0 {
+        return Ok(false);
+    }
+    let private = std::fs::Permissions::from_mode(super::data_dir::PRIVATE_DIR_MODE);
+    std::fs::set_permissions(dir, private).with_context(|| format!("making {} private", dir.display()))?;
+    Ok(true)
 }
 
 /// Check the format of data directory `dir` (which exists), migrate it to
@@ -114,6 +135,22 @@ mod tests {
         let opened = open(dir.path(), true).unwrap();
         assert_eq!(opened, Opened { format: 1, written_by: Some("0.1.0".into()) });
         assert_eq!(marker(dir.path()).written_by, RAFTLOCK);
+    }
+
+    #[test]
+    fn the_first_releases_open_directory_is_made_private_once() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let mode = |d: &Path| std::fs::metadata(d).unwrap().permissions().mode() & 0o777;
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(!make_first_release_private(dir.path(), false).unwrap(), "no data: prepare decides");
+        assert!(make_first_release_private(dir.path(), true).unwrap());
+        assert_eq!(mode(dir.path()), 0o700);
+        // A directory a later release opened is left to prepare's check.
+        open(dir.path(), true).unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(!make_first_release_private(dir.path(), true).unwrap());
+        assert_eq!(mode(dir.path()), 0o755);
     }
 
     #[test]

@@ -439,6 +439,12 @@ impl Cluster {
         }
     }
 
+    /// The `raftlock` binary members started from now on run: a rolling
+    /// upgrade kills a member, sets the new binary and restarts it.
+    pub fn set_binary(&mut self, binary: &std::path::Path) {
+        self.binary = binary.to_path_buf();
+    }
+
     /// Start a stopped member again with the same flags and data (a running
     /// one is left alone).
     pub fn restart(&mut self, i: usize) -> anyhow::Result<()> {

@@ -18,7 +18,10 @@ async fn every_face_of_a_member_tells_its_release_and_the_etcd_api_level() {
     let (status, body) = http_get(&endpoint, "/version").await;
     assert_eq!(status, 200);
     let version: serde_json::Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(version, serde_json::json!({"etcdserver": ETCD_API, "etcdcluster": ETCD_API, "raftlock": RAFTLOCK}));
+    let expected = serde_json::json!({
+        "etcdserver": ETCD_API, "etcdcluster": ETCD_API, "raftlock": RAFTLOCK, "raftlockcluster": RAFTLOCK
+    });
+    assert_eq!(version, expected);
 
     let metrics = http_get(&endpoint, "/metrics").await.1;
     assert!(metrics.contains(&format!("etcd_server_version{{server_version=\"{ETCD_API}\"}} 1")), "{metrics}");
@@ -69,4 +72,106 @@ async fn a_member_refuses_a_data_directory_of_a_newer_format_naming_both_release
     assert!(said.contains("data format 2") && said.contains("7.3.0") && said.contains(RAFTLOCK), "{said}");
     // Nothing of it was touched.
     assert_eq!(std::fs::read(&format).unwrap(), newer);
+}
+
+/// Release 0.1.0's `raftlock`, which `scripts/old-release.sh` builds from
+/// git (commit 71620aa) and `scripts/test.sh` names in
+/// RAFTLOCK_RELEASE_0_1_0.
+fn release_0_1_0() -> std::path::PathBuf {
+    let dir = std::env::var("RAFTLOCK_RELEASE_0_1_0")
+        .expect("RAFTLOCK_RELEASE_0_1_0 is unset: run the tests through scripts/test.sh, which builds release 0.1.0");
+    std::path::Path::new(&dir).join("raftlock")
+}
+
+/// `/version` of member `i`, once its `raftlockcluster` is `want` (the
+/// members ask each other every 5 s).
+async fn cluster_version_becomes(cluster: &Cluster, i: usize, want: &str) -> serde_json::Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let (_, body) = http_get(&cluster.members[i].endpoint(), "/version").await;
+        let seen: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        if seen["raftlockcluster"] == want {
+            return seen;
+        }
+        assert!(std::time::Instant::now() < deadline, "member {i}'s /version stayed {body}, not {want}");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
+/// A native acquire with a lock-delay through member `i`.
+async fn acquire_with_delay(cluster: &Cluster, i: usize, name: &str) -> Result<(), tonic::Status> {
+    use raftlock::proto::raftlock::v1::{locks_client::LocksClient, AcquireRequest};
+    let mut c = cluster.client(i).await;
+    let lease = c.lease_grant(30, None).await.unwrap().id();
+    let mut locks = LocksClient::connect(cluster.members[i].endpoint()).await.unwrap();
+    let req = AcquireRequest { name: name.into(), lease, lock_delay_ms: 500, ..Default::default() };
+    let granted = locks.acquire(req).await?.into_inner();
+    assert!(granted.acquired);
+    // Let it go (its delay, 0.5 s, starts and ends: no marker is left for
+    // a member that is then replaced).
+    c.lease_revoke(lease).await.unwrap();
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_cluster_upgraded_from_0_1_0_and_back_serves_throughout_and_refuses_what_old_members_lack() {
+    let (old, new) = (release_0_1_0(), built_binary("raftlock"));
+    let mut cluster = Cluster::builder(3).binary(&old).spawn().expect("start release 0.1.0");
+    cluster.wait_ready().await;
+    let mut c = cluster.client(0).await;
+    c.put("before", "0.1.0", None).await.unwrap();
+
+    // One member upgraded: the cluster runs mixed.
+    cluster.kill(0);
+    cluster.set_binary(&new);
+    cluster.restart(0).unwrap();
+    cluster.wait_healthy(std::time::Duration::from_secs(30)).await.unwrap();
+    let mixed = cluster_version_becomes(&cluster, 0, "0.1.0").await;
+    assert_eq!((mixed["raftlock"].as_str(), mixed["etcdcluster"].as_str()), (Some(RAFTLOCK), Some(ETCD_API)));
+    let endpoints = cluster.endpoints().join(",");
+    let out = Etcdctl::v35(&endpoints).run(&["endpoint", "status", "-w", "json"], None);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let statuses: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(statuses.len(), 3);
+    let leaders: std::collections::BTreeSet<u64> =
+        statuses.iter().map(|s| s["Status"]["leader"].as_u64().unwrap()).collect();
+    assert_eq!(leaders.len(), 1, "one leader seen by all: {statuses:?}");
+    assert!(statuses.iter().all(|s| s["Status"]["version"] == ETCD_API), "{statuses:?}");
+    // What the old members lack is refused, and says why.
+    let refused = acquire_with_delay(&cluster, 0, "upgrading").await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+    assert!(refused.message().contains("0.2.0") && refused.message().contains("0.1.0"), "{}", refused.message());
+    // Writes cross between releases both ways.
+    let mut on_new = cluster.client(0).await;
+    on_new.put("mixed", "yes", None).await.unwrap();
+    let mut on_old = cluster.client(2).await;
+    assert_eq!(on_old.get("mixed", None).await.unwrap().kvs()[0].value(), b"yes");
+    assert_eq!(on_new.get("before", None).await.unwrap().kvs()[0].value(), b"0.1.0");
+
+    // Every member upgraded: the feature is there.
+    for i in 1..3 {
+        cluster.kill(i);
+        cluster.restart(i).unwrap();
+        cluster.wait_healthy(std::time::Duration::from_secs(30)).await.unwrap();
+    }
+    cluster_version_becomes(&cluster, 0, RAFTLOCK).await;
+    acquire_with_delay(&cluster, 0, "upgraded").await.unwrap();
+
+    // And back, once the lock-delay has ended: one member downgraded to
+    // 0.1.0 opens its data and serves;
+    // the others see the cluster version fall and refuse the feature again.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    cluster.kill(2);
+    cluster.set_binary(&old);
+    cluster.restart(2).unwrap();
+    cluster.wait_healthy(std::time::Duration::from_secs(30)).await.unwrap();
+    let mut on_old = cluster.client(2).await;
+    assert_eq!(on_old.get("mixed", None).await.unwrap().kvs()[0].value(), b"yes");
+    // (each member asks every 5 s: until it has, it goes by the answer
+    // before — the window that `raftlockctl downgrade` is to close)
+    cluster_version_becomes(&cluster, 1, "0.1.0").await;
+    assert_eq!(
+        acquire_with_delay(&cluster, 1, "downgrading").await.unwrap_err().code(),
+        tonic::Code::FailedPrecondition
+    );
 }

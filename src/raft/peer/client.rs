@@ -37,7 +37,7 @@ use tonic::transport::{Channel, Endpoint};
 use crate::base::codec::{decode, encode};
 use crate::base::limits::MAX_PEER_MESSAGE_BYTES;
 use crate::proto::raftlock::peer::peer_client::PeerClient;
-use crate::proto::raftlock::peer::{RaftPayload, ReadIndexRequest};
+use crate::proto::raftlock::peer::{RaftPayload, ReadIndexRequest, VersionRequest};
 use crate::raft::peer::identity::PeerIdentity;
 use crate::raft::peer::messages::{ControlRequest, LeaseAnswer, LeaseQuery, MembershipAnswer, MembershipChange};
 
@@ -222,6 +222,19 @@ impl PeerClients {
     /// The client for `url`, failing as an RPC would.
     fn connect(&self, url: &str) -> Result<PeerStub, tonic::Status> {
         self.client(url).map_err(|e| tonic::Status::unavailable(e.to_string()))
+    }
+
+    /// The release the member at `url` runs; `None` from a member of
+    /// release 0.1.0, which has no such question (it answers Unimplemented).
+    pub async fn version(&self, url: &str, timeout: Duration) -> Result<Option<String>, tonic::Status> {
+        let mut client = self.connect(url)?;
+        let mut req = tonic::Request::new(VersionRequest {});
+        req.set_timeout(timeout);
+        match client.version(req).await {
+            Ok(answer) => Ok(Some(answer.into_inner().raftlock)),
+            Err(s) if s.code() == tonic::Code::Unimplemented => Ok(None),
+            Err(s) => Err(s),
+        }
     }
 
     /// Ask the leader at `url` for a read index.

@@ -44,7 +44,7 @@ use crate::base::limits::MAX_PEER_MESSAGE_BYTES;
 use crate::base::shutdown::Stopping;
 use crate::model::command::Command;
 use crate::proto::raftlock::peer::peer_server::{Peer, PeerServer};
-use crate::proto::raftlock::peer::{RaftPayload, ReadIndexRequest, ReadIndexResponse};
+use crate::proto::raftlock::peer::{RaftPayload, ReadIndexRequest, ReadIndexResponse, VersionRequest, VersionResponse};
 use crate::raft::cluster::prevote::Elections;
 use crate::raft::cluster::{membership, transfer};
 use crate::raft::peer::client::{PeerClients, PEER_KEEPALIVE};
@@ -251,6 +251,14 @@ impl Peer for PeerService {
             }
             admin => reply(&transfer::admin(&self.raft, &self.elections, admin, self.max_election_pause).await),
         }
+    }
+
+    async fn version(&self, req: Request<VersionRequest>) -> Result<Response<VersionResponse>, Status> {
+        self.gate.admit(&req).await?;
+        Ok(Response::new(VersionResponse {
+            raftlock: crate::base::version::RAFTLOCK.to_string(),
+            data_format: crate::storage::format::CURRENT,
+        }))
     }
 
     async fn read_index(&self, req: Request<ReadIndexRequest>) -> Result<Response<ReadIndexResponse>, Status> {
