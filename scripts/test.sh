@@ -21,7 +21,7 @@ scripts/apt-install.sh "${missing[@]}"
 RAFTLOCK_ETCD_DIR=$(scripts/install-etcd.sh)
 RAFTLOCK_PYTHON_ETCD3=$(scripts/install-python-etcd3.sh)
 # Release 0.1.0, for the rolling upgrade and downgrade test (built from git
-# history once; its dependencies shared with this tree's build).
+# history once, unoptimized: about 3 minutes).
 RAFTLOCK_RELEASE_0_1_0=$(scripts/old-release.sh)
 export RAFTLOCK_ETCD_DIR RAFTLOCK_PYTHON_ETCD3 RAFTLOCK_RELEASE_0_1_0
 
