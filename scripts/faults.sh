@@ -8,6 +8,7 @@
 #   scripts/faults.sh                      # the short pass CI runs (~7 min),
 #                                          # then the election checks
 #                                          # (pre-vote, check-quorum: ~1 min)
+#   scripts/faults.sh --build              # build the binaries only
 #   scripts/faults.sh --minutes 10         # a long run: 10 min per nemesis
 #   scripts/faults.sh --nemesis pause-leader-long,bridge --members 5 --seed 42
 #
@@ -29,6 +30,9 @@ cargo build --quiet -p raftlock -p raftlock-faults --bins --features raftlock/be
 # Cargo's target directory: ./target unless CARGO_TARGET_DIR or a config moves it.
 target=$(cargo metadata --format-version 1 --no-deps |
   python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+if [ "${1:-}" = --build ]; then
+  exit 0
+fi
 if [ $# -gt 0 ]; then
   exec "$target/debug/raftlock-faults" "$@"
 fi
