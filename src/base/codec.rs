@@ -35,8 +35,24 @@ pub enum DecodeError {
     Empty,
     #[error("unknown encoding format {0}")]
     UnknownFormat(u8),
-    #[error("{0}")]
+    #[error("{}", malformed(.0))]
     Malformed(#[from] bincode::Error),
+}
+
+/// A malformed input's error, said plainly when it is a variant this binary
+/// does not know (a log entry's or a message's kind a later release added):
+/// that is no damage, and the remedy is the release that wrote it.
+fn malformed(e: &bincode::Error) -> String {
+    let text = e.to_string();
+    if text.contains("expected variant index") {
+        format!(
+            "{text}: a kind of entry or message that this raftlock ({}) does not know, written by a later release; \
+             run that release (or a later one) on this member",
+            super::version::RAFTLOCK
+        )
+    } else {
+        text
+    }
 }
 
 /// Decode `bytes` whose first byte is `tag` (a format of the caller's own,
@@ -59,4 +75,33 @@ pub fn decode_tagged<T: for<'de> Deserialize<'de>>(bytes: &[u8], tag: u8, exact:
 /// nest at most `mvcc::MAX_TXN_DEPTH` deep.
 pub fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, DecodeError> {
     decode_tagged(bytes, FORMAT_V1, false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, Serialize, Deserialize)]
+    enum Kinds {
+        Old(u8),
+    }
+
+    #[derive(Serialize)]
+    enum LaterKinds {
+        #[allow(dead_code)]
+        Old(u8),
+        Added(u8),
+    }
+
+    #[test]
+    fn a_kind_a_later_release_added_is_named_as_such_not_misread() {
+        let bytes = encode(&LaterKinds::Added(7));
+        let e = decode::<Kinds>(&bytes).unwrap_err().to_string();
+        assert!(e.contains("variant index") && e.contains("later release"), "{e}");
+        assert!(e.contains(crate::base::version::RAFTLOCK), "{e}");
+        // Other damage is said as it is.
+        let e = decode::<Kinds>(&[FORMAT_V1]).unwrap_err().to_string();
+        assert!(!e.contains("later release"), "{e}");
+        assert!(matches!(decode::<Kinds>(&[9, 0]), Err(DecodeError::UnknownFormat(9))));
+    }
 }
