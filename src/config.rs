@@ -32,7 +32,7 @@ pub enum ClusterState {
 }
 
 #[derive(Parser, Debug, Clone)]
-#[command(name = "raftlock", version, long_version = crate::base::version::LONG, about = "A Raft-replicated lock server that speaks the etcd v3 API")]
+#[command(name = "raftlock", version, long_version = crate::base::version::long(), about = "A Raft-replicated lock server that speaks the etcd v3 API")]
 pub struct Config {
     /// Human-readable name of this member.
     #[arg(long, env = "RAFTLOCK_NAME", default_value = "default")]

@@ -24,8 +24,15 @@ pub const GIT_SHA: &str = match option_env!("RAFTLOCK_GIT_SHA") {
     Some(sha) => sha,
     None => "unknown",
 };
-/// What `raftlock --version` prints after the program's name.
-pub const LONG: &str = concat!(env!("CARGO_PKG_VERSION"), "\netcd API: 3.5.0\nRust: ", env!("RAFTLOCK_RUSTC_VERSION"),);
+/// The compiler that built this binary.
+pub const RUSTC: &str = env!("RAFTLOCK_RUSTC_VERSION");
+
+/// What `raftlock --version` (and `raftlockctl --version`) print after the
+/// program's name: the release, the commit, the etcd API level, the compiler.
+pub fn long() -> &'static str {
+    static LONG: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    LONG.get_or_init(|| format!("{RAFTLOCK}\nGit SHA: {GIT_SHA}\netcd API: {ETCD_API}\nRust: {RUSTC}"))
+}
 
 /// A release number, major.minor.patch (pre-release and build suffixes are
 /// not used by raftlock, and are refused).
@@ -87,6 +94,6 @@ mod tests {
         assert_eq!(Version::current().to_string(), RAFTLOCK);
         let api = Version::parse(ETCD_API).unwrap();
         assert_eq!(format!("{}.{}", api.major, api.minor), ETCD_API_MINOR);
-        assert!(LONG.starts_with(RAFTLOCK) && LONG.contains(ETCD_API));
+        assert!(long().starts_with(RAFTLOCK) && long().contains(ETCD_API) && long().contains(GIT_SHA));
     }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "raftlockctl", version, long_version = raftlock::version::LONG, about = "Command-line client for raftlock")]
+#[command(name = "raftlockctl", version, long_version = raftlock::version::long(), about = "Command-line client for raftlock")]
 pub(crate) struct Cli {
     /// Comma-separated client URLs (or host:port).
     #[arg(
