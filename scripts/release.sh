@@ -5,7 +5,8 @@
 #   raftlock, raftlockctl           static x86_64 Linux binaries (release
 #                                   profile, fat LTO, glibc's crt-static):
 #                                   the same the release image holds
-#   raftlock-<version>-image.tar    the container image raftlock:<version>
+#   raftlock-<version>-image.tar    the container image, tagged
+#                                   raftlock:<version> and raftlock:latest
 #                                   (docker save; `docker load -i` it)
 #   RELEASE-NOTES.md                the release's section of CHANGELOG.md
 #   SHA256SUMS                      the SHA-256 of each file above
@@ -26,7 +27,8 @@ dist=target/dist/raftlock-$version
 rm -rf "$dist"; mkdir -p "$dist"
 cp "$built/raftlock" "$built/raftlockctl" "$dist/"
 docker tag raftlock:latest "raftlock:$version"
-docker save "raftlock:$version" -o "$dist/raftlock-$version-image.tar"
+# Both tags: docker-compose.yml runs raftlock:latest.
+docker save "raftlock:$version" raftlock:latest -o "$dist/raftlock-$version-image.tar"
 python3 - "$version" CHANGELOG.md >"$dist/RELEASE-NOTES.md" <<'PY'
 import sys
 version, path = sys.argv[1], sys.argv[2]
@@ -47,8 +49,10 @@ PY
 (cd "$dist" && sha256sum raftlock raftlockctl "raftlock-$version-image.tar" RELEASE-NOTES.md >SHA256SUMS)
 # What an operator would check first: static, the right release and commit.
 for b in raftlock raftlockctl; do
-  if ldd "$dist/$b" >/dev/null 2>&1; then
-    echo "$dist/$b is dynamically linked" >&2
+  # A static binary needs no shared library (glibc's static-pie still has
+  # a dynamic section, so ldd is no test).
+  if readelf -d "$dist/$b" | grep -q NEEDED; then
+    echo "$dist/$b needs shared libraries" >&2
     exit 1
   fi
 done
