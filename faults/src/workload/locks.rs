@@ -319,7 +319,12 @@ async fn guarded_read(c: &mut Client, name: &str, held: &Held) -> Option<Option<
 }
 
 /// Release; `Ok(false)` when the native API says the key was no longer ours.
-async fn release(api: Api, c: &mut Client, native: &mut LocksClient<Channel>, held: &Held) -> Result<bool, String> {
+pub(super) async fn release(
+    api: Api,
+    c: &mut Client,
+    native: &mut LocksClient<Channel>,
+    held: &Held,
+) -> Result<bool, String> {
     match api {
         Api::Etcd => bounded(c.unlock(held.key.clone())).await.map(|_| true),
         Api::Native { .. } | Api::ReadWrite | Api::Delayed => {

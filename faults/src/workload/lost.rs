@@ -18,7 +18,7 @@ use raftlock::proto::raftlock::v1::lock_event::Kind;
 use raftlock_faults::check::locks::Grant;
 use raftlock_faults::check::lost::{LostGrant, Taken};
 
-use super::locks::{acquire_native, increment, open_session, Ask, LockHistory, ACQUIRE_WAIT};
+use super::locks::{acquire_native, increment, open_session, release, Api, Ask, LockHistory, ACQUIRE_WAIT};
 use super::{bounded, Context, Rng, BACKOFF};
 
 /// One client taking `names` in turn; one grant in three is taken from it.
@@ -69,16 +69,9 @@ pub async fn client(ctx: Context, id: usize, names: Vec<String>, seed: u64, told
                     }
                 }
                 let released_at = ctx.clock.now();
-                let req = raftlock::proto::raftlock::v1::ReleaseRequest {
-                    key: held.key.clone(),
-                    token: held.token,
-                    ..Default::default()
-                };
-                let released = bounded(native.release(req)).await.map(|r| r.into_inner());
+                let released = release(Api::Native { permits: 1 }, &mut c, &mut native, &held).await;
                 told.abort();
-                let kept = !deposed
-                    && matches!(&released, Ok(r) if r.released && r.holds == 0)
-                    && lease.covers(granted_at, released_at);
+                let kept = !deposed && matches!(released, Ok(true)) && lease.covers(granted_at, released_at);
                 history.grants.push(grant(&name, id, held.token, acquire_invoked, granted_at, released_at, kept));
                 if released.is_err() {
                     break;
