@@ -11,6 +11,10 @@
 #   scripts/faults.sh --build              # build the binaries only
 #   scripts/faults.sh --minutes 10         # a long run: 10 min per nemesis
 #   scripts/faults.sh --nemesis pause-leader-long,bridge --members 5 --seed 42
+#   scripts/faults.sh --upgrade            # the rolling upgrade from release
+#                                          # 0.1.0 and back, leader last and
+#                                          # leader first (~3 min; CI runs it)
+#   scripts/faults.sh --upgrade --minutes 10   # the same, 10 min each
 #
 # A failing run keeps its histories, data and logs under target/faults/.
 # Needs root (nftables cuts links between the members' addresses); installs
@@ -32,6 +36,13 @@ target=$(cargo metadata --format-version 1 --no-deps |
   python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
 if [ "${1:-}" = --build ]; then
   exit 0
+fi
+if [ "${1:-}" = --upgrade ]; then
+  shift
+  # Release 0.1.0, built from git once (scripts/old-release.sh).
+  old=$(scripts/old-release.sh)
+  [ $# -gt 0 ] || set -- --minutes 0.25
+  exec "$target/debug/raftlock-faults" --upgrade --old-raftlock "$old/raftlock" "$@"
 fi
 if [ $# -gt 0 ]; then
   exec "$target/debug/raftlock-faults" "$@"

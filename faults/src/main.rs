@@ -6,12 +6,15 @@
 //!   raftlock-faults [--minutes M] [--nemesis a,b] [--members 3|5] [--seed S]
 //!   raftlock-faults --elections
 //!   raftlock-faults --hostile [--attack a,b]
+//!   raftlock-faults --upgrade [--old-raftlock PATH] [--minutes M]
 //! ```
 //!
 //! `--elections` runs the election checks of `elections` instead (pre-vote
 //! and check-quorum under partitions); `--hostile` the hostile-client suite
 //! (`hostile`: attacks on a cluster under a memory ceiling, each followed by
-//! checks that every member still serves).
+//! checks that every member still serves); `--upgrade` the rolling upgrade
+//! and downgrade between the previous release and this one, leader last and
+//! leader first (`upgrade`), under the workloads both releases serve.
 //!
 //! Prints one row per nemesis — operations, faults injected, anomalies
 //! (must be 0), histories the linearizability checker could not decide —
@@ -28,6 +31,7 @@ mod elections;
 mod hostile;
 mod nemesis;
 mod net;
+mod upgrade;
 mod workload;
 
 use std::collections::BTreeMap;
@@ -41,7 +45,8 @@ use raftlock_faults::check::lost::check_lost;
 use raftlock_faults::check::watches::{check_watch, EventKind, WatchMessage, WatchStream};
 use raftlock_faults::check::writes::check_acknowledged;
 use raftlock_faults::check::{check_register, check_serializable_reads, Verdict};
-use raftlock_faults::history::Anomaly;
+use raftlock_faults::check::linearizable::RegisterInput;
+use raftlock_faults::history::{Anomaly, Outcome};
 use tokio::task::JoinHandle;
 
 use cluster::{connect, Clocks, Cluster, ELECTION_MS};
@@ -84,6 +89,14 @@ struct Args {
     /// With --hostile: the attacks to run, comma-separated (default: all).
     #[arg(long, value_delimiter = ',')]
     attack: Vec<String>,
+    /// Run the rolling upgrade nemeses (upgrade-leader-last,
+    /// upgrade-leader-first) instead of the others.
+    #[arg(long)]
+    upgrade: bool,
+    /// The previous release's `raftlock` (default: where
+    /// scripts/old-release.sh builds it).
+    #[arg(long)]
+    old_raftlock: Option<PathBuf>,
 }
 
 /// The linearizability checker's budget of search steps per key.
@@ -101,6 +114,8 @@ struct Row {
     /// Grants taken from their holders (check 11): how many, how many told,
     /// and the longest a holder waited to be told (ms).
     taken: (usize, usize, u64),
+    /// An upgrade run's replacements, a line each.
+    replacements: Vec<String>,
     faults: u64,
     anomalies: Vec<Anomaly>,
     undecided: usize,
@@ -113,7 +128,9 @@ async fn main() -> anyhow::Result<()> {
     let seed = args.seed.unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
     });
-    let nemeses: Vec<Nemesis> = if args.nemesis.is_empty() {
+    let nemeses: Vec<Nemesis> = if args.nemesis.is_empty() && args.upgrade {
+        Nemesis::upgrades()
+    } else if args.nemesis.is_empty() {
         Nemesis::all()
     } else {
         args.nemesis
@@ -126,6 +143,14 @@ async fn main() -> anyhow::Result<()> {
         None => std::env::current_exe()?.with_file_name("raftlock"),
     };
     anyhow::ensure!(binary.exists(), "no raftlock binary at {} (build it, or pass --raftlock)", binary.display());
+    let old_binary = upgrade::old_binary(args.old_raftlock.as_deref());
+    if nemeses.iter().any(|n| n.upgrades_members()) {
+        anyhow::ensure!(
+            old_binary.exists(),
+            "no previous release at {} (scripts/old-release.sh builds it, or pass --old-raftlock)",
+            old_binary.display()
+        );
+    }
     let run_dir = args.dir.join(format!("run-{seed}"));
     if args.elections {
         let dir = run_dir.join("elections");
@@ -170,7 +195,7 @@ async fn main() -> anyhow::Result<()> {
         std::fs::create_dir_all(&dir)?;
         let duration = Duration::from_secs_f64(args.minutes * 60.0);
         let started = std::time::Instant::now();
-        let mut row = run(nemesis, &binary, &dir, args.members, duration, rng.next()).await?;
+        let mut row = run(nemesis, (&binary, &old_binary), &dir, args.members, duration, rng.next()).await?;
         row.seconds = started.elapsed().as_secs();
         let failed = !row.anomalies.is_empty();
         println!(
@@ -192,6 +217,9 @@ async fn main() -> anyhow::Result<()> {
              {taken} taken from their holders, {told} told (slowest {slowest} ms)",
             ""
         );
+        for r in &row.replacements {
+            println!("  {:<22} {r}", "");
+        }
         for a in row.anomalies.iter().take(20) {
             println!("      {a}");
         }
@@ -260,10 +288,18 @@ fn told_within() -> u64 {
     )
 }
 
-/// Start every workload. The lease watcher follows `lease_ctx`, which stops
-/// later than the rest: it must see the revocations of the leases that the
-/// others abandon when they stop.
-fn start_workloads(ctx: &Context, lease_ctx: &Context, start_revision: i64, rng: &mut Rng) -> Workloads {
+/// Start every workload (with `every` false, only those both the previous
+/// release and this one serve: no multi-locks, lock-delays or lock events).
+/// The lease watcher follows `lease_ctx`, which stops later than the rest:
+/// it must see the revocations of the leases that the others abandon when
+/// they stop.
+fn start_workloads(
+    ctx: &Context,
+    lease_ctx: &Context,
+    start_revision: i64,
+    rng: &mut Rng,
+    every: bool,
+) -> Workloads {
     let mut w = Workloads {
         registers: vec![],
         writes: vec![],
@@ -295,15 +331,15 @@ fn start_workloads(ctx: &Context, lease_ctx: &Context, start_revision: i64, rng:
         w.locks.push(tokio::spawn(workload::locks::client(ctx.clone(), id, Api::ReadWrite, names.clone(), rng.next())));
     }
     // Multi-locks of both names, asked for in shuffled orders.
-    for id in 12..14 {
+    for id in (12..14).filter(|_| every) {
         w.locks.push(tokio::spawn(workload::locks::multi_client(ctx.clone(), id, names.clone(), rng.next())));
     }
     // Mutex holders with a lock-delay, on the same names, some of which die holding them.
-    for id in 14..16 {
+    for id in (14..16).filter(|_| every) {
         w.locks.push(tokio::spawn(workload::locks::client(ctx.clone(), id, Api::Delayed, names.clone(), rng.next())));
     }
     // Mutex holders that follow their grants while some are taken from them.
-    for id in 16..18 {
+    for id in (16..18).filter(|_| every) {
         w.locks.push(tokio::spawn(workload::lost::client(ctx.clone(), id, names.clone(), rng.next(), told_within())));
     }
     for i in 0..2 {
@@ -366,9 +402,11 @@ async fn stop_workloads(
 }
 
 /// One nemesis on a fresh cluster: faults for `duration`, then the checks.
+/// `binaries`: this release's `raftlock` and the previous one's (which the
+/// upgrade nemeses start the members on).
 async fn run(
     nemesis: Nemesis,
-    binary: &Path,
+    binaries: (&Path, &Path),
     dir: &Path,
     members: usize,
     duration: Duration,
@@ -377,8 +415,23 @@ async fn run(
     let mut rng = Rng::new(seed);
     let mut net = Partition::new()?;
     let clocks = if nemesis.moves_clocks() { Some(Clocks::new(dir)?) } else { None };
-    let mut cluster = cluster::start(binary, dir, members, clocks)?;
+    let mut rolling = nemesis.upgrades_members().then(|| {
+        let releases = upgrade::Releases {
+            old: binaries.1.to_path_buf(),
+            old_name: "0.1.0",
+            new: binaries.0.to_path_buf(),
+            new_name: raftlock::version::RAFTLOCK,
+        };
+        let order =
+            if nemesis == Nemesis::UpgradeLeaderFirst { upgrade::Order::LeaderFirst } else { upgrade::Order::LeaderLast };
+        upgrade::Rolling::new(releases, order, members)
+    });
+    let first_binary = if rolling.is_some() { binaries.1 } else { binaries.0 };
+    let mut cluster = cluster::start(first_binary, dir, members, clocks)?;
     cluster.wait_healthy(Duration::from_secs(60)).await?;
+    if let Some(rolling) = rolling.as_mut() {
+        rolling.hold_lock(&cluster).await?;
+    }
     let clock = Clock::start();
     let start_revision =
         connect(&cluster.endpoints()).await?.get("start", None).await?.header().map_or(0, |h| h.revision()) + 1;
@@ -386,7 +439,7 @@ async fn run(
     let (stop_lease_watcher, lease_stop_rx) = tokio::sync::watch::channel(false);
     let ctx = Context::new(clock, cluster.endpoints(), stop_rx);
     let lease_ctx = Context::new(clock, cluster.endpoints(), lease_stop_rx);
-    let workloads = start_workloads(&ctx, &lease_ctx, start_revision, &mut rng);
+    let workloads = start_workloads(&ctx, &lease_ctx, start_revision, &mut rng, rolling.is_none());
 
     let mut anomalies = Vec::new();
     let mut injector = Injector::new(rng.next());
@@ -394,8 +447,14 @@ async fn run(
     let until = tokio::time::Instant::now() + duration;
     // Let the workloads get going before the first fault.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    while tokio::time::Instant::now() < until {
-        let did = match injector.cycle(nemesis, &mut cluster, &mut net).await {
+    // An upgrade run goes on until its members are back on the release
+    // they started on.
+    while tokio::time::Instant::now() < until || rolling.as_ref().is_some_and(|r| !r.round_done()) {
+        let step = match rolling.as_mut() {
+            Some(rolling) => rolling.step(&mut cluster, &clock).await,
+            None => injector.cycle(nemesis, &mut cluster, &mut net).await,
+        };
+        let did = match step {
             Ok(did) => did,
             Err(e) => {
                 // The cluster did not behave as the nemesis requires (a
@@ -422,6 +481,22 @@ async fn run(
     let revoke_bound = Duration::from_millis(2 * ELECTION_MS + 2000);
     let recorded = stop_workloads(workloads, clock, stop_lease_watcher, revoke_bound).await;
     anomalies.extend(check(&cluster, &recorded, start_revision, healed_at, revoke_bound).await?);
+    let mut replacements = Vec::new();
+    let mut faults = injector.faults;
+    if let Some(rolling) = rolling.as_mut() {
+        rolling.finish(&cluster).await;
+        anomalies.append(&mut rolling.anomalies);
+        let writes: Vec<u64> = recorded
+            .registers
+            .ops
+            .values()
+            .flatten()
+            .filter(|op| matches!(op.input, RegisterInput::Write(_)) && matches!(op.outcome, Outcome::Ok(_)))
+            .map(|op| op.complete)
+            .collect();
+        replacements = rolling.report(&writes);
+        faults = rolling.replacements.len() as u64;
+    }
 
     let ops = recorded.registers.len()
         + recorded.acked.len()
@@ -456,7 +531,8 @@ async fn run(
         ops,
         grants,
         validations,
-        faults: injector.faults,
+        faults,
+        replacements,
         anomalies,
         undecided,
         seconds: 0,

@@ -51,6 +51,11 @@ pub enum Nemesis {
     ClockJump,
     /// Any of the above, drawn at random each cycle.
     Mixed,
+    /// Members started on the previous release and replaced one by one
+    /// with the current one, then back, the leader last (`upgrade`).
+    UpgradeLeaderLast,
+    /// The same, the leader first.
+    UpgradeLeaderFirst,
 }
 
 /// The wall-clock jumps [`Nemesis::ClockJump`] draws from, in seconds.
@@ -79,6 +84,16 @@ impl Nemesis {
         all
     }
 
+    /// The rolling upgrades, which need the previous release's binary.
+    pub fn upgrades() -> Vec<Nemesis> {
+        vec![Nemesis::UpgradeLeaderLast, Nemesis::UpgradeLeaderFirst]
+    }
+
+    /// Whether it is one of [`Nemesis::upgrades`].
+    pub fn upgrades_members(self) -> bool {
+        matches!(self, Nemesis::UpgradeLeaderLast | Nemesis::UpgradeLeaderFirst)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Nemesis::KillRandom => "kill-random",
@@ -94,11 +109,13 @@ impl Nemesis {
             Nemesis::WipeFollower => "wipe-follower",
             Nemesis::ClockJump => "clock-jump",
             Nemesis::Mixed => "mixed",
+            Nemesis::UpgradeLeaderLast => "upgrade-leader-last",
+            Nemesis::UpgradeLeaderFirst => "upgrade-leader-first",
         }
     }
 
     pub fn parse(name: &str) -> Option<Nemesis> {
-        Nemesis::all().into_iter().find(|n| n.name() == name)
+        Nemesis::all().into_iter().chain(Nemesis::upgrades()).find(|n| n.name() == name)
     }
 
     /// Whether its cluster must run under libfaketime (`cluster::Clocks`).
@@ -303,6 +320,9 @@ impl Injector {
                 (what, self.rng.between(ms(1000), ms(6000)))
             }
             Nemesis::Mixed => unreachable!("drawn above"),
+            Nemesis::UpgradeLeaderLast | Nemesis::UpgradeLeaderFirst => {
+                anyhow::bail!("{} replaces members through upgrade::Rolling, not in cycles", nemesis.name())
+            }
         };
         self.faults += 1;
         tokio::time::sleep(hold).await;

@@ -58,6 +58,9 @@ pub struct Member {
     joins: Option<String>,
     /// "http", or "https" on both ports.
     scheme: &'static str,
+    /// The binary this member runs, when not the cluster's (a member
+    /// replaced in a rolling upgrade).
+    binary: Option<PathBuf>,
 }
 
 impl Member {
@@ -209,6 +212,7 @@ impl Cluster {
             paused: AtomicBool::new(false),
             joins: None,
             scheme: self.scheme,
+            binary: None,
         });
         i
     }
@@ -241,7 +245,8 @@ impl Cluster {
             Some(c) => (c.as_str(), "existing"),
             None => (self.initial_cluster.as_str(), "new"),
         };
-        let mut command = Command::new(&self.binary);
+        let binary = m.binary.clone().unwrap_or_else(|| self.binary.clone());
+        let mut command = Command::new(&binary);
         if let Some(clocks) = &self.clocks {
             command
                 .env("LD_PRELOAD", &clocks.library)
@@ -278,7 +283,7 @@ impl Cluster {
             .stdout(log.try_clone()?)
             .stderr(log)
             .spawn()
-            .map_err(|e| anyhow::anyhow!("starting {}: {e}", self.binary.display()))?;
+            .map_err(|e| anyhow::anyhow!("starting {}: {e}", binary.display()))?;
         m.child = Some(child);
         m.paused.store(false, Ordering::Relaxed);
         Ok(())
@@ -443,6 +448,12 @@ impl Cluster {
     /// upgrade kills a member, sets the new binary and restarts it.
     pub fn set_binary(&mut self, binary: &std::path::Path) {
         self.binary = binary.to_path_buf();
+    }
+
+    /// The `raftlock` binary member `i` runs from its next start on,
+    /// whatever the cluster's: one member of a rolling upgrade.
+    pub fn set_member_binary(&mut self, i: usize, binary: &std::path::Path) {
+        self.members[i].binary = Some(binary.to_path_buf());
     }
 
     /// Start a stopped member again with the same flags and data (a running

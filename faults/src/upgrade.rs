@@ -1,0 +1,352 @@
+//! Rolling upgrades and downgrades under load: the upgrade nemeses.
+//!
+//! A run starts its members on the previous release (0.1.0, built from git
+//! by `scripts/old-release.sh`) and replaces them one at a time with the
+//! current build, then back again, round after round until the run's time
+//! is up — always at least one whole round. Each replacement is what an
+//! operator does: SIGTERM, wait for the exit, start the other binary on the
+//! same data directory, wait until every member serves again. The order is
+//! the leader last (the leader's turn comes when it is the only member left
+//! on the other release) or the leader first.
+//!
+//! Besides the workloads (those both releases serve), the run checks:
+//! - **a lock held across every replacement keeps its token**: a native
+//!   mutex granted before the first replacement, its lease kept alive
+//!   throughout; after each replacement, Describe through the replaced
+//!   member must show the same holder with the same token;
+//! - **the cluster version follows the members**: once every member runs
+//!   the current release, each reports it as `raftlockcluster` in
+//!   `/version`; once one runs the old one again, the members on the
+//!   current release report the old one — each within three rounds of
+//!   asking (`node::versions`).
+//!
+//! And it reports, per replacement, the longest gap without a successful
+//! register write from the moment the member was stopped to one second
+//! after every member served again ([`longest_gaps`]).
+//!
+//! Caveat: the workloads are those both releases serve; multi-locks,
+//! lock-delays, Validate and lock events came with the current release and
+//! are not exercised across releases here (a Validate sent to an old member
+//! is answered Unimplemented, and the workload goes on without an answer).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use raftlock::proto::raftlock::v1::{locks_client::LocksClient, AcquireRequest, DescribeRequest};
+use raftlock_faults::history::{Anomaly, Time};
+use tonic::transport::Endpoint;
+
+use crate::cluster::{connect, Cluster};
+use crate::workload::{bounded, Clock};
+
+/// The lock held across the replacements, and its lease's TTL.
+const HELD: &str = "upgrade/held";
+const HELD_TTL: i64 = 10;
+/// How long each member gets to report the cluster version (the members
+/// ask each other every 5 s).
+const VERSION_WITHIN: Duration = Duration::from_secs(20);
+
+/// Which member goes first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Order {
+    LeaderLast,
+    LeaderFirst,
+}
+
+/// One member replaced.
+#[derive(Clone, Debug)]
+pub struct Replacement {
+    pub member: usize,
+    pub was_leader: bool,
+    /// The release it runs now.
+    pub to: &'static str,
+    /// When it was sent SIGTERM, and when every member served again.
+    pub stopped_at: Time,
+    pub served_at: Time,
+}
+
+/// The releases a run moves between.
+pub struct Releases {
+    pub old: PathBuf,
+    pub old_name: &'static str,
+    pub new: PathBuf,
+    pub new_name: &'static str,
+}
+
+/// The state of one upgrade run.
+pub struct Rolling {
+    releases: Releases,
+    order: Order,
+    /// Whether member `i` runs the new release.
+    on_new: Vec<bool>,
+    /// Moving every member to the new release (else back to the old).
+    upward: bool,
+    pub replacements: Vec<Replacement>,
+    pub anomalies: Vec<Anomaly>,
+    held: Option<HeldLock>,
+}
+
+/// The lock held across the replacements.
+struct HeldLock {
+    key: Vec<u8>,
+    token: i64,
+    keeper: tokio::task::JoinHandle<()>,
+    /// Set by the keeper if the lease was ever answered as gone.
+    lost: Arc<std::sync::Mutex<Option<String>>>,
+}
+
+impl Rolling {
+    /// A run whose `members` all run the old release now.
+    pub fn new(releases: Releases, order: Order, members: usize) -> Rolling {
+        Rolling {
+            releases,
+            order,
+            on_new: vec![false; members],
+            upward: true,
+            replacements: Vec::new(),
+            anomalies: Vec::new(),
+            held: None,
+        }
+    }
+
+    /// Take the lock that must survive every replacement (before the first).
+    pub async fn hold_lock(&mut self, cluster: &Cluster) -> anyhow::Result<()> {
+        let endpoints = cluster.endpoints();
+        let mut c = connect(&endpoints).await?;
+        let lease = c.lease_grant(HELD_TTL, None).await?.id();
+        let mut locks = LocksClient::new(Endpoint::from_shared(endpoints[0].clone())?.connect_lazy());
+        let req = AcquireRequest { name: HELD.into(), lease, wait_ms: 5000, ..Default::default() };
+        let granted = locks.acquire(req).await?.into_inner();
+        anyhow::ensure!(granted.acquired, "the lock to hold across the upgrade was not granted");
+        let lost = Arc::new(std::sync::Mutex::new(None));
+        let keeper = tokio::spawn(keep_alive(endpoints, lease, lost.clone()));
+        self.held = Some(HeldLock { key: granted.key, token: granted.token, keeper, lost });
+        Ok(())
+    }
+
+    /// Whether every member is back on the release it started on (after
+    /// at least one replacement: a whole round).
+    pub fn round_done(&self) -> bool {
+        !self.replacements.is_empty() && self.on_new.iter().all(|n| !n)
+    }
+
+    /// Replace one member (turning round when every member runs the
+    /// release it was moving to). Returns what it did.
+    pub async fn step(&mut self, cluster: &mut Cluster, clock: &Clock) -> anyhow::Result<String> {
+        if self.on_new.iter().all(|n| *n == self.upward) {
+            self.upward = !self.upward;
+        }
+        let leader = cluster.current_leader().await;
+        let pending: Vec<usize> = (0..self.on_new.len()).filter(|&i| self.on_new[i] != self.upward).collect();
+        let followers: Vec<usize> = pending.iter().copied().filter(|&i| Some(i) != leader).collect();
+        let i = match (self.order, leader) {
+            (Order::LeaderFirst, Some(l)) if pending.contains(&l) => l,
+            _ => followers.first().copied().unwrap_or(pending[0]),
+        };
+        let (binary, to) = if self.upward {
+            (self.releases.new.clone(), self.releases.new_name)
+        } else {
+            (self.releases.old.clone(), self.releases.old_name)
+        };
+        let stopped_at = clock.now();
+        let status = cluster.terminate(i);
+        cluster.set_member_binary(i, &binary);
+        cluster.restart(i)?;
+        self.on_new[i] = self.upward;
+        cluster.wait_healthy(Duration::from_secs(30)).await?;
+        let served_at = clock.now();
+        let was_leader = leader == Some(i);
+        self.replacements.push(Replacement { member: i, was_leader, to, stopped_at, served_at });
+        let role = if was_leader { "the leader" } else { "a follower" };
+        let mut did = format!(
+            "m{i} ({role}) stopped ({status}), started on {to}; every member served {} ms later",
+            (served_at - stopped_at) / 1_000_000
+        );
+        self.check_held(cluster, i).await;
+        if self.on_new.iter().all(|n| *n) {
+            self.cluster_version_is(cluster, self.releases.new_name).await;
+            did += &format!("; every member reports cluster version {}", self.releases.new_name);
+        } else if !self.upward && self.on_new.iter().filter(|n| !**n).count() == 1 {
+            self.cluster_version_is(cluster, self.releases.old_name).await;
+            did += &format!("; the others report cluster version {}", self.releases.old_name);
+        }
+        Ok(did)
+    }
+
+    /// Describe through member `i` shows the held lock's holder, same token.
+    async fn check_held(&mut self, cluster: &Cluster, i: usize) {
+        let Some(held) = &self.held else { return };
+        let endpoint = cluster.members[i].endpoint();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let mut last = String::new();
+        while tokio::time::Instant::now() < deadline {
+            let Ok(channel) = Endpoint::from_shared(endpoint.clone()) else { break };
+            let mut locks = LocksClient::new(channel.connect_lazy());
+            match bounded(locks.describe(DescribeRequest { name: HELD.into(), permits: 0 })).await {
+                Ok(resp) => {
+                    let holders = resp.into_inner().holders;
+                    if holders.len() == 1 && holders[0].key == held.key && holders[0].token == held.token {
+                        return;
+                    }
+                    let seen: Vec<_> =
+                        holders.iter().map(|h| (String::from_utf8_lossy(&h.key).to_string(), h.token)).collect();
+                    self.anomalies.push(Anomaly::new(
+                        "upgrade",
+                        HELD,
+                        format!(
+                            "after m{i} was replaced, its Describe shows holders {seen:?}, not {} with token {}",
+                            String::from_utf8_lossy(&held.key),
+                            held.token
+                        ),
+                    ));
+                    return;
+                }
+                Err(e) => last = e,
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        self.anomalies.push(Anomaly::new("upgrade", HELD, format!("m{i} could not Describe it after it was replaced: {last}")));
+    }
+
+    /// Every member on the new release reports `raftlockcluster` =
+    /// `version` within [`VERSION_WITHIN`] (old members have no such field).
+    async fn cluster_version_is(&mut self, cluster: &Cluster, version: &str) {
+        for i in (0..self.on_new.len()).filter(|&i| self.on_new[i]) {
+            let deadline = tokio::time::Instant::now() + VERSION_WITHIN;
+            let endpoint = cluster.members[i].endpoint();
+            loop {
+                let (_, body) = raftlock_testkit::http_get(&endpoint, "/version").await;
+                let seen: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+                if seen["raftlockcluster"] == version {
+                    break;
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    self.anomalies.push(Anomaly::new(
+                        "upgrade",
+                        format!("m{i}"),
+                        format!("its /version stayed {body} for {} s, not cluster version {version}", VERSION_WITHIN.as_secs()),
+                    ));
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        }
+    }
+
+    /// Once the run has stopped: the held lock checked a last time (through
+    /// every member), its keeper stopped and the lease revoked.
+    pub async fn finish(&mut self, cluster: &Cluster) {
+        for i in 0..self.on_new.len() {
+            self.check_held(cluster, i).await;
+        }
+        if let Some(held) = self.held.take() {
+            held.keeper.abort();
+            if let Some(why) = held.lost.lock().expect("held lock poisoned").clone() {
+                self.anomalies.push(Anomaly::new("upgrade", HELD, format!("its lease, kept alive, ended: {why}")));
+            }
+        }
+    }
+
+    /// Lines for the run's report: each replacement and its write gap.
+    pub fn report(&self, write_completions: &[Time]) -> Vec<String> {
+        let windows: Vec<(Time, Time)> =
+            self.replacements.iter().map(|r| (r.stopped_at, r.served_at + 1_000_000_000)).collect();
+        let gaps = longest_gaps(write_completions, &windows);
+        self.replacements
+            .iter()
+            .zip(gaps)
+            .map(|(r, gap)| {
+                let role = if r.was_leader { "leader" } else { "follower" };
+                format!(
+                    "m{} ({role}) to {}: every member served {} ms after the stop; longest gap without a successful \
+                     write {} ms",
+                    r.member,
+                    r.to,
+                    (r.served_at - r.stopped_at) / 1_000_000,
+                    gap / 1_000_000
+                )
+            })
+            .collect()
+    }
+}
+
+/// Keep the held lock's lease alive (every second, through each member in
+/// turn after a failure); record it if the lease is ever answered as gone.
+async fn keep_alive(endpoints: Vec<String>, lease: i64, lost: Arc<std::sync::Mutex<Option<String>>>) {
+    let mut member = 0;
+    loop {
+        let once = async {
+            let mut c = connect(std::slice::from_ref(&endpoints[member])).await.map_err(|e| e.to_string())?;
+            let (mut keeper, mut answers) = bounded(c.lease_keep_alive(lease)).await?;
+            bounded(keeper.keep_alive()).await?;
+            match bounded(answers.message()).await? {
+                Some(answer) => Ok(answer.ttl()),
+                None => Err("the stream ended".to_string()),
+            }
+        };
+        match once.await {
+            Ok(ttl) if ttl <= 0 => {
+                *lost.lock().expect("held lock poisoned") = Some(format!("member {member} answered TTL {ttl}"));
+                return;
+            }
+            Ok(_) => tokio::time::sleep(Duration::from_secs(1)).await,
+            Err(_) => {
+                member = (member + 1) % endpoints.len();
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
+/// For each window `(from, to)`: the longest time between two successive
+/// completions of successful writes (`completions`, any order) that
+/// overlaps the window, counting from the last completion before it to the
+/// first after it (to the window's end if there is none: writes stopped).
+pub fn longest_gaps(completions: &[Time], windows: &[(Time, Time)]) -> Vec<Time> {
+    let mut sorted = completions.to_vec();
+    sorted.sort_unstable();
+    windows
+        .iter()
+        .map(|&(from, to)| {
+            let first = sorted.partition_point(|&t| t <= from);
+            let mut previous = if first == 0 { from } else { sorted[first - 1] };
+            let mut longest = 0;
+            for &t in &sorted[first..] {
+                longest = longest.max(t - previous);
+                previous = t;
+                if t >= to {
+                    return longest;
+                }
+            }
+            longest.max(to.saturating_sub(previous))
+        })
+        .collect()
+}
+
+/// The old release's binary: `--old-raftlock`, else where
+/// `scripts/old-release.sh` caches it.
+pub fn old_binary(given: Option<&Path>) -> PathBuf {
+    given.map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("target/releases/0.1.0/raftlock"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::longest_gaps;
+
+    #[test]
+    fn a_gap_counts_from_the_last_write_before_the_window_to_the_first_after() {
+        let writes = [10, 20, 30, 80, 90, 200];
+        // A window from 25 to 85: 30 → 80 is the longest.
+        assert_eq!(longest_gaps(&writes, &[(25, 85)]), vec![50]);
+        // A window inside one gap: the whole gap.
+        assert_eq!(longest_gaps(&writes, &[(40, 50)]), vec![50]);
+        // Writes stopped: to the window's end.
+        assert_eq!(longest_gaps(&writes, &[(195, 400)]), vec![200]);
+        // None before the window: from its start.
+        assert_eq!(longest_gaps(&[100], &[(0, 50)]), vec![100]);
+        assert_eq!(longest_gaps(&[], &[(0, 50)]), vec![50]);
+        // Unsorted input.
+        assert_eq!(longest_gaps(&[90, 10, 30], &[(15, 95)]), vec![60]);
+    }
+}
