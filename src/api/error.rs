@@ -51,10 +51,6 @@ pub fn unknown_alarm_action() -> Status {
 pub fn no_leader_key() -> Status {
     Status::invalid_argument("election: no leader key given")
 }
-/// A Maintenance call etcd has and raftlock does not (yet).
-pub fn not_supported(what: &str) -> Status {
-    Status::unimplemented(format!("raftlock: {what} is not supported by this version"))
-}
 
 // The native lock API's own checks (raftlock's messages).
 

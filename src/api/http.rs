@@ -12,7 +12,8 @@
 //! - `/version`: etcd's JSON, `{"etcdserver":"3.5.0","etcdcluster":"3.5.0"}`
 //!   (the etcd API level raftlock implements), with `"raftlock"`, this
 //!   member's release, and `"raftlockcluster"`, the cluster version as this
-//!   member sees it (`node::versions`).
+//!   member sees it (`node::versions`), and `"raftlockdowngrade"`, the
+//!   release a downgrade in progress goes to (`null`: none).
 //! - `/livez`: the process serves a serializable read. `/readyz`: no CORRUPT
 //!   alarm, a serializable and a linearizable read, not a learner. Both answer
 //!   `ok` (with `?verbose`, one `[+]check ok` line per check first), or 503
@@ -64,6 +65,7 @@ async fn version(node: Arc<Node>) -> Response {
         "etcdcluster": ETCD_API,
         "raftlock": RAFTLOCK,
         "raftlockcluster": cluster,
+        "raftlockdowngrade": node.downgrade_target(),
     });
     ([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
 }

@@ -1,7 +1,8 @@
 //! etcd's Maintenance service: Status, alarms (`crate::model::alarm`), Snapshot (the member's
 //! state streamed as a backup, in raftlock's own encoding — not a bbolt file),
-//! Defragment (a flush of the state store) and MoveLeader (see
-//! `raft::cluster::transfer`). Hashes and Downgrade answer `Unimplemented`.
+//! Defragment (a flush of the state store), MoveLeader (see
+//! `raft::cluster::transfer`), Hash and HashKV, and Downgrade between
+//! raftlock releases (`node::versions`).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -182,8 +183,30 @@ impl Maintenance for MaintenanceService {
         Ok(Response::new(pb::MoveLeaderResponse { header: header(&self.node, self.node.revision()) }))
     }
 
-    async fn downgrade(&self, _: Request<pb::DowngradeRequest>) -> Result<Response<pb::DowngradeResponse>, Status> {
-        Err(error::not_supported("downgrade"))
+    /// etcd 3.6's downgrade, between raftlock releases: the version asked
+    /// and answered is raftlock's (`node::versions`), not the etcd API
+    /// level. Root only, as etcd.
+    async fn downgrade(&self, req: Request<pb::DowngradeRequest>) -> Result<Response<pb::DowngradeResponse>, Status> {
+        use crate::node::versions::{DowngradeAction, DowngradeRefusal};
+        auth::maintenance_admin(&self.node, &req).await?;
+        let req = req.into_inner();
+        let action = match pb::downgrade_request::DowngradeAction::try_from(req.action) {
+            Ok(pb::downgrade_request::DowngradeAction::Validate) => DowngradeAction::Validate,
+            Ok(pb::downgrade_request::DowngradeAction::Enable) => DowngradeAction::Enable,
+            Ok(pb::downgrade_request::DowngradeAction::Cancel) => DowngradeAction::Cancel,
+            Err(_) => return Err(Status::invalid_argument("etcdserver: unknown downgrade action")),
+        };
+        let version = self.node.downgrade(action, &req.version).await.map_err(|refusal| match refusal {
+            DowngradeRefusal::WrongFormat | DowngradeRefusal::InvalidTarget => {
+                Status::invalid_argument(refusal.to_string())
+            }
+            DowngradeRefusal::Unreachable(_) => Status::unavailable(refusal.to_string()),
+            _ => Status::failed_precondition(refusal.to_string()),
+        })?;
+        Ok(Response::new(pb::DowngradeResponse {
+            header: header(&self.node, self.node.revision()),
+            version: version.to_string(),
+        }))
     }
 }
 

@@ -174,6 +174,8 @@ pub struct Node {
     passwords: passwords::PasswordGate,
     /// The other members' releases, as they told them (`versions`).
     releases: versions::Releases,
+    /// The cluster's downgrade setting as this member holds it (`versions`).
+    downgrade: Arc<crate::storage::downgrade::Downgrade>,
     /// `--client-cert-auth`: a verified client certificate names the user.
     client_cert_auth: bool,
     shutdown: Shutdown,
@@ -210,6 +212,7 @@ impl Node {
             );
         }
 
+        let downgrade = Arc::new(crate::storage::downgrade::Downgrade::open(&data_dir)?);
         let state_store =
             StateStore::open(&data_dir.join("state"), &data_dir.join("images")).context("opening the state store")?;
         let state = Arc::new(AppliedState::with_tokens(crate::model::auth::Tokens::new(config.auth_tokens()?)));
@@ -268,6 +271,7 @@ impl Node {
                 leaderless: tokio::sync::watch::Sender::new(false),
                 passwords: passwords::PasswordGate::per_core(config.bcrypt_cost),
                 releases: versions::Releases::default(),
+                downgrade,
                 client_cert_auth: config.client_cert_auth,
                 shutdown,
             }
@@ -292,7 +296,13 @@ impl Node {
     pub async fn serve_peers(self: Arc<Self>, listeners: Vec<listen::Bound>) -> anyhow::Result<()> {
         let make = || {
             let leases: Arc<dyn LeaseAuthority> = self.clone();
-            self.replica.peer_service(leases, self.state.clone(), self.stopping(), self.request_timeout)
+            self.replica.peer_service(
+                leases,
+                self.state.clone(),
+                self.stopping(),
+                self.request_timeout,
+                self.downgrade.clone(),
+            )
         };
         listen::serve(listeners, make, self.stopping()).await
     }

@@ -13,10 +13,25 @@
 //! cluster version is not decided, and such features are refused, as etcd
 //! does while its cluster version is "not_decided".
 //!
+//! A downgrade (`raftlockctl downgrade`, etcd's `Maintenance.Downgrade`)
+//! caps the cluster version at its target release while it is enabled: the
+//! setting (`storage::downgrade`) is pushed to every member when enabled or
+//! cancelled and travels with every `Version` answer, the newest generation
+//! winning, and each member keeps it on disk. It ends by itself
+//! ([`Node::settle_downgrade`]): it completes when the last member still
+//! above the target sees every other member run the target (its cluster
+//! version is the target anyway); and once a member has been seen running
+//! the target ("started"), a cluster whose every member runs a later
+//! release again has abandoned it (as if cancelled). Before it has
+//! started, members all above the target is what `enable` leaves, and the
+//! cap holds.
+//!
 //! Caveats: each member decides on its own, from answers at most
 //! [`ASK_EVERY`] old; the decision is not replicated (docs/design/versions.md
-//! says what replicating it will add: apply rules switched at one log index
-//! on every member, and downgrades).
+//! says what replicating it would add: apply rules switched at one log index
+//! on every member). A one-member cluster's downgrade never completes by
+//! itself (no other member runs the target): cancel it once the member runs
+//! the current release again.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -25,6 +40,7 @@ use std::time::Duration;
 use super::{Node, ServerError};
 use crate::base::shutdown::Stopping;
 use crate::base::version::{Version, RAFTLOCK};
+use crate::storage::downgrade::Setting;
 
 /// How often every member is asked again.
 pub const ASK_EVERY: Duration = Duration::from_secs(5);
@@ -62,7 +78,10 @@ impl Node {
         });
         for (id, answer) in futures::future::join_all(asks).await {
             let release = match answer {
-                Ok(Some(v)) => Version::parse(&v),
+                Ok(Some(v)) => {
+                    self.adopt_downgrade(&v.downgrade);
+                    Version::parse(&v.release)
+                }
                 Ok(None) => Some(FIRST_RELEASE),
                 Err(_) => None,
             };
@@ -70,7 +89,51 @@ impl Node {
                 self.releases.known.lock().expect("releases lock poisoned").insert(id, release);
             }
         }
+        self.settle_downgrade();
         self.cluster_version()
+    }
+
+    /// The release a downgrade in progress goes to, if one is.
+    pub fn downgrade_target(&self) -> Option<String> {
+        self.downgrade.get().target
+    }
+
+    /// Take a downgrade setting a member told, if it is newer than ours.
+    fn adopt_downgrade(&self, setting: &Setting) {
+        match self.downgrade.adopt(setting) {
+            Ok(true) => {
+                tracing::info!(generation = setting.generation, target = ?setting.target, "downgrade setting taken")
+            }
+            Ok(false) => {}
+            Err(e) => tracing::warn!(error = %format!("{e:#}"), "could not keep a downgrade setting"),
+        }
+    }
+
+    /// Move the downgrade in progress on from what the members told (see
+    /// the module doc): started, completed or abandoned. Only once every
+    /// other member (one at least) has told its release.
+    fn settle_downgrade(&self) {
+        let held = self.downgrade.get();
+        let Some(target) = held.target() else { return };
+        let others: Vec<u64> = self.members().into_iter().map(|m| m.id).filter(|id| *id != self.id).collect();
+        let known = self.releases.known.lock().expect("releases lock poisoned").clone();
+        let Some(releases) = others.iter().map(|id| known.get(id).copied()).collect::<Option<Vec<Version>>>() else {
+            return;
+        };
+        if releases.is_empty() {
+            return;
+        }
+        let at_target = releases.iter().filter(|v| **v == target).count();
+        let ended = Setting { generation: held.generation + 1, target: None, started: false };
+        if at_target == releases.len() {
+            tracing::info!(%target, "every other member runs the downgrade's target: the downgrade is complete");
+            self.adopt_downgrade(&ended);
+        } else if at_target > 0 && !held.started {
+            self.adopt_downgrade(&Setting { started: true, ..held });
+        } else if held.started && releases.iter().all(|v| *v > target) {
+            tracing::info!(%target, "every member runs a later release again: the downgrade was abandoned");
+            self.adopt_downgrade(&ended);
+        }
     }
 
     /// The cluster version from the answers known (see the module doc).
@@ -83,6 +146,9 @@ impl Node {
                 Some(v) => lowest = lowest.min(*v),
                 None => missing.push(if m.name.is_empty() { format!("{:x}", m.id) } else { m.name }),
             }
+        }
+        if let Some(target) = self.downgrade.get().target() {
+            lowest = lowest.min(target);
         }
         if missing.is_empty() {
             ClusterVersion::Decided(lowest)
@@ -120,5 +186,143 @@ pub(super) async fn keep_asking(node: Arc<Node>, mut stopping: Stopping) {
             _ = tokio::time::sleep(ASK_EVERY) => {}
             _ = stopping.stopped() => return,
         }
+    }
+}
+
+/// Why a downgrade request was refused, as etcd words it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DowngradeRefusal {
+    #[error("etcdserver: wrong downgrade target version format")]
+    WrongFormat,
+    /// The target is not the release before the cluster version.
+    #[error("etcdserver: invalid downgrade target version")]
+    InvalidTarget,
+    #[error("etcdserver: cluster has a downgrade job in progress")]
+    InProgress,
+    #[error("etcdserver: no inflight downgrade job")]
+    NoneInProgress,
+    /// Not every member has told its release.
+    #[error("etcdserver: cluster version not found during downgrade")]
+    ClusterVersionUnavailable,
+    /// A member could not be given the setting (it learns it within
+    /// [`ASK_EVERY`] of coming back; the others hold it already).
+    #[error("raftlock: {0}")]
+    Unreachable(String),
+}
+
+/// What `Maintenance.Downgrade` asks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DowngradeAction {
+    Validate,
+    Enable,
+    Cancel,
+}
+
+/// The release a cluster at `version` may be downgraded to: the one
+/// before, by minor (etcd's rule), patch 0.
+pub fn allowed_downgrade(version: Version) -> Option<Version> {
+    let Version { major, minor, .. } = version;
+    (minor > 0).then(|| Version::new(major, minor - 1, 0))
+}
+
+impl Node {
+    /// `Maintenance.Downgrade`: validate, enable or cancel a downgrade to
+    /// `target` ("major.minor" or "major.minor.patch"). Returns the cluster
+    /// version (after the change).
+    pub async fn downgrade(&self, action: DowngradeAction, target: &str) -> Result<Version, DowngradeRefusal> {
+        let cluster = match self.ask_versions().await {
+            ClusterVersion::Decided(v) => v,
+            ClusterVersion::NotDecided(_) => return Err(DowngradeRefusal::ClusterVersionUnavailable),
+        };
+        let held = self.downgrade.get();
+        if action == DowngradeAction::Cancel {
+            if held.target.is_none() {
+                return Err(DowngradeRefusal::NoneInProgress);
+            }
+            self.push_downgrade(Setting { generation: held.generation + 1, target: None, started: false }).await?;
+            return Ok(self.cluster_version_or(cluster));
+        }
+        let target = parse_target(target).ok_or(DowngradeRefusal::WrongFormat)?;
+        if held.target.is_some() {
+            return Err(DowngradeRefusal::InProgress);
+        }
+        if allowed_downgrade(cluster) != Some(target) {
+            return Err(DowngradeRefusal::InvalidTarget);
+        }
+        if action == DowngradeAction::Enable {
+            let target = Some(target.to_string());
+            self.push_downgrade(Setting { generation: held.generation + 1, target, started: false }).await?;
+            return Ok(self.cluster_version_or(cluster));
+        }
+        Ok(cluster)
+    }
+
+    fn cluster_version_or(&self, fallback: Version) -> Version {
+        match self.cluster_version() {
+            ClusterVersion::Decided(v) => v,
+            ClusterVersion::NotDecided(_) => fallback,
+        }
+    }
+
+    /// Keep `setting` here, then give it to every other member; the ones
+    /// that could not be reached are named in the error.
+    async fn push_downgrade(&self, setting: Setting) -> Result<(), DowngradeRefusal> {
+        self.downgrade.adopt(&setting).map_err(|e| DowngradeRefusal::Unreachable(format!("{e:#}")))?;
+        let members = self.members();
+        let pushes = members.iter().filter(|m| m.id != self.id).map(|m| {
+            let setting = setting.clone();
+            async move {
+                let answer = match m.peer_urls.first() {
+                    Some(url) => self.replica.peers.set_downgrade(url, &setting, ASK_TIMEOUT).await,
+                    None => Err(tonic::Status::unavailable("no peer URL")),
+                };
+                (m, answer)
+            }
+        });
+        let mut unreached = Vec::new();
+        for (m, answer) in futures::future::join_all(pushes).await {
+            match answer {
+                Ok(v) => self.adopt_downgrade(&v.downgrade),
+                Err(e) => unreached.push(format!("{} ({})", m.name, e.message())),
+            }
+        }
+        if unreached.is_empty() {
+            Ok(())
+        } else {
+            Err(DowngradeRefusal::Unreachable(format!(
+                "the downgrade setting is kept here but could not be given to {}; they take it within {} s of \
+                 answering again",
+                unreached.join(", "),
+                ASK_EVERY.as_secs()
+            )))
+        }
+    }
+}
+
+/// "0.1" or "0.1.0" (etcd takes "major.minor"; a patch must be 0).
+fn parse_target(target: &str) -> Option<Version> {
+    let parts: Vec<&str> = target.trim_start_matches('v').split('.').collect();
+    let full = match parts.len() {
+        2 => format!("{target}.0"),
+        3 => target.to_string(),
+        _ => return None,
+    };
+    let v = Version::parse(full.trim_start_matches('v'))?;
+    (v.patch == 0).then_some(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cluster_may_go_back_one_minor_release_only() {
+        assert_eq!(allowed_downgrade(Version::new(0, 2, 0)), Some(Version::new(0, 1, 0)));
+        assert_eq!(allowed_downgrade(Version::new(0, 2, 3)), Some(Version::new(0, 1, 0)));
+        assert_eq!(allowed_downgrade(Version::new(1, 0, 0)), None);
+        assert_eq!(parse_target("0.1"), Some(Version::new(0, 1, 0)));
+        assert_eq!(parse_target("v0.1.0"), Some(Version::new(0, 1, 0)));
+        assert_eq!(parse_target("0.1.2"), None);
+        assert_eq!(parse_target("one"), None);
     }
 }

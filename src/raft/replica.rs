@@ -162,6 +162,7 @@ impl Replica {
         state: Arc<AppliedState>,
         stopping: Stopping,
         max_election_pause: Duration,
+        downgrade: Arc<crate::storage::downgrade::Downgrade>,
     ) -> tonic::transport::server::Router {
         PeerService {
             raft: self.raft.clone(),
@@ -175,6 +176,7 @@ impl Replica {
             gate: self.peer_gate.clone(),
             max_election_pause,
             elections: self.elections.clone(),
+            downgrade,
         }
         .router()
     }

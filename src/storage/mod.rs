@@ -44,6 +44,7 @@
 //! deletes their key.
 
 pub mod data_dir;
+pub mod downgrade;
 pub mod files;
 pub mod format;
 pub mod framing;

@@ -2,12 +2,14 @@
 //! level it implements (`raftlock --version`, `raftlockctl version`,
 //! `/version`, `Maintenance.Status` as etcdctl shows it, the build-info
 //! metrics), and a member refuses a data directory of a newer format,
-//! naming both releases, before it reads a byte of it.
+//! naming both releases, before it reads a byte of it. A cluster is
+//! upgraded from release 0.1.0 and downgraded back to it through
+//! `raftlockctl downgrade`, whose answers are etcd's.
 
 use std::process::Command;
 
 use crate::common::cluster::built_binary;
-use crate::common::{free_port, http_get, raftlockctl, Cluster, Etcdctl};
+use crate::common::{free_port, http_get, raftlockctl, text, Cluster, Etcdctl};
 use raftlock::version::{ETCD_API, RAFTLOCK};
 
 #[tokio::test]
@@ -19,7 +21,8 @@ async fn every_face_of_a_member_tells_its_release_and_the_etcd_api_level() {
     assert_eq!(status, 200);
     let version: serde_json::Value = serde_json::from_str(&body).unwrap();
     let expected = serde_json::json!({
-        "etcdserver": ETCD_API, "etcdcluster": ETCD_API, "raftlock": RAFTLOCK, "raftlockcluster": RAFTLOCK
+        "etcdserver": ETCD_API, "etcdcluster": ETCD_API, "raftlock": RAFTLOCK, "raftlockcluster": RAFTLOCK,
+        "raftlockdowngrade": null,
     });
     assert_eq!(version, expected);
 
@@ -157,21 +160,100 @@ async fn a_cluster_upgraded_from_0_1_0_and_back_serves_throughout_and_refuses_wh
     cluster_version_becomes(&cluster, 0, RAFTLOCK).await;
     acquire_with_delay(&cluster, 0, "upgraded").await.unwrap();
 
-    // And back, once the lock-delay has ended: one member downgraded to
-    // 0.1.0 opens its data and serves;
-    // the others see the cluster version fall and refuse the feature again.
+    // And back: a downgrade enabled first stops every member from using
+    // what 0.1.0 lacks at once, before any binary is replaced.
     tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
-    cluster.kill(2);
+    let enabled = downgrade(&cluster, 1, &["enable", "0.1"]);
+    assert!(enabled.status.success(), "{}", text(&enabled));
+    for i in 0..3 {
+        let seen = cluster_version_becomes(&cluster, i, "0.1.0").await;
+        assert_eq!(seen["raftlockdowngrade"], "0.1.0", "member {i}: {seen}");
+    }
+    let refused = acquire_with_delay(&cluster, 0, "downgrading").await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused:?}");
+    // Then each member in turn runs 0.1.0 on its data, and serves.
     cluster.set_binary(&old);
+    for i in [2, 1, 0] {
+        cluster.kill(i);
+        cluster.restart(i).unwrap();
+        cluster.wait_healthy(std::time::Duration::from_secs(30)).await.unwrap();
+        let mut on_old = cluster.client(i).await;
+        assert_eq!(on_old.get("mixed", None).await.unwrap().kvs()[0].value(), b"yes");
+        on_old.put("downgraded", i.to_string(), None).await.unwrap();
+    }
+    let mut c = cluster.client(0).await;
+    assert_eq!(c.get("before", None).await.unwrap().kvs()[0].value(), b"0.1.0");
+    assert_eq!(c.get("downgraded", None).await.unwrap().kvs()[0].value(), b"0");
+}
+
+/// `raftlockctl downgrade ARGS` through member `i`.
+fn downgrade(cluster: &Cluster, i: usize, args: &[&str]) -> std::process::Output {
+    let endpoint = cluster.members[i].endpoint();
+    raftlockctl().args(["--endpoints", &endpoint, "downgrade"]).args(args).output().unwrap()
+}
+
+#[tokio::test]
+async fn a_downgrade_is_validated_enabled_kept_across_restarts_and_cancelled_as_etcds() {
+    let mut cluster = Cluster::start(3).await;
+    cluster.wait_healthy(std::time::Duration::from_secs(30)).await.unwrap();
+    cluster_version_becomes(&cluster, 0, RAFTLOCK).await;
+
+    let validated = downgrade(&cluster, 0, &["validate", "0.1"]);
+    assert!(validated.status.success(), "{}", text(&validated));
+    assert_eq!(
+        String::from_utf8_lossy(&validated.stdout),
+        format!("Downgrade validate success, cluster version {RAFTLOCK}\n")
+    );
+    // etcd's refusals, word for word.
+    for (args, error) in [
+        (&["validate", "0.0"][..], "etcdserver: invalid downgrade target version"),
+        (&["enable", "0.2"][..], "etcdserver: invalid downgrade target version"),
+        (&["validate", "zero"][..], "etcdserver: wrong downgrade target version format"),
+        (&["cancel"][..], "etcdserver: no inflight downgrade job"),
+    ] {
+        let out = downgrade(&cluster, 0, args);
+        assert!(!out.status.success() && text(&out).contains(error), "{args:?}: {}", text(&out));
+    }
+    // Nothing was refused yet.
+    acquire_with_delay(&cluster, 2, "before").await.unwrap();
+
+    let enabled = downgrade(&cluster, 0, &["enable", "0.1.0"]);
+    assert!(enabled.status.success(), "{}", text(&enabled));
+    assert_eq!(String::from_utf8_lossy(&enabled.stdout), "Downgrade enable success, cluster version 0.1.0\n");
+    // Every member holds it at once (it was given to each).
+    for i in 0..3 {
+        let (_, body) = http_get(&cluster.members[i].endpoint(), "/version").await;
+        let seen: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(
+            (seen["raftlockcluster"].as_str(), seen["raftlockdowngrade"].as_str()),
+            (Some("0.1.0"), Some("0.1.0"))
+        );
+        let refused = acquire_with_delay(&cluster, i, &format!("during-{i}")).await.unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+        assert!(refused.message().contains("0.1.0"), "{}", refused.message());
+    }
+    let again = downgrade(&cluster, 1, &["enable", "0.1"]);
+    assert!(text(&again).contains("etcdserver: cluster has a downgrade job in progress"), "{}", text(&again));
+    // A member restarted holds it (it kept it on disk).
+    cluster.kill(2);
     cluster.restart(2).unwrap();
     cluster.wait_healthy(std::time::Duration::from_secs(30)).await.unwrap();
-    let mut on_old = cluster.client(2).await;
-    assert_eq!(on_old.get("mixed", None).await.unwrap().kvs()[0].value(), b"yes");
-    // (each member asks every 5 s: until it has, it goes by the answer
-    // before — the window that `raftlockctl downgrade` is to close)
-    cluster_version_becomes(&cluster, 1, "0.1.0").await;
+    let seen = cluster_version_becomes(&cluster, 2, "0.1.0").await;
+    assert_eq!(seen["raftlockdowngrade"], "0.1.0");
+    // Members all above the target are what enable leaves: it holds (one
+    // round of asking later too).
+    tokio::time::sleep(std::time::Duration::from_secs(6)).await;
+    assert_eq!(cluster_version_becomes(&cluster, 0, "0.1.0").await["raftlockdowngrade"], "0.1.0");
+
+    let cancelled = downgrade(&cluster, 2, &["cancel"]);
+    assert!(cancelled.status.success(), "{}", text(&cancelled));
     assert_eq!(
-        acquire_with_delay(&cluster, 1, "downgrading").await.unwrap_err().code(),
-        tonic::Code::FailedPrecondition
+        String::from_utf8_lossy(&cancelled.stdout),
+        format!("Downgrade cancel success, cluster version {RAFTLOCK}\n")
     );
+    for i in 0..3 {
+        let seen = cluster_version_becomes(&cluster, i, RAFTLOCK).await;
+        assert!(seen["raftlockdowngrade"].is_null(), "{seen}");
+    }
+    acquire_with_delay(&cluster, 0, "after").await.unwrap();
 }

@@ -98,6 +98,13 @@ pub struct BenchArgs {
     /// random: `--sequential --total K --key-space K` writes every key once.
     #[arg(long)]
     pub sequential: bool,
+    /// Issue requests at this many a second in all (request n is due n/rate
+    /// seconds after the start, taken by the next free client), instead of
+    /// each client sending its next as soon as the last is answered; each
+    /// latency counts from when its request was due, so a client that fell
+    /// behind is counted as waiting (0: as fast as answered).
+    #[arg(long, default_value_t = 0.0)]
+    pub rate: f64,
     /// Stop after this many seconds even if `--total` requests were not all
     /// issued (0: no time limit).
     #[arg(long, default_value_t = 0.0)]
@@ -392,7 +399,13 @@ pub async fn run(
                     break;
                 }
                 let n = if args.sequential { i } else { keys.next() };
-                let t = Instant::now();
+                let t = if args.rate > 0.0 {
+                    let due = start + Duration::from_secs_f64(i as f64 / args.rate);
+                    tokio::time::sleep_until(due.into()).await;
+                    due
+                } else {
+                    Instant::now()
+                };
                 if driver.request(&args, key(&args, n), &value).await.is_err() {
                     errors.fetch_add(1, Ordering::Relaxed);
                 } else {

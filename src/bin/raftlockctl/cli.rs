@@ -157,6 +157,23 @@ pub(crate) enum Cmd {
     /// Print raftlockctl's version and the etcd API level it speaks (no
     /// server is asked; `endpoint status` shows the members').
     Version,
+    /// Downgrade the cluster to the previous raftlock release (as etcdctl
+    /// 3.6's `downgrade`): `validate` checks that it may, `enable` stops
+    /// every member from using what that release lacks (then replace the
+    /// members' binaries one at a time), `cancel` undoes `enable`.
+    #[command(subcommand)]
+    Downgrade(DowngradeCmd),
+}
+
+#[derive(Subcommand)]
+pub(crate) enum DowngradeCmd {
+    /// Whether the cluster may be downgraded to VERSION (the release
+    /// before the cluster version, e.g. 0.1 or 0.1.0).
+    Validate { version: String },
+    /// Start a downgrade to VERSION.
+    Enable { version: String },
+    /// Stop the downgrade in progress (VERSION is ignored, as etcdctl's).
+    Cancel { version: Option<String> },
 }
 
 #[derive(Args)]

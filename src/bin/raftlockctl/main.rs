@@ -28,7 +28,7 @@ use raftlock::client::{endpoint_url, Client, ClientTls};
 use raftlock::proto::etcdserverpb as etcd;
 use raftlock::proto::raftlock::v1 as locks;
 
-use cli::{Cli, Cmd, EndpointCmd, Format, MemberCmd, SnapshotCmd};
+use cli::{Cli, Cmd, DowngradeCmd, EndpointCmd, Format, MemberCmd, SnapshotCmd};
 use output::{kv_json, owner_json, owner_line, text};
 
 /// Exit code when the lock was not acquired within the wait (EX_TEMPFAIL).
@@ -338,6 +338,25 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 })
                 .collect();
             ctl.print(human.join("\n"), json!({ "members": json }));
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Downgrade(cmd) => {
+            use etcd::downgrade_request::DowngradeAction;
+            let (action, version, done) = match cmd {
+                DowngradeCmd::Validate { version } => {
+                    (DowngradeAction::Validate, version, "Downgrade validate success")
+                }
+                DowngradeCmd::Enable { version } => (DowngradeAction::Enable, version, "Downgrade enable success"),
+                DowngradeCmd::Cancel { version } => {
+                    (DowngradeAction::Cancel, version.unwrap_or_default(), "Downgrade cancel success")
+                }
+            };
+            let req = etcd::DowngradeRequest { action: action as i32, version };
+            let r = ctl.call(ctl.client.maintenance().downgrade(req)).await?;
+            ctl.print(
+                format!("{done}, cluster version {}", r.version),
+                json!({"cluster_version": r.version, "revision": r.header.map_or(0, |h| h.revision)}),
+            );
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Endpoint(EndpointCmd::Status) => commands::endpoint_status(&ctl).await,

@@ -37,9 +37,10 @@ use tonic::transport::{Channel, Endpoint};
 use crate::base::codec::{decode, encode};
 use crate::base::limits::MAX_PEER_MESSAGE_BYTES;
 use crate::proto::raftlock::peer::peer_client::PeerClient;
-use crate::proto::raftlock::peer::{RaftPayload, ReadIndexRequest, VersionRequest};
+use crate::proto::raftlock::peer::{DowngradeSetting, RaftPayload, ReadIndexRequest, VersionRequest, VersionResponse};
 use crate::raft::peer::identity::PeerIdentity;
 use crate::raft::peer::messages::{ControlRequest, LeaseAnswer, LeaseQuery, MembershipAnswer, MembershipChange};
+use crate::storage::downgrade::Setting;
 
 /// A client of one peer: its cached channel, stamping this member's identity.
 /// A peer URL's channel, and the socket of the connection it holds.
@@ -224,17 +225,32 @@ impl PeerClients {
         self.client(url).map_err(|e| tonic::Status::unavailable(e.to_string()))
     }
 
-    /// The release the member at `url` runs; `None` from a member of
-    /// release 0.1.0, which has no such question (it answers Unimplemented).
-    pub async fn version(&self, url: &str, timeout: Duration) -> Result<Option<String>, tonic::Status> {
+    /// The release the member at `url` runs, and the downgrade setting it
+    /// holds; `None` from a member of release 0.1.0, which has no such
+    /// question (it answers Unimplemented).
+    pub async fn version(&self, url: &str, timeout: Duration) -> Result<Option<MemberVersion>, tonic::Status> {
         let mut client = self.connect(url)?;
         let mut req = tonic::Request::new(VersionRequest {});
         req.set_timeout(timeout);
         match client.version(req).await {
-            Ok(answer) => Ok(Some(answer.into_inner().raftlock)),
+            Ok(answer) => Ok(Some(MemberVersion::from(answer.into_inner()))),
             Err(s) if s.code() == tonic::Code::Unimplemented => Ok(None),
             Err(s) => Err(s),
         }
+    }
+
+    /// Give the member at `url` a downgrade setting (it keeps the newest it
+    /// has seen); what it runs and holds after.
+    pub async fn set_downgrade(
+        &self,
+        url: &str,
+        setting: &Setting,
+        timeout: Duration,
+    ) -> Result<MemberVersion, tonic::Status> {
+        let mut client = self.connect(url)?;
+        let mut req = tonic::Request::new(setting_to_wire(setting.clone()));
+        req.set_timeout(timeout);
+        Ok(MemberVersion::from(client.set_downgrade(req).await?.into_inner()))
     }
 
     /// Ask the leader at `url` for a read index.
@@ -244,6 +260,34 @@ impl PeerClients {
         req.set_timeout(timeout);
         Ok(client.read_index(req).await?.into_inner().index)
     }
+}
+
+/// What a member told of its release (`Peer.Version`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberVersion {
+    /// Its release, major.minor.patch.
+    pub release: String,
+    /// The downgrade setting it holds.
+    pub downgrade: Setting,
+}
+
+impl From<VersionResponse> for MemberVersion {
+    fn from(answer: VersionResponse) -> MemberVersion {
+        MemberVersion {
+            release: answer.raftlock,
+            downgrade: answer.downgrade.map(setting_from_wire).unwrap_or_default(),
+        }
+    }
+}
+
+/// A downgrade setting as the peer protocol carries it.
+pub(crate) fn setting_to_wire(s: Setting) -> DowngradeSetting {
+    DowngradeSetting { generation: s.generation, target: s.target.unwrap_or_default(), started: s.started }
+}
+
+/// A downgrade setting as the peer protocol carried it (an empty target is none).
+pub(crate) fn setting_from_wire(s: DowngradeSetting) -> Setting {
+    Setting { generation: s.generation, target: (!s.target.is_empty()).then_some(s.target), started: s.started }
 }
 
 /// The socket of the connection a peer channel holds now, if any: a

@@ -44,10 +44,12 @@ use crate::base::limits::MAX_PEER_MESSAGE_BYTES;
 use crate::base::shutdown::Stopping;
 use crate::model::command::Command;
 use crate::proto::raftlock::peer::peer_server::{Peer, PeerServer};
-use crate::proto::raftlock::peer::{RaftPayload, ReadIndexRequest, ReadIndexResponse, VersionRequest, VersionResponse};
+use crate::proto::raftlock::peer::{
+    DowngradeSetting, RaftPayload, ReadIndexRequest, ReadIndexResponse, VersionRequest, VersionResponse,
+};
 use crate::raft::cluster::prevote::Elections;
 use crate::raft::cluster::{membership, transfer};
-use crate::raft::peer::client::{PeerClients, PEER_KEEPALIVE};
+use crate::raft::peer::client::{setting_from_wire, setting_to_wire, PeerClients, PEER_KEEPALIVE};
 use crate::raft::peer::gate::PeerGate;
 use crate::raft::peer::messages::{
     ControlRequest, ForwardBatch, ForwardError, ForwardReply, LeaseAnswer, LeaseQuery, MembershipChange,
@@ -57,6 +59,7 @@ use crate::raft::peer::pipeline;
 use crate::raft::read_index::{read_index, ReadFloor, ReadIndexError};
 use crate::raft::types::{Raft, TypeConfig};
 use crate::raft::write::proposer::{ProposeError, Proposer};
+use crate::storage::downgrade::Downgrade;
 
 /// The leader's side of [`LeaseQuery`], implemented by the node.
 #[tonic::async_trait]
@@ -84,9 +87,20 @@ pub struct PeerService {
     pub max_election_pause: std::time::Duration,
     /// This member's election timer: told when a leader is heard from.
     pub elections: Arc<Elections>,
+    /// The cluster's downgrade setting as this member holds it.
+    pub downgrade: Arc<Downgrade>,
 }
 
 impl PeerService {
+    /// This member's answer to `Version`.
+    fn version_answer(&self) -> VersionResponse {
+        VersionResponse {
+            raftlock: crate::base::version::RAFTLOCK.to_string(),
+            data_format: crate::storage::format::CURRENT,
+            downgrade: Some(setting_to_wire(self.downgrade.get())),
+        }
+    }
+
     /// The peer service, ready to serve: HTTP/2 keepalive on, so that a
     /// leader that vanished without closing its connections (a partition, a
     /// power loss) does not hold its replication streams open here.
@@ -255,10 +269,14 @@ impl Peer for PeerService {
 
     async fn version(&self, req: Request<VersionRequest>) -> Result<Response<VersionResponse>, Status> {
         self.gate.admit(&req).await?;
-        Ok(Response::new(VersionResponse {
-            raftlock: crate::base::version::RAFTLOCK.to_string(),
-            data_format: crate::storage::format::CURRENT,
-        }))
+        Ok(Response::new(self.version_answer()))
+    }
+
+    async fn set_downgrade(&self, req: Request<DowngradeSetting>) -> Result<Response<VersionResponse>, Status> {
+        self.gate.admit(&req).await?;
+        let setting = setting_from_wire(req.into_inner());
+        self.downgrade.adopt(&setting).map_err(|e| Status::internal(format!("{e:#}")))?;
+        Ok(Response::new(self.version_answer()))
     }
 
     async fn read_index(&self, req: Request<ReadIndexRequest>) -> Result<Response<ReadIndexResponse>, Status> {
