@@ -40,12 +40,12 @@ use std::time::Duration;
 
 use clap::Parser;
 use raftlock_faults::check::leases::check_leases;
+use raftlock_faults::check::linearizable::RegisterInput;
 use raftlock_faults::check::locks::{check_locks, Counter, Recorded as LocksRecorded};
 use raftlock_faults::check::lost::check_lost;
 use raftlock_faults::check::watches::{check_watch, EventKind, WatchMessage, WatchStream};
 use raftlock_faults::check::writes::check_acknowledged;
 use raftlock_faults::check::{check_register, check_serializable_reads, Verdict};
-use raftlock_faults::check::linearizable::RegisterInput;
 use raftlock_faults::history::{Anomaly, Outcome};
 use tokio::task::JoinHandle;
 
@@ -293,13 +293,7 @@ fn told_within() -> u64 {
 /// The lease watcher follows `lease_ctx`, which stops later than the rest:
 /// it must see the revocations of the leases that the others abandon when
 /// they stop.
-fn start_workloads(
-    ctx: &Context,
-    lease_ctx: &Context,
-    start_revision: i64,
-    rng: &mut Rng,
-    every: bool,
-) -> Workloads {
+fn start_workloads(ctx: &Context, lease_ctx: &Context, start_revision: i64, rng: &mut Rng, every: bool) -> Workloads {
     let mut w = Workloads {
         registers: vec![],
         writes: vec![],
@@ -422,8 +416,11 @@ async fn run(
             new: binaries.0.to_path_buf(),
             new_name: raftlock::version::RAFTLOCK,
         };
-        let order =
-            if nemesis == Nemesis::UpgradeLeaderFirst { upgrade::Order::LeaderFirst } else { upgrade::Order::LeaderLast };
+        let order = if nemesis == Nemesis::UpgradeLeaderFirst {
+            upgrade::Order::LeaderFirst
+        } else {
+            upgrade::Order::LeaderLast
+        };
         upgrade::Rolling::new(releases, order, members)
     });
     let first_binary = if rolling.is_some() { binaries.1 } else { binaries.0 };
@@ -447,8 +444,8 @@ async fn run(
     let until = tokio::time::Instant::now() + duration;
     // Let the workloads get going before the first fault.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    // An upgrade run goes on until its members are back on the release
-    // they started on.
+    // An upgrade run goes on until its members have gone up, back down and
+    // up again (`upgrade::Rolling::round_done`).
     while tokio::time::Instant::now() < until || rolling.as_ref().is_some_and(|r| !r.round_done()) {
         let step = match rolling.as_mut() {
             Some(rolling) => rolling.step(&mut cluster, &clock).await,

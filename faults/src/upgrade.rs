@@ -3,11 +3,17 @@
 //! A run starts its members on the previous release (0.1.0, built from git
 //! by `scripts/old-release.sh`) and replaces them one at a time with the
 //! current build, then back again, round after round until the run's time
-//! is up — always at least one whole round. Each replacement is what an
+//! is up — always at least up, down and up again (so that the end of a
+//! downgrade is seen too). Each replacement is what an
 //! operator does: SIGTERM, wait for the exit, start the other binary on the
 //! same data directory, wait until every member serves again. The order is
 //! the leader last (the leader's turn comes when it is the only member left
 //! on the other release) or the leader first.
+//!
+//! Each way back begins as an operator's does: `downgrade enable` to the old
+//! release (etcd's `Maintenance.Downgrade`), after which every member must
+//! report the old release as the cluster version before any binary is
+//! replaced.
 //!
 //! Besides the workloads (those both releases serve), the run checks:
 //! - **a lock held across every replacement keeps its token**: a native
@@ -16,9 +22,10 @@
 //!   member must show the same holder with the same token;
 //! - **the cluster version follows the members**: once every member runs
 //!   the current release, each reports it as `raftlockcluster` in
-//!   `/version`; once one runs the old one again, the members on the
-//!   current release report the old one — each within three rounds of
-//!   asking (`node::versions`).
+//!   `/version`, and no downgrade in progress (the last one completed or
+//!   was abandoned by itself); once one runs the old one again, the members
+//!   on the current release report the old one — each within three rounds
+//!   of asking (`node::versions`).
 //!
 //! And it reports, per replacement, the longest gap without a successful
 //! register write from the moment the member was stopped to one second
@@ -40,6 +47,8 @@ use tonic::transport::Endpoint;
 use crate::cluster::{connect, Cluster};
 use crate::workload::{bounded, Clock};
 
+/// A run's report lists its replacements one by one up to this many.
+const LISTED: usize = 12;
 /// The lock held across the replacements, and its lease's TTL.
 const HELD: &str = "upgrade/held";
 const HELD_TTL: i64 = 10;
@@ -82,6 +91,8 @@ pub struct Rolling {
     on_new: Vec<bool>,
     /// Moving every member to the new release (else back to the old).
     upward: bool,
+    /// Ways back completed.
+    downgrades: usize,
     pub replacements: Vec<Replacement>,
     pub anomalies: Vec<Anomaly>,
     held: Option<HeldLock>,
@@ -104,6 +115,7 @@ impl Rolling {
             order,
             on_new: vec![false; members],
             upward: true,
+            downgrades: 0,
             replacements: Vec::new(),
             anomalies: Vec::new(),
             held: None,
@@ -125,17 +137,24 @@ impl Rolling {
         Ok(())
     }
 
-    /// Whether every member is back on the release it started on (after
-    /// at least one replacement: a whole round).
+    /// Whether every member runs the new release again after at least one
+    /// way back.
     pub fn round_done(&self) -> bool {
-        !self.replacements.is_empty() && self.on_new.iter().all(|n| !n)
+        self.downgrades > 0 && self.on_new.iter().all(|n| *n)
     }
 
     /// Replace one member (turning round when every member runs the
     /// release it was moving to). Returns what it did.
     pub async fn step(&mut self, cluster: &mut Cluster, clock: &Clock) -> anyhow::Result<String> {
+        let mut enabled = String::new();
         if self.on_new.iter().all(|n| *n == self.upward) {
             self.upward = !self.upward;
+            if self.upward {
+                self.downgrades += 1;
+            } else {
+                self.enable_downgrade(cluster).await;
+                enabled = format!("downgrade to {} enabled; ", self.releases.old_name);
+            }
         }
         let leader = cluster.current_leader().await;
         let pending: Vec<usize> = (0..self.on_new.len()).filter(|&i| self.on_new[i] != self.upward).collect();
@@ -160,7 +179,7 @@ impl Rolling {
         self.replacements.push(Replacement { member: i, was_leader, to, stopped_at, served_at });
         let role = if was_leader { "the leader" } else { "a follower" };
         let mut did = format!(
-            "m{i} ({role}) stopped ({status}), started on {to}; every member served {} ms later",
+            "{enabled}m{i} ({role}) stopped ({status}), started on {to}; every member served {} ms later",
             (served_at - stopped_at) / 1_000_000
         );
         self.check_held(cluster, i).await;
@@ -172,6 +191,37 @@ impl Rolling {
             did += &format!("; the others report cluster version {}", self.releases.old_name);
         }
         Ok(did)
+    }
+
+    /// `downgrade enable` to the old release through a random member; then
+    /// every member reports the old release as the cluster version.
+    async fn enable_downgrade(&mut self, cluster: &Cluster) {
+        use raftlock::proto::etcdserverpb::{
+            downgrade_request::DowngradeAction, maintenance_client::MaintenanceClient, DowngradeRequest,
+        };
+        let endpoints = cluster.endpoints();
+        let mut last = String::new();
+        for attempt in 0..10 {
+            let endpoint = endpoints[attempt % endpoints.len()].clone();
+            let Ok(channel) = Endpoint::from_shared(endpoint) else { break };
+            let mut maintenance = MaintenanceClient::new(channel.connect_lazy());
+            let req =
+                DowngradeRequest { action: DowngradeAction::Enable as i32, version: self.releases.old_name.into() };
+            match bounded(maintenance.downgrade(req)).await {
+                Ok(answer) if answer.get_ref().version == self.releases.old_name => {
+                    self.cluster_version_is(cluster, self.releases.old_name).await;
+                    return;
+                }
+                Ok(answer) => last = format!("answered cluster version {}", answer.get_ref().version),
+                Err(e) => last = e,
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        self.anomalies.push(Anomaly::new(
+            "upgrade",
+            "downgrade",
+            format!("enable to {}: {last}", self.releases.old_name),
+        ));
     }
 
     /// Describe through member `i` shows the held lock's holder, same token.
@@ -206,7 +256,11 @@ impl Rolling {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        self.anomalies.push(Anomaly::new("upgrade", HELD, format!("m{i} could not Describe it after it was replaced: {last}")));
+        self.anomalies.push(Anomaly::new(
+            "upgrade",
+            HELD,
+            format!("m{i} could not Describe it after it was replaced: {last}"),
+        ));
     }
 
     /// Every member on the new release reports `raftlockcluster` =
@@ -218,14 +272,19 @@ impl Rolling {
             loop {
                 let (_, body) = raftlock_testkit::http_get(&endpoint, "/version").await;
                 let seen: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
-                if seen["raftlockcluster"] == version {
+                // At the current release, no downgrade may be left in progress.
+                let settled = version != self.releases.new_name || seen["raftlockdowngrade"].is_null();
+                if seen["raftlockcluster"] == version && settled {
                     break;
                 }
                 if tokio::time::Instant::now() >= deadline {
                     self.anomalies.push(Anomaly::new(
                         "upgrade",
                         format!("m{i}"),
-                        format!("its /version stayed {body} for {} s, not cluster version {version}", VERSION_WITHIN.as_secs()),
+                        format!(
+                            "its /version stayed {body} for {} s, not cluster version {version}",
+                            VERSION_WITHIN.as_secs()
+                        ),
                     ));
                     break;
                 }
@@ -248,11 +307,39 @@ impl Rolling {
         }
     }
 
-    /// Lines for the run's report: each replacement and its write gap.
+    /// Lines for the run's report: each replacement and its write gap
+    /// (up to [`LISTED`] of them), or else a line per kind of replacement
+    /// (the leader or a follower, to each release): how many, and the
+    /// median and longest gaps and times to serve.
     pub fn report(&self, write_completions: &[Time]) -> Vec<String> {
         let windows: Vec<(Time, Time)> =
             self.replacements.iter().map(|r| (r.stopped_at, r.served_at + 1_000_000_000)).collect();
         let gaps = longest_gaps(write_completions, &windows);
+        if self.replacements.len() > LISTED {
+            let mut kinds: std::collections::BTreeMap<(bool, &str), (Vec<Time>, Vec<Time>)> = Default::default();
+            for (r, gap) in self.replacements.iter().zip(&gaps) {
+                let kind = kinds.entry((r.was_leader, r.to)).or_default();
+                kind.0.push(*gap);
+                kind.1.push(r.served_at - r.stopped_at);
+            }
+            let ms = |mut v: Vec<Time>| {
+                v.sort_unstable();
+                (v[v.len() / 2] / 1_000_000, v[v.len() - 1] / 1_000_000)
+            };
+            return kinds
+                .into_iter()
+                .map(|((leader, to), (gaps, served))| {
+                    let n = gaps.len();
+                    let ((gap_median, gap_max), (served_median, served_max)) = (ms(gaps), ms(served));
+                    format!(
+                        "{n} × {} to {to}: longest gap without a successful write {gap_median} ms median, {gap_max} ms \
+                         at most; every member served {served_median} ms (median), {served_max} ms (at most) after \
+                         the stop",
+                        if leader { "the leader" } else { "a follower" }
+                    )
+                })
+                .collect();
+        }
         self.replacements
             .iter()
             .zip(gaps)
