@@ -7,7 +7,8 @@
 //! than this binary reads is refused, with a message naming both releases,
 //! before a byte of it is read (an older binary would misread it, or write
 //! over what it does not understand). An older format is migrated forward
-//! (format 1 is the first; nothing to migrate yet). A directory with data
+//! (format 1 is the first; the layouts of builds before it that format 1
+//! may still hold are read by `raft::store::state_machine::migrate`). A directory with data
 //! but no file is format 1: raftlock 0.1.0 wrote none, and made its
 //! directories 0755, which later releases refuse; so a later release's first
 //! start on one makes it private ([`make_first_release_private`]).

@@ -40,8 +40,9 @@
 //! in sled, so a key that names a file never outlives it; files a batch
 //! retires are removed only once that batch is durable in sled. Stores
 //! written by an older raftlock kept such values in a second sled tree
-//! (`large`); they are still read, and removed by the first batch that
-//! deletes their key.
+//! (`large`); they are read by the state machine's migration
+//! ([`StateStore::legacy_large_value`]), and removed by the first batch
+//! that deletes their key.
 
 pub mod data_dir;
 pub mod downgrade;
@@ -200,12 +201,16 @@ impl StateStore {
         rx.recv().map_err(|_| io::Error::other("state store writer stopped"))
     }
 
-    /// A key's value (in an older store, possibly one of its large values).
+    /// A key's value.
     pub fn get(&self, key: &[u8]) -> io::Result<Option<Vec<u8>>> {
-        match self.tree.get(key).map_err(io_err)? {
-            Some(v) => Ok(Some(v.to_vec())),
-            None => Ok(self.legacy_large.get(key).map_err(io_err)?.map(|v| v.to_vec())),
-        }
+        Ok(self.tree.get(key).map_err(io_err)?.map(|v| v.to_vec()))
+    }
+
+    /// A key's value in the tree of large values an older raftlock kept
+    /// (see the module doc; what was kept there is the state machine's
+    /// business, `raft::store::state_machine::migrate`).
+    pub fn legacy_large_value(&self, key: &[u8]) -> io::Result<Option<Vec<u8>>> {
+        Ok(self.legacy_large.get(key).map_err(io_err)?.map(|v| v.to_vec()))
     }
 
     /// Every `(key, value)` under a prefix, in key order.

@@ -5,7 +5,8 @@
 //! the same.
 //!
 //! Invariants: the first byte names the image's format; every format ever
-//! written still decodes (older ones with the parts they lack empty); an
+//! written still decodes (older ones with the parts they lack empty, read
+//! by `migrate`); an
 //! image is checked ([`SnapshotImage::check`]) before it is installed, so a
 //! damaged or hostile one is refused rather than half-installed.
 
@@ -13,7 +14,7 @@ use std::io::{self, Read, Write};
 
 use serde::{Deserialize, Serialize};
 
-use crate::base::codec::{DecodeError, FORMAT_V1};
+use crate::base::codec::DecodeError;
 use crate::model::alarm::Alarms;
 use crate::model::applied::{AppliedState, MemberAttrs};
 use crate::model::auth::AuthStore;
@@ -39,31 +40,6 @@ pub(super) struct SnapshotImage<V = StoredVersion> {
     pub alarms: Alarms,
 }
 
-/// The image as written before alarms were part of it.
-#[derive(Deserialize)]
-struct ImageWithoutAlarms {
-    revision: Revision,
-    compact_revision: Revision,
-    versions: Vec<StoredVersion>,
-    members: Vec<(u64, MemberAttrs)>,
-    leases: Vec<(i64, i64)>,
-    auth: AuthStore,
-}
-
-/// The image as written before the auth store was part of it.
-#[derive(Deserialize)]
-struct ImageWithoutAuth {
-    revision: Revision,
-    compact_revision: Revision,
-    versions: Vec<StoredVersion>,
-    members: Vec<(u64, MemberAttrs)>,
-    leases: Vec<(i64, i64)>,
-}
-
-/// The first byte of an image that holds the auth store (in place of the
-/// encoding's format byte, [`FORMAT_V1`], which images of the first format
-/// start with).
-pub(super) const IMAGE_WITH_AUTH: u8 = 2;
 /// The first byte of an image that also holds the alarms: the current format.
 pub(super) const IMAGE_WITH_ALARMS: u8 = 3;
 
@@ -108,10 +84,10 @@ pub(super) fn write_image(image: &CapturedImage, out: &mut dyn Write) -> io::Res
 pub(super) type CapturedImage = SnapshotImage<SharedVersion>;
 
 impl SnapshotImage {
-    /// Decode an image of either format: tagged [`IMAGE_WITH_AUTH`], or
-    /// the first one (written before the auth store was part of it), which
-    /// decodes with auth off and no users — and must then be whole, so that
-    /// an image of the current format is never taken for one of the first.
+    /// Decode an image of the current format, or of an older one
+    /// (`migrate::read_older_image`: the parts it lacks empty; one of the
+    /// first format must be whole, so that an image of a later format is
+    /// never taken for one of the first).
     pub fn decode(bytes: &[u8]) -> Result<SnapshotImage, DecodeError> {
         Self::read(bytes, bytes.len() as u64)
     }
@@ -158,9 +134,8 @@ impl SnapshotImage {
         let options = || bincode::DefaultOptions::new().with_fixint_encoding().with_limit(len.saturating_sub(1));
         match tag[0] {
             IMAGE_WITH_ALARMS => Ok(options().deserialize_from(reader)?),
-            IMAGE_WITH_AUTH => {
-                let old: ImageWithoutAlarms = options().deserialize_from(reader)?;
-                Ok(SnapshotImage {
+            older => match super::migrate::read_older_image(older, reader, options()) {
+                Some(old) => old.map(|old| SnapshotImage {
                     revision: old.revision,
                     compact_revision: old.compact_revision,
                     versions: old.versions,
@@ -168,29 +143,9 @@ impl SnapshotImage {
                     leases: old.leases,
                     auth: old.auth,
                     alarms: Alarms::default(),
-                })
-            }
-            FORMAT_V1 => {
-                let old: ImageWithoutAuth = options().deserialize_from(&mut reader)?;
-                // Whole, and nothing after it (see above).
-                let mut rest = [0u8];
-                if reader.read(&mut rest).map_err(|e| DecodeError::Malformed(Box::new(bincode::ErrorKind::Io(e))))? != 0
-                {
-                    return Err(DecodeError::Malformed(Box::new(bincode::ErrorKind::Custom(
-                        "bytes left after an image of the first format".into(),
-                    ))));
-                }
-                Ok(SnapshotImage {
-                    revision: old.revision,
-                    compact_revision: old.compact_revision,
-                    versions: old.versions,
-                    members: old.members,
-                    leases: old.leases,
-                    auth: AuthStore::default(),
-                    alarms: Alarms::default(),
-                })
-            }
-            other => Err(DecodeError::UnknownFormat(other)),
+                }),
+                None => Err(DecodeError::UnknownFormat(older)),
+            },
         }
     }
 

@@ -16,11 +16,8 @@
 //!   file checkpoint-<seq:016x>.image   ... a SnapshotImage
 //!   file journal-<seq:016x>            ... and the frames of the calls after it (JournalFrame)
 //!   m/applied, m/membership, m/revision, m/compact, m/seq     counters as of the checkpoint
-//!   j<seq:8 BE>    -> [JournalOp]      the journal as older raftlocks kept it, with the
-//!                                      counters of its last record in m/...
-//!   c              -> SnapshotImage    the checkpoint as older raftlocks kept it (both
-//!                                      read, then deleted by the next checkpoint)
 //! ```
+//! (and the layouts of older raftlocks, read and retired by `migrate`).
 //! A checkpoint is streamed into its file on the state store's writer
 //! thread (never encoded whole into memory), and that file is durable
 //! before the batch that names it (see `storage`). The checkpoint's batch
@@ -81,9 +78,6 @@ const REVISION: &[u8] = b"m/revision";
 const COMPACT: &[u8] = b"m/compact";
 const SEQ: &[u8] = b"m/seq";
 const CHECKPOINT_SEQ: &[u8] = b"m/checkpoint";
-/// Where older raftlocks kept the checkpoint (see the module doc).
-const LEGACY_CHECKPOINT: &[u8] = b"c";
-const JOURNAL_PREFIX: u8 = b'j';
 
 pub(super) type Membership = StoredMembership<u64, MemberNode>;
 
@@ -171,7 +165,7 @@ pub(super) struct Persisted {
     /// membership only when it changed).
     membership_written: Option<LogId>,
     /// The journal has records in sled, as older raftlocks kept it: the next
-    /// checkpoint deletes them.
+    /// checkpoint deletes them (`migrate`).
     legacy_journal: bool,
 }
 
@@ -179,12 +173,6 @@ pub(super) struct Persisted {
 pub(super) struct Position {
     pub last_applied: Option<LogId>,
     pub membership: Membership,
-}
-
-fn journal_key(seq: u64) -> Vec<u8> {
-    let mut k = vec![JOURNAL_PREFIX];
-    k.extend_from_slice(&seq.to_be_bytes());
-    k
 }
 
 impl Persisted {
@@ -218,7 +206,7 @@ impl Persisted {
         let path = db.files_dir().join(&file);
         let (checkpoint, checkpoint_bytes) = if path.exists() {
             (Some(SnapshotImage::read_file(std::fs::File::open(&path)?)?), std::fs::metadata(&path)?.len())
-        } else if let Some(b) = db.get(LEGACY_CHECKPOINT)? {
+        } else if let Some(b) = super::migrate::legacy_checkpoint(&db)? {
             (Some(SnapshotImage::decode(&b)?), b.len() as u64)
         } else {
             anyhow::ensure!(checkpoint_seq == 0, "state store: checkpoint {checkpoint_seq} is missing ({file})");
@@ -263,16 +251,10 @@ impl Persisted {
             Ok(())
         };
         // The journal as an older raftlock kept it, in sled.
-        for item in db.scan_prefix(&[JOURNAL_PREFIX]) {
-            let (k, v) = item?;
-            let record_seq = u64::from_be_bytes(k[1..9].try_into()?);
-            if record_seq <= checkpoint_seq {
-                continue;
-            }
-            let ops: Vec<JournalOp> = decode(&v)?;
-            journal_bytes += v.len() as u64;
+        for record in super::migrate::legacy_journal(&db, checkpoint_seq)? {
+            journal_bytes += record.len() as u64;
             legacy_journal = true;
-            replay(ops)?;
+            replay(decode(&record)?)?;
         }
         // The journal file: each frame carries the counters after it.
         let journal = db.files_dir().join(&journal);
@@ -424,11 +406,8 @@ impl Persisted {
         batch.puts.push((CHECKPOINT_SEQ.to_vec(), encode(&self.seq)));
         batch.retired_files.push(checkpoint_file(self.checkpoint_seq));
         batch.retired_files.push(journal_file(self.checkpoint_seq));
-        batch.deletes.push(LEGACY_CHECKPOINT.to_vec());
-        if self.legacy_journal {
-            batch.deletes.extend((self.checkpoint_seq + 1..=self.seq).map(journal_key));
-            self.legacy_journal = false;
-        }
+        super::migrate::retire(batch, self.checkpoint_seq, self.seq, self.legacy_journal);
+        self.legacy_journal = false;
         self.checkpoint_seq = self.seq;
         self.journal_bytes = 0;
     }

@@ -38,6 +38,7 @@
 mod apply;
 mod image;
 mod layout;
+mod migrate;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -710,7 +711,7 @@ mod tests {
             auth: state.auth().clone(),
         };
         let mut bytes = encode(&second);
-        bytes[0] = image::IMAGE_WITH_AUTH;
+        bytes[0] = migrate::IMAGE_WITH_AUTH;
         let decoded = SnapshotImage::decode(&bytes).expect("an image of the second format");
         assert!(decoded.auth.enabled && decoded.alarms.is_empty());
         drop(dir);
