@@ -30,7 +30,8 @@
 #                               # (FAILOVER_ROUNDS, default 10 and 5)
 #   scripts/bench.sh observers  # lock handoffs with 0 and with 1,000 lock-event
 #                               # streams (Observe) on the lock, alternating
-#                               # (ROUNDS, default 3)
+#                               # (ROUNDS, default 3), saturated and at a fixed
+#                               # pace (RATE handoffs/s, default 50)
 #   scripts/bench.sh memory     # memory instead: RSS per member after 300k
 #                               # puts of 1 KiB (100k keys, so 2/3 of it is
 #                               # history), then after compaction + defrag;
@@ -407,12 +408,18 @@ if [ "${1:-}" = observers ]; then
   # Lock handoffs (16 clients on one native lock) with no lock-event
   # streams, then with 1,000 (Observe on the same lock, spread over the
   # members, each reading every event), alternating, ROUNDS times (default 3).
+  # Then the same at a fixed pace (RATE handoffs/s, default 50): the
+  # latency of a handoff when the lock is not saturated.
   start_cluster raftlock 24790
   for round in $(seq "${ROUNDS:-3}"); do
-    for n in 0 1000; do
-      out=$("$ctl" --endpoints "$endpoints" -w json bench native-lock --clients 16 --conns 4 --lock-names 1 \
-        --total $((4000 / scale)) --lock-observers $n)
-      python3 -c 'import json, sys; r = json.loads(sys.argv[2]); print("round %s, %5d observers: %6.0f handoffs/s  p50 %6.2f ms  p99 %6.2f ms" % (sys.argv[3], int(sys.argv[1]), r["ops_per_sec"], r["p50_ms"], r["p99_ms"]))' "$n" "$out" "$round"
+    for pace in 0 "${RATE:-50}"; do
+      for n in 0 1000; do
+        total=$((4000 / scale))
+        [ "$pace" = 0 ] || total=$((${RATE:-50} * 20 / scale))
+        out=$("$ctl" --endpoints "$endpoints" -w json bench native-lock --clients 16 --conns 4 --lock-names 1 \
+          --total "$total" --lock-observers $n --rate "$pace")
+        python3 -c 'import json, sys; r = json.loads(sys.argv[2]); print("round %s, %-10s %5d observers: %6.0f handoffs/s  p50 %6.2f ms  p99 %6.2f ms" % (sys.argv[3], "saturated," if sys.argv[4] == "0" else sys.argv[4] + "/s,", int(sys.argv[1]), r["ops_per_sec"], r["p50_ms"], r["p99_ms"]))' "$n" "$out" "$round" "$pace"
+      done
     done
   done
   exit 0
