@@ -76,7 +76,7 @@ pub use crate::model::mvcc::prefix_end;
 /// The first release whose members apply a lock-delay's end (its marker,
 /// `model::lock_delay`): an acquire may ask for one only once every member
 /// runs it (`Node::require_release`).
-pub const LOCK_DELAY_SINCE: crate::base::version::Version = crate::base::version::Version::new(0, 2, 0);
+pub const LOCK_DELAY_SINCE: crate::base::version::Version = crate::model::lock_delay::SINCE;
 
 /// Why a lock or election request failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -32,6 +32,11 @@
 //! (clientv3's Mutex, `etcdctl lock`) see the marker as one more key: those
 //! that queue after the delay began wait for it, those queued before do not.
 
+/// The release that brought lock-delays: every member must run it or a
+/// later one before a lock-delay is granted, and a downgrade below it is
+/// refused while one is in use (`node::versions`).
+pub const SINCE: crate::base::version::Version = crate::base::version::Version::new(0, 2, 0);
+
 /// The longest lock-delay, in milliseconds (Consul's limit, 60 s).
 pub const MAX_LOCK_DELAY_MS: u32 = 60_000;
 

@@ -33,7 +33,7 @@
 //! itself (no other member runs the target): cancel it once the member runs
 //! the current release again.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -208,6 +208,10 @@ pub enum DowngradeRefusal {
     /// [`ASK_EVERY`] of coming back; the others hold it already).
     #[error("raftlock: {0}")]
     Unreachable(String),
+    /// Lock-delay settings or markers exist, whose ends the target release
+    /// would apply otherwise than this one.
+    #[error("raftlock: {0}")]
+    LockDelaysInUse(String),
 }
 
 /// What `Maintenance.Downgrade` asks.
@@ -249,12 +253,60 @@ impl Node {
         if allowed_downgrade(cluster) != Some(target) {
             return Err(DowngradeRefusal::InvalidTarget);
         }
+        self.refuse_lock_delays_in_use(target)?;
         if action == DowngradeAction::Enable {
+            let generation = held.generation + 1;
             let target = Some(target.to_string());
-            self.push_downgrade(Setting { generation: held.generation + 1, target, started: false }).await?;
+            self.push_downgrade(Setting { generation, target, started: false }).await?;
+            // Looked at again now that no member grants a new lock-delay
+            // (one granted meanwhile would otherwise slip through).
+            if let Err(refusal) = self.refuse_lock_delays_in_use(FIRST_RELEASE) {
+                let _ = self.push_downgrade(Setting { generation: generation + 1, target: None, started: false }).await;
+                return Err(refusal);
+            }
             return Ok(self.cluster_version_or(cluster));
         }
         Ok(cluster)
+    }
+
+    /// Refuse a downgrade to a release without lock-delays while any grant
+    /// carries a lock-delay setting or any lock is in a delay: the older
+    /// release would apply the grant's end without the delay's marker, and
+    /// the members' states would part (`model::lock_delay`).
+    fn refuse_lock_delays_in_use(&self, target: Version) -> Result<(), DowngradeRefusal> {
+        use crate::model::lock_delay::{is_marker, SETTING_SUFFIX};
+        if target >= crate::model::lock_delay::SINCE {
+            return Ok(());
+        }
+        let (settings, markers): (Vec<Vec<u8>>, Vec<Vec<u8>>) = {
+            let mvcc = self.state.mvcc();
+            let candidates = mvcc.live_where(|k| k.ends_with(SETTING_SUFFIX) || is_marker(k));
+            let (markers, settings): (Vec<_>, Vec<_>) =
+                candidates.into_iter().map(|kv| kv.key.clone()).partition(|k| is_marker(k));
+            // A setting counts beside its owner key only (else it is any key
+            // that happens to end so).
+            let owners: HashSet<Vec<u8>> =
+                settings.iter().map(|k| k[..k.len() - SETTING_SUFFIX.len()].to_vec()).collect();
+            let live: HashSet<Vec<u8>> =
+                mvcc.live_where(|k| owners.contains(k)).iter().map(|kv| kv.key.clone()).collect();
+            let settings =
+                settings.into_iter().filter(|k| live.contains(&k[..k.len() - SETTING_SUFFIX.len()])).collect();
+            (settings, markers)
+        };
+        if settings.is_empty() && markers.is_empty() {
+            return Ok(());
+        }
+        let named: Vec<String> =
+            settings.iter().chain(&markers).take(5).map(|k| String::from_utf8_lossy(k).into_owned()).collect();
+        Err(DowngradeRefusal::LockDelaysInUse(format!(
+            "{} grant(s) hold a lock-delay setting and {} lock(s) are in a lock-delay ({}{}); raftlock {target} \
+             has no lock-delays and would apply their ends otherwise: release those grants, let the delays end, \
+             and ask again",
+            settings.len(),
+            markers.len(),
+            named.join(", "),
+            if settings.len() + markers.len() > named.len() { ", ..." } else { "" }
+        )))
     }
 
     fn cluster_version_or(&self, fallback: Version) -> Version {

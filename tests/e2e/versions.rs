@@ -101,6 +101,19 @@ async fn cluster_version_becomes(cluster: &Cluster, i: usize, want: &str) -> ser
     }
 }
 
+/// A grant of lock `name` with a lock-delay of `delay_ms` through member
+/// `i`, held: its key, token and lease.
+async fn hold_with_delay(cluster: &Cluster, i: usize, name: &str, delay_ms: u32) -> (Vec<u8>, i64, i64) {
+    use raftlock::proto::raftlock::v1::{locks_client::LocksClient, AcquireRequest};
+    let mut c = cluster.client(i).await;
+    let lease = c.lease_grant(30, None).await.unwrap().id();
+    let mut locks = LocksClient::connect(cluster.members[i].endpoint()).await.unwrap();
+    let req = AcquireRequest { name: name.into(), lease, lock_delay_ms: delay_ms, ..Default::default() };
+    let granted = locks.acquire(req).await.unwrap().into_inner();
+    assert!(granted.acquired);
+    (granted.key, granted.token, lease)
+}
+
 /// A native acquire with a lock-delay through member `i`.
 async fn acquire_with_delay(cluster: &Cluster, i: usize, name: &str) -> Result<(), tonic::Status> {
     use raftlock::proto::raftlock::v1::{locks_client::LocksClient, AcquireRequest};
@@ -214,8 +227,36 @@ async fn a_downgrade_is_validated_enabled_kept_across_restarts_and_cancelled_as_
         let out = downgrade(&cluster, 0, args);
         assert!(!out.status.success() && text(&out).contains(error), "{args:?}: {}", text(&out));
     }
-    // Nothing was refused yet.
-    acquire_with_delay(&cluster, 2, "before").await.unwrap();
+    // A grant that holds a lock-delay setting, and a lock in its delay,
+    // each keep the cluster from going back to a release without
+    // lock-delays (it would apply their ends otherwise).
+    let (key, token, _) = hold_with_delay(&cluster, 2, "held", 3000).await;
+    let refused = downgrade(&cluster, 0, &["validate", "0.1"]);
+    assert!(!refused.status.success(), "{}", text(&refused));
+    assert!(
+        text(&refused).contains("1 grant(s) hold a lock-delay setting") && text(&refused).contains("held/"),
+        "{}",
+        text(&refused)
+    );
+    let mut locks =
+        raftlock::proto::raftlock::v1::locks_client::LocksClient::connect(cluster.members[2].endpoint()).await.unwrap();
+    let release = raftlock::proto::raftlock::v1::ReleaseRequest { key, token, ..Default::default() };
+    assert!(locks.release(release).await.unwrap().into_inner().released);
+    let validated = downgrade(&cluster, 0, &["validate", "0.1"]);
+    assert!(validated.status.success(), "a released grant leaves nothing behind: {}", text(&validated));
+    let (_, _, lease) = hold_with_delay(&cluster, 2, "revoked", 3000).await;
+    cluster.client(2).await.lease_revoke(lease).await.unwrap();
+    let refused = downgrade(&cluster, 1, &["enable", "0.1"]);
+    assert!(
+        text(&refused).contains("1 lock(s) are in a lock-delay") && text(&refused).contains("revoked/.lock-delay"),
+        "{}",
+        text(&refused)
+    );
+    assert!(
+        cluster_version_becomes(&cluster, 1, RAFTLOCK).await["raftlockdowngrade"].is_null(),
+        "a refused enable leaves none"
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(3500)).await;
 
     let enabled = downgrade(&cluster, 0, &["enable", "0.1.0"]);
     assert!(enabled.status.success(), "{}", text(&enabled));

@@ -86,16 +86,18 @@ pub(super) fn read_older_image<O: bincode::Options>(
     options: O,
 ) -> Option<Result<OlderImage, DecodeError>> {
     match tag {
-        IMAGE_WITH_AUTH => Some(options.deserialize_from(reader).map_err(DecodeError::from).map(
-            |old: ImageWithoutAlarms| OlderImage {
-                revision: old.revision,
-                compact_revision: old.compact_revision,
-                versions: old.versions,
-                members: old.members,
-                leases: old.leases,
-                auth: old.auth,
-            },
-        )),
+        IMAGE_WITH_AUTH => {
+            Some(options.deserialize_from(reader).map_err(DecodeError::from).map(|old: ImageWithoutAlarms| {
+                OlderImage {
+                    revision: old.revision,
+                    compact_revision: old.compact_revision,
+                    versions: old.versions,
+                    members: old.members,
+                    leases: old.leases,
+                    auth: old.auth,
+                }
+            }))
+        }
         FORMAT_V1 => Some((|| {
             let old: ImageWithoutAuth = options.deserialize_from(&mut reader)?;
             // Whole, and nothing after it: a format-1 image has no length of
