@@ -37,7 +37,12 @@ pub const ELECTION_MS: u64 = 500;
 /// it), and an ephemeral port can be taken by an outgoing connection meanwhile.
 /// Instead each test process walks its own sequence below the kernel's
 /// ephemeral range (32768 and up), so no port is given twice in a process and
-/// no connection takes one; a port that is busy now is skipped.
+/// no connection takes one; a port that is busy now is skipped. Test
+/// processes that run at once (two `cargo test` runs, or a test binary and
+/// the fault suite's tools) could still pick one port between the check and
+/// the member's bind, so each port handed out is also claimed machine-wide
+/// for the life of the process: an exclusive lock on a file named after it
+/// ([`PORT_CLAIMS`]), which the kernel drops when the process ends, however.
 pub fn free_port() -> u16 {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     const FIRST: u32 = 20_000;
@@ -45,10 +50,34 @@ pub fn free_port() -> u16 {
     let start = std::process::id().wrapping_mul(7919) % SPAN;
     loop {
         let port = (FIRST + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % SPAN) as u16;
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+        if claim(port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
             return port;
         }
     }
+}
+
+/// Where test processes claim the ports they hand out (see [`free_port`]).
+pub const PORT_CLAIMS: &str = "/tmp/raftlock-test-ports";
+
+/// Claim `port` for this process (false: another process holds it). The
+/// claim is an flock on `PORT_CLAIMS/<port>`, its file kept open until the
+/// process ends.
+fn claim(port: u16) -> bool {
+    use std::os::fd::AsRawFd;
+    static HELD: std::sync::Mutex<Vec<std::fs::File>> = std::sync::Mutex::new(Vec::new());
+    let _ = std::fs::create_dir_all(PORT_CLAIMS);
+    let Ok(file) =
+        std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(format!("{PORT_CLAIMS}/{port}"))
+    else {
+        // No place to claim in: the in-process sequence alone, as before.
+        return true;
+    };
+    // SAFETY: flock(2) on a descriptor this function owns.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return false;
+    }
+    HELD.lock().unwrap_or_else(|e| e.into_inner()).push(file);
+    true
 }
 
 /// An etcd client of `endpoints` that notices a dead connection within a
