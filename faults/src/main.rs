@@ -426,9 +426,6 @@ async fn run(
     let first_binary = if rolling.is_some() { binaries.1 } else { binaries.0 };
     let mut cluster = cluster::start(first_binary, dir, members, clocks)?;
     cluster.wait_healthy(Duration::from_secs(60)).await?;
-    if let Some(rolling) = rolling.as_mut() {
-        rolling.hold_lock(&cluster).await?;
-    }
     let clock = Clock::start();
     let start_revision =
         connect(&cluster.endpoints()).await?.get("start", None).await?.header().map_or(0, |h| h.revision()) + 1;
@@ -436,6 +433,9 @@ async fn run(
     let (stop_lease_watcher, lease_stop_rx) = tokio::sync::watch::channel(false);
     let ctx = Context::new(clock, cluster.endpoints(), stop_rx);
     let lease_ctx = Context::new(clock, cluster.endpoints(), lease_stop_rx);
+    if let Some(rolling) = rolling.as_mut() {
+        rolling.hold_lock(&cluster, &ctx).await?;
+    }
     let workloads = start_workloads(&ctx, &lease_ctx, start_revision, &mut rng, rolling.is_none());
 
     let mut anomalies = Vec::new();
@@ -471,6 +471,9 @@ async fn run(
         tokio::time::sleep(rng.between(Duration::from_millis(500), Duration::from_millis(2500))).await;
     }
     std::fs::write(dir.join("nemesis.log"), log.join("\n"))?;
+    if let Some(rolling) = rolling.as_mut() {
+        rolling.finish(&cluster).await;
+    }
     let healed_at = clock.now();
     let _ = stop.send(true);
     // Abandoned leases get their TTL and the time an expiry may take, with
@@ -481,7 +484,6 @@ async fn run(
     let mut replacements = Vec::new();
     let mut faults = injector.faults;
     if let Some(rolling) = rolling.as_mut() {
-        rolling.finish(&cluster).await;
         anomalies.append(&mut rolling.anomalies);
         let writes: Vec<u64> = recorded
             .registers

@@ -17,9 +17,11 @@
 //!
 //! Besides the workloads (those both releases serve), the run checks:
 //! - **a lock held across every replacement keeps its token**: a native
-//!   mutex granted before the first replacement, its lease kept alive
-//!   throughout; after each replacement, Describe through the replaced
-//!   member must show the same holder with the same token;
+//!   mutex granted before the first replacement, its lease kept alive as
+//!   the lock workload keeps its leases (`workload::locks::HeldLease`);
+//!   after each replacement, Describe through the replaced member, and at
+//!   the end through every member, must show the same holder with the same
+//!   token;
 //! - **the cluster version follows the members**: once every member runs
 //!   the current release, each reports it as `raftlockcluster` in
 //!   `/version`, and no downgrade in progress (the last one completed or
@@ -37,7 +39,6 @@
 //! is answered Unimplemented, and the workload goes on without an answer).
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use raftlock::proto::raftlock::v1::{locks_client::LocksClient, AcquireRequest, DescribeRequest};
@@ -45,13 +46,13 @@ use raftlock_faults::history::{Anomaly, Time};
 use tonic::transport::Endpoint;
 
 use crate::cluster::{connect, Cluster};
-use crate::workload::{bounded, Clock};
+use crate::workload::locks::HeldLease;
+use crate::workload::{bounded, Clock, Context};
 
 /// A run's report lists its replacements one by one up to this many.
 const LISTED: usize = 12;
-/// The lock held across the replacements, and its lease's TTL.
+/// The lock held across the replacements.
 const HELD: &str = "upgrade/held";
-const HELD_TTL: i64 = 10;
 /// How long each member gets to report the cluster version (the members
 /// ask each other every 5 s).
 const VERSION_WITHIN: Duration = Duration::from_secs(20);
@@ -102,9 +103,7 @@ pub struct Rolling {
 struct HeldLock {
     key: Vec<u8>,
     token: i64,
-    keeper: tokio::task::JoinHandle<()>,
-    /// Set by the keeper if the lease was ever answered as gone.
-    lost: Arc<std::sync::Mutex<Option<String>>>,
+    lease: HeldLease,
 }
 
 impl Rolling {
@@ -122,18 +121,17 @@ impl Rolling {
         }
     }
 
-    /// Take the lock that must survive every replacement (before the first).
-    pub async fn hold_lock(&mut self, cluster: &Cluster) -> anyhow::Result<()> {
-        let endpoints = cluster.endpoints();
-        let mut c = connect(&endpoints).await?;
-        let lease = c.lease_grant(HELD_TTL, None).await?.id();
-        let mut locks = LocksClient::new(Endpoint::from_shared(endpoints[0].clone())?.connect_lazy());
-        let req = AcquireRequest { name: HELD.into(), lease, wait_ms: 5000, ..Default::default() };
+    /// Take the lock that must survive every replacement (before the
+    /// first), on a lease kept alive until `ctx` stops.
+    pub async fn hold_lock(&mut self, cluster: &Cluster, ctx: &Context) -> anyhow::Result<()> {
+        let endpoint = cluster.members[0].endpoint();
+        let mut c = connect(std::slice::from_ref(&endpoint)).await?;
+        let lease = HeldLease::grant(ctx, &mut c, 0).await.map_err(anyhow::Error::msg)?;
+        let mut locks = LocksClient::new(Endpoint::from_shared(endpoint)?.connect_lazy());
+        let req = AcquireRequest { name: HELD.into(), lease: lease.id, wait_ms: 5000, ..Default::default() };
         let granted = locks.acquire(req).await?.into_inner();
         anyhow::ensure!(granted.acquired, "the lock to hold across the upgrade was not granted");
-        let lost = Arc::new(std::sync::Mutex::new(None));
-        let keeper = tokio::spawn(keep_alive(endpoints, lease, lost.clone()));
-        self.held = Some(HeldLock { key: granted.key, token: granted.token, keeper, lost });
+        self.held = Some(HeldLock { key: granted.key, token: granted.token, lease });
         Ok(())
     }
 
@@ -293,16 +291,15 @@ impl Rolling {
         }
     }
 
-    /// Once the run has stopped: the held lock checked a last time (through
-    /// every member), its keeper stopped and the lease revoked.
+    /// Once the last member is replaced, before the run stops: the held
+    /// lock checked a last time (through every member), then let go.
     pub async fn finish(&mut self, cluster: &Cluster) {
         for i in 0..self.on_new.len() {
             self.check_held(cluster, i).await;
         }
         if let Some(held) = self.held.take() {
-            held.keeper.abort();
-            if let Some(why) = held.lost.lock().expect("held lock poisoned").clone() {
-                self.anomalies.push(Anomaly::new("upgrade", HELD, format!("its lease, kept alive, ended: {why}")));
+            if let Ok(mut c) = connect(&cluster.endpoints()).await {
+                held.lease.give_up(&mut c).await;
             }
         }
     }
@@ -355,34 +352,6 @@ impl Rolling {
                 )
             })
             .collect()
-    }
-}
-
-/// Keep the held lock's lease alive (every second, through each member in
-/// turn after a failure); record it if the lease is ever answered as gone.
-async fn keep_alive(endpoints: Vec<String>, lease: i64, lost: Arc<std::sync::Mutex<Option<String>>>) {
-    let mut member = 0;
-    loop {
-        let once = async {
-            let mut c = connect(std::slice::from_ref(&endpoints[member])).await.map_err(|e| e.to_string())?;
-            let (mut keeper, mut answers) = bounded(c.lease_keep_alive(lease)).await?;
-            bounded(keeper.keep_alive()).await?;
-            match bounded(answers.message()).await? {
-                Some(answer) => Ok(answer.ttl()),
-                None => Err("the stream ended".to_string()),
-            }
-        };
-        match once.await {
-            Ok(ttl) if ttl <= 0 => {
-                *lost.lock().expect("held lock poisoned") = Some(format!("member {member} answered TTL {ttl}"));
-                return;
-            }
-            Ok(_) => tokio::time::sleep(Duration::from_secs(1)).await,
-            Err(_) => {
-                member = (member + 1) % endpoints.len();
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        }
     }
 }
 

@@ -147,7 +147,7 @@ impl Node {
                 None => missing.push(if m.name.is_empty() { format!("{:x}", m.id) } else { m.name }),
             }
         }
-        if let Some(target) = self.downgrade.get().target() {
+        if let Some(target) = self.downgrade.target() {
             lowest = lowest.min(target);
         }
         if missing.is_empty() {

@@ -76,6 +76,12 @@ impl Downgrade {
         self.held.lock().expect("downgrade lock poisoned").clone()
     }
 
+    /// The target of the setting held now, if any (what every check of the
+    /// cluster version asks, without copying the setting).
+    pub fn target(&self) -> Option<Version> {
+        self.held.lock().expect("downgrade lock poisoned").target()
+    }
+
     /// Take `setting` if it is newer than the one held, written to disk
     /// first. Returns whether it was taken.
     pub fn adopt(&self, setting: &Setting) -> anyhow::Result<bool> {

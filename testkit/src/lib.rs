@@ -42,7 +42,8 @@ pub const ELECTION_MS: u64 = 500;
 /// the fault suite's tools) could still pick one port between the check and
 /// the member's bind, so each port handed out is also claimed machine-wide
 /// for the life of the process: an exclusive lock on a file named after it
-/// ([`PORT_CLAIMS`]), which the kernel drops when the process ends, however.
+/// ([`PORT_CLAIMS`]), which the kernel drops when the process ends, however
+/// it ends.
 pub fn free_port() -> u16 {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     const FIRST: u32 = 20_000;

@@ -131,14 +131,16 @@ fn covered(life: &[(Time, i64)], from: Time, to: Time) -> bool {
 }
 
 /// A lease with a keepalive task of its own, recording its lifeline.
-pub(super) struct HeldLease {
-    pub(super) id: i64,
+pub(crate) struct HeldLease {
+    pub(crate) id: i64,
     life: Lifeline,
     pub(super) keeper: tokio::task::JoinHandle<()>,
 }
 
 impl HeldLease {
-    async fn grant(ctx: &Context, c: &mut Client, member: usize) -> Result<HeldLease, String> {
+    /// Granted through `c` (a connection to `member`), and kept alive
+    /// until the run stops.
+    pub(crate) async fn grant(ctx: &Context, c: &mut Client, member: usize) -> Result<HeldLease, String> {
         let invoke = ctx.clock.now();
         let granted = bounded(c.lease_grant(TTL, None)).await?;
         let life: Lifeline = Arc::new(Mutex::new(vec![(invoke, granted.ttl())]));
@@ -159,7 +161,7 @@ impl HeldLease {
     }
 
     /// Stop keeping it alive and revoke it (best effort: it expires anyway).
-    pub(super) async fn give_up(self, c: &mut Client) {
+    pub(crate) async fn give_up(self, c: &mut Client) {
         self.keeper.abort();
         let _ = bounded(c.lease_revoke(self.id)).await;
     }

@@ -45,15 +45,17 @@ const JOURNAL_PREFIX: u8 = b'j';
 /// alarms); format 1 starts with the encoding's own format byte.
 pub(super) const IMAGE_WITH_AUTH: u8 = 2;
 
-/// The image as written before alarms were part of it (format 2).
+/// The image as written before alarms were part of it (format 2), and what
+/// [`read_older_image`] makes of either older format (format 1's with the
+/// empty auth store).
 #[derive(Deserialize)]
-struct ImageWithoutAlarms {
-    revision: Revision,
-    compact_revision: Revision,
-    versions: Vec<StoredVersion>,
-    members: Vec<(u64, MemberAttrs)>,
-    leases: Vec<(i64, i64)>,
-    auth: AuthStore,
+pub(super) struct ImageWithoutAlarms {
+    pub revision: Revision,
+    pub compact_revision: Revision,
+    pub versions: Vec<StoredVersion>,
+    pub members: Vec<(u64, MemberAttrs)>,
+    pub leases: Vec<(i64, i64)>,
+    pub auth: AuthStore,
 }
 
 /// The image as written before the auth store was part of it (format 1).
@@ -66,17 +68,6 @@ struct ImageWithoutAuth {
     leases: Vec<(i64, i64)>,
 }
 
-/// An image of an older format: what every format had, and the auth store
-/// from format 2 on (the alarms came with the current format).
-pub(super) struct OlderImage {
-    pub revision: Revision,
-    pub compact_revision: Revision,
-    pub versions: Vec<StoredVersion>,
-    pub members: Vec<(u64, MemberAttrs)>,
-    pub leases: Vec<(i64, i64)>,
-    pub auth: AuthStore,
-}
-
 /// The rest of an image whose first byte was `tag`, if `tag` names an
 /// older format (`None`: it does not); `options` bound the decoding as for
 /// the current format.
@@ -84,20 +75,9 @@ pub(super) fn read_older_image<O: bincode::Options>(
     tag: u8,
     mut reader: impl Read,
     options: O,
-) -> Option<Result<OlderImage, DecodeError>> {
+) -> Option<Result<ImageWithoutAlarms, DecodeError>> {
     match tag {
-        IMAGE_WITH_AUTH => {
-            Some(options.deserialize_from(reader).map_err(DecodeError::from).map(|old: ImageWithoutAlarms| {
-                OlderImage {
-                    revision: old.revision,
-                    compact_revision: old.compact_revision,
-                    versions: old.versions,
-                    members: old.members,
-                    leases: old.leases,
-                    auth: old.auth,
-                }
-            }))
-        }
+        IMAGE_WITH_AUTH => Some(options.deserialize_from(reader).map_err(DecodeError::from)),
         FORMAT_V1 => Some((|| {
             let old: ImageWithoutAuth = options.deserialize_from(&mut reader)?;
             // Whole, and nothing after it: a format-1 image has no length of
@@ -108,7 +88,7 @@ pub(super) fn read_older_image<O: bincode::Options>(
                     "bytes left after an image of the first format".into(),
                 ))));
             }
-            Ok(OlderImage {
+            Ok(ImageWithoutAlarms {
                 revision: old.revision,
                 compact_revision: old.compact_revision,
                 versions: old.versions,
