@@ -96,6 +96,7 @@ impl ClientApi {
         // Lock-delays end on this member's clock while it leads (`locks::delay`).
         let delays = Arc::new(crate::locks::delay::DelayClock::default());
         tokio::spawn(crate::locks::delay::run(node.clone(), delays.clone(), node.stopping()));
+        let hubs = native_lock::observe_hubs(node.clone());
         let make = || {
             let mut grpc = Routes::builder();
             grpc.add_service(health.clone())
@@ -107,7 +108,12 @@ impl ClientApi {
                 .add_service(watch::WatchService::server(node.clone(), settings.watch_progress_interval))
                 .add_service(lock::LockService::server(node.clone(), grants.clone()))
                 .add_service(lock::ElectionService::server(node.clone(), grants.clone()))
-                .add_service(native_lock::LocksService::server(node.clone(), grants.clone(), delays.clone()));
+                .add_service(native_lock::LocksService::server(
+                    node.clone(),
+                    grants.clone(),
+                    delays.clone(),
+                    hubs.clone(),
+                ));
             let grpc = grpc.routes().into_axum_router();
             let routes = grpc.clone().merge(gateway::routes(grpc)).merge(http::routes(node.clone(), grants.clone()));
             Server::builder()

@@ -11,6 +11,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use tonic::{Request, Response, Status};
 
 use super::{auth, error, header};
@@ -79,8 +80,22 @@ fn owner(o: Owner) -> pb::Owner {
     }
 }
 
+/// This member's lock-event hubs (`crate::locks::event_hub`), with the
+/// message each revision's events make.
+pub type ObserveHubs = crate::locks::event_hub::LockHubs<pb::ObserveResponse>;
+
+/// The hubs of a member's `Observe` streams.
+pub fn observe_hubs(node: Arc<Node>) -> Arc<ObserveHubs> {
+    let make = |node: &Node, revision: i64, events: Vec<observe::LockEvent>| pb::ObserveResponse {
+        header: header(node, revision),
+        events: events.into_iter().map(event).collect(),
+    };
+    ObserveHubs::new(node, Arc::new(make))
+}
+
 pub struct LocksService {
     node: Arc<Node>,
+    hubs: Arc<ObserveHubs>,
     grants: Arc<crate::locks::stats::Grants>,
     /// This member's lock-delay keeper's clock (what Describe says is left).
     delays: Arc<crate::locks::delay::DelayClock>,
@@ -91,9 +106,10 @@ impl LocksService {
         node: Arc<Node>,
         grants: Arc<crate::locks::stats::Grants>,
         delays: Arc<crate::locks::delay::DelayClock>,
+        hubs: Arc<ObserveHubs>,
     ) -> super::served::Served<LocksServer<LocksService>> {
         super::served::Served(
-            LocksServer::new(LocksService { node, grants, delays })
+            LocksServer::new(LocksService { node, hubs, grants, delays })
                 .max_decoding_message_size(crate::base::limits::MAX_GRPC_MESSAGE_BYTES),
         )
     }
@@ -144,21 +160,9 @@ impl Locks for LocksService {
         if req.start_revision < 0 {
             return Err(error::negative_start_revision());
         }
-        let (tx, rx) = tokio::sync::mpsc::channel(16);
-        let node = self.node.clone();
-        tokio::spawn(async move {
-            let outcome = observe::observe(&node, &req.name, permits, req.start_revision, &tx, |revision, events| {
-                Ok(pb::ObserveResponse {
-                    header: header(&node, revision),
-                    events: events.into_iter().map(event).collect(),
-                })
-            })
-            .await;
-            if let Err(e) = outcome {
-                let _ = tx.send(Err(error::native_recipe(e))).await;
-            }
-        });
-        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+        let observation =
+            self.hubs.observe(&req.name, permits, req.start_revision).await.map_err(error::native_recipe)?;
+        Ok(Response::new(Box::pin(observation.map(|message| message.map_err(error::native_recipe)))))
     }
 
     async fn acquire(&self, req: Request<pb::AcquireRequest>) -> Result<Response<pb::AcquireResponse>, Status> {

@@ -66,6 +66,7 @@ pub struct Metrics {
     pub forwarded_batch: Histogram,
     // Watches (raftlock's own).
     pub watch_inbox_overflows: IntCounter,
+    pub lock_event_rejoins: IntCounter,
 }
 
 /// The process's metrics.
@@ -226,6 +227,10 @@ impl Metrics {
             watch_inbox_overflows: counter(
                 "raftlock_watch_inbox_overflows_total",
                 "Times a watch session (or a semaphore waiter, or an election observer) fell so far behind apply that its queued changes were dropped; it then read them from history.",
+            ),
+            lock_event_rejoins: counter(
+                "raftlock_lock_event_rejoins_total",
+                "Times a lock-event stream (Observe) fell so far behind its lock's shared events that it read them again from history.",
             ),
             registry,
         };

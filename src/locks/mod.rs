@@ -56,6 +56,7 @@
 
 pub mod delay;
 pub mod election;
+pub mod event_hub;
 pub mod fenced;
 pub mod multi;
 pub mod mutex;

@@ -5,12 +5,13 @@
 //! holder learns from it that its grant ended without its asking, as soon as
 //! its member applies the change that ended it.
 //!
-//! How: the observer follows the changes under the lock's prefix
+//! How: the lock's hub on this member (`super::event_hub`, one for all the
+//! lock's streams) follows the changes under the lock's prefix
 //! (`AppliedState::follow`, before it reads anything, so nothing slips
-//! between), reads the queue linearizably, and then keeps its own copy of
-//! the queue ([`Queue`]), applying each change to it and telling what the
-//! change did. Who holds is computed as the lock's waiters compute it
-//! ([`holders_and_waiters`]), from the front of the queue only.
+//! between), keeps a copy of the queue ([`Queue`], here), applies each
+//! change to it and tells what the change did. Who holds is computed as the
+//! lock's waiters compute it ([`holders_and_waiters`]), from the front of
+//! the queue only.
 //!
 //! Causes: apply marks the revisions at which a lease's end deleted its keys
 //! (`AppliedChanges::lease_ended`), so a live deletion is told exactly as
@@ -33,14 +34,13 @@
 //! tells changes when that member applies them. The first message holds
 //! every place of the queue, so a queue of tens of thousands of places makes
 //! it megabytes (over a client's usual 4 MiB limit near 40,000); and a
-//! revision that changed the queue costs each observer of a semaphore a walk
-//! of the whole queue (a mutex's, only its front).
+//! revision that changed the queue costs a semaphore's hub a walk of the
+//! whole queue (a mutex's, only its front), once for all its streams.
 
 use std::collections::{BTreeMap, HashSet};
 
-use super::{classify, front_range, mode_of, queue_prefix, Mode, QueueKey, RecipeError};
-use crate::model::mvcc::{Change, KeyRange, KeyValue};
-use crate::node::Node;
+use super::{classify, mode_of, Mode, QueueKey};
+use crate::model::mvcc::{Change, KeyValue};
 
 /// What happened to one place of a lock's queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,9 +81,9 @@ pub struct LockEvent {
     pub was_holding: bool,
 }
 
-/// A lock's queue as an observer keeps it: every place (hold counts left
+/// A lock's queue as its hub keeps it: every place (hold counts left
 /// out) by create revision, and which of them hold.
-struct Queue {
+pub(super) struct Queue {
     prefix: Vec<u8>,
     permits: usize,
     places: BTreeMap<(i64, Vec<u8>), KeyValue>,
@@ -93,7 +93,7 @@ struct Queue {
 }
 
 impl Queue {
-    fn new(prefix: Vec<u8>, permits: usize, kvs: Vec<KeyValue>) -> Queue {
+    pub(super) fn new(prefix: Vec<u8>, permits: usize, kvs: Vec<KeyValue>) -> Queue {
         let mut queue = Queue { prefix, permits, places: BTreeMap::new(), holding: HashSet::new(), delay: None };
         for kv in kvs {
             if classify(&queue.prefix, &kv.key) == QueueKey::Delay {
@@ -165,7 +165,7 @@ impl Queue {
     }
 
     /// The queue as it is: its holders, then its waiters in order.
-    fn snapshot(&self, revision: i64) -> Vec<LockEvent> {
+    pub(super) fn snapshot(&self, revision: i64) -> Vec<LockEvent> {
         let mut waiting = 0;
         let delay = self.delay.iter().map(|m| self.event(EventKind::DelayStarted, m, m.mod_revision));
         delay
@@ -181,7 +181,7 @@ impl Queue {
     }
 
     /// Apply the changes of one revision; `ended` tells a deletion's kind.
-    fn apply_revision<'c>(
+    pub(super) fn apply_revision<'c>(
         &mut self,
         revision: i64,
         changes: impl Iterator<Item = &'c Change>,
@@ -264,7 +264,7 @@ impl Queue {
 
     /// Changes were lost: take the queue as it is now (read at `revision`),
     /// telling the places that went (as [`EventKind::Ended`]) and came.
-    fn resync(&mut self, kvs: Vec<KeyValue>, revision: i64, out: &mut Vec<LockEvent>) {
+    pub(super) fn resync(&mut self, kvs: Vec<KeyValue>, revision: i64, out: &mut Vec<LockEvent>) {
         let marker = kvs.iter().find(|kv| self.is_marker(&kv.key)).cloned();
         match (self.delay.take(), &marker) {
             (None, Some(m)) => out.push(self.event(EventKind::DelayStarted, m, revision)),
@@ -292,99 +292,8 @@ impl Queue {
     }
 }
 
-/// Tell the events of lock `name` (of `permits`) to `out`, each revision's
-/// as one message made by `make`: first the queue as it is (or, with
-/// `start_revision` > 0, as it was before that revision and every change
-/// since), then every change as this member applies it. Ends when `out`
-/// closes or the node stops.
-pub async fn observe<T: Send>(
-    node: &Node,
-    name: &[u8],
-    permits: usize,
-    start_revision: i64,
-    out: &tokio::sync::mpsc::Sender<T>,
-    mut make: impl FnMut(i64, Vec<LockEvent>) -> T + Send,
-) -> Result<(), RecipeError> {
-    let prefix = queue_prefix(name);
-    let range = KeyRange::with_prefix(&prefix);
-    // Follow the lock's keys before reading them (see `AppliedState::follow`).
-    let inbox = node.state().follow(&range);
-    node.read_barrier().await?;
-    let (mut queue, mut through, replayed) = {
-        let mvcc = node.state().mvcc();
-        let now = mvcc.revision();
-        // The queue as it was at `base`, and the changes since.
-        let base = if start_revision > 0 { (start_revision - 1).min(now) } else { now };
-        let kvs = if base == 0 {
-            Vec::new()
-        } else {
-            let req = crate::model::mvcc::RangeRequest { revision: base, ..front_range(&prefix, 0) };
-            mvcc.range(&req).map_err(RecipeError::Mvcc)?.kvs
-        };
-        let replayed = if base < now {
-            mvcc.changes_between(&range, base + 1, now).map_err(RecipeError::Mvcc)?
-        } else {
-            Vec::new()
-        };
-        (Queue::new(prefix.clone(), permits, kvs), now, replayed)
-    };
-    let mut events = if start_revision > 0 { Vec::new() } else { queue.snapshot(through) };
-    // History keeps no cause: a lease that still lives did not end its key.
-    let ended = |kv: &KeyValue| match node.state().leases().get(kv.lease) {
-        Some(_) => EventKind::Released,
-        None => EventKind::Ended,
-    };
-    for (revision, changes) in by_revision(&replayed) {
-        queue.apply_revision(revision, changes.iter(), &ended, &mut events);
-    }
-    if out.send(make(through, events)).await.is_err() {
-        return Ok(());
-    }
-    let mut stopping = node.stopping();
-    let leaderless = node.leaderless();
-    tokio::pin!(leaderless);
-    loop {
-        tokio::select! {
-            _ = inbox.ready() => {}
-            _ = out.closed() => return Ok(()),
-            _ = stopping.stopped() => return Ok(()),
-            // A member cut off from the cluster learns of no end: the stream
-            // ends, and the client picks it up from its revision elsewhere.
-            _ = &mut leaderless => return Err(RecipeError::Server(crate::node::ServerError::NoLeader)),
-        }
-        let taken = inbox.take();
-        let mut events = Vec::new();
-        if taken.lost_after.is_some() {
-            let (kvs, now) = {
-                let mvcc = node.state().mvcc();
-                (mvcc.range(&front_range(&prefix, 0)).map_err(RecipeError::Mvcc)?.kvs, mvcc.revision())
-            };
-            queue.resync(kvs, now, &mut events);
-            through = through.max(now);
-        }
-        for batch in &taken.batches {
-            // A batch's changes are in revision order: the unseen ones are a tail.
-            let unseen = batch.changes.iter().position(|c| c.revision > through).unwrap_or(batch.changes.len());
-            for (revision, changes) in by_revision(&batch.changes[unseen..]) {
-                let ended = |_: &KeyValue| match batch.lease_ended.binary_search(&revision) {
-                    Ok(_) => EventKind::LeaseEnded,
-                    Err(_) => EventKind::Released,
-                };
-                queue.apply_revision(revision, changes.iter(), &ended, &mut events);
-            }
-            through = through.max(batch.revision);
-        }
-        if !events.is_empty() {
-            let revision = events.last().map_or(through, |e| e.revision);
-            if out.send(make(revision, events)).await.is_err() {
-                return Ok(());
-            }
-        }
-    }
-}
-
 /// Changes grouped by revision, in order.
-fn by_revision(changes: &[Change]) -> Vec<(i64, &[Change])> {
+pub(super) fn by_revision(changes: &[Change]) -> Vec<(i64, &[Change])> {
     let mut groups = Vec::new();
     let mut start = 0;
     while start < changes.len() {

@@ -236,3 +236,85 @@ async fn raftlockctl_stops_its_command_when_its_key_is_deleted_by_another_client
     let err = String::from_utf8_lossy(&status.stderr);
     assert!(err.contains("lock deploy lost: its key was deleted by another client"), "{err}");
 }
+
+/// (kind, key, token, revision) of each event, in order.
+fn story(events: &[LockEvent]) -> Vec<(Kind, Vec<u8>, i64, i64)> {
+    events
+        .iter()
+        .map(|e| (e.kind(), e.owner.as_ref().unwrap().key.clone(), e.owner.as_ref().unwrap().token, e.revision))
+        .collect()
+}
+
+#[tokio::test]
+async fn the_streams_of_one_lock_share_its_events_and_one_read_slowly_misses_none() {
+    use raftlock::proto::etcdserverpb::{DeleteRangeRequest, PutRequest};
+    use raftlock::proto::raftlock::v1::{locks_client::LocksClient, ObserveRequest};
+    let cluster = Cluster::start(3).await;
+    let (a, c) = (native(&cluster, 0).await, native(&cluster, 2).await);
+    let session = a.session(60).await.unwrap();
+    // Eight streams on one member share the lock's events; a ninth reads
+    // nothing until the end, through a connection whose HTTP/2 window holds
+    // a few messages, so it falls far behind the lock's broadcast.
+    let mut streams = Vec::new();
+    for _ in 0..8 {
+        let mut stream = c.observe(b"many", 1, 0).await.unwrap();
+        assert!(next(&mut stream).await.events.is_empty());
+        streams.push(stream);
+    }
+    let narrow = tonic::transport::Endpoint::from_shared(cluster.members[2].endpoint())
+        .unwrap()
+        .initial_stream_window_size(Some(512))
+        .connect()
+        .await
+        .unwrap();
+    let mut slow = LocksClient::new(narrow)
+        .observe(ObserveRequest { name: b"many".to_vec(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(next(&mut slow).await.events.is_empty());
+    let rejoins = |text: &str| -> u64 {
+        let line =
+            text.lines().find(|l| l.starts_with("raftlock_lock_event_rejoins_total ")).expect("the rejoin counter");
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    let rejoins_before = rejoins(&crate::common::http_get(&cluster.members[2].endpoint(), "/metrics").await.1);
+
+    // 400 places taken and released: 800 events, one revision each.
+    let cycles = 400;
+    let mut late = None;
+    for i in 0..cycles {
+        let key = format!("many/{:x}", 0x1000 + i).into_bytes();
+        let put = PutRequest { key: key.clone(), value: b"x".to_vec(), lease: session.lease(), ..Default::default() };
+        a.kv().put(put).await.unwrap();
+        a.kv().delete_range(DeleteRangeRequest { key, ..Default::default() }).await.unwrap();
+        if i == cycles / 4 {
+            // Half the streams go; the others go on.
+            streams.truncate(4);
+        }
+        if i == cycles / 2 {
+            // A stream that joins midway starts from the lock as it is (free).
+            let mut stream = c.observe(b"many", 1, 0).await.unwrap();
+            let first = next(&mut stream).await;
+            assert!(first.events.is_empty(), "{:?}", first.events);
+            late = Some((first.header.unwrap().revision, stream));
+        }
+    }
+    let mut told = Vec::new();
+    for stream in &mut streams {
+        told.push(story(&collect(stream, 2 * cycles).await));
+    }
+    let kinds: Vec<Kind> = told[0].iter().map(|e| e.0).collect();
+    assert_eq!(kinds, [Kind::Granted, Kind::Released].repeat(cycles), "each place granted, then released");
+    assert!(told[0].windows(2).all(|w| w[0].3 < w[1].3), "one revision per event, in order");
+    for other in &told[1..] {
+        assert_eq!(other, &told[0], "every stream of the lock is told the same");
+    }
+    let (joined_at, mut late) = late.unwrap();
+    let after: Vec<_> = told[0].iter().filter(|e| e.3 > joined_at).cloned().collect();
+    assert_eq!(story(&collect(&mut late, after.len()).await), after, "a late stream is told what came after it joined");
+    // The slow stream fell behind the broadcast and read the rest from history: nothing missed, nothing twice.
+    assert_eq!(story(&collect(&mut slow, 2 * cycles).await), told[0]);
+    let rejoins_after = rejoins(&crate::common::http_get(&cluster.members[2].endpoint(), "/metrics").await.1);
+    assert!(rejoins_after > rejoins_before, "the slow stream never fell behind ({rejoins_before} -> {rejoins_after})");
+}

@@ -1,0 +1,357 @@
+//! One lock's events, worked out once per member and shared by every stream
+//! that observes the lock (`Observe`): a lock's hub follows the changes
+//! under its prefix, keeps the lock's queue ([`super::observe::Queue`]),
+//! turns each revision that changed it into events and a message once, and
+//! hands that message to all its streams through one broadcast channel. A
+//! thousand streams on one lock thus cost each change one queue update and
+//! one message, not a thousand; what is left per stream is a copy of the
+//! message and its HTTP/2 frame.
+//!
+//! The hub's task, woken by apply, first lets the tasks that apply woke
+//! before it run (`yield_now`): the request that waited for the change
+//! (the next holder's acquire, a release's answer) is answered before the
+//! change is told to observers, so observers cost a handoff little time on
+//! its own path.
+//!
+//! Joining: a stream takes the hub's queue as it is after a read barrier
+//! (so its first message is linearizable, as a lone stream's was): it
+//! brings the hub up to what the member has routed (`pump`, under the hub's
+//! lock), subscribes, and reads the queue (or, from a `start_revision`, the
+//! history up to the hub's revision) in the same critical section, so no
+//! message falls between its first one and the broadcast.
+//!
+//! Invariants: messages are broadcast under the hub's lock, in revision
+//! order; a hub's `through` only grows, and every change to the lock up to
+//! it has been told. A hub lives while a stream holds it (its task ends
+//! with the last one); a hub that ended (no leader, the node stopping, a
+//! failed read) is never joined again, a new one takes its place.
+//!
+//! Caveat: a stream that falls more than [`BROADCAST_MESSAGES`] messages
+//! behind (its client reads too slowly) joins again from the revision it
+//! had told, from history; if that history was compacted meanwhile, it ends
+//! with the compaction error, as a watch is cancelled, and the client
+//! starts over from the lock as it is.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, Weak};
+use std::task::{Context, Poll};
+
+use futures::Stream;
+use tokio::sync::broadcast;
+use tokio_stream::wrappers::{errors::BroadcastStreamRecvError, BroadcastStream};
+
+use super::observe::{by_revision, EventKind, LockEvent, Queue};
+use super::{front_range, queue_prefix, RecipeError};
+use crate::model::mvcc::{KeyRange, KeyValue, RangeRequest};
+use crate::model::watch_routes::Inbox;
+use crate::node::{Node, ServerError};
+
+/// How many messages a hub keeps for a stream that has not sent them yet.
+pub const BROADCAST_MESSAGES: usize = 256;
+
+/// Builds a stream's message from a revision's events (the API's response).
+pub type MakeMessage<T> = dyn Fn(&Node, i64, Vec<LockEvent>) -> T + Send + Sync;
+
+/// This member's hubs, one per observed lock (name and permits).
+pub struct LockHubs<T> {
+    node: Arc<Node>,
+    make: Arc<MakeMessage<T>>,
+    hubs: Mutex<HashMap<(Vec<u8>, usize), Weak<Hub<T>>>>,
+}
+
+/// What streams hold of a hub: dropping the last one ends its task and
+/// takes it out of the registry.
+struct Hub<T> {
+    shared: Arc<Shared<T>>,
+    _last_stream: tokio::sync::oneshot::Sender<()>,
+    registry: Weak<LockHubs<T>>,
+    key: (Vec<u8>, usize),
+}
+
+impl<T> Drop for Hub<T> {
+    fn drop(&mut self) {
+        let Some(registry) = self.registry.upgrade() else { return };
+        let mut hubs = registry.hubs.lock().expect("lock hubs poisoned");
+        // A hub that ended may have been replaced under its key already.
+        if hubs.get(&self.key).is_some_and(|hub| hub.strong_count() == 0) {
+            hubs.remove(&self.key);
+        }
+    }
+}
+
+struct Shared<T> {
+    prefix: Vec<u8>,
+    permits: usize,
+    inbox: Inbox,
+    state: Mutex<State<T>>,
+}
+
+struct State<T> {
+    queue: Queue,
+    /// Every change to the lock up to this revision has been told.
+    through: i64,
+    /// None once the hub ended.
+    sender: Option<broadcast::Sender<Told<T>>>,
+    /// Why it ended, if not because the node stopped.
+    ended: Option<RecipeError>,
+}
+
+/// One revision's message, as the hub broadcasts it.
+#[derive(Clone)]
+struct Told<T> {
+    revision: i64,
+    message: T,
+}
+
+impl<T: Clone + Send + Sync + 'static> LockHubs<T> {
+    pub fn new(node: Arc<Node>, make: Arc<MakeMessage<T>>) -> Arc<LockHubs<T>> {
+        Arc::new(LockHubs { node, make, hubs: Mutex::default() })
+    }
+
+    /// Observe lock `name` (of `permits`): the stream's first message holds
+    /// the queue as it is (or, with `start_revision` > 0, every change since
+    /// then), each later one a revision's changes as this member applies
+    /// them. It ends when the node stops, or with an error (no leader for
+    /// three election timeouts; history compacted under a slow reader).
+    pub async fn observe(
+        self: &Arc<Self>,
+        name: &[u8],
+        permits: usize,
+        start_revision: i64,
+    ) -> Result<Observation<T>, RecipeError> {
+        let hub = self.hub(name, permits)?;
+        self.node.read_barrier().await?;
+        let (through, events, receiver) = self.join(&hub.shared, start_revision)?;
+        Ok(Observation {
+            hubs: self.clone(),
+            hub,
+            first: Some((self.make)(&self.node, through, events)),
+            told: through,
+            receiver: BroadcastStream::new(receiver),
+            done: false,
+        })
+    }
+
+    /// The lock's live hub, made (and its task started) if it has none.
+    fn hub(self: &Arc<Self>, name: &[u8], permits: usize) -> Result<Arc<Hub<T>>, RecipeError> {
+        let key = (name.to_vec(), permits);
+        // Declared first, so dropped after the registry's lock is let go: the
+        // last hold on a hub takes that lock when it goes.
+        let found: Option<Arc<Hub<T>>>;
+        let mut hubs = self.hubs.lock().expect("lock hubs poisoned");
+        found = hubs.get(&key).and_then(Weak::upgrade);
+        if let Some(hub) = &found {
+            if hub.shared.state.lock().expect("lock hub poisoned").sender.is_some() {
+                return Ok(hub.clone());
+            }
+        }
+        let prefix = queue_prefix(name);
+        // Follow the lock's keys before reading them (`AppliedState::follow`).
+        let inbox = self.node.state().follow(&KeyRange::with_prefix(&prefix));
+        let (kvs, through) = {
+            let mvcc = self.node.state().mvcc();
+            (mvcc.range(&front_range(&prefix, 0)).map_err(RecipeError::Mvcc)?.kvs, mvcc.revision())
+        };
+        let queue = Queue::new(prefix.clone(), permits, kvs);
+        let (sender, _) = broadcast::channel(BROADCAST_MESSAGES);
+        let state = State { queue, through, sender: Some(sender), ended: None };
+        let shared = Arc::new(Shared { prefix, permits, inbox, state: Mutex::new(state) });
+        let (last_stream, gone) = tokio::sync::oneshot::channel();
+        tokio::spawn(run(self.node.clone(), self.make.clone(), shared.clone(), gone));
+        let hub = Arc::new(Hub { shared, _last_stream: last_stream, registry: Arc::downgrade(self), key: key.clone() });
+        hubs.insert(key, Arc::downgrade(&hub));
+        Ok(hub)
+    }
+
+    /// A stream's first events and its subscription, taken together: the
+    /// queue as it is (or the changes since `start_revision`) at the
+    /// revision returned, after every change routed so far.
+    fn join(
+        &self,
+        shared: &Shared<T>,
+        start_revision: i64,
+    ) -> Result<(i64, Vec<LockEvent>, broadcast::Receiver<Told<T>>), RecipeError> {
+        let mut state = shared.state.lock().expect("lock hub poisoned");
+        shared.pump(&self.node, &*self.make, &mut state)?;
+        let (Some(sender), through) = (&state.sender, state.through) else {
+            return Err(state.ended.clone().unwrap_or(RecipeError::Server(ServerError::Stopped)));
+        };
+        let receiver = sender.subscribe();
+        let events = if start_revision > 0 {
+            shared.replay(&self.node, start_revision, through)?
+        } else {
+            state.queue.snapshot(through)
+        };
+        Ok((through, events, receiver))
+    }
+}
+
+impl<T: Clone + Send + Sync + 'static> Shared<T> {
+    /// Tell what the inbox holds: apply it to the queue and broadcast each
+    /// taking's events as one message. Under the hub's lock.
+    fn pump(&self, node: &Node, make: &MakeMessage<T>, state: &mut State<T>) -> Result<(), RecipeError> {
+        if state.sender.is_none() {
+            return Ok(());
+        }
+        let taken = self.inbox.take();
+        let mut events = Vec::new();
+        if taken.lost_after.is_some() {
+            let (kvs, now) = {
+                let mvcc = node.state().mvcc();
+                (mvcc.range(&front_range(&self.prefix, 0)).map_err(RecipeError::Mvcc)?.kvs, mvcc.revision())
+            };
+            state.queue.resync(kvs, now, &mut events);
+            state.through = state.through.max(now);
+        }
+        for batch in &taken.batches {
+            // A batch's changes are in revision order: the unseen ones are a tail.
+            let through = state.through;
+            let unseen = batch.changes.iter().position(|c| c.revision > through).unwrap_or(batch.changes.len());
+            for (revision, changes) in by_revision(&batch.changes[unseen..]) {
+                let ended = |_: &KeyValue| match batch.lease_ended.binary_search(&revision) {
+                    Ok(_) => EventKind::LeaseEnded,
+                    Err(_) => EventKind::Released,
+                };
+                state.queue.apply_revision(revision, changes.iter(), &ended, &mut events);
+            }
+            state.through = state.through.max(batch.revision);
+        }
+        state.through = state.through.max(taken.through);
+        if let (Some(last), Some(sender)) = (events.last(), &state.sender) {
+            let revision = last.revision;
+            // No stream listening is no error: the events are in the queue.
+            let _ = sender.send(Told { revision, message: make(node, revision, events) });
+        }
+        Ok(())
+    }
+
+    /// The lock's events from `start_revision` through `through`, from
+    /// history: its queue as it was before, and each change since.
+    fn replay(&self, node: &Node, start_revision: i64, through: i64) -> Result<Vec<LockEvent>, RecipeError> {
+        let mvcc = node.state().mvcc();
+        let base = (start_revision - 1).min(through);
+        let kvs = if base == 0 {
+            Vec::new()
+        } else {
+            let req = RangeRequest { revision: base, ..front_range(&self.prefix, 0) };
+            mvcc.range(&req).map_err(RecipeError::Mvcc)?.kvs
+        };
+        let range = KeyRange::with_prefix(&self.prefix);
+        let replayed = if base < through {
+            mvcc.changes_between(&range, base + 1, through).map_err(RecipeError::Mvcc)?
+        } else {
+            Vec::new()
+        };
+        // History keeps no cause: a lease that still lives did not end its key.
+        let ended = |kv: &KeyValue| match node.state().leases().get(kv.lease) {
+            Some(_) => EventKind::Released,
+            None => EventKind::Ended,
+        };
+        let mut queue = Queue::new(self.prefix.clone(), self.permits, kvs);
+        let mut events = Vec::new();
+        for (revision, changes) in by_revision(&replayed) {
+            queue.apply_revision(revision, changes.iter(), &ended, &mut events);
+        }
+        Ok(events)
+    }
+
+    /// End the hub: its streams end once they have sent what was broadcast,
+    /// with `why` if it is an error.
+    fn end(&self, why: Option<RecipeError>) {
+        let mut state = self.state.lock().expect("lock hub poisoned");
+        state.sender = None;
+        state.ended = why;
+    }
+}
+
+/// A hub's task: tell each change as apply routes it, until the last stream
+/// goes, the node stops, or the member is cut off from the leader.
+async fn run<T: Clone + Send + Sync + 'static>(
+    node: Arc<Node>,
+    make: Arc<MakeMessage<T>>,
+    shared: Arc<Shared<T>>,
+    mut last_stream_gone: tokio::sync::oneshot::Receiver<()>,
+) {
+    let mut stopping = node.stopping();
+    let leaderless = node.leaderless();
+    tokio::pin!(leaderless);
+    loop {
+        tokio::select! {
+            _ = shared.inbox.ready() => {}
+            _ = &mut last_stream_gone => return,
+            _ = stopping.stopped() => return shared.end(None),
+            // A member cut off from the cluster learns of no end: the streams
+            // end, and their clients pick them up from their revisions elsewhere.
+            _ = &mut leaderless => return shared.end(Some(RecipeError::Server(ServerError::NoLeader))),
+        }
+        // Let what this apply woke before us (the answers that waited for
+        // it) run first: observers are told a moment later, off their path.
+        tokio::task::yield_now().await;
+        let pumped = {
+            let mut state = shared.state.lock().expect("lock hub poisoned");
+            shared.pump(&node, &*make, &mut state)
+        };
+        if let Err(e) = pumped {
+            return shared.end(Some(e));
+        }
+    }
+}
+
+/// One stream's view of a hub: its first message, then the hub's.
+pub struct Observation<T> {
+    hubs: Arc<LockHubs<T>>,
+    hub: Arc<Hub<T>>,
+    first: Option<T>,
+    /// The revision of the last message this stream has been given.
+    told: i64,
+    receiver: BroadcastStream<Told<T>>,
+    done: bool,
+}
+
+impl<T: Clone + Send + Sync + Unpin + 'static> Stream for Observation<T> {
+    type Item = Result<T, RecipeError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        if let Some(first) = this.first.take() {
+            return Poll::Ready(Some(Ok(first)));
+        }
+        loop {
+            if this.done {
+                return Poll::Ready(None);
+            }
+            match std::task::ready!(Pin::new(&mut this.receiver).poll_next(cx)) {
+                // Every message after the subscription is new to this stream
+                // (it subscribed under the hub's lock, with its first events).
+                Some(Ok(told)) => {
+                    this.told = this.told.max(told.revision);
+                    return Poll::Ready(Some(Ok(told.message)));
+                }
+                // Fell behind: join again from where this stream was.
+                Some(Err(BroadcastStreamRecvError::Lagged(_))) => {
+                    crate::base::metrics::metrics().lock_event_rejoins.inc();
+                    match this.hubs.join(&this.hub.shared, this.told + 1) {
+                        Ok((through, events, receiver)) => {
+                            this.receiver = BroadcastStream::new(receiver);
+                            this.told = this.told.max(through);
+                            if !events.is_empty() {
+                                let revision = events.last().map_or(through, |e| e.revision);
+                                return Poll::Ready(Some(Ok((this.hubs.make)(&this.hubs.node, revision, events))));
+                            }
+                        }
+                        Err(e) => {
+                            this.done = true;
+                            return Poll::Ready(Some(Err(e)));
+                        }
+                    }
+                }
+                None => {
+                    this.done = true;
+                    let why = this.hub.shared.state.lock().expect("lock hub poisoned").ended.clone();
+                    return Poll::Ready(why.map(Err));
+                }
+            }
+        }
+    }
+}
