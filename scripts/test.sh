@@ -6,7 +6,8 @@
 # golang-etcd-server-dev for the Go clientv3 interop test, curl for the
 # HTTP/JSON gateway test, raftlock release 0.1.0 built from git for the
 # upgrade test), then
-# runs every test (the server's, and the fault suite's checkers). Extra arguments
+# runs every test (the server's, the fault suite's checkers, and the Python
+# client's pytest suite, in a virtualenv of its own). Extra arguments
 # go to `cargo test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,3 +32,7 @@ python3 scripts/check-layers.py
 
 # With raftlockctl's etcd-client bench driver (it needs protoc, installed above).
 cargo test --workspace --features raftlock/bench-etcd-client "$@"
+
+# The Python client's own tests (pytest), against members of the debug
+# build that `cargo test` just made.
+RAFTLOCK_BIN=$PWD/target/debug/raftlock scripts/test-python-client.sh

@@ -1,0 +1,249 @@
+"""Sessions and native locks.
+
+A :class:`Session` is a lease kept alive by a background thread (renewed
+every third of its TTL, on whichever member answers). Locks are taken
+through it: each :class:`Lock` is a grant of raftlock's native API, with
+its owner key and fencing token, and a ``lost`` event that is set when the
+grant ends without its holder releasing it — its lease expired or was
+revoked, or its key was deleted by someone else. ``lost`` is set from the
+lock's events (``Observe``), as soon as the member the client follows
+applies the change that ended the grant, and for every lock of a session
+whose lease could not be renewed before its TTL ran out.
+
+Invariants: a lock's ``release`` is fenced by its token, so it never
+deletes a later grant; once ``lost`` is set it stays set.
+
+Caveat: a holder that is paused (a GC pause, a stopped process) learns
+nothing while paused; what protects the resource then is the fencing token
+(or a lock-delay), which is why ``token`` is there.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from typing import List, Optional
+
+import grpc
+
+from ._proto.raftlock.v1 import lock_pb2 as locks_pb
+from .client import Bytes, Client, _b
+from .errors import LockBusy, RaftlockError, SessionLost, from_rpc
+
+READ = "read"
+WRITE = "write"
+
+
+class Session:
+    """A lease kept alive in the background; see the module doc.
+
+    Use it as a context manager: leaving it revokes the lease, which
+    releases every lock taken through it.
+    """
+
+    def __init__(self, client: Client, ttl: int = 10) -> None:
+        if ttl < 1:
+            raise ValueError("a session's TTL is at least one second")
+        self.client = client
+        self.ttl = ttl
+        self.lease = client.lease_grant(ttl)
+        self.lost = threading.Event()
+        self.lost_reason: Optional[str] = None
+        self._closed = threading.Event()
+        self._locks: "weakref.WeakSet[Lock]" = weakref.WeakSet()
+        self._keeper = threading.Thread(target=self._keep_alive, name=f"raftlock-session-{self.lease:x}", daemon=True)
+        self._keeper.start()
+
+    def _keep_alive(self) -> None:
+        renewed = time.monotonic()
+        while not self._closed.wait(self.ttl / 3):
+            try:
+                ttl = self.client.lease_keep_alive_once(self.lease)
+            except RaftlockError as e:
+                if time.monotonic() - renewed >= self.ttl:
+                    self._lose(f"not renewed for its TTL ({self.ttl} s): {e.message}")
+                    return
+                continue
+            if ttl <= 0:
+                self._lose("the lease no longer exists (expired or revoked)")
+                return
+            renewed = time.monotonic()
+
+    def _lose(self, why: str) -> None:
+        if self._closed.is_set():
+            return
+        self.lost_reason = why
+        self.lost.set()
+        for lock in list(self._locks):
+            lock._lose(f"session lost: {why}")
+
+    def lock(
+        self,
+        name: Bytes,
+        *,
+        wait: Optional[float] = None,
+        permits: int = 1,
+        mode: str = WRITE,
+        reentrant: bool = False,
+        metadata: Bytes = b"",
+        lock_delay: float = 0.0,
+    ) -> "Lock":
+        """Acquire lock ``name`` for this session's lease.
+
+        ``wait``: None waits until granted; 0 tries once; else seconds.
+        Raises :class:`LockBusy` (with the holders) if it was not granted in
+        time. ``permits`` > 1 makes it a semaphore; ``mode`` "read" a shared
+        read lock; ``reentrant`` adds a hold if the lease holds it already;
+        ``lock_delay`` (seconds, at most 60) keeps the lock from anyone else
+        for that long after this grant ends involuntarily.
+        """
+        if self.lost.is_set():
+            raise SessionLost(self.lease, self.lost_reason or "lost")
+        if mode not in (READ, WRITE):
+            raise ValueError(f"mode is {READ!r} or {WRITE!r}, not {mode!r}")
+        wait_ms = -1 if wait is None else max(0, int(wait * 1000))
+        req = locks_pb.AcquireRequest(
+            name=_b(name),
+            lease=self.lease,
+            wait_ms=wait_ms,
+            permits=permits,
+            metadata=_b(metadata),
+            mode=locks_pb.READ if mode == READ else locks_pb.WRITE,
+            reentrant=reentrant,
+            lock_delay_ms=int(lock_delay * 1000),
+        )
+        timeout = None if wait is None else wait + self.client.timeout
+        resp = self.client.call(lambda s: s.locks.Acquire, req, timeout=timeout)
+        if not resp.acquired:
+            raise LockBusy(_b(name), list(resp.holders))
+        lock = Lock(self, _b(name), permits, resp.key, resp.token, resp.holds)
+        self._locks.add(lock)
+        return lock
+
+    def close(self) -> None:
+        """End the session: stop renewing and revoke the lease (its locks
+        are released with it)."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        for lock in list(self._locks):
+            lock._stop_following()
+        try:
+            self.client.lease_revoke(self.lease)
+        except RaftlockError as e:
+            if e.code != grpc.StatusCode.NOT_FOUND:
+                raise
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Lock:
+    """A grant: ``key``, ``token`` (the fencing token), ``holds`` (reentrant
+    holds), and ``lost`` (a :class:`threading.Event`, set when the grant
+    ended without a release; ``lost_reason`` says how)."""
+
+    def __init__(self, session: Session, name: bytes, permits: int, key: bytes, token: int, holds: int) -> None:
+        self.session = session
+        self.name = name
+        self.permits = permits
+        self.key = key
+        self.token = token
+        self.holds = holds
+        self.lost = threading.Event()
+        self.lost_reason: Optional[str] = None
+        self._stop = threading.Event()
+        self._call: Optional[grpc.Call] = None
+        self._released = False
+        self._follower = threading.Thread(target=self._follow, name=f"raftlock-lock-{token}", daemon=True)
+        self._follower.start()
+
+    def _lose(self, why: str) -> None:
+        if self._released or self.lost.is_set():
+            return
+        self.lost_reason = why
+        self.lost.set()
+
+    def _stop_following(self) -> None:
+        self._stop.set()
+        call = self._call
+        if call is not None:
+            call.cancel()
+
+    def _follow(self) -> None:
+        """Follow the lock's events from the grant's revision until it ends."""
+        client = self.session.client
+        start = max(self.token, 1)
+        ended_kinds = {locks_pb.LockEvent.RELEASED, locks_pb.LockEvent.LEASE_ENDED, locks_pb.LockEvent.ENDED}
+        names = {
+            locks_pb.LockEvent.RELEASED: "its key was deleted by another client",
+            locks_pb.LockEvent.LEASE_ENDED: "its lease ended (expired or revoked)",
+            locks_pb.LockEvent.ENDED: "it ended",
+        }
+        while not self._stop.is_set():
+            req = locks_pb.ObserveRequest(name=self.name, permits=self.permits, start_revision=start)
+            responses, endpoint = client.stream(lambda s: s.locks.Observe, req)
+            self._call = responses  # type: ignore[assignment]
+            if self._stop.is_set():
+                responses.cancel()
+                return
+            try:
+                for message in responses:
+                    ours = [e for e in message.events if e.owner.key == self.key and e.owner.token == self.token]
+                    if start == 0 and not ours:
+                        # History was compacted: the lock as it is no longer has the grant.
+                        self._lose(names[locks_pb.LockEvent.ENDED])
+                        return
+                    for event in ours:
+                        if event.kind in ended_kinds:
+                            self._lose(names[event.kind])
+                            return
+                    start = max(start, message.header.revision + 1)
+            except grpc.RpcError as e:
+                if self._stop.is_set() or e.code() == grpc.StatusCode.CANCELLED:
+                    return
+                if e.code() == grpc.StatusCode.OUT_OF_RANGE:
+                    start = 0
+                    continue
+                if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    self._lose(f"its events could not be followed: {from_rpc(e)}")
+                    return
+                client.next_endpoint(endpoint)
+            self._stop.wait(0.2)
+
+    def release(self) -> bool:
+        """Give back one hold, fenced by the token: True if it was released
+        (``holds`` is then what is left), False if the grant had already
+        ended (nothing was changed)."""
+        req = locks_pb.ReleaseRequest(key=self.key, token=self.token)
+        resp = self.session.client.call(lambda s: s.locks.Release, req)
+        if resp.released:
+            self.holds = resp.holds
+            if resp.holds == 0:
+                self._released = True
+                self._stop_following()
+        return resp.released
+
+    def validate(self) -> bool:
+        """Whether this grant still holds its lock, read linearizably."""
+        return self.session.client.validate(self.key, self.token, permits=self.permits).current
+
+    def __enter__(self) -> "Lock":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        # One hold back (a reentrant acquire's block gives back its own).
+        if not self.lost.is_set():
+            self.release()
+
+    def __repr__(self) -> str:
+        return f"Lock(name={self.name!r}, key={self.key!r}, token={self.token}, holds={self.holds}, lost={self.lost.is_set()})"
+
+
+def holders(client: Client, name: Bytes, permits: int = 1) -> List[locks_pb.Owner]:
+    """The holders of lock ``name``, lowest token first."""
+    return list(client.describe(name, permits=permits).holders)

@@ -1,0 +1,79 @@
+"""A real 3-member raftlock cluster for the client's tests: processes of
+the `raftlock` binary named by $RAFTLOCK_BIN (default: the repository's
+target/debug/raftlock), on free ports of 127.0.0.1, each test its own."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import time
+from typing import List
+
+import pytest
+
+import raftlock
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Cluster:
+    def __init__(self, tmp: pathlib.Path, size: int = 3) -> None:
+        binary = os.environ.get("RAFTLOCK_BIN", str(ROOT / "target" / "debug" / "raftlock"))
+        if not os.path.exists(binary):
+            raise RuntimeError(f"{binary} is missing: build raftlock first (cargo build), or set RAFTLOCK_BIN")
+        self.client_ports = [free_port() for _ in range(size)]
+        peer_ports = [free_port() for _ in range(size)]
+        initial = ",".join(f"m{i}=http://127.0.0.1:{p}" for i, p in enumerate(peer_ports))
+        self.processes: List[subprocess.Popen] = []
+        for i in range(size):
+            url, peer = f"http://127.0.0.1:{self.client_ports[i]}", f"http://127.0.0.1:{peer_ports[i]}"
+            args = [binary, "--name", f"m{i}", "--data-dir", str(tmp / f"m{i}"),
+                    "--listen-client-urls", url, "--advertise-client-urls", url,
+                    "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                    "--initial-cluster", initial, "--initial-cluster-state", "new"]
+            log = open(tmp / f"m{i}.log", "wb")
+            self.processes.append(subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT))
+        self.endpoints = [f"127.0.0.1:{p}" for p in self.client_ports]
+        client = raftlock.Client(self.endpoints, timeout=2.0)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                client.put("conftest/ready", "1")
+                break
+            except raftlock.RaftlockError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        client.close()
+
+    def kill(self, i: int) -> None:
+        self.processes[i].send_signal(signal.SIGKILL)
+        self.processes[i].wait()
+
+    def stop(self) -> None:
+        for p in self.processes:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+@pytest.fixture
+def cluster(tmp_path: pathlib.Path):
+    c = Cluster(tmp_path)
+    yield c
+    c.stop()
+
+
+@pytest.fixture
+def client(cluster: Cluster):
+    with raftlock.Client(cluster.endpoints) as c:
+        yield c

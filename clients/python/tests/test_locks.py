@@ -1,0 +1,216 @@
+"""The Python client against a real 3-member cluster: locks, fencing,
+sessions that survive their member's death and tell when a lock is lost,
+semaphores, read-write and reentrant holds, KV, txn and watch."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import raftlock
+from raftlock import txn
+
+
+def wait_for(event: threading.Event, seconds: float) -> bool:
+    return event.wait(seconds)
+
+
+def test_try_lock_wait_and_fenced_release(client: raftlock.Client) -> None:
+    with client.session(ttl=10) as a, client.session(ttl=10) as b:
+        first = a.lock("jobs/nightly", wait=0, metadata="worker-a")
+        assert first.key.startswith(b"jobs/nightly/") and first.token > 0
+        with pytest.raises(raftlock.LockBusy) as busy:
+            b.lock("jobs/nightly", wait=0)
+        assert [h.token for h in busy.value.holders] == [first.token]
+        assert busy.value.holders[0].metadata == b"worker-a"
+        with pytest.raises(raftlock.LockBusy):
+            b.lock("jobs/nightly", wait=0.3)
+
+        got = {}
+        waiter = threading.Thread(target=lambda: got.setdefault("lock", b.lock("jobs/nightly", wait=10)))
+        waiter.start()
+        deadline = time.monotonic() + 5
+        while not client.describe("jobs/nightly").waiters:
+            assert time.monotonic() < deadline, "b never queued"
+            time.sleep(0.05)
+        assert first.release()
+        waiter.join(10)
+        second = got["lock"]
+        assert second.token > first.token, "a later holder's token is greater"
+        # The first holder's grant is over: its release is refused, and
+        # does not touch the second grant.
+        assert not first.release()
+        assert client.validate(second.key, second.token).current
+        assert not client.validate(first.key, first.token).current
+        assert [h.token for h in client.describe("jobs/nightly").holders] == [second.token]
+        assert not first.lost.is_set(), "a released lock is not lost"
+
+
+def test_semaphores_read_locks_and_reentrant_holds(client: raftlock.Client) -> None:
+    sessions = [client.session(ttl=10) for _ in range(3)]
+    try:
+        s1, s2, s3 = sessions
+        held = [s.lock("pool", permits=2, wait=0) for s in (s1, s2)]
+        with pytest.raises(raftlock.LockBusy) as busy:
+            s3.lock("pool", permits=2, wait=0)
+        assert sorted(h.token for h in busy.value.holders) == sorted(h.token for h in held)
+        assert [summary.name for summary in client.list_locks("po", permits=2)] == [b"pool"]
+
+        readers = [s.lock("doc", mode=raftlock.READ, wait=0) for s in (s1, s2)]
+        assert all(r.key.startswith(b"doc/read-") for r in readers)
+        with pytest.raises(raftlock.LockBusy):
+            s3.lock("doc", wait=0)
+        for r in readers:
+            assert r.release()
+        writer = s3.lock("doc", wait=0)
+        with pytest.raises(raftlock.LockBusy):
+            s1.lock("doc", mode=raftlock.READ, wait=0)
+        writer.release()
+
+        once = s1.lock("nested", wait=0)
+        twice = s1.lock("nested", wait=0, reentrant=True)
+        assert (twice.key, twice.token, twice.holds) == (once.key, once.token, 2)
+        assert twice.release() and twice.holds == 1
+        assert client.describe("nested").holders[0].holds == 1
+        assert once.release() and once.holds == 0
+        assert not client.describe("nested").holders
+        with pytest.raises(ValueError):
+            s1.lock("nested", mode="exclusive")
+    finally:
+        for s in sessions:
+            s.close()
+
+
+def test_a_revoked_lease_sets_lost_and_the_old_token_guards_nothing(client: raftlock.Client) -> None:
+    session = client.session(ttl=10)
+    lock = session.lock("deploy", wait=0)
+    guarded = [txn.create_revision(lock.key, "==", lock.token)]
+    assert client.txn(guarded, success=[txn.put("deploy-output", "v1")]).succeeded
+    client.lease_revoke(session.lease)
+    assert wait_for(lock.lost, 5), "the holder was never told"
+    assert "lease ended" in (lock.lost_reason or "")
+    assert wait_for(session.lost, 10)
+    assert not lock.release()
+    with client.session(ttl=10) as other:
+        later = other.lock("deploy", wait=5)
+        assert later.token > lock.token
+        # A write fenced by the old token fails; by the new one it succeeds.
+        assert not client.txn(guarded, success=[txn.put("deploy-output", "v2")]).succeeded
+        fresh = [txn.create_revision(later.key, "==", later.token)]
+        assert client.txn(fresh, success=[txn.put("deploy-output", "v3")]).succeeded
+    assert client.get("deploy-output").value == b"v3"
+    with pytest.raises(raftlock.SessionLost):
+        session.lock("deploy", wait=0)
+
+
+def test_a_key_deleted_by_someone_else_sets_lost(client: raftlock.Client) -> None:
+    with client.session(ttl=10) as session:
+        lock = session.lock("report", wait=0)
+        assert client.delete(lock.key) == 1
+        assert wait_for(lock.lost, 5)
+        assert lock.lost_reason == "its key was deleted by another client"
+        assert not session.lost.is_set()
+
+
+def test_a_session_survives_the_death_of_its_member(cluster) -> None:
+    client = raftlock.Client(cluster.endpoints, timeout=2.0)
+    session = client.session(ttl=3)
+    lock = session.lock("survivor", wait=0)
+    cluster.kill(0)  # the member the client talked to
+    time.sleep(8)  # more than two TTLs: the lease lives only if renewed elsewhere
+    assert not session.lost.is_set(), session.lost_reason
+    assert not lock.lost.is_set(), lock.lost_reason
+    assert [h.token for h in client.describe("survivor").holders] == [lock.token]
+    assert lock.release()
+    session.close()
+    client.close()
+
+
+HOLDER = """
+import sys, raftlock
+client = raftlock.Client(sys.argv[1].split(","))
+session = client.session(ttl=2)
+lock = session.lock("paused", wait=0)
+print("token", lock.token, flush=True)
+sys.stdin.readline()  # paused and resumed meanwhile
+told = lock.lost.wait(10)
+print("lost", told, lock.lost_reason, flush=True)
+print("released", lock.release(), flush=True)
+"""
+
+
+def test_a_holder_paused_past_its_ttl_is_told_and_refused(cluster, client: raftlock.Client) -> None:
+    env = dict(os.environ, PYTHONPATH=str(pathlib.Path(raftlock.__file__).parents[1]))
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, ",".join(cluster.endpoints)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        token = int(holder.stdout.readline().split()[1])
+        holder.send_signal(signal.SIGSTOP)
+        with client.session(ttl=10) as other:
+            later = other.lock("paused", wait=15)  # granted once the paused holder's lease expired
+            assert later.token > token
+            holder.send_signal(signal.SIGCONT)
+            holder.stdin.write("\n")
+            holder.stdin.flush()
+            lost = holder.stdout.readline().split(maxsplit=2)
+            assert lost[:2] == ["lost", "True"], lost
+            assert holder.stdout.readline().split() == ["released", "False"]
+            assert client.validate(later.key, later.token).current
+    finally:
+        holder.send_signal(signal.SIGCONT)
+        holder.kill()
+        holder.wait()
+
+
+def test_kv_txn_and_watch(client: raftlock.Client) -> None:
+    client.put("cfg/a", "1")
+    client.put("cfg/b", "2")
+    assert [kv.key for kv in client.range("cfg/", prefix=True).kvs] == [b"cfg/a", b"cfg/b"]
+    start = client.range("cfg/a").header.revision + 1
+    watch = client.watch("cfg/", prefix=True, start_revision=start)
+    events = []
+    reader = threading.Thread(target=lambda: [events.append(e) for e, _ in zip(watch, range(2))])
+    reader.start()
+    client.put("cfg/c", "3")
+    assert client.delete("cfg/a") == 1
+    reader.join(10)
+    watch.close()
+    assert [(e.type, e.kv.key) for e in events] == [(0, b"cfg/c"), (1, b"cfg/a")]
+    r = client.txn([txn.value("cfg/b", "==", "2")], success=[txn.put("cfg/b", "3")], failure=[txn.get("cfg/b")])
+    assert r.succeeded and client.get("cfg/b").value == b"3"
+    assert client.get("cfg/missing") is None
+    lease = client.lease_grant(30)
+    assert 0 < client.lease_ttl(lease) <= 30
+    assert client.lease_keep_alive_once(lease) == 30
+    client.lease_revoke(lease)
+    with pytest.raises(raftlock.RaftlockError) as e:
+        client.lease_revoke(lease)
+    assert e.value.message == "etcdserver: requested lease not found"
+    # A compacted revision is an error, not silence.
+    client.compact(client.range("cfg/b").header.revision)
+    with pytest.raises(raftlock.RaftlockError) as e:
+        next(iter(client.watch("cfg/", prefix=True, start_revision=2)))
+    assert e.value.code.name == "OUT_OF_RANGE"
+
+
+def test_errors_carry_etcds_codes_and_messages(client: raftlock.Client) -> None:
+    with pytest.raises(raftlock.RaftlockError) as e:
+        client.put("", "x")
+    assert e.value.message == "etcdserver: key is not provided"
+    assert e.value.code.name == "INVALID_ARGUMENT"
+    dead = raftlock.Client(["127.0.0.1:1"], timeout=1.0)
+    with pytest.raises(raftlock.Unavailable):
+        dead.get("x")
+
+
+def test_generated_modules_are_current() -> None:
+    script = pathlib.Path(__file__).resolve().parents[1] / "generate.py"
+    out = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
