@@ -27,7 +27,7 @@ def free_port() -> int:
 
 class Cluster:
     def __init__(self, tmp: pathlib.Path, size: int = 3) -> None:
-        binary = os.environ.get("RAFTLOCK_BIN", str(ROOT / "target" / "debug" / "raftlock"))
+        self.binary = binary = os.environ.get("RAFTLOCK_BIN", str(ROOT / "target" / "debug" / "raftlock"))
         if not os.path.exists(binary):
             raise RuntimeError(f"{binary} is missing: build raftlock first (cargo build), or set RAFTLOCK_BIN")
         self.client_ports = [free_port() for _ in range(size)]

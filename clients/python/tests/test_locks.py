@@ -214,3 +214,79 @@ def test_generated_modules_are_current() -> None:
     script = pathlib.Path(__file__).resolve().parents[1] / "generate.py"
     out = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+def test_elections_hand_over_in_campaign_order(client: raftlock.Client) -> None:
+    a, b = client.session(ttl=10), client.session(ttl=10)
+    lead = a.campaign("chief", "a")
+    assert client.leader("chief").value == b"a"
+    leaders = client.observe_leader("chief")
+    assert next(leaders).value == b"a"
+    lead.proclaim("a2")
+    assert next(leaders).value == b"a2"
+    got = {}
+    candidate = threading.Thread(target=lambda: got.setdefault("b", b.campaign("chief", "b", wait=10)))
+    candidate.start()
+    deadline = time.monotonic() + 5
+    while len(client.range("chief/", prefix=True).kvs) < 2:
+        assert time.monotonic() < deadline, "b never campaigned"
+        time.sleep(0.05)
+    lead.resign()
+    candidate.join(10)
+    assert got["b"].token > lead.token
+    assert next(leaders).value == b"b"
+    assert not lead.lost.is_set(), "a resignation is not a loss"
+    b.close()
+    assert client.leader("chief") is None
+    a.close()
+
+
+def test_observe_tells_a_locks_events(client: raftlock.Client) -> None:
+    with client.session(ttl=10) as session:
+        events = client.observe("watched")
+        assert list(next(events).events) == []
+        lock = session.lock("watched", wait=0)
+        granted = next(events).events[0]
+        assert (granted.kind, granted.owner.token) == (raftlock.LockEvent.GRANTED, lock.token)
+        assert lock.release()
+        released = next(events).events[0]
+        assert (released.kind, released.was_holding) == (raftlock.LockEvent.RELEASED, True)
+
+
+def test_python_raftlockctl_and_etcdctl_holders_exclude_each_other(cluster, client: raftlock.Client) -> None:
+    import shutil
+
+    ctl = str(pathlib.Path(cluster.binary).with_name("raftlockctl"))
+    etcdctl = shutil.which("etcdctl")
+    assert etcdctl, "etcdctl is missing: scripts/test.sh installs it (Debian's etcd-client)"
+    endpoints = ",".join(cluster.endpoints)
+    with client.session(ttl=10) as session:
+        lock = session.lock("shared-name", wait=0)
+        tried = subprocess.run([ctl, "--endpoints", endpoints, "lock", "shared-name", "--try", "--", "true"],
+                               capture_output=True, text=True, timeout=30)
+        assert tried.returncode != 0, tried.stdout + tried.stderr
+        waiter = subprocess.Popen([etcdctl, f"--endpoints={endpoints}", "lock", "shared-name", "echo", "etcdctl-held"],
+                                  stdout=subprocess.PIPE, text=True, env=dict(os.environ, ETCDCTL_API="3"))
+        deadline = time.monotonic() + 10
+        while not client.describe("shared-name").waiters:
+            assert time.monotonic() < deadline, "etcdctl never queued"
+            time.sleep(0.05)
+        assert waiter.poll() is None, "etcdctl ran its command while Python held the lock"
+        assert lock.release()
+        assert "etcdctl-held" in waiter.communicate(timeout=15)[0]
+    holder = subprocess.Popen([ctl, "--endpoints", endpoints, "lock", "shared-name", "--", "sleep", "2"])
+    try:
+        deadline = time.monotonic() + 10
+        while not client.describe("shared-name").holders:
+            assert time.monotonic() < deadline, "raftlockctl never took the lock"
+            time.sleep(0.05)
+        held_by_ctl = client.describe("shared-name").holders[0].token
+        with client.session(ttl=10) as session:
+            with pytest.raises(raftlock.LockBusy):
+                session.lock("shared-name", wait=0)
+            after = session.lock("shared-name", wait=15)
+            assert after.token > held_by_ctl
+            assert holder.wait(10) == 0
+    finally:
+        holder.kill()
+        holder.wait()

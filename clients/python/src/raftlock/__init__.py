@@ -11,13 +11,16 @@ against etcd too).
 """
 
 from . import txn
+from ._proto.raftlock.v1.lock_pb2 import LockEvent
 from .client import TLS, Client, Watch, prefix_end
 from .errors import LockBusy, RaftlockError, SessionLost, Unavailable
-from .session import READ, WRITE, Lock, Session
+from .session import READ, WRITE, Leadership, Lock, Session
 
 __all__ = [
     "Client",
+    "Leadership",
     "Lock",
+    "LockEvent",
     "LockBusy",
     "RaftlockError",
     "READ",

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, TypeVar, Union
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, TypeVar
 
 import grpc
 
@@ -25,28 +25,17 @@ from ._proto.etcdserverpb import rpc_pb2_grpc as rpc_grpc
 from ._proto.mvccpb import kv_pb2
 from ._proto.raftlock.v1 import lock_pb2 as locks_pb
 from ._proto.raftlock.v1 import lock_pb2_grpc as locks_grpc
+from ._proto.v3electionpb import v3election_pb2 as election_pb
+from ._proto.v3electionpb import v3election_pb2_grpc as election_grpc
+from . import _requests as build
+from ._requests import Bytes, prefix_end
+from ._requests import b as _b
 from .errors import RaftlockError, Unavailable, from_rpc
 
-Bytes = Union[bytes, str]
 T = TypeVar("T")
 
 KeyValue = kv_pb2.KeyValue
 Event = kv_pb2.Event
-
-
-def _b(value: Bytes) -> bytes:
-    return value.encode() if isinstance(value, str) else value
-
-
-def prefix_end(prefix: bytes) -> bytes:
-    """The range end that makes a range of every key starting with ``prefix``."""
-    end = bytearray(prefix)
-    while end:
-        if end[-1] < 0xFF:
-            end[-1] += 1
-            return bytes(end)
-        end.pop()
-    return b"\0"
 
 
 @dataclass(frozen=True)
@@ -77,6 +66,7 @@ class _Stubs:
         self.auth = rpc_grpc.AuthStub(channel)
         self.maintenance = rpc_grpc.MaintenanceStub(channel)
         self.locks = locks_grpc.LocksStub(channel)
+        self.election = election_grpc.ElectionStub(channel)
 
 
 class Client:
@@ -217,7 +207,7 @@ class Client:
         serializable: bool = False,
     ) -> rpc.RangeResponse:
         key = _b(key)
-        end = prefix_end(key) if prefix else _b(range_end or b"")
+        end = build.range_end(key, range_end, prefix)
         req = rpc.RangeRequest(
             key=key,
             range_end=end,
@@ -235,7 +225,7 @@ class Client:
     def delete(self, key: Bytes, range_end: Optional[Bytes] = None, *, prefix: bool = False) -> int:
         """Delete a key (or a range, or a prefix); how many were deleted."""
         key = _b(key)
-        end = prefix_end(key) if prefix else _b(range_end or b"")
+        end = build.range_end(key, range_end, prefix)
         return self.call(lambda s: s.kv.DeleteRange, rpc.DeleteRangeRequest(key=key, range_end=end)).deleted
 
     def txn(
@@ -297,8 +287,7 @@ class Client:
         revision after the last event, and raises :class:`RaftlockError`
         (OUT_OF_RANGE) if that revision was compacted."""
         key = _b(key)
-        end = prefix_end(key) if prefix else _b(range_end or b"")
-        return Watch(self, key, end, start_revision, prev_kv)
+        return Watch(self, key, build.range_end(key, range_end, prefix), start_revision, prev_kv)
 
     # -- native locks -----------------------------------------------------
 
@@ -325,6 +314,46 @@ class Client:
         return self.call(lambda s: s.locks.Validate, req)
 
 
+    def observe(self, name: Bytes, *, permits: int = 1, start_revision: int = 0) -> Iterator[locks_pb.ObserveResponse]:
+        """Lock ``name``'s events: the first message holds its holders and
+        waiters (or, from ``start_revision`` > 0, every change since), each
+        later one a revision's changes (``LockEvent``: granted, released,
+        lease ended, queued, lock-delay started and ended). One member's
+        stream: it ends with :class:`RaftlockError` if that member fails
+        (resume from the last header's revision + 1)."""
+        req = locks_pb.ObserveRequest(name=_b(name), permits=permits, start_revision=start_revision)
+        responses, _ = self.stream(lambda s: s.locks.Observe, req)
+        try:
+            yield from responses
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.CANCELLED:
+                raise from_rpc(e) from None
+
+    # -- elections --------------------------------------------------------
+
+    def leader(self, name: Bytes) -> Optional[KeyValue]:
+        """Election ``name``'s leader key (its value is the leader's
+        proclamation), or None when nobody leads."""
+        try:
+            resp = self.call(lambda s: s.election.Leader, election_pb.LeaderRequest(name=_b(name)))
+        except RaftlockError as e:
+            if e.message == "election: no leader":
+                return None
+            raise
+        return resp.kv
+
+    def observe_leader(self, name: Bytes) -> Iterator[KeyValue]:
+        """Each leader of election ``name`` (and each proclamation), as
+        etcd's Election.Observe tells them, from the current one on."""
+        responses, _ = self.stream(lambda s: s.election.Observe, election_pb.LeaderRequest(name=_b(name)))
+        try:
+            for response in responses:
+                yield response.kv
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.CANCELLED:
+                raise from_rpc(e) from None
+
+
 class Watch:
     """The events of one watch, as an iterator (see :meth:`Client.watch`)."""
 
@@ -336,13 +365,11 @@ class Watch:
         self.revision = 0
 
     def _open(self) -> Tuple[Iterator[rpc.WatchResponse], str]:
-        create = rpc.WatchCreateRequest(
-            key=self._key, range_end=self._end, start_revision=self._next, prev_kv=self._prev_kv
-        )
+        create = build.watch_create(self._key, self._end, self._next, self._prev_kv)
         closed = self._closed
 
         def requests() -> Iterator[rpc.WatchRequest]:
-            yield rpc.WatchRequest(create_request=create)
+            yield create
             # Keep the sending side open: a closed one ends the watch.
             closed.wait()
 

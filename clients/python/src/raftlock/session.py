@@ -28,11 +28,14 @@ from typing import List, Optional
 import grpc
 
 from ._proto.raftlock.v1 import lock_pb2 as locks_pb
-from .client import Bytes, Client, _b
+from ._proto.v3electionpb import v3election_pb2 as election_pb
+from . import _requests as build
+from ._requests import READ, WRITE, Bytes
+from ._requests import b as _b
+from .client import Client
 from .errors import LockBusy, RaftlockError, SessionLost, from_rpc
 
-READ = "read"
-WRITE = "write"
+__all__ = ["READ", "WRITE", "Leadership", "Lock", "Session"]
 
 
 class Session:
@@ -100,19 +103,7 @@ class Session:
         """
         if self.lost.is_set():
             raise SessionLost(self.lease, self.lost_reason or "lost")
-        if mode not in (READ, WRITE):
-            raise ValueError(f"mode is {READ!r} or {WRITE!r}, not {mode!r}")
-        wait_ms = -1 if wait is None else max(0, int(wait * 1000))
-        req = locks_pb.AcquireRequest(
-            name=_b(name),
-            lease=self.lease,
-            wait_ms=wait_ms,
-            permits=permits,
-            metadata=_b(metadata),
-            mode=locks_pb.READ if mode == READ else locks_pb.WRITE,
-            reentrant=reentrant,
-            lock_delay_ms=int(lock_delay * 1000),
-        )
+        req = build.acquire(name, self.lease, wait, permits, mode, reentrant, metadata, lock_delay)
         timeout = None if wait is None else wait + self.client.timeout
         resp = self.client.call(lambda s: s.locks.Acquire, req, timeout=timeout)
         if not resp.acquired:
@@ -120,6 +111,20 @@ class Session:
         lock = Lock(self, _b(name), permits, resp.key, resp.token, resp.holds)
         self._locks.add(lock)
         return lock
+
+    def campaign(self, name: Bytes, value: Bytes, *, wait: Optional[float] = None) -> "Leadership":
+        """Campaign in election ``name`` with ``value`` (etcd's
+        Election.Campaign): returns once this session leads, or raises
+        :class:`RaftlockError` (DEADLINE_EXCEEDED) after ``wait`` seconds.
+        Candidates lead in the order they campaigned. The leadership's
+        ``lost`` is set as a lock's is."""
+        if self.lost.is_set():
+            raise SessionLost(self.lease, self.lost_reason or "lost")
+        req = election_pb.CampaignRequest(name=_b(name), lease=self.lease, value=_b(value))
+        resp = self.client.call(lambda s: s.election.Campaign, req, timeout=wait)
+        leadership = Leadership(self, _b(name), resp.leader)
+        self._locks.add(leadership)
+        return leadership
 
     def close(self) -> None:
         """End the session: stop renewing and revoke the lease (its locks
@@ -178,12 +183,6 @@ class Lock:
         """Follow the lock's events from the grant's revision until it ends."""
         client = self.session.client
         start = max(self.token, 1)
-        ended_kinds = {locks_pb.LockEvent.RELEASED, locks_pb.LockEvent.LEASE_ENDED, locks_pb.LockEvent.ENDED}
-        names = {
-            locks_pb.LockEvent.RELEASED: "its key was deleted by another client",
-            locks_pb.LockEvent.LEASE_ENDED: "its lease ended (expired or revoked)",
-            locks_pb.LockEvent.ENDED: "it ended",
-        }
         while not self._stop.is_set():
             req = locks_pb.ObserveRequest(name=self.name, permits=self.permits, start_revision=start)
             responses, endpoint = client.stream(lambda s: s.locks.Observe, req)
@@ -193,15 +192,10 @@ class Lock:
                 return
             try:
                 for message in responses:
-                    ours = [e for e in message.events if e.owner.key == self.key and e.owner.token == self.token]
-                    if start == 0 and not ours:
-                        # History was compacted: the lock as it is no longer has the grant.
-                        self._lose(names[locks_pb.LockEvent.ENDED])
+                    why = build.grant_end(message, self.key, self.token, start == 0)
+                    if why is not None:
+                        self._lose(why)
                         return
-                    for event in ours:
-                        if event.kind in ended_kinds:
-                            self._lose(names[event.kind])
-                            return
                     start = max(start, message.header.revision + 1)
             except grpc.RpcError as e:
                 if self._stop.is_set() or e.code() == grpc.StatusCode.CANCELLED:
@@ -242,6 +236,31 @@ class Lock:
 
     def __repr__(self) -> str:
         return f"Lock(name={self.name!r}, key={self.key!r}, token={self.token}, holds={self.holds}, lost={self.lost.is_set()})"
+
+
+class Leadership(Lock):
+    """This session leads an election: ``key`` and ``token`` (the leader
+    key's revision, a fencing token as a lock's), ``lost``, and etcd's
+    ``proclaim`` and ``resign``."""
+
+    def __init__(self, session: Session, name: bytes, leader: election_pb.LeaderKey) -> None:
+        self.leader = leader
+        super().__init__(session, name, 1, leader.key, leader.rev, 1)
+
+    def proclaim(self, value: Bytes) -> None:
+        """Tell a new value as the leader (refused once leadership is lost)."""
+        req = election_pb.ProclaimRequest(leader=self.leader, value=_b(value))
+        self.session.client.call(lambda s: s.election.Proclaim, req)
+
+    def resign(self) -> None:
+        """Give up leadership; the next candidate leads."""
+        self._released = True
+        self._stop_following()
+        self.session.client.call(lambda s: s.election.Resign, election_pb.ResignRequest(leader=self.leader))
+
+    def release(self) -> bool:
+        self.resign()
+        return True
 
 
 def holders(client: Client, name: Bytes, permits: int = 1) -> List[locks_pb.Owner]:

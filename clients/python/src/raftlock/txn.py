@@ -15,7 +15,8 @@ from __future__ import annotations
 from typing import Optional
 
 from ._proto.etcdserverpb import rpc_pb2 as rpc
-from .client import Bytes, _b, prefix_end
+from ._requests import Bytes, prefix_end
+from ._requests import b as _b
 
 _RESULTS = {
     "==": rpc.Compare.EQUAL,

@@ -1,0 +1,86 @@
+"""What the synchronous and the asyncio clients share: how each call's
+request is built from its arguments, and how a lock's events tell that its
+grant ended. Pure functions; no I/O."""
+
+from __future__ import annotations
+
+from typing import Iterable, Optional, Union
+
+from ._proto.etcdserverpb import rpc_pb2 as rpc
+from ._proto.raftlock.v1 import lock_pb2 as locks_pb
+
+Bytes = Union[bytes, str]
+
+READ = "read"
+WRITE = "write"
+
+
+def b(value: Bytes) -> bytes:
+    return value.encode() if isinstance(value, str) else value
+
+
+def prefix_end(prefix: bytes) -> bytes:
+    """The range end that makes a range of every key starting with ``prefix``."""
+    end = bytearray(prefix)
+    while end:
+        if end[-1] < 0xFF:
+            end[-1] += 1
+            return bytes(end)
+        end.pop()
+    return b"\0"
+
+
+def range_end(key: bytes, end: Optional[Bytes], prefix: bool) -> bytes:
+    return prefix_end(key) if prefix else b(end or b"")
+
+
+def acquire(
+    name: Bytes,
+    lease: int,
+    wait: Optional[float],
+    permits: int,
+    mode: str,
+    reentrant: bool,
+    metadata: Bytes,
+    lock_delay: float,
+) -> locks_pb.AcquireRequest:
+    """An Acquire; ``wait`` None waits until granted, 0 tries once."""
+    if mode not in (READ, WRITE):
+        raise ValueError(f"mode is {READ!r} or {WRITE!r}, not {mode!r}")
+    return locks_pb.AcquireRequest(
+        name=b(name),
+        lease=lease,
+        wait_ms=-1 if wait is None else max(0, int(wait * 1000)),
+        permits=permits,
+        metadata=b(metadata),
+        mode=locks_pb.READ if mode == READ else locks_pb.WRITE,
+        reentrant=reentrant,
+        lock_delay_ms=int(lock_delay * 1000),
+    )
+
+
+def watch_create(key: bytes, end: bytes, start_revision: int, prev_kv: bool) -> rpc.WatchRequest:
+    create = rpc.WatchCreateRequest(key=key, range_end=end, start_revision=start_revision, prev_kv=prev_kv)
+    return rpc.WatchRequest(create_request=create)
+
+
+_ENDS = {
+    locks_pb.LockEvent.RELEASED: "its key was deleted by another client",
+    locks_pb.LockEvent.LEASE_ENDED: "its lease ended (expired or revoked)",
+    locks_pb.LockEvent.ENDED: "it ended",
+}
+
+
+def grant_end(message: locks_pb.ObserveResponse, key: bytes, token: int, from_now: bool) -> Optional[str]:
+    """Why the grant (``key``, ``token``) ended, if this message of its
+    lock's events says it did. ``from_now``: the stream began with the lock
+    as it is (its grant's history was compacted), where a grant absent from
+    the first message has ended."""
+    ours: Iterable[locks_pb.LockEvent] = [e for e in message.events if e.owner.key == key and e.owner.token == token]
+    ours = list(ours)
+    if from_now and not ours:
+        return _ENDS[locks_pb.LockEvent.ENDED]
+    for event in ours:
+        if event.kind in _ENDS:
+            return _ENDS[event.kind]
+    return None

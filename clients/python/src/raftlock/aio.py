@@ -1,0 +1,461 @@
+"""raftlock's asyncio client: the synchronous client's calls, sessions and
+locks on ``grpc.aio``, for programs that run an event loop.
+
+    import raftlock.aio
+
+    async with raftlock.aio.Client(["127.0.0.1:2379"]) as client:
+        async with client.session(ttl=10) as session:
+            async with session.lock("jobs/nightly", wait=5.0) as lock:
+                await write_somewhere(fencing_token=lock.token)
+
+``client.session(...)`` and ``session.lock(...)`` may also be awaited
+(``session = await client.session(10)``). A session's lease is renewed by a
+task of the loop, a lock's events followed by another; ``lost`` is an
+:class:`asyncio.Event`. Failover, errors and fencing are as in the
+synchronous client (module :mod:`raftlock.client` and :mod:`raftlock.session`).
+
+Caveat: a client belongs to the event loop it was first used on, as its
+``grpc.aio`` channels do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, AsyncIterator, Awaitable, Callable, Dict, Generator, Generic, List, Optional, Sequence, Tuple, TypeVar
+
+import grpc
+import grpc.aio
+
+from . import _requests as build
+from ._proto.etcdserverpb import rpc_pb2 as rpc
+from ._proto.raftlock.v1 import lock_pb2 as locks_pb
+from ._proto.v3electionpb import v3election_pb2 as election_pb
+from ._requests import READ, WRITE, Bytes
+from ._requests import b as _b
+from .client import TLS, KeyValue, _Stubs
+from .errors import LockBusy, RaftlockError, SessionLost, Unavailable, from_rpc
+
+__all__ = ["Client", "Leadership", "Lock", "READ", "Session", "WRITE"]
+
+T = TypeVar("T")
+
+
+class _Opening(Generic[T]):
+    """What ``client.session()`` and ``session.lock()`` return: awaited, the
+    session or lock; used with ``async with``, also closed or released."""
+
+    def __init__(self, open: Callable[[], Awaitable[T]]) -> None:
+        self._open = open
+        self._value: Any = None
+
+    def __await__(self) -> Generator[Any, None, T]:
+        return self._open().__await__()
+
+    async def __aenter__(self) -> T:
+        self._value = await self._open()
+        return self._value
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._value.__aexit__(*exc)
+
+
+class Client:
+    """An asyncio client; arguments as :class:`raftlock.Client`'s."""
+
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        *,
+        tls: Optional[TLS] = None,
+        user: Optional[str] = None,
+        password: Optional[str] = None,
+        timeout: float = 5.0,
+    ) -> None:
+        if not endpoints:
+            raise ValueError("at least one endpoint is needed")
+        self.timeout = timeout
+        self._tls = tls or (TLS() if any(e.startswith("https://") for e in endpoints) else None)
+        self._endpoints = [e.split("://", 1)[-1] for e in endpoints]
+        self._stubs: Dict[str, _Stubs] = {}
+        self._current = 0
+        self._user, self._password = user, password
+        self._token: Optional[str] = None
+
+    @property
+    def endpoints(self) -> List[str]:
+        return list(self._endpoints)
+
+    def _stubs_for(self, endpoint: str) -> _Stubs:
+        stubs = self._stubs.get(endpoint)
+        if stubs is None:
+            options = [("grpc.max_receive_message_length", 64 << 20)]
+            if self._tls is not None:
+                channel = grpc.aio.secure_channel(endpoint, self._tls.credentials(), options)
+            else:
+                channel = grpc.aio.insecure_channel(endpoint, options)
+            stubs = self._stubs[endpoint] = _Stubs(channel)  # type: ignore[arg-type]
+        return stubs
+
+    def _metadata(self) -> Optional[List[Tuple[str, str]]]:
+        return [("token", self._token)] if self._token else None
+
+    async def _authenticate(self) -> None:
+        req = rpc.AuthenticateRequest(name=self._user or "", password=self._password or "")
+        self._token = None
+        self._token = (await self._call(lambda s: s.auth.Authenticate, req, self.timeout, authenticating=True)).token
+
+    async def call(self, method: Callable[[_Stubs], Callable[..., Any]], request: object, timeout: Optional[float] = -1.0) -> Any:
+        """One unary call, failing over as :meth:`raftlock.Client.call` does."""
+        return await self._call(method, request, self.timeout if timeout == -1.0 else timeout)
+
+    async def _call(
+        self, method: Callable[[_Stubs], Callable[..., Any]], request: object, timeout: Optional[float], authenticating: bool = False
+    ) -> Any:
+        if self._user is not None and self._token is None and not authenticating:
+            await self._authenticate()
+        last: Optional[grpc.RpcError] = None
+        reauthenticated = False
+        tries = 0
+        while tries < len(self._endpoints):
+            index = self._current
+            try:
+                return await method(self._stubs_for(self._endpoints[index]))(
+                    request, timeout=timeout, metadata=self._metadata()
+                )
+            except grpc.RpcError as e:
+                last = e
+                code, details = e.code(), e.details() or ""
+                if code == grpc.StatusCode.UNAVAILABLE:
+                    tries += 1
+                    if self._current == index:
+                        self._current = (index + 1) % len(self._endpoints)
+                    continue
+                if code == grpc.StatusCode.UNAUTHENTICATED and self._user and not reauthenticated and not authenticating and "token" in details:
+                    reauthenticated = True
+                    await self._authenticate()
+                    continue
+                raise from_rpc(e) from None
+        assert last is not None
+        raise Unavailable(grpc.StatusCode.UNAVAILABLE, f"no endpoint answered ({last.details()})")
+
+    def stream(self, method: Callable[[_Stubs], Callable[..., Any]], request: object) -> Tuple[Any, str]:
+        endpoint = self._endpoints[self._current]
+        return method(self._stubs_for(endpoint))(request, metadata=self._metadata()), endpoint
+
+    def next_endpoint(self, after: str) -> None:
+        if self._endpoints[self._current] == after:
+            self._current = (self._current + 1) % len(self._endpoints)
+
+    async def close(self) -> None:
+        for stubs in self._stubs.values():
+            await stubs.channel.close()  # type: ignore[misc]
+        self._stubs.clear()
+
+    async def __aenter__(self) -> "Client":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- KV and leases ------------------------------------------------------
+
+    async def get(self, key: Bytes, *, serializable: bool = False) -> Optional[KeyValue]:
+        kvs = (await self.range(key, serializable=serializable)).kvs
+        return kvs[0] if kvs else None
+
+    async def range(
+        self, key: Bytes, range_end: Optional[Bytes] = None, *, prefix: bool = False, revision: int = 0,
+        limit: int = 0, serializable: bool = False,
+    ) -> rpc.RangeResponse:
+        key = _b(key)
+        req = rpc.RangeRequest(
+            key=key, range_end=build.range_end(key, range_end, prefix), revision=revision, limit=limit,
+            serializable=serializable,
+        )
+        return await self.call(lambda s: s.kv.Range, req)
+
+    async def put(self, key: Bytes, value: Bytes, *, lease: int = 0) -> rpc.PutResponse:
+        return await self.call(lambda s: s.kv.Put, rpc.PutRequest(key=_b(key), value=_b(value), lease=lease))
+
+    async def delete(self, key: Bytes, range_end: Optional[Bytes] = None, *, prefix: bool = False) -> int:
+        key = _b(key)
+        req = rpc.DeleteRangeRequest(key=key, range_end=build.range_end(key, range_end, prefix))
+        return (await self.call(lambda s: s.kv.DeleteRange, req)).deleted
+
+    async def txn(
+        self, compare: Sequence[rpc.Compare], success: Sequence[rpc.RequestOp] = (), failure: Sequence[rpc.RequestOp] = ()
+    ) -> rpc.TxnResponse:
+        req = rpc.TxnRequest(compare=list(compare), success=list(success), failure=list(failure))
+        return await self.call(lambda s: s.kv.Txn, req)
+
+    async def lease_grant(self, ttl: int) -> int:
+        return (await self.call(lambda s: s.lease.LeaseGrant, rpc.LeaseGrantRequest(TTL=ttl))).ID
+
+    async def lease_revoke(self, lease: int) -> None:
+        await self.call(lambda s: s.lease.LeaseRevoke, rpc.LeaseRevokeRequest(ID=lease))
+
+    async def lease_keep_alive_once(self, lease: int) -> int:
+        """Renew the lease once; its TTL, or 0 if it no longer exists."""
+
+        def once(stubs: _Stubs) -> Callable[..., Awaitable[int]]:
+            async def renew(request: object, timeout: float, metadata: object) -> int:
+                call = stubs.lease.LeaseKeepAlive(iter([request]), timeout=timeout, metadata=metadata)
+                async for response in call:
+                    call.cancel()
+                    return response.TTL
+                return 0
+
+            return renew
+
+        return await self.call(once, rpc.LeaseKeepAliveRequest(ID=lease))
+
+    async def watch(
+        self, key: Bytes, range_end: Optional[Bytes] = None, *, prefix: bool = False, start_revision: int = 0
+    ) -> AsyncIterator[Any]:
+        """The events of a watch from ``start_revision``, picked up on another
+        member from the next revision when its member fails; OUT_OF_RANGE
+        when that revision was compacted."""
+        key = _b(key)
+        end = build.range_end(key, range_end, prefix)
+        next_revision, failures = start_revision, 0
+        while True:
+            call, endpoint = self.stream(lambda s: s.watch.Watch, _watch_requests(build.watch_create(key, end, next_revision, False)))
+            try:
+                async for response in call:
+                    failures = 0
+                    if response.compact_revision:
+                        raise RaftlockError(
+                            grpc.StatusCode.OUT_OF_RANGE,
+                            f"mvcc: required revision has been compacted (compacted at {response.compact_revision})",
+                        )
+                    if response.canceled:
+                        raise RaftlockError(grpc.StatusCode.CANCELLED, response.cancel_reason or "watch canceled")
+                    for event in response.events:
+                        next_revision = event.kv.mod_revision + 1
+                        yield event
+                    if not next_revision:
+                        next_revision = response.header.revision + 1
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.UNAVAILABLE or failures > 3 * len(self._endpoints):
+                    raise from_rpc(e) from None
+                failures += 1
+                self.next_endpoint(endpoint)
+                await asyncio.sleep(0.2)
+            finally:
+                call.cancel()
+
+    # -- locks and elections -----------------------------------------------
+
+    def session(self, ttl: int = 10) -> "_Opening[Session]":
+        """A lease kept alive by a task (await it, or ``async with`` it)."""
+
+        async def open() -> Session:
+            session = Session(self, ttl)
+            await session._open()
+            return session
+
+        return _Opening(open)
+
+    async def describe(self, name: Bytes, *, permits: int = 1) -> locks_pb.DescribeResponse:
+        return await self.call(lambda s: s.locks.Describe, locks_pb.DescribeRequest(name=_b(name), permits=permits))
+
+    async def list_locks(self, prefix: Bytes = b"", *, permits: int = 1) -> List[locks_pb.LockSummary]:
+        req = locks_pb.ListRequest(prefix=_b(prefix), permits=permits)
+        return list((await self.call(lambda s: s.locks.List, req)).locks)
+
+    async def validate(self, key: Bytes, token: int, *, permits: int = 1) -> locks_pb.ValidateResponse:
+        req = locks_pb.ValidateRequest(key=_b(key), token=token, permits=permits)
+        return await self.call(lambda s: s.locks.Validate, req)
+
+    async def leader(self, name: Bytes) -> Optional[KeyValue]:
+        try:
+            resp = await self.call(lambda s: s.election.Leader, election_pb.LeaderRequest(name=_b(name)))
+        except RaftlockError as e:
+            if e.message == "election: no leader":
+                return None
+            raise
+        return resp.kv
+
+
+async def _watch_requests(create: rpc.WatchRequest) -> AsyncIterator[rpc.WatchRequest]:
+    yield create
+    # Keep the sending side open (a closed one ends the watch) until the call ends.
+    await asyncio.Event().wait()
+
+
+class Session:
+    """A lease kept alive by a task of the loop; see :class:`raftlock.Session`."""
+
+    def __init__(self, client: Client, ttl: int) -> None:
+        if ttl < 1:
+            raise ValueError("a session's TTL is at least one second")
+        self.client, self.ttl = client, ttl
+        self.lease = 0
+        self.lost = asyncio.Event()
+        self.lost_reason: Optional[str] = None
+        self._closed = False
+        self._locks: List["Lock"] = []
+        self._keeper: Optional["asyncio.Task[None]"] = None
+
+    async def _open(self) -> None:
+        self.lease = await self.client.lease_grant(self.ttl)
+        self._keeper = asyncio.get_running_loop().create_task(self._keep_alive())
+
+    async def _keep_alive(self) -> None:
+        renewed = time.monotonic()
+        while not self._closed:
+            await asyncio.sleep(self.ttl / 3)
+            try:
+                ttl = await self.client.lease_keep_alive_once(self.lease)
+            except RaftlockError as e:
+                if time.monotonic() - renewed >= self.ttl:
+                    return self._lose(f"not renewed for its TTL ({self.ttl} s): {e.message}")
+                continue
+            if ttl <= 0:
+                return self._lose("the lease no longer exists (expired or revoked)")
+            renewed = time.monotonic()
+
+    def _lose(self, why: str) -> None:
+        if self._closed:
+            return
+        self.lost_reason = why
+        self.lost.set()
+        for lock in self._locks:
+            lock._lose(f"session lost: {why}")
+
+    def lock(
+        self, name: Bytes, *, wait: Optional[float] = None, permits: int = 1, mode: str = WRITE,
+        reentrant: bool = False, metadata: Bytes = b"", lock_delay: float = 0.0,
+    ) -> "_Opening[Lock]":
+        """Acquire lock ``name``; arguments as :meth:`raftlock.Session.lock`."""
+
+        async def open() -> Lock:
+            if self.lost.is_set():
+                raise SessionLost(self.lease, self.lost_reason or "lost")
+            req = build.acquire(name, self.lease, wait, permits, mode, reentrant, metadata, lock_delay)
+            timeout = None if wait is None else wait + self.client.timeout
+            resp = await self.client.call(lambda s: s.locks.Acquire, req, timeout=timeout)
+            if not resp.acquired:
+                raise LockBusy(_b(name), list(resp.holders))
+            lock = Lock(self, _b(name), permits, resp.key, resp.token, resp.holds)
+            self._locks.append(lock)
+            return lock
+
+        return _Opening(open)
+
+    async def campaign(self, name: Bytes, value: Bytes, *, wait: Optional[float] = None) -> "Leadership":
+        """Campaign in election ``name``; see :meth:`raftlock.Session.campaign`."""
+        if self.lost.is_set():
+            raise SessionLost(self.lease, self.lost_reason or "lost")
+        req = election_pb.CampaignRequest(name=_b(name), lease=self.lease, value=_b(value))
+        resp = await self.client.call(lambda s: s.election.Campaign, req, timeout=wait)
+        leadership = Leadership(self, _b(name), resp.leader)
+        self._locks.append(leadership)
+        return leadership
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._keeper is not None:
+            self._keeper.cancel()
+        for lock in self._locks:
+            lock._stop_following()
+        try:
+            await self.client.lease_revoke(self.lease)
+        except RaftlockError as e:
+            if e.code != grpc.StatusCode.NOT_FOUND:
+                raise
+
+    async def __aenter__(self) -> "Session":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class Lock:
+    """A grant, as :class:`raftlock.Lock`; ``lost`` is an :class:`asyncio.Event`."""
+
+    def __init__(self, session: Session, name: bytes, permits: int, key: bytes, token: int, holds: int) -> None:
+        self.session, self.name, self.permits = session, name, permits
+        self.key, self.token, self.holds = key, token, holds
+        self.lost = asyncio.Event()
+        self.lost_reason: Optional[str] = None
+        self._released = False
+        self._follower = asyncio.get_running_loop().create_task(self._follow())
+
+    def _lose(self, why: str) -> None:
+        if self._released or self.lost.is_set():
+            return
+        self.lost_reason = why
+        self.lost.set()
+
+    def _stop_following(self) -> None:
+        self._follower.cancel()
+
+    async def _follow(self) -> None:
+        client = self.session.client
+        start = max(self.token, 1)
+        while True:
+            req = locks_pb.ObserveRequest(name=self.name, permits=self.permits, start_revision=start)
+            call, endpoint = client.stream(lambda s: s.locks.Observe, req)
+            try:
+                async for message in call:
+                    why = build.grant_end(message, self.key, self.token, start == 0)
+                    if why is not None:
+                        return self._lose(why)
+                    start = max(start, message.header.revision + 1)
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.OUT_OF_RANGE:
+                    start = 0
+                    continue
+                if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    return self._lose(f"its events could not be followed: {from_rpc(e)}")
+                client.next_endpoint(endpoint)
+            finally:
+                call.cancel()
+            await asyncio.sleep(0.2)
+
+    async def release(self) -> bool:
+        """Give back one hold, fenced by the token (see :meth:`raftlock.Lock.release`)."""
+        req = locks_pb.ReleaseRequest(key=self.key, token=self.token)
+        resp = await self.session.client.call(lambda s: s.locks.Release, req)
+        if resp.released:
+            self.holds = resp.holds
+            if resp.holds == 0:
+                self._released = True
+                self._stop_following()
+        return resp.released
+
+    async def validate(self) -> bool:
+        return (await self.session.client.validate(self.key, self.token, permits=self.permits)).current
+
+    async def __aenter__(self) -> "Lock":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if not self.lost.is_set():
+            await self.release()
+
+
+class Leadership(Lock):
+    """This session leads an election; see :class:`raftlock.Leadership`."""
+
+    def __init__(self, session: Session, name: bytes, leader: election_pb.LeaderKey) -> None:
+        self.leader = leader
+        super().__init__(session, name, 1, leader.key, leader.rev, 1)
+
+    async def proclaim(self, value: Bytes) -> None:
+        req = election_pb.ProclaimRequest(leader=self.leader, value=_b(value))
+        await self.session.client.call(lambda s: s.election.Proclaim, req)
+
+    async def resign(self) -> None:
+        self._released = True
+        self._stop_following()
+        await self.session.client.call(lambda s: s.election.Resign, election_pb.ResignRequest(leader=self.leader))
+
+    async def release(self) -> bool:
+        await self.resign()
+        return True
