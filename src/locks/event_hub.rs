@@ -28,9 +28,10 @@
 //!
 //! Caveat: a stream that falls more than [`BROADCAST_MESSAGES`] messages
 //! behind (its client reads too slowly) joins again from the revision it
-//! had told, from history; if that history was compacted meanwhile, it ends
-//! with the compaction error, as a watch is cancelled, and the client
-//! starts over from the lock as it is.
+//! had told, from history, where a deletion's cause is a guess (`Released`
+//! if the lease still lives, else `Ended`; never `LeaseEnded`); if that
+//! history was compacted meanwhile, it ends with the compaction error, as a
+//! watch is cancelled, and the client starts over from the lock as it is.
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -120,9 +121,17 @@ impl<T: Clone + Send + Sync + 'static> LockHubs<T> {
         permits: usize,
         start_revision: i64,
     ) -> Result<Observation<T>, RecipeError> {
-        let hub = self.hub(name, permits)?;
+        let mut hub = self.hub(name, permits)?;
         self.node.read_barrier().await?;
-        let (through, events, receiver) = self.join(&hub.shared, start_revision)?;
+        let (through, events, receiver) = match self.join(&hub.shared, start_revision) {
+            // The hub ended during the barrier (it saw no leader a moment
+            // ago, or failed a read): once more, with the hub that replaced it.
+            Err(Joined::Ended) => {
+                hub = self.hub(name, permits)?;
+                self.join(&hub.shared, start_revision).map_err(Joined::into_error)?
+            }
+            joined => joined.map_err(Joined::into_error)?,
+        };
         Ok(Observation {
             hubs: self.clone(),
             hub,
@@ -142,7 +151,7 @@ impl<T: Clone + Send + Sync + 'static> LockHubs<T> {
         let mut hubs = self.hubs.lock().expect("lock hubs poisoned");
         found = hubs.get(&key).and_then(Weak::upgrade);
         if let Some(hub) = &found {
-            if hub.shared.state.lock().expect("lock hub poisoned").sender.is_some() {
+            if hub.shared.state().sender.is_some() {
                 return Ok(hub.clone());
             }
         }
@@ -167,21 +176,25 @@ impl<T: Clone + Send + Sync + 'static> LockHubs<T> {
     /// A stream's first events and its subscription, taken together: the
     /// queue as it is (or the changes since `start_revision`) at the
     /// revision returned, after every change routed so far.
-    fn join(
-        &self,
-        shared: &Shared<T>,
-        start_revision: i64,
-    ) -> Result<(i64, Vec<LockEvent>, broadcast::Receiver<Told<T>>), RecipeError> {
-        let mut state = shared.state.lock().expect("lock hub poisoned");
-        shared.pump(&self.node, &*self.make, &mut state)?;
-        let (Some(sender), through) = (&state.sender, state.through) else {
-            return Err(state.ended.clone().unwrap_or(RecipeError::Server(ServerError::Stopped)));
+    fn join(&self, shared: &Shared<T>, start_revision: i64) -> Result<JoinedAt<T>, Joined> {
+        let (through, receiver, snapshot) = {
+            let mut state = shared.state();
+            if let Err(e) = shared.pump(&self.node, &*self.make, &mut state) {
+                // What the inbox held is gone with the failed pump: no stream
+                // of this hub can be told the truth after it.
+                state.sender = None;
+                state.ended = Some(e.clone());
+                return Err(Joined::Failed(e));
+            }
+            let Some(sender) = &state.sender else { return Err(Joined::Ended) };
+            let through = state.through;
+            let snapshot = (start_revision <= 0).then(|| state.queue.snapshot(through));
+            (through, sender.subscribe(), snapshot)
         };
-        let receiver = sender.subscribe();
-        let events = if start_revision > 0 {
-            shared.replay(&self.node, start_revision, through)?
-        } else {
-            state.queue.snapshot(through)
+        // History up to `through` is settled: read it without holding the hub.
+        let events = match snapshot {
+            Some(events) => events,
+            None => shared.replay(&self.node, start_revision, through).map_err(Joined::Failed)?,
         };
         Ok((through, events, receiver))
     }
@@ -229,19 +242,22 @@ impl<T: Clone + Send + Sync + 'static> Shared<T> {
     /// The lock's events from `start_revision` through `through`, from
     /// history: its queue as it was before, and each change since.
     fn replay(&self, node: &Node, start_revision: i64, through: i64) -> Result<Vec<LockEvent>, RecipeError> {
-        let mvcc = node.state().mvcc();
         let base = (start_revision - 1).min(through);
-        let kvs = if base == 0 {
-            Vec::new()
-        } else {
-            let req = RangeRequest { revision: base, ..front_range(&self.prefix, 0) };
-            mvcc.range(&req).map_err(RecipeError::Mvcc)?.kvs
-        };
-        let range = KeyRange::with_prefix(&self.prefix);
-        let replayed = if base < through {
-            mvcc.changes_between(&range, base + 1, through).map_err(RecipeError::Mvcc)?
-        } else {
-            Vec::new()
+        let (kvs, replayed) = {
+            let mvcc = node.state().mvcc();
+            let kvs = if base == 0 {
+                Vec::new()
+            } else {
+                let req = RangeRequest { revision: base, ..front_range(&self.prefix, 0) };
+                mvcc.range(&req).map_err(RecipeError::Mvcc)?.kvs
+            };
+            let range = KeyRange::with_prefix(&self.prefix);
+            let replayed = if base < through {
+                mvcc.changes_between(&range, base + 1, through).map_err(RecipeError::Mvcc)?
+            } else {
+                Vec::new()
+            };
+            (kvs, replayed)
         };
         // History keeps no cause: a lease that still lives did not end its key.
         let ended = |kv: &KeyValue| match node.state().leases().get(kv.lease) {
@@ -259,9 +275,47 @@ impl<T: Clone + Send + Sync + 'static> Shared<T> {
     /// End the hub: its streams end once they have sent what was broadcast,
     /// with `why` if it is an error.
     fn end(&self, why: Option<RecipeError>) {
-        let mut state = self.state.lock().expect("lock hub poisoned");
+        let mut state = self.state();
         state.sender = None;
-        state.ended = why;
+        if state.ended.is_none() {
+            state.ended = why;
+        }
+    }
+
+    /// The hub's state, locked. A panic while it was held (a bug) leaves it
+    /// usable: the hub is ended by its task's guard, and its streams end.
+    fn state(&self) -> std::sync::MutexGuard<'_, State<T>> {
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// A joining stream's first events: the revision they bring it to, the
+/// events, and its subscription to what follows.
+type JoinedAt<T> = (i64, Vec<LockEvent>, broadcast::Receiver<Told<T>>);
+
+/// Why a stream could not join a hub.
+enum Joined {
+    /// The hub had ended (its streams end; a new stream takes a new hub).
+    Ended,
+    Failed(RecipeError),
+}
+
+impl Joined {
+    fn into_error(self) -> RecipeError {
+        match self {
+            Joined::Ended => RecipeError::Server(ServerError::Stopped),
+            Joined::Failed(e) => e,
+        }
+    }
+}
+
+/// Ends the hub when its task ends, however it ends (a panic included), so
+/// that no stream waits for a task that is gone.
+struct EndOnExit<T: Clone + Send + Sync + 'static>(Arc<Shared<T>>);
+
+impl<T: Clone + Send + Sync + 'static> Drop for EndOnExit<T> {
+    fn drop(&mut self) {
+        self.0.end(None);
     }
 }
 
@@ -273,6 +327,7 @@ async fn run<T: Clone + Send + Sync + 'static>(
     shared: Arc<Shared<T>>,
     mut last_stream_gone: tokio::sync::oneshot::Receiver<()>,
 ) {
+    let _end = EndOnExit(shared.clone());
     let mut stopping = node.stopping();
     let leaderless = node.leaderless();
     tokio::pin!(leaderless);
@@ -289,7 +344,7 @@ async fn run<T: Clone + Send + Sync + 'static>(
         // it) run first: observers are told a moment later, off their path.
         tokio::task::yield_now().await;
         let pumped = {
-            let mut state = shared.state.lock().expect("lock hub poisoned");
+            let mut state = shared.state();
             shared.pump(&node, &*make, &mut state)
         };
         if let Err(e) = pumped {
@@ -340,7 +395,12 @@ impl<T: Clone + Send + Sync + Unpin + 'static> Stream for Observation<T> {
                                 return Poll::Ready(Some(Ok((this.hubs.make)(&this.hubs.node, revision, events))));
                             }
                         }
-                        Err(e) => {
+                        // The hub ended meanwhile: end as its other streams do.
+                        Err(Joined::Ended) => {
+                            this.done = true;
+                            return Poll::Ready(this.hub.shared.state().ended.clone().map(Err));
+                        }
+                        Err(Joined::Failed(e)) => {
                             this.done = true;
                             return Poll::Ready(Some(Err(e)));
                         }
@@ -348,8 +408,7 @@ impl<T: Clone + Send + Sync + Unpin + 'static> Stream for Observation<T> {
                 }
                 None => {
                     this.done = true;
-                    let why = this.hub.shared.state.lock().expect("lock hub poisoned").ended.clone();
-                    return Poll::Ready(why.map(Err));
+                    return Poll::Ready(this.hub.shared.state().ended.clone().map(Err));
                 }
             }
         }
