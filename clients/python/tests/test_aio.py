@@ -56,3 +56,19 @@ def test_asyncio_locks_fencing_and_lost_events(cluster) -> None:
                 await events.aclose()
 
     asyncio.run(main())
+
+
+def test_asyncio_a_lock_released_by_its_holder_is_never_told_lost(cluster) -> None:
+    async def main() -> None:
+        async with raftlock.aio.Client(cluster.endpoints) as client:
+            async with client.session(ttl=10) as session:
+                told = 0
+                for _ in range(100):
+                    lock = await session.lock("own-release", wait=0)
+                    await asyncio.sleep(0.005)
+                    assert await lock.release()
+                    await asyncio.sleep(0.01)
+                    told += lock.lost.is_set()
+                assert told == 0, f"{told} of 100 releases were told as losses"
+
+    asyncio.run(main())

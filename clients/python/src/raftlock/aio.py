@@ -384,10 +384,17 @@ class Lock:
         self.lost = asyncio.Event()
         self.lost_reason: Optional[str] = None
         self._released = False
+        # While a release of ours is in flight, an end seen in the events may
+        # be that release's own: it is held back until the answer says.
+        self._releasing = 0
+        self._held_back: Optional[str] = None
         self._follower = asyncio.get_running_loop().create_task(self._follow())
 
-    def _lose(self, why: str) -> None:
+    def _lose(self, why: str, *, from_events: bool = False) -> None:
         if self._released or self.lost.is_set():
+            return
+        if from_events and self._releasing:
+            self._held_back = why
             return
         self.lost_reason = why
         self.lost.set()
@@ -405,7 +412,7 @@ class Lock:
                 async for message in call:
                     why = build.grant_end(message, self.key, self.token, start == 0)
                     if why is not None:
-                        return self._lose(why)
+                        return self._lose(why, from_events=True)
                     start = max(start, message.header.revision + 1)
             except grpc.RpcError as e:
                 if e.code() == grpc.StatusCode.OUT_OF_RANGE:
@@ -421,12 +428,23 @@ class Lock:
     async def release(self) -> bool:
         """Give back one hold, fenced by the token (see :meth:`raftlock.Lock.release`)."""
         req = locks_pb.ReleaseRequest(key=self.key, token=self.token)
-        resp = await self.session.client.call(lambda s: s.locks.Release, req)
+        self._releasing += 1
+        resp = None
+        try:
+            resp = await self.session.client.call(lambda s: s.locks.Release, req)
+        finally:
+            self._releasing -= 1
+            if resp is not None and resp.released and resp.holds == 0:
+                self._released = True
+            held_back, self._held_back = self._held_back, None
         if resp.released:
             self.holds = resp.holds
             if resp.holds == 0:
-                self._released = True
                 self._stop_following()
+        if held_back is not None:
+            # Unless this release gave back the last hold, the end the
+            # events told was someone else's doing (_lose looks).
+            self._lose(held_back)
         return resp.released
 
     async def validate(self) -> bool:

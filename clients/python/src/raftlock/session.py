@@ -164,14 +164,23 @@ class Lock:
         self._stop = threading.Event()
         self._call: Optional[grpc.Call] = None
         self._released = False
+        # While a release of ours is in flight, an end seen in the events may
+        # be that release's own: it is held back until the answer says.
+        self._mutex = threading.Lock()
+        self._releasing = 0
+        self._held_back: Optional[str] = None
         self._follower = threading.Thread(target=self._follow, name=f"raftlock-lock-{token}", daemon=True)
         self._follower.start()
 
-    def _lose(self, why: str) -> None:
-        if self._released or self.lost.is_set():
-            return
-        self.lost_reason = why
-        self.lost.set()
+    def _lose(self, why: str, *, from_events: bool = False) -> None:
+        with self._mutex:
+            if self._released or self.lost.is_set():
+                return
+            if from_events and self._releasing:
+                self._held_back = why
+                return
+            self.lost_reason = why
+            self.lost.set()
 
     def _stop_following(self) -> None:
         self._stop.set()
@@ -194,7 +203,7 @@ class Lock:
                 for message in responses:
                     why = build.grant_end(message, self.key, self.token, start == 0)
                     if why is not None:
-                        self._lose(why)
+                        self._lose(why, from_events=True)
                         return
                     start = max(start, message.header.revision + 1)
             except grpc.RpcError as e:
@@ -214,12 +223,25 @@ class Lock:
         (``holds`` is then what is left), False if the grant had already
         ended (nothing was changed)."""
         req = locks_pb.ReleaseRequest(key=self.key, token=self.token)
-        resp = self.session.client.call(lambda s: s.locks.Release, req)
+        with self._mutex:
+            self._releasing += 1
+        resp = None
+        try:
+            resp = self.session.client.call(lambda s: s.locks.Release, req)
+        finally:
+            with self._mutex:
+                self._releasing -= 1
+                if resp is not None and resp.released and resp.holds == 0:
+                    self._released = True
+                held_back, self._held_back = self._held_back, None
         if resp.released:
             self.holds = resp.holds
             if resp.holds == 0:
-                self._released = True
                 self._stop_following()
+        if held_back is not None:
+            # Unless this release gave back the last hold, the end the
+            # events told was someone else's doing (_lose looks).
+            self._lose(held_back)
         return resp.released
 
     def validate(self) -> bool:
