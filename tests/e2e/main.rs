@@ -6,6 +6,7 @@
 use raftlock_testkit as common;
 
 mod auth;
+mod client_conformance;
 mod cluster_ops;
 mod disk_faults;
 mod durability;
