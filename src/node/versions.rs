@@ -253,20 +253,33 @@ impl Node {
         if allowed_downgrade(cluster) != Some(target) {
             return Err(DowngradeRefusal::InvalidTarget);
         }
-        self.refuse_lock_delays_in_use(target)?;
+        self.refuse_lock_delays_in_use_now(target).await?;
         if action == DowngradeAction::Enable {
             let generation = held.generation + 1;
             let target = Some(target.to_string());
             self.push_downgrade(Setting { generation, target, started: false }).await?;
             // Looked at again now that no member grants a new lock-delay
             // (one granted meanwhile would otherwise slip through).
-            if let Err(refusal) = self.refuse_lock_delays_in_use(FIRST_RELEASE) {
+            if let Err(refusal) = self.refuse_lock_delays_in_use_now(FIRST_RELEASE).await {
                 let _ = self.push_downgrade(Setting { generation: generation + 1, target: None, started: false }).await;
                 return Err(refusal);
             }
             return Ok(self.cluster_version_or(cluster));
         }
         Ok(cluster)
+    }
+
+    /// [`Node::refuse_lock_delays_in_use`] on a state that holds every
+    /// write committed before the call (a read barrier first): a lease
+    /// revoked through another member just before is seen as revoked.
+    async fn refuse_lock_delays_in_use_now(&self, target: Version) -> Result<(), DowngradeRefusal> {
+        if target >= crate::model::lock_delay::SINCE {
+            return Ok(());
+        }
+        self.read_barrier()
+            .await
+            .map_err(|e| DowngradeRefusal::Unreachable(format!("could not read the cluster's state: {e}")))?;
+        self.refuse_lock_delays_in_use(target)
     }
 
     /// Refuse a downgrade to a release without lock-delays while any grant
