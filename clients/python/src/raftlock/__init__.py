@@ -12,7 +12,8 @@ against etcd too).
 
 from . import txn
 from ._proto.raftlock.v1.lock_pb2 import LockEvent
-from .client import TLS, Client, Watch, prefix_end
+from ._requests import prefix_end
+from .client import TLS, Client, Watch
 from .errors import LockBusy, RaftlockError, SessionLost, Unavailable
 from .session import READ, WRITE, Leadership, Lock, Session
 

@@ -59,6 +59,23 @@ def acquire(
     )
 
 
+def check_watch_response(response: rpc.WatchResponse) -> None:
+    """Raise what a watch response that ends the watch says: its revision
+    was compacted (OUT_OF_RANGE, as etcd's clients say it) or the server
+    cancelled it."""
+    import grpc
+
+    from .errors import RaftlockError
+
+    if response.compact_revision:
+        raise RaftlockError(
+            grpc.StatusCode.OUT_OF_RANGE,
+            f"mvcc: required revision has been compacted (compacted at {response.compact_revision})",
+        )
+    if response.canceled:
+        raise RaftlockError(grpc.StatusCode.CANCELLED, response.cancel_reason or "watch canceled")
+
+
 def watch_create(key: bytes, end: bytes, start_revision: int, prev_kv: bool) -> rpc.WatchRequest:
     create = rpc.WatchCreateRequest(key=key, range_end=end, start_revision=start_revision, prev_kv=prev_kv)
     return rpc.WatchRequest(create_request=create)

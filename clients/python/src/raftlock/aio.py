@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, AsyncIterator, Awaitable, Callable, Dict, Generator, Generic, List, Optional, Sequence, Tuple, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, Generator, Generic, List, Optional, Sequence, TypeVar
 
 import grpc
 import grpc.aio
@@ -33,8 +33,9 @@ from ._proto.raftlock.v1 import lock_pb2 as locks_pb
 from ._proto.v3electionpb import v3election_pb2 as election_pb
 from ._requests import READ, WRITE, Bytes
 from ._requests import b as _b
-from .client import TLS, KeyValue, _Stubs
-from .errors import LockBusy, RaftlockError, SessionLost, Unavailable, from_rpc
+from .client import TLS, KeyValue, _Connection, _Stubs
+from .errors import LockBusy, RaftlockError, SessionLost, from_rpc
+from .session import _GrantEnd
 
 __all__ = ["Client", "Leadership", "Lock", "READ", "Session", "WRITE"]
 
@@ -60,7 +61,7 @@ class _Opening(Generic[T]):
         await self._value.__aexit__(*exc)
 
 
-class Client:
+class Client(_Connection):
     """An asyncio client; arguments as :class:`raftlock.Client`'s."""
 
     def __init__(
@@ -72,33 +73,7 @@ class Client:
         password: Optional[str] = None,
         timeout: float = 5.0,
     ) -> None:
-        if not endpoints:
-            raise ValueError("at least one endpoint is needed")
-        self.timeout = timeout
-        self._tls = tls or (TLS() if any(e.startswith("https://") for e in endpoints) else None)
-        self._endpoints = [e.split("://", 1)[-1] for e in endpoints]
-        self._stubs: Dict[str, _Stubs] = {}
-        self._current = 0
-        self._user, self._password = user, password
-        self._token: Optional[str] = None
-
-    @property
-    def endpoints(self) -> List[str]:
-        return list(self._endpoints)
-
-    def _stubs_for(self, endpoint: str) -> _Stubs:
-        stubs = self._stubs.get(endpoint)
-        if stubs is None:
-            options = [("grpc.max_receive_message_length", 64 << 20)]
-            if self._tls is not None:
-                channel = grpc.aio.secure_channel(endpoint, self._tls.credentials(), options)
-            else:
-                channel = grpc.aio.insecure_channel(endpoint, options)
-            stubs = self._stubs[endpoint] = _Stubs(channel)  # type: ignore[arg-type]
-        return stubs
-
-    def _metadata(self) -> Optional[List[Tuple[str, str]]]:
-        return [("token", self._token)] if self._token else None
+        super().__init__(endpoints, tls, user, password, timeout, grpc.aio.secure_channel, grpc.aio.insecure_channel)
 
     async def _authenticate(self) -> None:
         req = rpc.AuthenticateRequest(name=self._user or "", password=self._password or "")
@@ -125,27 +100,12 @@ class Client:
                 )
             except grpc.RpcError as e:
                 last = e
-                code, details = e.code(), e.details() or ""
-                if code == grpc.StatusCode.UNAVAILABLE:
+                if self._judge(e, index, not reauthenticated and not authenticating) == "next":
                     tries += 1
-                    if self._current == index:
-                        self._current = (index + 1) % len(self._endpoints)
                     continue
-                if code == grpc.StatusCode.UNAUTHENTICATED and self._user and not reauthenticated and not authenticating and "token" in details:
-                    reauthenticated = True
-                    await self._authenticate()
-                    continue
-                raise from_rpc(e) from None
-        assert last is not None
-        raise Unavailable(grpc.StatusCode.UNAVAILABLE, f"no endpoint answered ({last.details()})")
-
-    def stream(self, method: Callable[[_Stubs], Callable[..., Any]], request: object) -> Tuple[Any, str]:
-        endpoint = self._endpoints[self._current]
-        return method(self._stubs_for(endpoint))(request, metadata=self._metadata()), endpoint
-
-    def next_endpoint(self, after: str) -> None:
-        if self._endpoints[self._current] == after:
-            self._current = (self._current + 1) % len(self._endpoints)
+                reauthenticated = True
+                await self._authenticate()
+        raise self._none_answered(last)
 
     async def close(self) -> None:
         for stubs in self._stubs.values():
@@ -224,13 +184,7 @@ class Client:
             try:
                 async for response in call:
                     failures = 0
-                    if response.compact_revision:
-                        raise RaftlockError(
-                            grpc.StatusCode.OUT_OF_RANGE,
-                            f"mvcc: required revision has been compacted (compacted at {response.compact_revision})",
-                        )
-                    if response.canceled:
-                        raise RaftlockError(grpc.StatusCode.CANCELLED, response.cancel_reason or "watch canceled")
+                    build.check_watch_response(response)
                     for event in response.events:
                         next_revision = event.kv.mod_revision + 1
                         yield event
@@ -375,29 +329,15 @@ class Session:
         await self.close()
 
 
-class Lock:
+class Lock(_GrantEnd):
     """A grant, as :class:`raftlock.Lock`; ``lost`` is an :class:`asyncio.Event`."""
 
     def __init__(self, session: Session, name: bytes, permits: int, key: bytes, token: int, holds: int) -> None:
         self.session, self.name, self.permits = session, name, permits
         self.key, self.token, self.holds = key, token, holds
+        super().__init__()
         self.lost = asyncio.Event()
-        self.lost_reason: Optional[str] = None
-        self._released = False
-        # While a release of ours is in flight, an end seen in the events may
-        # be that release's own: it is held back until the answer says.
-        self._releasing = 0
-        self._held_back: Optional[str] = None
         self._follower = asyncio.get_running_loop().create_task(self._follow())
-
-    def _lose(self, why: str, *, from_events: bool = False) -> None:
-        if self._released or self.lost.is_set():
-            return
-        if from_events and self._releasing:
-            self._held_back = why
-            return
-        self.lost_reason = why
-        self.lost.set()
 
     def _stop_following(self) -> None:
         self._follower.cancel()
@@ -428,23 +368,12 @@ class Lock:
     async def release(self) -> bool:
         """Give back one hold, fenced by the token (see :meth:`raftlock.Lock.release`)."""
         req = locks_pb.ReleaseRequest(key=self.key, token=self.token)
-        self._releasing += 1
+        self._release_starts()
         resp = None
         try:
             resp = await self.session.client.call(lambda s: s.locks.Release, req)
         finally:
-            self._releasing -= 1
-            if resp is not None and resp.released and resp.holds == 0:
-                self._released = True
-            held_back, self._held_back = self._held_back, None
-        if resp.released:
-            self.holds = resp.holds
-            if resp.holds == 0:
-                self._stop_following()
-        if held_back is not None:
-            # Unless this release gave back the last hold, the end the
-            # events told was someone else's doing (_lose looks).
-            self._lose(held_back)
+            self._release_ended(resp)
         return resp.released
 
     async def validate(self) -> bool:

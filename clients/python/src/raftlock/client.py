@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, TypeVar
 
 import grpc
+
+if TYPE_CHECKING:
+    from .session import Session
 
 from ._proto.etcdserverpb import rpc_pb2 as rpc
 from ._proto.etcdserverpb import rpc_pb2_grpc as rpc_grpc
@@ -28,7 +31,7 @@ from ._proto.raftlock.v1 import lock_pb2_grpc as locks_grpc
 from ._proto.v3electionpb import v3election_pb2 as election_pb
 from ._proto.v3electionpb import v3election_pb2_grpc as election_grpc
 from . import _requests as build
-from ._requests import Bytes, prefix_end
+from ._requests import Bytes
 from ._requests import b as _b
 from .errors import RaftlockError, Unavailable, from_rpc
 
@@ -69,7 +72,81 @@ class _Stubs:
         self.election = election_grpc.ElectionStub(channel)
 
 
-class Client:
+class _Connection:
+    """What the synchronous and the asyncio clients share: the endpoints,
+    which one is current, the channels (made by ``_channel``), the auth
+    token, and how a failed call is judged (:meth:`_judge`)."""
+
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        tls: Optional[TLS],
+        user: Optional[str],
+        password: Optional[str],
+        timeout: float,
+        secure_channel: Callable[..., Any],
+        insecure_channel: Callable[..., Any],
+    ) -> None:
+        if not endpoints:
+            raise ValueError("at least one endpoint is needed")
+        self.timeout = timeout
+        self._tls = tls or (TLS() if any(e.startswith("https://") for e in endpoints) else None)
+        self._endpoints = [e.split("://", 1)[-1] for e in endpoints]
+        self._stubs: Dict[str, _Stubs] = {}
+        self._current = 0
+        self._mutex = threading.Lock()
+        self._user, self._password = user, password
+        self._token: Optional[str] = None
+        self._secure_channel, self._insecure_channel = secure_channel, insecure_channel
+
+    @property
+    def endpoints(self) -> List[str]:
+        return list(self._endpoints)
+
+    def _stubs_for(self, endpoint: str) -> _Stubs:
+        with self._mutex:
+            stubs = self._stubs.get(endpoint)
+            if stubs is None:
+                options = [("grpc.max_receive_message_length", 64 << 20)]
+                if self._tls is not None:
+                    channel = self._secure_channel(endpoint, self._tls.credentials(), options)
+                else:
+                    channel = self._insecure_channel(endpoint, options)
+                stubs = self._stubs[endpoint] = _Stubs(channel)
+            return stubs
+
+    def _metadata(self) -> Optional[List[Tuple[str, str]]]:
+        return [("token", self._token)] if self._token else None
+
+    def _judge(self, e: grpc.RpcError, index: int, may_reauthenticate: bool) -> str:
+        """What a failed call does next: "next" (its member could not be
+        reached: the next endpoint becomes current), "reauthenticate" (the
+        token was refused), or it raises the call's error."""
+        code, details = e.code(), e.details() or ""
+        if code == grpc.StatusCode.UNAVAILABLE:
+            self.next_endpoint(self._endpoints[index])
+            return "next"
+        if code == grpc.StatusCode.UNAUTHENTICATED and self._user is not None and may_reauthenticate and "token" in details:
+            return "reauthenticate"
+        raise from_rpc(e) from None
+
+    @staticmethod
+    def _none_answered(last: Optional[grpc.RpcError]) -> Unavailable:
+        return Unavailable(grpc.StatusCode.UNAVAILABLE, f"no endpoint answered ({last.details() if last else 'none tried'})")
+
+    def stream(self, method: Callable[[_Stubs], Callable[..., T]], request: object) -> Tuple[T, str]:
+        """Open a stream on the current endpoint; with the endpoint used."""
+        endpoint = self._endpoints[self._current]
+        return method(self._stubs_for(endpoint))(request, metadata=self._metadata()), endpoint
+
+    def next_endpoint(self, after: str) -> None:
+        """The member at ``after`` failed a call or a stream: use the next one."""
+        with self._mutex:
+            if self._endpoints[self._current] == after:
+                self._current = (self._current + 1) % len(self._endpoints)
+
+
+class Client(_Connection):
     """A client of a raftlock cluster (or of any etcd v3 server, for the
     etcd calls).
 
@@ -90,39 +167,11 @@ class Client:
         password: Optional[str] = None,
         timeout: float = 5.0,
     ) -> None:
-        if not endpoints:
-            raise ValueError("at least one endpoint is needed")
-        self.timeout = timeout
-        self._tls = tls or (TLS() if any(e.startswith("https://") for e in endpoints) else None)
-        self._endpoints = [e.split("://", 1)[-1] for e in endpoints]
-        self._stubs: Dict[str, _Stubs] = {}
-        self._current = 0
-        self._mutex = threading.Lock()
-        self._user, self._password = user, password
-        self._token: Optional[str] = None
+        super().__init__(endpoints, tls, user, password, timeout, grpc.secure_channel, grpc.insecure_channel)
         if user is not None:
             self._authenticate()
 
     # -- plumbing ---------------------------------------------------------
-
-    @property
-    def endpoints(self) -> List[str]:
-        return list(self._endpoints)
-
-    def _stubs_for(self, endpoint: str) -> _Stubs:
-        with self._mutex:
-            stubs = self._stubs.get(endpoint)
-            if stubs is None:
-                options = [("grpc.max_receive_message_length", 64 << 20)]
-                if self._tls is not None:
-                    channel = grpc.secure_channel(endpoint, self._tls.credentials(), options)
-                else:
-                    channel = grpc.insecure_channel(endpoint, options)
-                stubs = self._stubs[endpoint] = _Stubs(channel)
-            return stubs
-
-    def _metadata(self) -> Optional[List[Tuple[str, str]]]:
-        return [("token", self._token)] if self._token else None
 
     def _authenticate(self) -> None:
         req = rpc.AuthenticateRequest(name=self._user or "", password=self._password or "")
@@ -144,36 +193,12 @@ class Client:
                 return method(stubs)(request, timeout=deadline, metadata=self._metadata())
             except grpc.RpcError as e:
                 last = e
-                code, details = e.code(), e.details() or ""
-                if code == grpc.StatusCode.UNAVAILABLE:
+                if self._judge(e, index, not reauthenticated) == "next":
                     tries += 1
-                    with self._mutex:
-                        if self._current == index:
-                            self._current = (index + 1) % len(self._endpoints)
                     continue
-                if (
-                    code == grpc.StatusCode.UNAUTHENTICATED
-                    and self._user is not None
-                    and not reauthenticated
-                    and "token" in details
-                ):
-                    reauthenticated = True
-                    self._authenticate()
-                    continue
-                raise from_rpc(e) from None
-        assert last is not None
-        raise Unavailable(grpc.StatusCode.UNAVAILABLE, f"no endpoint answered ({last.details()})")
-
-    def stream(self, method: Callable[[_Stubs], Callable[..., T]], request: object) -> Tuple[T, str]:
-        """Open a server stream on the current endpoint; with the endpoint used."""
-        endpoint = self._endpoints[self._current]
-        return method(self._stubs_for(endpoint))(request, metadata=self._metadata()), endpoint
-
-    def next_endpoint(self, after: str) -> None:
-        """The member at ``after`` failed a stream: use the next one."""
-        with self._mutex:
-            if self._endpoints[self._current] == after:
-                self._current = (self._current + 1) % len(self._endpoints)
+                reauthenticated = True
+                self._authenticate()
+        raise self._none_answered(last)
 
     def close(self) -> None:
         with self._mutex:
@@ -291,7 +316,7 @@ class Client:
 
     # -- native locks -----------------------------------------------------
 
-    def session(self, ttl: int = 10) -> "Session":  # noqa: F821
+    def session(self, ttl: int = 10) -> "Session":
         """A lease of ``ttl`` seconds kept alive in the background (see
         :class:`raftlock.Session`); locks are taken through it."""
         from .session import Session
@@ -384,13 +409,7 @@ class Watch:
             try:
                 for response in responses:
                     failures = 0
-                    if response.compact_revision:
-                        raise RaftlockError(
-                            grpc.StatusCode.OUT_OF_RANGE,
-                            f"mvcc: required revision has been compacted (compacted at {response.compact_revision})",
-                        )
-                    if response.canceled:
-                        raise RaftlockError(grpc.StatusCode.CANCELLED, response.cancel_reason or "watch canceled")
+                    build.check_watch_response(response)
                     self.revision = max(self.revision, response.header.revision)
                     for event in response.events:
                         self._next = event.kv.mod_revision + 1

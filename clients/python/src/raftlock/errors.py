@@ -8,9 +8,12 @@ a call that could not reach any member raises :class:`Unavailable`.
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import grpc
+
+if TYPE_CHECKING:
+    from ._proto.raftlock.v1.lock_pb2 import Owner
 
 
 class RaftlockError(Exception):
@@ -29,7 +32,7 @@ class Unavailable(RaftlockError):
 class LockBusy(RaftlockError):
     """The lock was not granted within the wait; ``holders`` hold it now."""
 
-    def __init__(self, name: bytes, holders: List["Owner"]) -> None:  # noqa: F821
+    def __init__(self, name: bytes, holders: List["Owner"]) -> None:
         super().__init__(grpc.StatusCode.ABORTED, f"lock {name!r} is held by {len(holders)} other owner(s)")
         self.name = name
         self.holders = holders

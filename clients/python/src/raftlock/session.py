@@ -23,7 +23,7 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import grpc
 
@@ -147,7 +147,56 @@ class Session:
         self.close()
 
 
-class Lock:
+class _GrantEnd:
+    """How a grant learns that it ended, shared by :class:`Lock` and the
+    asyncio client's: ``lost`` (an event of either kind, made by the
+    subclass) is set once, never for the holder's own last release. While
+    a release of the holder's is in flight, an end seen in the events may be
+    that release's own: it is held back until the answer says."""
+
+    lost: Any
+
+    def __init__(self) -> None:
+        self.lost_reason: Optional[str] = None
+        self._released = False
+        self._ending = threading.Lock()
+        self._releasing = 0
+        self._held_back: Optional[str] = None
+
+    def _lose(self, why: str, *, from_events: bool = False) -> None:
+        with self._ending:
+            if self._released or self.lost.is_set():
+                return
+            if from_events and self._releasing:
+                self._held_back = why
+                return
+            self.lost_reason = why
+            self.lost.set()
+
+    def _release_starts(self) -> None:
+        with self._ending:
+            self._releasing += 1
+
+    def _release_ended(self, resp: Optional[locks_pb.ReleaseResponse]) -> None:
+        """After a release's answer (None: it failed): the holds left, and
+        an end held back told unless this release gave back the last hold."""
+        with self._ending:
+            self._releasing -= 1
+            if resp is not None and resp.released and resp.holds == 0:
+                self._released = True
+            held_back, self._held_back = self._held_back, None
+        if resp is not None and resp.released:
+            self.holds = resp.holds
+            if resp.holds == 0:
+                self._stop_following()
+        if held_back is not None:
+            self._lose(held_back)
+
+    def _stop_following(self) -> None:
+        raise NotImplementedError
+
+
+class Lock(_GrantEnd):
     """A grant: ``key``, ``token`` (the fencing token), ``holds`` (reentrant
     holds), and ``lost`` (a :class:`threading.Event`, set when the grant
     ended without a release; ``lost_reason`` says how)."""
@@ -159,28 +208,12 @@ class Lock:
         self.key = key
         self.token = token
         self.holds = holds
+        super().__init__()
         self.lost = threading.Event()
-        self.lost_reason: Optional[str] = None
         self._stop = threading.Event()
         self._call: Optional[grpc.Call] = None
-        self._released = False
-        # While a release of ours is in flight, an end seen in the events may
-        # be that release's own: it is held back until the answer says.
-        self._mutex = threading.Lock()
-        self._releasing = 0
-        self._held_back: Optional[str] = None
         self._follower = threading.Thread(target=self._follow, name=f"raftlock-lock-{token}", daemon=True)
         self._follower.start()
-
-    def _lose(self, why: str, *, from_events: bool = False) -> None:
-        with self._mutex:
-            if self._released or self.lost.is_set():
-                return
-            if from_events and self._releasing:
-                self._held_back = why
-                return
-            self.lost_reason = why
-            self.lost.set()
 
     def _stop_following(self) -> None:
         self._stop.set()
@@ -223,25 +256,12 @@ class Lock:
         (``holds`` is then what is left), False if the grant had already
         ended (nothing was changed)."""
         req = locks_pb.ReleaseRequest(key=self.key, token=self.token)
-        with self._mutex:
-            self._releasing += 1
+        self._release_starts()
         resp = None
         try:
             resp = self.session.client.call(lambda s: s.locks.Release, req)
         finally:
-            with self._mutex:
-                self._releasing -= 1
-                if resp is not None and resp.released and resp.holds == 0:
-                    self._released = True
-                held_back, self._held_back = self._held_back, None
-        if resp.released:
-            self.holds = resp.holds
-            if resp.holds == 0:
-                self._stop_following()
-        if held_back is not None:
-            # Unless this release gave back the last hold, the end the
-            # events told was someone else's doing (_lose looks).
-            self._lose(held_back)
+            self._release_ended(resp)
         return resp.released
 
     def validate(self) -> bool:
