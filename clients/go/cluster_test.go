@@ -1,0 +1,151 @@
+package raftlock
+
+// A real 3-member raftlock cluster for the client's tests: processes of the
+// `raftlock` binary named by $RAFTLOCK_BIN (default: the repository's
+// target/debug/raftlock), on free ports of 127.0.0.1, each test its own.
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+type cluster struct {
+	binary    string
+	endpoints []string
+	members   []*exec.Cmd
+}
+
+func freePort(t *testing.T) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// repoRoot is the repository's root (this package lives in clients/go).
+func repoRoot(t *testing.T) string {
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The GOPATH the tests run in links src/raftlock to clients/go.
+	if resolved, err := filepath.EvalSymlinks(wd); err == nil {
+		wd = resolved
+	}
+	return filepath.Dir(filepath.Dir(wd))
+}
+
+func startCluster(t *testing.T) *cluster {
+	t.Helper()
+	binary := os.Getenv("RAFTLOCK_BIN")
+	if binary == "" {
+		binary = filepath.Join(repoRoot(t), "target", "debug", "raftlock")
+	}
+	if _, err := os.Stat(binary); err != nil {
+		t.Fatalf("%s is missing: build raftlock first (cargo build), or set RAFTLOCK_BIN", binary)
+	}
+	dir := t.TempDir()
+	c := &cluster{binary: binary}
+	var peers, initial []string
+	for i := 0; i < 3; i++ {
+		c.endpoints = append(c.endpoints, fmt.Sprintf("127.0.0.1:%d", freePort(t)))
+		peers = append(peers, fmt.Sprintf("http://127.0.0.1:%d", freePort(t)))
+		initial = append(initial, fmt.Sprintf("m%d=%s", i, peers[i]))
+	}
+	for i := 0; i < 3; i++ {
+		url := "http://" + c.endpoints[i]
+		member := exec.Command(binary, "--name", fmt.Sprintf("m%d", i), "--data-dir", filepath.Join(dir, fmt.Sprintf("m%d", i)),
+			"--listen-client-urls", url, "--advertise-client-urls", url,
+			"--listen-peer-urls", peers[i], "--initial-advertise-peer-urls", peers[i],
+			"--initial-cluster", strings.Join(initial, ","), "--initial-cluster-state", "new")
+		log, err := os.Create(filepath.Join(dir, fmt.Sprintf("m%d.log", i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		member.Stdout, member.Stderr = log, log
+		if err := member.Start(); err != nil {
+			t.Fatal(err)
+		}
+		c.members = append(c.members, member)
+	}
+	t.Cleanup(c.stop)
+	// Ready when a lease can be granted (a write through the leader).
+	client := c.client(t)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		s, err := client.Session(ctx, 5*time.Second)
+		cancel()
+		if err == nil {
+			s.Close(context.Background())
+			return c
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the cluster never served: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// client is a new client of every member, closed with the test.
+func (c *cluster) client(t *testing.T, opts ...Option) *Client {
+	client, err := Connect(context.Background(), c.endpoints, append([]Option{WithTimeout(2 * time.Second)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	return client
+}
+
+func (c *cluster) kill(i int) {
+	c.members[i].Process.Signal(syscall.SIGKILL)
+	c.members[i].Wait()
+}
+
+func (c *cluster) stop() {
+	for _, m := range c.members {
+		if m.ProcessState == nil {
+			m.Process.Kill()
+			m.Wait()
+		}
+	}
+}
+
+// ctl is raftlockctl, next to the raftlock binary.
+func (c *cluster) ctl() string {
+	return filepath.Join(filepath.Dir(c.binary), "raftlockctl")
+}
+
+// eventually retries check every 50 ms until it is true, 10 s at most.
+func eventually(t *testing.T, what string, check func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !check() {
+		if time.Now().After(deadline) {
+			t.Fatalf("never: %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// within fails unless ch is closed within d.
+func within(t *testing.T, ch <-chan struct{}, d time.Duration, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(d):
+		t.Fatalf("not within %s: %s", d, what)
+	}
+}
+
+var bg = context.Background()
