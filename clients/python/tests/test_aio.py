@@ -72,3 +72,22 @@ def test_asyncio_a_lock_released_by_its_holder_is_never_told_lost(cluster) -> No
                 assert told == 0, f"{told} of 100 releases were told as losses"
 
     asyncio.run(main())
+
+
+def test_asyncio_multi_locks(cluster) -> None:
+    async def main() -> None:
+        async with raftlock.aio.Client(cluster.endpoints) as client:
+            async with client.session(ttl=10) as a, client.session(ttl=10) as b:
+                async with a.lock_all(["aio-m/a", "aio-m/b"], wait=0) as held:
+                    assert [g.name for g in held.grants] == [b"aio-m/a", b"aio-m/b"]
+                    with pytest.raises(raftlock.LockBusy) as busy:
+                        await b.lock_all(["aio-m/b", "aio-m/c"], wait=0.2)
+                    assert busy.value.name == b"aio-m/b"
+                later = await b.lock_all(["aio-m/b", "aio-m/c"], wait=0)
+                assert later.grants[0].token > held.grants[1].token
+                assert not held.lost.is_set(), "the holder's own release read as lost"
+                await client.lease_revoke(b.lease)
+                await asyncio.wait_for(later.lost.wait(), 5)
+                assert not await later.release()
+
+    asyncio.run(main())

@@ -304,3 +304,39 @@ def test_a_lock_released_by_its_holder_is_never_told_lost(client: raftlock.Clien
             time.sleep(0.01)
             told += lock.lost.is_set()
         assert told == 0, f"{told} of 100 releases were told as losses"
+
+
+def test_multi_locks_are_all_or_none_and_deadlock_free(client: raftlock.Client) -> None:
+    with client.session(ttl=10) as a, client.session(ttl=10) as b:
+        held = a.lock_all(["m/a", "m/b", raftlock.LockSpec("m/c", mode=raftlock.READ)], wait=0)
+        assert [g.name for g in held.grants] == [b"m/a", b"m/b", b"m/c"]
+        assert len({g.token for g in held.grants}) == 1, "one txn queues every place"
+        with pytest.raises(raftlock.LockBusy) as busy:
+            b.lock_all(["m/d", "m/b"], wait=0)  # overlapping, in another order
+        assert busy.value.name == b"m/b"
+        assert [h.token for h in busy.value.holders] == [held.grants[1].token]
+        assert not client.describe("m/d").holders, "a refused multi-lock left a place behind"
+
+        # Overlapping sets in different orders, from many threads: all granted in turn.
+        errors: list = []
+
+        def take(order: list) -> None:
+            try:
+                with client.session(ttl=10) as s:
+                    with s.lock_all(order, wait=20):
+                        time.sleep(0.01)
+            except Exception as e:  # judged below
+                errors.append(e)
+
+        orders = [["x/1", "x/2", "x/3"], ["x/3", "x/1"], ["x/2", "x/3"], ["x/3", "x/2", "x/1"]] * 3
+        threads = [threading.Thread(target=take, args=(o,)) for o in orders]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors and not any(t.is_alive() for t in threads), errors
+
+        # The set is lost as one when its lease ends, and then released no more.
+        client.lease_revoke(a.lease)
+        assert held.lost.wait(5), "a multi-lock of a revoked lease was not told lost"
+        assert not held.release()

@@ -15,14 +15,17 @@ from ._proto.raftlock.v1.lock_pb2 import LockEvent
 from ._requests import prefix_end
 from .client import TLS, Client, Watch
 from .errors import LockBusy, RaftlockError, SessionLost, Unavailable
-from .session import READ, WRITE, Leadership, Lock, Session
+from .session import READ, WRITE, Grant, Leadership, Lock, LockSpec, MultiLock, Session
 
 __all__ = [
     "Client",
+    "Grant",
     "Leadership",
     "Lock",
     "LockEvent",
     "LockBusy",
+    "LockSpec",
+    "MultiLock",
     "RaftlockError",
     "READ",
     "Session",

@@ -4,7 +4,8 @@ grant ended. Pure functions; no I/O."""
 
 from __future__ import annotations
 
-from typing import Iterable, Optional, Union
+from dataclasses import dataclass
+from typing import Iterable, NamedTuple, Optional, Sequence, Union
 
 from ._proto.etcdserverpb import rpc_pb2 as rpc
 from ._proto.raftlock.v1 import lock_pb2 as locks_pb
@@ -57,6 +58,49 @@ def acquire(
         reentrant=reentrant,
         lock_delay_ms=int(lock_delay * 1000),
     )
+
+
+@dataclass(frozen=True)
+class LockSpec:
+    """One lock of a multi-lock: its name, mode and permits."""
+
+    name: Bytes
+    mode: str = WRITE
+    permits: int = 1
+
+
+class Grant(NamedTuple):
+    """One lock's grant of a multi-lock: its name, owner key and fencing token."""
+
+    name: bytes
+    key: bytes
+    token: int
+
+
+def specs(locks: Sequence[Union[Bytes, LockSpec]]) -> list:
+    """A multi-lock's locks as :class:`LockSpec` (a plain name is a write lock)."""
+    return [lock if isinstance(lock, LockSpec) else LockSpec(lock) for lock in locks]
+
+
+def acquire_all(locks: Sequence[LockSpec], lease: int, wait: Optional[float], metadata: Bytes) -> locks_pb.AcquireRequest:
+    """A multi-lock's Acquire; ``wait`` as in :func:`acquire`."""
+    for lock in locks:
+        if lock.mode not in (READ, WRITE):
+            raise ValueError(f"mode is {READ!r} or {WRITE!r}, not {lock.mode!r}")
+    return locks_pb.AcquireRequest(
+        lease=lease,
+        wait_ms=-1 if wait is None else max(0, int(wait * 1000)),
+        metadata=b(metadata),
+        locks=[
+            locks_pb.LockSpec(name=b(lock.name), mode=locks_pb.READ if lock.mode == READ else locks_pb.WRITE, permits=lock.permits)
+            for lock in locks
+        ],
+    )
+
+
+def release_all(grants: Sequence[Grant]) -> locks_pb.ReleaseRequest:
+    """The one Release of a multi-lock's grants, each fenced by its token."""
+    return locks_pb.ReleaseRequest(grants=[locks_pb.Grant(key=g.key, token=g.token) for g in grants])
 
 
 def check_watch_response(response: rpc.WatchResponse) -> None:

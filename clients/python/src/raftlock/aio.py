@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, AsyncIterator, Awaitable, Callable, Generator, Generic, List, Optional, Sequence, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, Generator, Generic, List, Optional, Sequence, TypeVar, Union
 
 import grpc
 import grpc.aio
@@ -31,13 +31,13 @@ from . import _requests as build
 from ._proto.etcdserverpb import rpc_pb2 as rpc
 from ._proto.raftlock.v1 import lock_pb2 as locks_pb
 from ._proto.v3electionpb import v3election_pb2 as election_pb
-from ._requests import READ, WRITE, Bytes
+from ._requests import READ, WRITE, Bytes, Grant, LockSpec
 from ._requests import b as _b
 from .client import TLS, KeyValue, _Connection, _Stubs
 from .errors import LockBusy, RaftlockError, SessionLost, from_rpc
 from .session import _GrantEnd
 
-__all__ = ["Client", "Leadership", "Lock", "READ", "Session", "WRITE"]
+__all__ = ["Client", "Leadership", "Lock", "MultiLock", "READ", "Session", "WRITE"]
 
 T = TypeVar("T")
 
@@ -249,7 +249,7 @@ class Session:
         self.lost = asyncio.Event()
         self.lost_reason: Optional[str] = None
         self._closed = False
-        self._locks: List["Lock"] = []
+        self._locks: List[_GrantEnd] = []
         self._keeper: Optional["asyncio.Task[None]"] = None
 
     async def _open(self) -> None:
@@ -298,6 +298,26 @@ class Session:
 
         return _Opening(open)
 
+    def lock_all(
+        self, locks: Sequence[Union[Bytes, LockSpec]], *, wait: Optional[float] = None, metadata: Bytes = b""
+    ) -> "_Opening[MultiLock]":
+        """Acquire several locks all or none; see :meth:`raftlock.Session.lock_all`."""
+
+        async def open() -> MultiLock:
+            if self.lost.is_set():
+                raise SessionLost(self.lease, self.lost_reason or "lost")
+            specs = build.specs(locks)
+            req = build.acquire_all(specs, self.lease, wait, metadata)
+            timeout = None if wait is None else wait + self.client.timeout
+            resp = await self.client.call(lambda s: s.locks.Acquire, req, timeout=timeout)
+            if not resp.acquired:
+                raise LockBusy(resp.blocked_on, list(resp.holders))
+            multi = MultiLock(self, specs, [Grant(g.name, g.key, g.token) for g in resp.grants])
+            self._locks.append(multi)
+            return multi
+
+        return _Opening(open)
+
     async def campaign(self, name: Bytes, value: Bytes, *, wait: Optional[float] = None) -> "Leadership":
         """Campaign in election ``name``; see :meth:`raftlock.Session.campaign`."""
         if self.lost.is_set():
@@ -329,6 +349,32 @@ class Session:
         await self.close()
 
 
+async def _follow(end: _GrantEnd, client: Client, name: bytes, permits: int, key: bytes, token: int) -> None:
+    """Follow one lock's events from a grant's revision, on the client's
+    current member (the next one when it fails), and tell ``end`` when they
+    say the grant ended."""
+    start = max(token, 1)
+    while True:
+        req = locks_pb.ObserveRequest(name=name, permits=permits, start_revision=start)
+        call, endpoint = client.stream(lambda s: s.locks.Observe, req)
+        try:
+            async for message in call:
+                why = build.grant_end(message, key, token, start == 0)
+                if why is not None:
+                    return end._lose(why, from_events=True)
+                start = max(start, message.header.revision + 1)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.OUT_OF_RANGE:
+                start = 0
+                continue
+            if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN, grpc.StatusCode.DEADLINE_EXCEEDED):
+                return end._lose(f"its events could not be followed: {from_rpc(e)}")
+            client.next_endpoint(endpoint)
+        finally:
+            call.cancel()
+        await asyncio.sleep(0.2)
+
+
 class Lock(_GrantEnd):
     """A grant, as :class:`raftlock.Lock`; ``lost`` is an :class:`asyncio.Event`."""
 
@@ -337,33 +383,10 @@ class Lock(_GrantEnd):
         self.key, self.token, self.holds = key, token, holds
         super().__init__()
         self.lost = asyncio.Event()
-        self._follower = asyncio.get_running_loop().create_task(self._follow())
+        self._follower = asyncio.get_running_loop().create_task(_follow(self, session.client, name, permits, key, token))
 
     def _stop_following(self) -> None:
         self._follower.cancel()
-
-    async def _follow(self) -> None:
-        client = self.session.client
-        start = max(self.token, 1)
-        while True:
-            req = locks_pb.ObserveRequest(name=self.name, permits=self.permits, start_revision=start)
-            call, endpoint = client.stream(lambda s: s.locks.Observe, req)
-            try:
-                async for message in call:
-                    why = build.grant_end(message, self.key, self.token, start == 0)
-                    if why is not None:
-                        return self._lose(why, from_events=True)
-                    start = max(start, message.header.revision + 1)
-            except grpc.RpcError as e:
-                if e.code() == grpc.StatusCode.OUT_OF_RANGE:
-                    start = 0
-                    continue
-                if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN, grpc.StatusCode.DEADLINE_EXCEEDED):
-                    return self._lose(f"its events could not be followed: {from_rpc(e)}")
-                client.next_endpoint(endpoint)
-            finally:
-                call.cancel()
-            await asyncio.sleep(0.2)
 
     async def release(self) -> bool:
         """Give back one hold, fenced by the token (see :meth:`raftlock.Lock.release`)."""
@@ -406,3 +429,39 @@ class Leadership(Lock):
     async def release(self) -> bool:
         await self.resign()
         return True
+
+
+class MultiLock(_GrantEnd):
+    """Several locks held together, as :class:`raftlock.MultiLock`; ``lost``
+    is an :class:`asyncio.Event`."""
+
+    def __init__(self, session: Session, locks: List[LockSpec], grants: List[Grant]) -> None:
+        self.session, self.grants, self.holds = session, grants, 1
+        super().__init__()
+        self.lost = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        self._followers = [
+            loop.create_task(_follow(self, session.client, g.name, lock.permits, g.key, g.token))
+            for lock, g in zip(locks, grants)
+        ]
+
+    def _stop_following(self) -> None:
+        for follower in self._followers:
+            follower.cancel()
+
+    async def release(self) -> bool:
+        """Give back every grant of the set in one call (see :meth:`raftlock.MultiLock.release`)."""
+        self._release_starts()
+        resp = None
+        try:
+            resp = await self.session.client.call(lambda s: s.locks.Release, build.release_all(self.grants))
+        finally:
+            self._release_ended(resp)
+        return resp.released
+
+    async def __aenter__(self) -> "MultiLock":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if not self.lost.is_set():
+            await self.release()

@@ -23,19 +23,19 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Sequence, Union
 
 import grpc
 
 from ._proto.raftlock.v1 import lock_pb2 as locks_pb
 from ._proto.v3electionpb import v3election_pb2 as election_pb
 from . import _requests as build
-from ._requests import READ, WRITE, Bytes
+from ._requests import READ, WRITE, Bytes, Grant, LockSpec
 from ._requests import b as _b
 from .client import Client
 from .errors import LockBusy, RaftlockError, SessionLost, from_rpc
 
-__all__ = ["READ", "WRITE", "Leadership", "Lock", "Session"]
+__all__ = ["READ", "WRITE", "Grant", "Leadership", "Lock", "LockSpec", "MultiLock", "Session"]
 
 
 class Session:
@@ -54,7 +54,7 @@ class Session:
         self.lost = threading.Event()
         self.lost_reason: Optional[str] = None
         self._closed = threading.Event()
-        self._locks: "weakref.WeakSet[Lock]" = weakref.WeakSet()
+        self._locks: "weakref.WeakSet[_GrantEnd]" = weakref.WeakSet()
         self._keeper = threading.Thread(target=self._keep_alive, name=f"raftlock-session-{self.lease:x}", daemon=True)
         self._keeper.start()
 
@@ -111,6 +111,27 @@ class Session:
         lock = Lock(self, _b(name), permits, resp.key, resp.token, resp.holds)
         self._locks.add(lock)
         return lock
+
+    def lock_all(
+        self, locks: Sequence[Union[Bytes, LockSpec]], *, wait: Optional[float] = None, metadata: Bytes = b""
+    ) -> "MultiLock":
+        """Acquire several locks for this session's lease, all or none: each
+        a name (a write lock) or a :class:`LockSpec` (name, mode, permits);
+        at least two, none nested under another. However many clients ask
+        for overlapping sets, in whatever order, nobody deadlocks. ``wait``
+        as in :meth:`lock`; not granted in time: :class:`LockBusy` with the
+        holders of the first lock that was not held (its ``name``)."""
+        if self.lost.is_set():
+            raise SessionLost(self.lease, self.lost_reason or "lost")
+        specs = build.specs(locks)
+        req = build.acquire_all(specs, self.lease, wait, metadata)
+        timeout = None if wait is None else wait + self.client.timeout
+        resp = self.client.call(lambda s: s.locks.Acquire, req, timeout=timeout)
+        if not resp.acquired:
+            raise LockBusy(resp.blocked_on, list(resp.holders))
+        multi = MultiLock(self, specs, [Grant(g.name, g.key, g.token) for g in resp.grants])
+        self._locks.add(multi)
+        return multi
 
     def campaign(self, name: Bytes, value: Bytes, *, wait: Optional[float] = None) -> "Leadership":
         """Campaign in election ``name`` with ``value`` (etcd's
@@ -196,6 +217,56 @@ class _GrantEnd:
         raise NotImplementedError
 
 
+class _Follower:
+    """Follows one lock's events from a grant's revision, on the client's
+    current member (the next one when it fails), on a thread of its own,
+    and tells ``end`` when they say the grant ended."""
+
+    def __init__(self, end: _GrantEnd, client: Client, name: bytes, permits: int, key: bytes, token: int) -> None:
+        self._end, self._client = end, client
+        self._grant = (name, permits, key, token)
+        self._stop = threading.Event()
+        self._call: Optional[grpc.Call] = None
+        self._thread = threading.Thread(target=self._run, name=f"raftlock-lock-{token}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        call = self._call
+        if call is not None:
+            call.cancel()
+
+    def _run(self) -> None:
+        name, permits, key, token = self._grant
+        client = self._client
+        start = max(token, 1)
+        while not self._stop.is_set():
+            req = locks_pb.ObserveRequest(name=name, permits=permits, start_revision=start)
+            responses, endpoint = client.stream(lambda s: s.locks.Observe, req)
+            self._call = responses  # type: ignore[assignment]
+            if self._stop.is_set():
+                responses.cancel()
+                return
+            try:
+                for message in responses:
+                    why = build.grant_end(message, key, token, start == 0)
+                    if why is not None:
+                        self._end._lose(why, from_events=True)
+                        return
+                    start = max(start, message.header.revision + 1)
+            except grpc.RpcError as e:
+                if self._stop.is_set() or e.code() == grpc.StatusCode.CANCELLED:
+                    return
+                if e.code() == grpc.StatusCode.OUT_OF_RANGE:
+                    start = 0
+                    continue
+                if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    self._end._lose(f"its events could not be followed: {from_rpc(e)}")
+                    return
+                client.next_endpoint(endpoint)
+            self._stop.wait(0.2)
+
+
 class Lock(_GrantEnd):
     """A grant: ``key``, ``token`` (the fencing token), ``holds`` (reentrant
     holds), and ``lost`` (a :class:`threading.Event`, set when the grant
@@ -210,46 +281,10 @@ class Lock(_GrantEnd):
         self.holds = holds
         super().__init__()
         self.lost = threading.Event()
-        self._stop = threading.Event()
-        self._call: Optional[grpc.Call] = None
-        self._follower = threading.Thread(target=self._follow, name=f"raftlock-lock-{token}", daemon=True)
-        self._follower.start()
+        self._follower = _Follower(self, session.client, name, permits, key, token)
 
     def _stop_following(self) -> None:
-        self._stop.set()
-        call = self._call
-        if call is not None:
-            call.cancel()
-
-    def _follow(self) -> None:
-        """Follow the lock's events from the grant's revision until it ends."""
-        client = self.session.client
-        start = max(self.token, 1)
-        while not self._stop.is_set():
-            req = locks_pb.ObserveRequest(name=self.name, permits=self.permits, start_revision=start)
-            responses, endpoint = client.stream(lambda s: s.locks.Observe, req)
-            self._call = responses  # type: ignore[assignment]
-            if self._stop.is_set():
-                responses.cancel()
-                return
-            try:
-                for message in responses:
-                    why = build.grant_end(message, self.key, self.token, start == 0)
-                    if why is not None:
-                        self._lose(why, from_events=True)
-                        return
-                    start = max(start, message.header.revision + 1)
-            except grpc.RpcError as e:
-                if self._stop.is_set() or e.code() == grpc.StatusCode.CANCELLED:
-                    return
-                if e.code() == grpc.StatusCode.OUT_OF_RANGE:
-                    start = 0
-                    continue
-                if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN, grpc.StatusCode.DEADLINE_EXCEEDED):
-                    self._lose(f"its events could not be followed: {from_rpc(e)}")
-                    return
-                client.next_endpoint(endpoint)
-            self._stop.wait(0.2)
+        self._follower.stop()
 
     def release(self) -> bool:
         """Give back one hold, fenced by the token: True if it was released
@@ -303,6 +338,47 @@ class Leadership(Lock):
     def release(self) -> bool:
         self.resign()
         return True
+
+
+class MultiLock(_GrantEnd):
+    """Several locks held together (:meth:`Session.lock_all`): ``grants``
+    (one :class:`Grant` per lock, in the request's order: name, key,
+    token), and ``lost``, set when any of them ended without a release."""
+
+    def __init__(self, session: Session, locks: List[LockSpec], grants: List[Grant]) -> None:
+        self.session = session
+        self.grants = grants
+        self.holds = 1
+        super().__init__()
+        self.lost = threading.Event()
+        self._followers = [
+            _Follower(self, session.client, g.name, lock.permits, g.key, g.token) for lock, g in zip(locks, grants)
+        ]
+
+    def _stop_following(self) -> None:
+        for follower in self._followers:
+            follower.stop()
+
+    def release(self) -> bool:
+        """Give back every grant of the set in one call, each fenced by its
+        token: True if every one was released."""
+        self._release_starts()
+        resp = None
+        try:
+            resp = self.session.client.call(lambda s: s.locks.Release, build.release_all(self.grants))
+        finally:
+            self._release_ended(resp)
+        return resp.released
+
+    def __enter__(self) -> "MultiLock":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.lost.is_set():
+            self.release()
+
+    def __repr__(self) -> str:
+        return f"MultiLock(grants={self.grants!r}, lost={self.lost.is_set()})"
 
 
 def holders(client: Client, name: Bytes, permits: int = 1) -> List[locks_pb.Owner]:
