@@ -6,9 +6,9 @@
 # golang-etcd-server-dev for the Go clientv3 interop test, curl for the
 # HTTP/JSON gateway test, raftlock release 0.1.0 built from git for the
 # upgrade test), then
-# runs every test (the server's, the fault suite's checkers, and the Python
-# client's pytest suite, in a virtualenv of its own). Extra arguments
-# go to `cargo test`.
+# runs every test (the server's, the fault suite's checkers, the Python
+# client's pytest suite, in a virtualenv of its own, and the Go client's
+# go test). Extra arguments go to `cargo test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,3 +36,7 @@ cargo test --workspace --features raftlock/bench-etcd-client "$@"
 # The Python client's own tests (pytest), against members of the debug
 # build that `cargo test` just made.
 RAFTLOCK_BIN=$PWD/target/debug/raftlock scripts/test-python-client.sh
+
+# The Go client's own tests (go vet, go test), built offline in GOPATH mode
+# from Debian's Go packages, against the same debug build.
+RAFTLOCK_BIN=$PWD/target/debug/raftlock scripts/test-go-client.sh
