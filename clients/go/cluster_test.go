@@ -21,6 +21,8 @@ type cluster struct {
 	binary    string
 	endpoints []string
 	members   []*exec.Cmd
+	// How the tests' clients connect (TLS, for a cluster under mTLS).
+	opts []Option
 }
 
 func freePort(t *testing.T) int {
@@ -47,6 +49,13 @@ func repoRoot(t *testing.T) string {
 
 func startCluster(t *testing.T) *cluster {
 	t.Helper()
+	return startClusterWith(t, nil)
+}
+
+// startClusterWith starts members under mTLS on both ports when certs is
+// set (clients connect with the "alice" certificate).
+func startClusterWith(t *testing.T, certs *testCerts) *cluster {
+	t.Helper()
 	binary := os.Getenv("RAFTLOCK_BIN")
 	if binary == "" {
 		binary = filepath.Join(repoRoot(t), "target", "debug", "raftlock")
@@ -56,18 +65,24 @@ func startCluster(t *testing.T) *cluster {
 	}
 	dir := t.TempDir()
 	c := &cluster{binary: binary}
+	scheme, tlsFlags := "http", []string(nil)
+	if certs != nil {
+		scheme, tlsFlags = "https", certs.memberFlags()
+		c.opts = []Option{WithTLS(certs.clientConfig(t, certs.alice))}
+	}
 	var peers, initial []string
 	for i := 0; i < 3; i++ {
 		c.endpoints = append(c.endpoints, fmt.Sprintf("127.0.0.1:%d", freePort(t)))
-		peers = append(peers, fmt.Sprintf("http://127.0.0.1:%d", freePort(t)))
+		peers = append(peers, fmt.Sprintf("%s://127.0.0.1:%d", scheme, freePort(t)))
 		initial = append(initial, fmt.Sprintf("m%d=%s", i, peers[i]))
 	}
 	for i := 0; i < 3; i++ {
-		url := "http://" + c.endpoints[i]
-		member := exec.Command(binary, "--name", fmt.Sprintf("m%d", i), "--data-dir", filepath.Join(dir, fmt.Sprintf("m%d", i)),
+		url := scheme + "://" + c.endpoints[i]
+		args := []string{"--name", fmt.Sprintf("m%d", i), "--data-dir", filepath.Join(dir, fmt.Sprintf("m%d", i)),
 			"--listen-client-urls", url, "--advertise-client-urls", url,
 			"--listen-peer-urls", peers[i], "--initial-advertise-peer-urls", peers[i],
-			"--initial-cluster", strings.Join(initial, ","), "--initial-cluster-state", "new")
+			"--initial-cluster", strings.Join(initial, ","), "--initial-cluster-state", "new"}
+		member := exec.Command(binary, append(args, tlsFlags...)...)
 		log, err := os.Create(filepath.Join(dir, fmt.Sprintf("m%d.log", i)))
 		if err != nil {
 			t.Fatal(err)
@@ -99,7 +114,8 @@ func startCluster(t *testing.T) *cluster {
 
 // client is a new client of every member, closed with the test.
 func (c *cluster) client(t *testing.T, opts ...Option) *Client {
-	client, err := Connect(context.Background(), c.endpoints, append([]Option{WithTimeout(2 * time.Second)}, opts...)...)
+	all := append(append([]Option{WithTimeout(2 * time.Second)}, c.opts...), opts...)
+	client, err := Connect(context.Background(), c.endpoints, all...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -621,5 +622,23 @@ func TestGeneratedCodeIsCurrent(t *testing.T) {
 	out, err := exec.Command("./generate.sh", "--check").CombinedOutput()
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)
+	}
+}
+
+func TestTheREADMEExampleRuns(t *testing.T) {
+	c := startCluster(t)
+	out, err := exec.Command("go", "run", "raftlock/example", "-endpoints", strings.Join(c.endpoints, ",")).CombinedOutput()
+	if err != nil || !strings.HasPrefix(string(out), "holding jobs/nightly/") || !strings.Contains(string(out), "fencing token") {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if got := holderTokens(t, c.client(t), "jobs/nightly", 0); len(got) != 0 {
+		t.Fatalf("the example left a holder: %v", got)
+	}
+	// The README shows the program as it is.
+	program, _ := os.ReadFile("example/main.go")
+	readme, _ := os.ReadFile(filepath.Join(repoRoot(t), "README.md"))
+	body := string(program[strings.Index(string(program), "package main"):])
+	if !strings.Contains(string(readme), "```go\n"+body+"```") {
+		t.Fatal("README.md's Go example is not clients/go/example/main.go: copy it over")
 	}
 }

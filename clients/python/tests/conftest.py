@@ -10,7 +10,7 @@ import signal
 import socket
 import subprocess
 import time
-from typing import List
+from typing import List, Sequence
 
 import pytest
 
@@ -26,24 +26,29 @@ def free_port() -> int:
 
 
 class Cluster:
-    def __init__(self, tmp: pathlib.Path, size: int = 3) -> None:
+    """``member_flags`` (TLS flags, say) go to every member; ``scheme`` is
+    its URLs'; ``client_options`` how a client connects (``tls=``)."""
+
+    def __init__(
+        self, tmp: pathlib.Path, size: int = 3, member_flags: Sequence[str] = (), scheme: str = "http", **client_options
+    ) -> None:
         self.binary = binary = os.environ.get("RAFTLOCK_BIN", str(ROOT / "target" / "debug" / "raftlock"))
         if not os.path.exists(binary):
             raise RuntimeError(f"{binary} is missing: build raftlock first (cargo build), or set RAFTLOCK_BIN")
         self.client_ports = [free_port() for _ in range(size)]
         peer_ports = [free_port() for _ in range(size)]
-        initial = ",".join(f"m{i}=http://127.0.0.1:{p}" for i, p in enumerate(peer_ports))
+        initial = ",".join(f"m{i}={scheme}://127.0.0.1:{p}" for i, p in enumerate(peer_ports))
         self.processes: List[subprocess.Popen] = []
         for i in range(size):
-            url, peer = f"http://127.0.0.1:{self.client_ports[i]}", f"http://127.0.0.1:{peer_ports[i]}"
+            url, peer = f"{scheme}://127.0.0.1:{self.client_ports[i]}", f"{scheme}://127.0.0.1:{peer_ports[i]}"
             args = [binary, "--name", f"m{i}", "--data-dir", str(tmp / f"m{i}"),
                     "--listen-client-urls", url, "--advertise-client-urls", url,
                     "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                    "--initial-cluster", initial, "--initial-cluster-state", "new"]
+                    "--initial-cluster", initial, "--initial-cluster-state", "new", *member_flags]
             log = open(tmp / f"m{i}.log", "wb")
             self.processes.append(subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT))
         self.endpoints = [f"127.0.0.1:{p}" for p in self.client_ports]
-        client = raftlock.Client(self.endpoints, timeout=2.0)
+        client = raftlock.Client(self.endpoints, timeout=2.0, **client_options)
         deadline = time.monotonic() + 30
         while True:
             try:
