@@ -14,11 +14,18 @@
 // carrying the gRPC code and the server's message (etcd's, for the etcd
 // calls).
 //
+// A call that may be made twice (reads, keepalives, Describe, Validate)
+// also moves on when a member does not answer within the client's timeout
+// (a member that hangs); gRPC keepalives find a silent connection within
+// 15 s. A refused auth token (tokens are each member's own) is replaced
+// and the call made again.
+//
 // Caveat: an Acquire whose member went away after it was sent may have been
 // applied; retrying it (which the client does on Unavailable) is safe — a
 // plain acquire by a lease that already holds or waits for the lock finds
 // its own place — but a reentrant acquire retried may add a hold twice (its
-// answer says how many there are).
+// answer says how many there are). A Release is never retried (see
+// Client.Release).
 package raftlock
 
 import (
@@ -33,6 +40,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -81,8 +89,8 @@ func WithAuth(user, password string) Option {
 	return func(o *options) { o.user, o.password = user, password }
 }
 
-// WithTimeout sets each call's deadline (5 s unless set) when its context
-// has none; a lock's wait is added to it.
+// WithTimeout bounds each attempt of a call on one member (5 s unless set;
+// a lock's wait is added to it); the call's context bounds the whole call.
 func WithTimeout(d time.Duration) Option {
 	return func(o *options) { o.timeout = d }
 }
@@ -96,6 +104,8 @@ func WithDialOptions(dial ...grpc.DialOption) Option {
 type Client struct {
 	endpoints []string
 	opts      options
+
+	authMu sync.Mutex // one re-authentication at a time
 
 	mu      sync.Mutex
 	conns   map[string]*grpc.ClientConn
@@ -168,7 +178,12 @@ func (c *Client) conn() (int, *grpc.ClientConn, error) {
 	if conn, ok := c.conns[endpoint]; ok {
 		return i, conn, nil
 	}
-	dial := append([]grpc.DialOption{grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20), grpc.ForceCodec(codec{}))}, c.opts.dial...)
+	dial := append([]grpc.DialOption{
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20), grpc.ForceCodec(codec{})),
+		// A member that hangs (stopped, cut off) is found by its silence:
+		// its connection fails, and with it the streams that follow locks.
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
+	}, c.opts.dial...)
 	if c.opts.tls != nil {
 		dial = append(dial, grpc.WithTransportCredentials(credentials.NewTLS(c.opts.tls.Clone())))
 	} else {
@@ -192,24 +207,24 @@ func (c *Client) nextEndpoint(index int) {
 	}
 }
 
-// outgoing adds the auth token, if any, to a call's context.
-func (c *Client) outgoing(ctx context.Context) context.Context {
+// outgoing adds the auth token, if any, to a call's context; with the
+// token used ("" for none).
+func (c *Client) outgoing(ctx context.Context) (context.Context, string) {
 	c.mu.Lock()
 	token := c.token
 	c.mu.Unlock()
 	if token == "" {
-		return ctx
+		return ctx, ""
 	}
-	return metadata.AppendToOutgoingContext(ctx, "token", token)
+	return metadata.AppendToOutgoingContext(ctx, "token", token), token
 }
 
+// authenticate fetches a token; the one in use is replaced only by a new
+// one, never cleared.
 func (c *Client) authenticate(ctx context.Context) error {
-	c.mu.Lock()
-	c.token = ""
-	c.mu.Unlock()
 	resp := &lockpb.AuthenticateResponse{}
 	req := &lockpb.AuthenticateRequest{Name: c.opts.user, Password: c.opts.password}
-	if err := c.invoke(ctx, methodAuthenticate, req, resp, c.opts.timeout, false); err != nil {
+	if err := c.failover(ctx, c.opts.timeout, retryUnavailable, false, invoker(methodAuthenticate, req, resp)); err != nil {
 		return err
 	}
 	c.mu.Lock()
@@ -218,31 +233,53 @@ func (c *Client) authenticate(ctx context.Context) error {
 	return nil
 }
 
-// judgement is what a failed call does next.
-type judgement int
-
-const (
-	giveUp judgement = iota
-	tryNext
-	reauthenticate
-)
-
-func (c *Client) judge(err error, index int, mayReauthenticate bool) judgement {
-	s, _ := status.FromError(err)
-	switch {
-	case s.Code() == codes.Unavailable:
-		c.nextEndpoint(index)
-		return tryNext
-	case s.Code() == codes.Unauthenticated && c.opts.user != "" && mayReauthenticate && strings.Contains(s.Message(), "token"):
-		return reauthenticate
+// reauthenticate replaces token stale, which a member refused (tokens are
+// the member's own: one that answered before a failover may not know it),
+// unless another call replaced it meanwhile. One at a time.
+func (c *Client) reauthenticate(ctx context.Context, stale string) error {
+	c.authMu.Lock()
+	defer c.authMu.Unlock()
+	c.mu.Lock()
+	current := c.token
+	c.mu.Unlock()
+	if current != stale {
+		return nil
 	}
-	return giveUp
+	return c.authenticate(ctx)
 }
 
-// invoke makes one unary call, failing over to the next endpoint while
-// members cannot be reached. timeout bounds the call when ctx has no
-// deadline (0: unbounded).
-func (c *Client) invoke(ctx context.Context, method string, req, resp proto.Message, timeout time.Duration, mayReauthenticate bool) error {
+// refusedToken tells whether err is a member refusing the auth token.
+func (c *Client) refusedToken(err error) bool {
+	s, _ := status.FromError(err)
+	return c.opts.user != "" && s.Code() == codes.Unauthenticated && strings.Contains(s.Message(), "token")
+}
+
+// retry says when a call is made again on the next endpoint.
+type retry int
+
+const (
+	// When its member cannot be reached (Unavailable): reads, grants,
+	// acquires (a lease that holds or waits finds its own place again).
+	retryUnavailable retry = iota
+	// Also when the client's own deadline for one attempt passes (a member
+	// that hangs): calls that may be made twice.
+	retryAlways
+	// Never: a fenced release, which a retry could make give back a second
+	// hold. Its caller learns that the answer was lost.
+	retryNever
+)
+
+// An attempt makes a call on one member's connection.
+type attempt func(ctx context.Context, conn *grpc.ClientConn) error
+
+func invoker(method string, req, resp proto.Message) attempt {
+	return func(ctx context.Context, conn *grpc.ClientConn) error { return conn.Invoke(ctx, method, req, resp) }
+}
+
+// failover makes one call, on the current endpoint and then the next ones
+// as policy allows, each endpoint once; a refused token is replaced once.
+// timeout bounds each attempt (0: unbounded), ctx the whole call.
+func (c *Client) failover(ctx context.Context, timeout time.Duration, policy retry, mayReauthenticate bool, call attempt) error {
 	var last error
 	for tries := 0; tries < len(c.endpoints); {
 		index, conn, err := c.conn()
@@ -256,23 +293,30 @@ func (c *Client) invoke(ctx context.Context, method string, req, resp proto.Mess
 			continue
 		}
 		callCtx, cancel := ctx, context.CancelFunc(func() {})
-		if _, has := ctx.Deadline(); !has && timeout > 0 {
+		if timeout > 0 {
 			callCtx, cancel = context.WithTimeout(ctx, timeout)
 		}
-		err = conn.Invoke(c.outgoing(callCtx), method, req, resp)
+		outgoing, token := c.outgoing(callCtx)
+		err = call(outgoing, conn)
+		ownDeadline := callCtx.Err() == context.DeadlineExceeded && ctx.Err() == nil
 		cancel()
 		if err == nil {
 			return nil
 		}
 		last = err
-		switch c.judge(err, index, mayReauthenticate) {
-		case tryNext:
-			tries++
-		case reauthenticate:
+		switch code := status.Code(err); {
+		case mayReauthenticate && c.refusedToken(err):
 			mayReauthenticate = false
-			if err := c.authenticate(ctx); err != nil {
+			if err := c.reauthenticate(ctx, token); err != nil {
 				return err
 			}
+		case code == codes.Unavailable && policy != retryNever,
+			code == codes.DeadlineExceeded && ownDeadline && policy == retryAlways:
+			c.nextEndpoint(index)
+			tries++
+		case code == codes.Unavailable || (code == codes.DeadlineExceeded && ownDeadline):
+			c.nextEndpoint(index) // the next call goes elsewhere
+			return fromRPC(err)
 		default:
 			return fromRPC(err)
 		}
@@ -280,9 +324,15 @@ func (c *Client) invoke(ctx context.Context, method string, req, resp proto.Mess
 	return noneAnswered(last)
 }
 
-// call is invoke with the client's timeout, reauthenticating once.
+// invoke makes one unary call with failover (see failover).
+func (c *Client) invoke(ctx context.Context, method string, req, resp proto.Message, timeout time.Duration, policy retry) error {
+	return c.failover(ctx, timeout, policy, c.opts.user != "", invoker(method, req, resp))
+}
+
+// call is invoke with the client's timeout, for a call that may be made
+// twice.
 func (c *Client) call(ctx context.Context, method string, req, resp proto.Message) error {
-	return c.invoke(ctx, method, req, resp, c.opts.timeout, c.opts.user != "")
+	return c.invoke(ctx, method, req, resp, c.opts.timeout, retryAlways)
 }
 
 // Describe tells who holds lock name and who waits for it (permits 0
@@ -312,10 +362,16 @@ func (c *Client) Validate(ctx context.Context, key string, token int64, permits 
 
 // Release gives back one hold of the grant (key, token), fenced by the
 // token: nothing changes when the key is gone or belongs to a later grant.
-// A Lock's own Release is this, with its lost-lock bookkeeping.
+// It is made once: when its member cannot be reached or does not answer
+// in time, the error says so (an Unavailable or DeadlineExceeded *Error)
+// and the release may or may not have been applied — a second Release
+// answers false if it was (and, for a reentrant grant, would otherwise
+// give back a second hold). A Lock's own Release is this, with its
+// lost-lock bookkeeping.
 func (c *Client) Release(ctx context.Context, key string, token int64) (*lockpb.ReleaseResponse, error) {
 	resp := &lockpb.ReleaseResponse{}
-	err := c.call(ctx, methodRelease, &lockpb.ReleaseRequest{Key: []byte(key), Token: token}, resp)
+	req := &lockpb.ReleaseRequest{Key: []byte(key), Token: token}
+	err := c.invoke(ctx, methodRelease, req, resp, c.opts.timeout, retryNever)
 	return resp, err
 }
 
@@ -327,7 +383,8 @@ func (c *Client) Observe(ctx context.Context, req *lockpb.ObserveRequest) (lockp
 	if err != nil {
 		return nil, err
 	}
-	stream, err := lockpb.NewLocksClient(conn).Observe(c.outgoing(ctx), req)
+	outgoing, _ := c.outgoing(ctx)
+	stream, err := lockpb.NewLocksClient(conn).Observe(outgoing, req)
 	if err != nil {
 		return nil, fromRPC(err)
 	}
@@ -352,40 +409,23 @@ func (c *Client) Leader(ctx context.Context, name string) (*lockpb.KeyValue, err
 // RevokeLease revokes a lease (a session's, say) from this client: every
 // grant under it ends.
 func (c *Client) RevokeLease(ctx context.Context, lease int64) error {
-	return c.call(ctx, methodLeaseRevoke, &lockpb.LeaseRevokeRequest{ID: lease}, &lockpb.LeaseRevokeResponse{})
+	req := &lockpb.LeaseRevokeRequest{ID: lease}
+	return c.invoke(ctx, methodLeaseRevoke, req, &lockpb.LeaseRevokeResponse{}, c.opts.timeout, retryUnavailable)
 }
 
 // keepAliveOnce renews a lease once: its TTL in seconds, or 0 when it no
-// longer exists.
-func (c *Client) keepAliveOnce(ctx context.Context, lease int64) (int64, error) {
-	var last error
-	for tries := 0; tries < len(c.endpoints); {
-		index, conn, err := c.conn()
-		if err != nil {
-			if isCode(err, codes.Canceled) {
-				return 0, err
-			}
-			last = err
-			c.nextEndpoint(index)
-			tries++
-			continue
-		}
-		ttl, err := renew(c.outgoing(ctx), conn, lease, c.opts.timeout)
-		if err == nil {
-			return ttl, nil
-		}
-		last = err
-		if c.judge(err, index, false) != tryNext {
-			return 0, fromRPC(err)
-		}
-		tries++
-	}
-	return 0, noneAnswered(last)
+// longer exists. A member that hangs is left for the next one.
+func (c *Client) keepAliveOnce(ctx context.Context, lease int64, attemptTimeout time.Duration) (int64, error) {
+	var ttl int64
+	err := c.failover(ctx, attemptTimeout, retryAlways, c.opts.user != "", func(ctx context.Context, conn *grpc.ClientConn) error {
+		var err error
+		ttl, err = renew(ctx, conn, lease)
+		return err
+	})
+	return ttl, err
 }
 
-func renew(ctx context.Context, conn *grpc.ClientConn, lease int64, timeout time.Duration) (int64, error) {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
+func renew(ctx context.Context, conn *grpc.ClientConn, lease int64) (int64, error) {
 	desc := &grpc.StreamDesc{StreamName: "LeaseKeepAlive", ServerStreams: true, ClientStreams: true}
 	stream, err := conn.NewStream(ctx, desc, methodLeaseKeepAlive)
 	if err != nil {

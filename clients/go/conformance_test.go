@@ -91,7 +91,7 @@ func runConformanceCase(t *testing.T, c *cluster, cc conformanceCase) {
 			work := func() conformanceGrant {
 				if step.Op == "campaign" {
 					l, err := s.Campaign(bg, prefix+step.Election, step.Value)
-					return conformanceGrant{leadership: l, lock: leadershipLock(l), err: err}
+					return conformanceGrant{leadership: l, err: err}
 				}
 				opts := []LockOption{Permits(step.Permits)}
 				if step.WaitMs != nil && *step.WaitMs >= 0 {
@@ -123,7 +123,7 @@ func runConformanceCase(t *testing.T, c *cluster, cc conformanceCase) {
 					holders = append(holders, h.Token)
 				}
 				for _, name := range step.Holders {
-					want = append(want, grants[name].lock.Token())
+					want = append(want, grants[name].held().Token())
 				}
 				if !reflect.DeepEqual(holders, want) {
 					t.Fatalf("%s: holders %v", where, holders)
@@ -148,14 +148,14 @@ func runConformanceCase(t *testing.T, c *cluster, cc conformanceCase) {
 			grants[step.Grant] = g
 			checkConformanceGrant(t, grants, step.Grant, step, where)
 		case "release":
-			l := grants[step.Grant].lock
+			l := grants[step.Grant].held()
 			resp, err := client.Release(bg, l.Key(), l.Token())
 			if err != nil || resp.Released != step.Expect.(bool) || (step.Holds != nil && resp.Holds != *step.Holds) {
 				t.Fatalf("%s: %v %v", where, resp, err)
 			}
 		case "validate":
-			l := grants[step.Grant].lock
-			resp, err := client.Validate(bg, l.Key(), l.Token(), l.permits)
+			l := grants[step.Grant].held()
+			resp, err := client.Validate(bg, l.Key(), l.Token(), grants[step.Grant].permits())
 			if err != nil || resp.Current != step.Expect.(bool) {
 				t.Fatalf("%s: %v %v", where, resp, err)
 			}
@@ -164,7 +164,7 @@ func runConformanceCase(t *testing.T, c *cluster, cc conformanceCase) {
 			// matches, 5 s at most.
 			want := []int64{}
 			for _, name := range step.Holders {
-				want = append(want, grants[name].lock.Token())
+				want = append(want, grants[name].held().Token())
 			}
 			var holders []int64
 			var waiters int
@@ -191,7 +191,7 @@ func runConformanceCase(t *testing.T, c *cluster, cc conformanceCase) {
 				t.Fatalf("%s: %v", where, err)
 			}
 		case "lost":
-			l := grants[step.Grant].lock
+			l := grants[step.Grant].held()
 			within(t, l.Lost(), time.Duration(step.WithinMs)*time.Millisecond, where)
 			cause := map[string]string{"lease_ended": "its lease ended", "released": "its key was deleted"}[step.Cause]
 			if cause == "" || !strings.Contains(l.Err().Error(), cause) {
@@ -219,26 +219,41 @@ func runConformanceCase(t *testing.T, c *cluster, cc conformanceCase) {
 	}
 }
 
-func leadershipLock(l *Leadership) *Lock {
-	if l == nil {
-		return nil
+// held is what a lock and a leadership have alike.
+type held interface {
+	Key() string
+	Token() int64
+	Lost() <-chan struct{}
+	Err() error
+}
+
+func (g conformanceGrant) held() held {
+	if g.leadership != nil {
+		return g.leadership
 	}
-	return l.Lock
+	return g.lock
+}
+
+func (g conformanceGrant) permits() uint32 {
+	if g.lock != nil {
+		return g.lock.permits
+	}
+	return 1
 }
 
 func checkConformanceGrant(t *testing.T, grants map[string]conformanceGrant, name string, step conformanceStep, where string) {
 	t.Helper()
-	l := grants[name].lock
-	if step.TokenAbove != "" && l.Token() <= grants[step.TokenAbove].lock.Token() {
+	l := grants[name].held()
+	if step.TokenAbove != "" && l.Token() <= grants[step.TokenAbove].held().Token() {
 		t.Fatalf("%s: token %d", where, l.Token())
 	}
 	if step.SameAs != "" {
-		other := grants[step.SameAs].lock
+		other := grants[step.SameAs].held()
 		if l.Key() != other.Key() || l.Token() != other.Token() {
 			t.Fatalf("%s: grant %s/%d", where, l.Key(), l.Token())
 		}
 	}
-	if step.Holds != nil && l.Holds() != *step.Holds {
-		t.Fatalf("%s: holds %d", where, l.Holds())
+	if step.Holds != nil && grants[name].lock.Holds() != *step.Holds {
+		t.Fatalf("%s: holds %d", where, grants[name].lock.Holds())
 	}
 }

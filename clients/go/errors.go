@@ -1,6 +1,7 @@
 package raftlock
 
 import (
+	"context"
 	"errors"
 	"fmt"
 
@@ -36,8 +37,19 @@ func (e *Error) Error() string { return fmt.Sprintf("raftlock: %s: %s", e.Code, 
 // GRPCStatus lets status.Code and status.Convert read the error.
 func (e *Error) GRPCStatus() *status.Status { return status.New(e.Code, e.Message) }
 
-// Is matches ErrUnavailable for an Unavailable call.
-func (e *Error) Is(target error) bool { return target == ErrUnavailable && e.Code == codes.Unavailable }
+// Is matches ErrUnavailable for an Unavailable call, and context.Canceled
+// and context.DeadlineExceeded for a call whose context ended.
+func (e *Error) Is(target error) bool {
+	switch target {
+	case ErrUnavailable:
+		return e.Code == codes.Unavailable
+	case context.Canceled:
+		return e.Code == codes.Canceled
+	case context.DeadlineExceeded:
+		return e.Code == codes.DeadlineExceeded
+	}
+	return false
+}
 
 // BusyError: lock Name was not granted within the wait; Holders hold it now,
 // lowest token first (for a multi-lock, the holders of BlockedOn, the first
@@ -64,6 +76,10 @@ type LostError struct {
 	Key    string
 	Token  int64
 	Reason string
+	// Session: the session was lost (and the grant with it).
+	Session bool
+	// byRequest: the key was deleted by a request (RELEASED).
+	byRequest bool
 }
 
 func (e *LostError) Error() string {
@@ -73,11 +89,16 @@ func (e *LostError) Error() string {
 	return fmt.Sprintf("raftlock: grant %q (token %d) lost: %s", e.Key, e.Token, e.Reason)
 }
 
+// Is matches ErrLockLost for a grant, and ErrSessionLost for a session
+// and for a grant lost with its session.
 func (e *LostError) Is(target error) bool {
-	if e.Key == "" {
-		return target == ErrSessionLost
+	switch target {
+	case ErrLockLost:
+		return e.Key != ""
+	case ErrSessionLost:
+		return e.Session
 	}
-	return target == ErrLockLost
+	return false
 }
 
 // fromRPC is the *Error for a failed gRPC call (nil stays nil).

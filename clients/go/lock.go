@@ -18,6 +18,7 @@ package raftlock
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
@@ -54,7 +55,12 @@ func Try() LockOption { return func(o *lockOptions) { o.waitMs = 0 } }
 // Wait waits at most d for the lock (ErrBusy after it). Without Try or
 // Wait an acquire waits until granted, or until its context ends.
 func Wait(d time.Duration) LockOption {
-	return func(o *lockOptions) { o.waitMs = d.Milliseconds() }
+	return func(o *lockOptions) {
+		o.waitMs = 0 // a wait of 0 or less asks once
+		if d > 0 {
+			o.waitMs = int64((d + time.Millisecond - 1) / time.Millisecond)
+		}
+	}
 }
 
 // Permits makes the lock a semaphore of n holders (every user of a name
@@ -99,7 +105,7 @@ func (s *Session) acquire(ctx context.Context, req *lockpb.AcquireRequest, opts 
 		timeout = time.Duration(o.waitMs)*time.Millisecond + s.client.opts.timeout
 	}
 	resp := &lockpb.AcquireResponse{}
-	if err := s.client.invoke(ctx, methodAcquire, req, resp, timeout, s.client.opts.user != ""); err != nil {
+	if err := s.client.invoke(ctx, methodAcquire, req, resp, timeout, retryUnavailable); err != nil {
 		return nil, err
 	}
 	return resp, nil
@@ -139,8 +145,7 @@ type Lock struct {
 
 func newLock(s *Session, name string, permits uint32, key string, token int64, holds uint32) *Lock {
 	l := &Lock{session: s, name: name, permits: permits, key: key, token: token, holds: holds}
-	l.end = newGrantEnd(s, key, token)
-	go l.end.follow(name, permits, key, token)
+	l.end = s.end(name, permits, key, token)
 	return l
 }
 
@@ -170,12 +175,16 @@ func (l *Lock) Err() error { return l.end.error() }
 
 // Release gives back one hold, fenced by the token: true if it was
 // released (Holds is then what is left; 0 released the lock), false if the
-// grant had already ended (nothing was changed).
+// grant had already ended (nothing was changed). Every handle on the
+// grant (an acquire of a lock the session holds gives another) shares
+// its holds and its end. When the member does not answer, the release is
+// not made again (see Client.Release): the error says the answer was lost,
+// and a deletion of the key seen meanwhile counts as this release's.
 func (l *Lock) Release(ctx context.Context) (bool, error) {
 	l.end.releaseStarts()
 	resp, err := l.session.client.Release(ctx, l.key, l.token)
 	if err != nil {
-		l.end.releaseEnded(false, 0)
+		l.end.releaseFailed(err)
 		return false, err
 	}
 	if resp.Released {
@@ -228,7 +237,7 @@ func (s *Session) LockAll(ctx context.Context, specs []LockSpec, opts ...LockOpt
 	for _, spec := range specs {
 		req.Locks = append(req.Locks, &lockpb.LockSpec{Name: []byte(spec.Name), Mode: spec.Mode, Permits: spec.Permits})
 	}
-	if len(req.Locks) == 0 {
+	if len(req.Locks) < 2 {
 		return nil, &Error{Code: codes.InvalidArgument, Message: "a multi-lock needs at least two locks"}
 	}
 	resp, err := s.acquire(ctx, req, opts)
@@ -238,15 +247,14 @@ func (s *Session) LockAll(ctx context.Context, specs []LockSpec, opts ...LockOpt
 	if !resp.Acquired {
 		return nil, &BusyError{Name: string(resp.BlockedOn), Holders: resp.Holders}
 	}
-	m := &MultiLock{session: s, end: newGrantEnd(s, string(resp.Grants[0].Key), resp.Grants[0].Token)}
-	for i, g := range resp.Grants {
-		m.grants = append(m.grants, Grant{Name: string(g.Name), Key: string(g.Key), Token: g.Token})
-		permits := specs[i].Permits
-		if permits == 0 {
-			permits = 1
-		}
-		go m.end.follow(string(g.Name), permits, string(g.Key), g.Token)
+	if len(resp.Grants) != len(specs) {
+		return nil, &Error{Code: codes.Internal, Message: fmt.Sprintf("a multi-lock of %d locks answered with %d grants", len(specs), len(resp.Grants))}
 	}
+	m := &MultiLock{session: s}
+	for _, g := range resp.Grants {
+		m.grants = append(m.grants, Grant{Name: string(g.Name), Key: string(g.Key), Token: g.Token})
+	}
+	m.end = s.multiEnd(specs, m.grants)
 	return m, nil
 }
 
@@ -269,19 +277,21 @@ func (m *MultiLock) Release(ctx context.Context) (bool, error) {
 	}
 	m.end.releaseStarts()
 	resp := &lockpb.ReleaseResponse{}
-	if err := m.session.client.call(ctx, methodRelease, req, resp); err != nil {
-		m.end.releaseEnded(false, 0)
+	if err := m.session.client.invoke(ctx, methodRelease, req, resp, m.session.client.opts.timeout, retryNever); err != nil {
+		m.end.releaseFailed(err)
 		return false, err
 	}
 	m.end.releaseEnded(resp.Released, 0)
 	return resp.Released, nil
 }
 
-// grantEnd is how a grant (or a multi-lock's set) learns that it ended.
+// grantEnd is how a grant (or a multi-lock's set) learns that it ended,
+// shared by every handle on it.
 type grantEnd struct {
 	session *Session
 	key     string
 	token   int64
+	ids     []grantID // under which the session tracks it
 	lost    chan struct{}
 	ctx     context.Context // ends the followers
 	stop    context.CancelFunc
@@ -290,14 +300,15 @@ type grantEnd struct {
 	err       error
 	released  bool
 	releasing int
-	heldBack  string
+	heldBack  *LostError
+	// A release whose answer was lost may have been applied: a deletion
+	// of the key by a request, seen from then on, is taken for it.
+	maybeReleased bool
 }
 
 func newGrantEnd(s *Session, key string, token int64) *grantEnd {
 	ctx, stop := context.WithCancel(context.Background())
-	g := &grantEnd{session: s, key: key, token: token, lost: make(chan struct{}), ctx: ctx, stop: stop}
-	s.track(g)
-	return g
+	return &grantEnd{session: s, key: key, token: token, lost: make(chan struct{}), ctx: ctx, stop: stop}
 }
 
 func (g *grantEnd) error() error {
@@ -306,20 +317,32 @@ func (g *grantEnd) error() error {
 	return g.err
 }
 
-func (g *grantEnd) lose(reason string, fromEvents bool) {
+// lost tells the grant (key, token) — one of a multi-lock's, or the grant
+// itself — ended without its holder releasing it.
+func (g *grantEnd) lose(why *LostError, fromEvents bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.released || g.err != nil {
 		return
 	}
 	if fromEvents && g.releasing > 0 {
-		g.heldBack = reason
+		g.heldBack = why
 		return
 	}
-	g.err = &LostError{Lease: g.session.lease, Key: g.key, Token: g.token, Reason: reason}
+	if fromEvents && g.maybeReleased && why.byRequest {
+		g.released = true // the release whose answer was lost
+		g.stop()
+		go g.session.untrack(g)
+		return
+	}
+	g.err = why
 	close(g.lost)
 	g.stop()
 	go g.session.untrack(g)
+}
+
+func (g *grantEnd) loseWithSession(reason string) {
+	g.lose(&LostError{Lease: g.session.lease, Key: g.key, Token: g.token, Reason: "session lost: " + reason, Session: true}, false)
 }
 
 func (g *grantEnd) releaseStarts() {
@@ -328,9 +351,8 @@ func (g *grantEnd) releaseStarts() {
 	g.mu.Unlock()
 }
 
-// releaseEnded: after a release's answer (released false also when it
-// failed), with the holds left; an end held back is told unless this
-// release gave back the last hold.
+// releaseEnded: after a release's answer, with the holds left; an end
+// held back is told unless this release gave back the last hold.
 func (g *grantEnd) releaseEnded(released bool, holdsLeft uint32) {
 	g.mu.Lock()
 	g.releasing--
@@ -339,13 +361,32 @@ func (g *grantEnd) releaseEnded(released bool, holdsLeft uint32) {
 		g.released = true
 	}
 	heldBack := g.heldBack
-	g.heldBack = ""
+	g.heldBack = nil
 	g.mu.Unlock()
 	if last {
 		g.stopFollowing()
 	}
-	if heldBack != "" {
+	if heldBack != nil {
 		g.lose(heldBack, false)
+	}
+}
+
+// releaseFailed: a release got no answer. If its member could not be
+// reached or did not answer in time, it may have been applied: a deletion
+// by a request seen meanwhile or later is taken for it.
+func (g *grantEnd) releaseFailed(err error) {
+	code := status.Code(err)
+	ambiguous := code == codes.Unavailable || code == codes.DeadlineExceeded || code == codes.Canceled || code == codes.Unknown
+	g.mu.Lock()
+	g.releasing--
+	if ambiguous {
+		g.maybeReleased = true
+	}
+	heldBack := g.heldBack
+	g.heldBack = nil
+	g.mu.Unlock()
+	if heldBack != nil {
+		g.lose(heldBack, true)
 	}
 }
 
@@ -361,11 +402,11 @@ var endReasons = map[lockpb.LockEvent_Kind]string{
 	lockpb.LockEvent_ENDED:       "it ended",
 }
 
-// grantEndIn is why the grant (key, token) ended, if this message of its
-// lock's events says it did ("" if not). fromNow: the stream began with the
-// lock as it is (the grant's history was compacted), where a grant absent
-// from the first message has ended.
-func grantEndIn(message *lockpb.ObserveResponse, key string, token int64, fromNow bool) string {
+// grantEndIn is how the grant (key, token) ended, if this message of its
+// lock's events says it did (nil if not). fromNow: the stream began with
+// the lock as it is (the grant's history was compacted), where a grant
+// absent from the first message has ended.
+func (g *grantEnd) endIn(message *lockpb.ObserveResponse, key string, token int64, fromNow bool) *LostError {
 	ours := false
 	for _, e := range message.Events {
 		if string(e.Owner.GetKey()) != key || e.Owner.GetToken() != token {
@@ -373,13 +414,13 @@ func grantEndIn(message *lockpb.ObserveResponse, key string, token int64, fromNo
 		}
 		ours = true
 		if why, ended := endReasons[e.Kind]; ended {
-			return why
+			return &LostError{Lease: g.session.lease, Key: key, Token: token, Reason: why, byRequest: e.Kind == lockpb.LockEvent_RELEASED}
 		}
 	}
 	if fromNow && !ours {
-		return endReasons[lockpb.LockEvent_ENDED]
+		return &LostError{Lease: g.session.lease, Key: key, Token: token, Reason: endReasons[lockpb.LockEvent_ENDED]}
 	}
-	return ""
+	return nil
 }
 
 // follow reads lock name's events from the grant's revision on, on the
@@ -393,16 +434,22 @@ func (g *grantEnd) follow(name string, permits uint32, key string, token int64) 
 	}
 	for g.ctx.Err() == nil {
 		index, conn, err := client.conn()
+		if isCode(err, codes.Canceled) {
+			return // the client is closed
+		}
+		usedToken := ""
 		if err == nil {
 			req := &lockpb.ObserveRequest{Name: []byte(name), Permits: permits, StartRevision: start}
 			var stream lockpb.Locks_ObserveClient
-			stream, err = lockpb.NewLocksClient(conn).Observe(client.outgoing(g.ctx), req)
+			var outgoing context.Context
+			outgoing, usedToken = client.outgoing(g.ctx)
+			stream, err = lockpb.NewLocksClient(conn).Observe(outgoing, req)
 			for err == nil {
 				var message *lockpb.ObserveResponse
 				if message, err = stream.Recv(); err != nil {
 					break
 				}
-				if why := grantEndIn(message, key, token, start == 0); why != "" {
+				if why := g.endIn(message, key, token, start == 0); why != nil {
 					g.lose(why, true)
 					return
 				}
@@ -414,14 +461,18 @@ func (g *grantEnd) follow(name string, permits uint32, key string, token int64) 
 		if g.ctx.Err() != nil {
 			return
 		}
-		switch status.Code(err) {
-		case codes.OutOfRange: // compacted: start from the lock as it is
+		switch code := status.Code(err); {
+		case code == codes.OutOfRange: // compacted: start from the lock as it is
 			start = 0
 			continue
-		case codes.Unavailable, codes.Unknown, codes.DeadlineExceeded, codes.Canceled:
+		case client.refusedToken(err):
+			if err := client.reauthenticate(g.ctx, usedToken); err != nil && g.ctx.Err() == nil {
+				client.nextEndpoint(index)
+			}
+		case code == codes.Unavailable, code == codes.Unknown, code == codes.DeadlineExceeded, code == codes.Canceled:
 			client.nextEndpoint(index)
 		default:
-			g.lose("its events could not be followed: "+fromRPC(err).Error(), false)
+			g.lose(&LostError{Lease: g.session.lease, Key: key, Token: token, Reason: "its events could not be followed: " + fromRPC(err).Error()}, false)
 			return
 		}
 		select {

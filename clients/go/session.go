@@ -35,7 +35,14 @@ type Session struct {
 	mu     sync.Mutex
 	err    error
 	closed bool
-	grants map[*grantEnd]struct{}
+	// The grants followed, by owner key and token: every handle on one
+	// grant (a lock acquired again, reentrant or not) shares its end.
+	grants map[grantID]*grantEnd
+}
+
+type grantID struct {
+	key   string
+	token int64
 }
 
 // Session grants a lease of ttl (whole seconds, at least one) and keeps it
@@ -46,7 +53,7 @@ func (c *Client) Session(ctx context.Context, ttl time.Duration) (*Session, erro
 		return nil, &Error{Code: codes.InvalidArgument, Message: "a session's TTL is a whole number of seconds, at least one"}
 	}
 	resp := &lockpb.LeaseGrantResponse{}
-	if err := c.call(ctx, methodLeaseGrant, &lockpb.LeaseGrantRequest{TTL: seconds}, resp); err != nil {
+	if err := c.invoke(ctx, methodLeaseGrant, &lockpb.LeaseGrantRequest{TTL: seconds}, resp, c.opts.timeout, retryUnavailable); err != nil {
 		return nil, err
 	}
 	s := &Session{
@@ -56,7 +63,7 @@ func (c *Client) Session(ctx context.Context, ttl time.Duration) (*Session, erro
 		lost:       make(chan struct{}),
 		closing:    make(chan struct{}),
 		keeperDone: make(chan struct{}),
-		grants:     map[*grantEnd]struct{}{},
+		grants:     map[grantID]*grantEnd{},
 	}
 	go s.keepAlive()
 	return s, nil
@@ -81,17 +88,34 @@ func (s *Session) Err() error {
 
 func (s *Session) keepAlive() {
 	defer close(s.keeperDone)
+	// The lease lives at least until renewed + TTL: renewed is when the
+	// last renewal that was answered was sent.
 	renewed := time.Now()
-	tick := time.NewTicker(s.ttl / 3)
-	defer tick.Stop()
 	for {
+		wait := s.ttl / 3
+		if left := time.Until(renewed.Add(s.ttl)); left < wait {
+			wait = left
+		}
+		timer := time.NewTimer(wait)
 		select {
 		case <-s.closing:
+			timer.Stop()
 			return
-		case <-tick.C:
+		case <-timer.C:
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), s.ttl/3)
-		ttl, err := s.client.keepAliveOnce(ctx, s.lease)
+		if time.Since(renewed) >= s.ttl {
+			s.lose("not renewed for its TTL (" + s.ttl.String() + ")")
+			return
+		}
+		sent := time.Now()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Until(renewed.Add(s.ttl)))
+		// Each member gets a third of the TTL at most: a member that hangs
+		// leaves time to ask the others.
+		attempt := s.ttl / 3
+		if s.client.opts.timeout < attempt {
+			attempt = s.client.opts.timeout
+		}
+		ttl, err := s.client.keepAliveOnce(ctx, s.lease, attempt)
 		cancel()
 		switch {
 		case err != nil:
@@ -103,7 +127,7 @@ func (s *Session) keepAlive() {
 			s.lose("the lease no longer exists (expired or revoked)")
 			return
 		default:
-			renewed = time.Now()
+			renewed = sent
 		}
 	}
 }
@@ -114,15 +138,15 @@ func (s *Session) lose(reason string) {
 		s.mu.Unlock()
 		return
 	}
-	s.err = &LostError{Lease: s.lease, Reason: reason}
+	s.err = &LostError{Lease: s.lease, Reason: reason, Session: true}
 	close(s.lost)
 	grants := make([]*grantEnd, 0, len(s.grants))
-	for g := range s.grants {
+	for _, g := range s.grants {
 		grants = append(grants, g)
 	}
 	s.mu.Unlock()
 	for _, g := range grants {
-		g.lose("session lost: "+reason, false)
+		g.loseWithSession(reason)
 	}
 }
 
@@ -139,16 +163,62 @@ func (s *Session) usable() error {
 	return nil
 }
 
-func (s *Session) track(g *grantEnd) {
+// end is the end of grant (key, token), followed on lock name: the one
+// the session has if a handle on it is live, else a new one. A grant
+// answered after Close began is ended with the session (released, not
+// followed).
+func (s *Session) end(name string, permits uint32, key string, token int64) *grantEnd {
 	s.mu.Lock()
-	s.grants[g] = struct{}{}
-	s.mu.Unlock()
+	defer s.mu.Unlock()
+	id := grantID{key, token}
+	if g, ok := s.grants[id]; ok {
+		return g
+	}
+	g := newGrantEnd(s, key, token)
+	if s.closed {
+		g.released = true
+		g.stop()
+		return g
+	}
+	g.ids = []grantID{id}
+	s.grants[id] = g
+	go g.follow(name, permits, key, token)
+	return g
 }
 
+// multiEnd is the end of a multi-lock's grants (one for the set), followed
+// on each of its locks; as end does, ended at once after Close began.
+func (s *Session) multiEnd(specs []LockSpec, grants []Grant) *grantEnd {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	g := newGrantEnd(s, grants[0].Key, grants[0].Token)
+	if s.closed {
+		g.released = true
+		g.stop()
+		return g
+	}
+	for i, grant := range grants {
+		id := grantID{grant.Key, grant.Token}
+		g.ids = append(g.ids, id)
+		s.grants[id] = g
+		permits := specs[i].Permits
+		if permits == 0 {
+			permits = 1
+		}
+		go g.follow(grant.Name, permits, grant.Key, grant.Token)
+	}
+	return g
+}
+
+// untrack forgets a grant that ended (a new acquire of it makes a new end).
 func (s *Session) untrack(g *grantEnd) {
 	s.mu.Lock()
-	delete(s.grants, g)
-	s.mu.Unlock()
+	defer s.mu.Unlock()
+	for _, id := range g.ids {
+		if s.grants[id] == g {
+			delete(s.grants, id)
+		}
+	}
 }
 
 // Close ends the session: it stops renewing and revokes the lease, which
@@ -162,7 +232,7 @@ func (s *Session) Close(ctx context.Context) error {
 	}
 	s.closed = true
 	grants := make([]*grantEnd, 0, len(s.grants))
-	for g := range s.grants {
+	for _, g := range s.grants {
 		grants = append(grants, g)
 	}
 	s.mu.Unlock()
@@ -178,28 +248,54 @@ func (s *Session) Close(ctx context.Context) error {
 	return err
 }
 
-// Leader: see Client.Leader. Campaign makes this session a candidate in
-// election name with value (etcd's Election.Campaign) and returns once it
-// leads, or with ctx's error. Candidates lead in the order they campaigned.
+// Campaign makes this session a candidate in election name with value
+// (etcd's Election.Campaign) and returns once it leads, or with ctx's
+// error. Candidates lead in the order they campaigned.
 func (s *Session) Campaign(ctx context.Context, name, value string) (*Leadership, error) {
 	if err := s.usable(); err != nil {
 		return nil, err
 	}
 	resp := &lockpb.CampaignResponse{}
 	req := &lockpb.CampaignRequest{Name: []byte(name), Lease: s.lease, Value: []byte(value)}
-	if err := s.client.invoke(ctx, methodCampaign, req, resp, 0, s.client.opts.user != ""); err != nil {
+	if err := s.client.invoke(ctx, methodCampaign, req, resp, 0, retryUnavailable); err != nil {
 		return nil, err
 	}
-	lock := newLock(s, name, 1, string(resp.Leader.Key), resp.Leader.Rev, 1)
-	return &Leadership{Lock: lock, leader: resp.Leader}, nil
+	key, token := string(resp.Leader.Key), resp.Leader.Rev
+	return &Leadership{session: s, name: name, leader: resp.Leader, end: s.end(name, 1, key, token)}, nil
 }
 
 // A Leadership: this session leads an election. Key and Token are the
 // leader key and its revision (a fencing token, as a lock's); Lost tells
 // that it ended without Resign.
 type Leadership struct {
-	*Lock
-	leader *lockpb.LeaderKey
+	session *Session
+	name    string
+	leader  *lockpb.LeaderKey
+	end     *grantEnd
+}
+
+// Name is the election's name.
+func (l *Leadership) Name() string { return l.name }
+
+// Key is the leader key, "<name>/<lease hex>".
+func (l *Leadership) Key() string { return string(l.leader.Key) }
+
+// Token is the leader key's revision: greater for every later leader.
+func (l *Leadership) Token() int64 { return l.leader.Rev }
+
+// Lost is closed when the leadership ended without Resign.
+func (l *Leadership) Lost() <-chan struct{} { return l.end.lost }
+
+// Err says why the leadership was lost, or nil.
+func (l *Leadership) Err() error { return l.end.error() }
+
+// Validate tells, read linearizably, whether this session still leads.
+func (l *Leadership) Validate(ctx context.Context) (bool, error) {
+	resp, err := l.session.client.Validate(ctx, l.Key(), l.Token(), 1)
+	if err != nil {
+		return false, err
+	}
+	return resp.Current, nil
 }
 
 // Proclaim tells a new value as the leader (refused once leadership is lost).
@@ -208,19 +304,11 @@ func (l *Leadership) Proclaim(ctx context.Context, value string) error {
 	return l.session.client.call(ctx, methodProclaim, req, &lockpb.ProclaimResponse{})
 }
 
-// Resign gives up leadership; the next candidate leads.
+// Resign gives up leadership; the next candidate leads. If it fails, the
+// session may still lead (and Lost still tells if that ends).
 func (l *Leadership) Resign(ctx context.Context) error {
-	l.end.mu.Lock()
-	l.end.released = true
-	l.end.mu.Unlock()
-	l.end.stopFollowing()
-	return l.session.client.call(ctx, methodResign, &lockpb.ResignRequest{Leader: l.leader}, &lockpb.ResignResponse{})
-}
-
-// Release of a Leadership is Resign.
-func (l *Leadership) Release(ctx context.Context) (bool, error) {
-	if err := l.Resign(ctx); err != nil {
-		return false, err
-	}
-	return true, nil
+	l.end.releaseStarts()
+	err := l.session.client.call(ctx, methodResign, &lockpb.ResignRequest{Leader: l.leader}, &lockpb.ResignResponse{})
+	l.end.releaseEnded(err == nil, 0)
+	return err
 }
