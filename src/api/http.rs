@@ -97,6 +97,12 @@ fn refresh(node: &Node, grants: &Grants) {
     m.compact_revision.set(compacted.max(0));
     m.keys.set(keys as i64);
     m.lock_holders.set(grants.held(node.state()) as i64);
+    m.lease_expiries_overdue.set(node.overdue_lease_expiries() as i64);
+    let alarms = node.state().alarms().list();
+    for kind in [AlarmKind::NoSpace, AlarmKind::Corrupt] {
+        let raised = alarms.iter().filter(|(_, k)| *k == kind).count();
+        m.alarms.with_label_values(&[kind.name()]).set(raised as i64);
+    }
 }
 
 /// The value of query parameter `name`, if given (`?verbose` gives "").

@@ -1,7 +1,9 @@
 //! What every client gRPC service is served with ([`Served`]): etcd's answer
 //! to a message over the size limit (see `api::limits`), and the gRPC server
 //! metrics go-grpc-prometheus exports for etcd (`grpc_server_started_total`,
-//! `grpc_server_handled_total{grpc_code}`, messages received and sent).
+//! `grpc_server_handled_total{grpc_code}`, messages received and sent, and
+//! `grpc_server_handling_seconds`, from the call's arrival until its status
+//! is known: a stream's whole life, a waiting Lock's wait included).
 //!
 //! A call is counted as started when its answer begins (a unary call's when
 //! it ends), and as handled once its status is known: from the headers of a
@@ -56,6 +58,7 @@ where
 
 /// One call's labels.
 struct Call {
+    arrived: std::time::Instant,
     kind: &'static str,
     service: String,
     method: String,
@@ -64,7 +67,8 @@ struct Call {
 impl Call {
     fn of(path: &str) -> Call {
         let (service, method) = path.trim_start_matches('/').split_once('/').unwrap_or((path, ""));
-        Call { kind: call_kind(method), service: service.to_string(), method: method.to_string() }
+        let arrived = std::time::Instant::now();
+        Call { arrived, kind: call_kind(method), service: service.to_string(), method: method.to_string() }
     }
 
     fn labels(&self) -> [&str; 3] {
@@ -97,6 +101,7 @@ impl Call {
         }
         let [kind, service, method] = self.labels();
         m.grpc_handled.with_label_values(&[kind, service, method, code_name(code)]).inc();
+        m.grpc_handling.with_label_values(&self.labels()).observe(self.arrived.elapsed().as_secs_f64());
     }
 }
 

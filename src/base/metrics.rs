@@ -56,6 +56,15 @@ pub struct Metrics {
     pub grpc_handled: IntCounterVec,
     pub grpc_received: IntCounterVec,
     pub grpc_sent: IntCounterVec,
+    pub grpc_handling: HistogramVec,
+    // Leases.
+    pub leases_granted: IntCounter,
+    pub leases_revoked: IntCounter,
+    pub leases_renewed: IntCounter,
+    pub leases_expired: IntCounter,
+    pub lease_expiries_overdue: IntGauge,
+    // Alarms (raftlock's own).
+    pub alarms: prometheus::IntGaugeVec,
     // Locks (raftlock's own).
     pub lock_waiters: IntGauge,
     pub lock_holders: IntGauge,
@@ -196,6 +205,38 @@ impl Metrics {
                 "Total number of gRPC stream messages sent by the server.",
                 GRPC_CALL,
             ),
+            grpc_handling: histograms(
+                "grpc_server_handling_seconds",
+                "Histogram of response latency (seconds) of gRPC that had been application-level handled by the server.",
+                GRPC_CALL,
+                vec![0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0],
+            ),
+            leases_granted: counter("etcd_debugging_lease_granted_total", "The total number of granted leases."),
+            leases_revoked: counter(
+                "etcd_debugging_lease_revoked_total",
+                "The total number of revoked leases (revoked by a request or expired).",
+            ),
+            leases_renewed: counter(
+                "etcd_debugging_lease_renewed_total",
+                "The number of renewed leases seen by the leader.",
+            ),
+            leases_expired: counter(
+                "raftlock_lease_expired_total",
+                "Leases this member applied the expiry of (their TTL ran out on the leader's clock).",
+            ),
+            lease_expiries_overdue: gauge(
+                "raftlock_lease_expiries_overdue",
+                "On the leader: leases whose deadline has passed and whose expiry is not applied yet (expiries are proposed about 1,000 a second).",
+            ),
+            alarms: {
+                let g = prometheus::IntGaugeVec::new(
+                    Opts::new("raftlock_alarms", "Members with this alarm raised (NOSPACE, CORRUPT), as this member applied them."),
+                    &["alarm"],
+                )
+                .expect("a valid metric");
+                registry.register(Box::new(g.clone())).expect("registered once");
+                g
+            },
             lock_waiters: gauge(
                 "raftlock_lock_waiters",
                 "Lock, semaphore and election requests waiting for their turn on this member.",

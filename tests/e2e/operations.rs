@@ -307,16 +307,26 @@ async fn metrics_and_health_endpoints_answer_as_etcds() {
     assert!(c.lease_revoke(12345).await.is_err(), "an unknown lease");
     let lease = c.lease_grant(60, None).await.unwrap().id();
     c.lock("m/lock", Some(etcd_client::LockOptions::new().with_lease(lease))).await.unwrap();
+    // Leases: one renewed, one revoked, one left to expire.
+    let (mut keeper, mut kept) = c.lease_keep_alive(lease).await.unwrap();
+    keeper.keep_alive().await.unwrap();
+    assert!(kept.message().await.unwrap().unwrap().ttl() > 0);
+    let revoked = c.lease_grant(60, None).await.unwrap().id();
+    c.lease_revoke(revoked).await.unwrap();
+    c.lease_grant(1, None).await.unwrap();
 
     // The state store commits what apply wrote a moment later (its writer
-    // gathers batches): wait for the first commit to be timed.
-    let deadline = Instant::now() + Duration::from_secs(5);
+    // gathers batches): wait for the first commit to be timed, and for the
+    // short lease to expire.
+    let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let samples = parse_metrics(&http_get(&metrics_url, "/metrics").await.1);
-        if sample(&samples, "etcd_disk_backend_commit_duration_seconds_count", &[]).unwrap_or(0.0) >= 1.0 {
+        if sample(&samples, "etcd_disk_backend_commit_duration_seconds_count", &[]).unwrap_or(0.0) >= 1.0
+            && sample(&samples, "raftlock_lease_expired_total", &[]).unwrap_or(0.0) >= 1.0
+        {
             break;
         }
-        assert!(Instant::now() < deadline, "the state store never committed");
+        assert!(Instant::now() < deadline, "the state store never committed, or the lease never expired");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     for endpoint in [single.members[0].endpoint(), metrics_url.clone()] {
@@ -348,6 +358,14 @@ async fn metrics_and_health_endpoints_answer_as_etcds() {
         let revoke =
             [("grpc_service", "etcdserverpb.Lease"), ("grpc_method", "LeaseRevoke"), ("grpc_code", "NotFound")];
         assert_eq!(value("grpc_server_handled_total", &revoke), 1.0);
+        assert!(value("grpc_server_handling_seconds_count", &put) >= 1.0);
+        assert!(value("grpc_server_handling_seconds_bucket", &[put[0], put[1], put[2], ("le", "+Inf")]) >= 1.0);
+        assert_eq!(value("etcd_debugging_lease_granted_total", &[]), 3.0);
+        assert_eq!(value("etcd_debugging_lease_revoked_total", &[]), 2.0, "one revoked, one expired");
+        assert_eq!(value("raftlock_lease_expired_total", &[]), 1.0);
+        assert!(value("etcd_debugging_lease_renewed_total", &[]) >= 1.0);
+        assert_eq!(value("raftlock_lease_expiries_overdue", &[]), 0.0);
+        assert_eq!(value("raftlock_alarms", &[("alarm", "NOSPACE")]), 0.0);
         assert_eq!(value("raftlock_lock_grant_duration_seconds_count", &[("api", "v3lock")]), 1.0);
         assert_eq!(value("raftlock_lock_holders", &[]), 1.0);
         assert_eq!(value("raftlock_lock_waiters", &[]), 0.0);
@@ -376,6 +394,9 @@ async fn metrics_and_health_endpoints_answer_as_etcds() {
     maintenance.alarm(etcd_client::AlarmAction::Activate, etcd_client::AlarmType::Nospace, None).await.unwrap();
     let (status, body) = http_get(&endpoint, "/health").await;
     assert_eq!((status, body.as_str()), (503, r#"{"health":"false","reason":"ALARM NOSPACE"}"#));
+    let samples = parse_metrics(&http_get(&endpoint, "/metrics").await.1);
+    assert_eq!(sample(&samples, "raftlock_alarms", &[("alarm", "NOSPACE")]), Some(1.0));
+    assert_eq!(sample(&samples, "raftlock_alarms", &[("alarm", "CORRUPT")]), Some(0.0));
     assert_eq!(http_get(&endpoint, "/health?exclude=NOSPACE").await.0, 200);
 
     // A follower sends the writes it takes to the leader, and counts the batches.

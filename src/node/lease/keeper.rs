@@ -238,9 +238,26 @@ impl LeaseKeeper {
             Some(deadline) if *deadline <= now => None,
             _ => {
                 d.set(id, now + secs(lease.ttl));
+                crate::base::metrics::metrics().leases_renewed.inc();
                 Some(lease.ttl)
             }
         }
+    }
+
+    /// On the leader: leases whose deadline has passed and which are not
+    /// revoked yet (their expiry waits for its share of a tick, or is in
+    /// flight). Not leading: 0. Counts every passed deadline (for a scrape,
+    /// not for each tick).
+    pub fn overdue(&self, table: &LeaseTable) -> usize {
+        self.overdue_at(table, Instant::now())
+    }
+
+    fn overdue_at(&self, table: &LeaseTable, now: Instant) -> usize {
+        let d = self.inner.lock().expect("lease keeper lock poisoned");
+        if d.term.is_none() {
+            return 0;
+        }
+        d.due.iter().take_while(|(deadline, _)| *deadline <= now).filter(|(_, id)| table.get(*id).is_some()).count()
     }
 
     /// Whole seconds left before a lease expires (on the leader).
@@ -350,6 +367,35 @@ mod tests {
         keeper.tick(Some(3), table, t0);
         assert_eq!(ticks_until_expiry(&keeper, table, 3, t0, Duration::from_millis(1900)), None);
         (keeper, t0)
+    }
+
+    #[test]
+    fn overdue_counts_the_live_leases_past_their_deadline_while_leading() {
+        let mut table = LeaseTable::default();
+        let lapsing = EXPIRIES_PER_TICK as i64 * 2 + 50;
+        for id in 1..=lapsing {
+            assert!(table.grant(id, 1));
+        }
+        let keeper = LeaseKeeper::default();
+        let t0 = Instant::now();
+        assert_eq!(keeper.overdue_at(&table, t0), 0, "not leading yet");
+        keeper.tick(Some(3), &table, t0);
+        assert_eq!(keeper.overdue_at(&table, t0 + Duration::from_millis(500)), 0);
+        let due = t0 + Duration::from_secs(1);
+        let mut now = t0 + TICK;
+        while now < due {
+            assert!(keeper.tick(Some(3), &table, now).is_empty());
+            now += TICK;
+        }
+        let first = keeper.tick(Some(3), &table, due);
+        assert_eq!(first.len(), EXPIRIES_PER_TICK);
+        assert_eq!(keeper.overdue_at(&table, due), lapsing as usize, "in flight is not yet expired");
+        for id in first {
+            table.revoke(id);
+        }
+        assert_eq!(keeper.overdue_at(&table, due), lapsing as usize - EXPIRIES_PER_TICK);
+        keeper.tick(None, &table, due + TICK);
+        assert_eq!(keeper.overdue_at(&table, due + TICK), 0, "no longer leading");
     }
 
     #[test]

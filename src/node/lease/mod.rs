@@ -20,6 +20,15 @@ use crate::raft::ProposeError;
 use crate::raft::{LeaseAnswer, LeaseQuery};
 
 impl Node {
+    /// Leases past their deadline and not yet revoked, if this member leads
+    /// (0 otherwise): the expiry backlog a lease-expiry storm builds.
+    pub fn overdue_lease_expiries(&self) -> usize {
+        if !self.is_leader() {
+            return 0;
+        }
+        self.lease_keeper.overdue(&self.state.leases())
+    }
+
     /// Renew lease `id`; returns its TTL in seconds, 0 if it is unknown or
     /// has expired.
     pub async fn keep_alive(&self, id: i64) -> Result<i64, ServerError> {

@@ -119,6 +119,7 @@ impl<'a> Apply<'a> {
             Command::Txn(_) => m.txns.inc(),
             _ => {}
         }
+        let expiry = matches!(cmd, Command::LeaseExpire { .. });
         let mut mvcc = state.mvcc_mut();
         let rejected = |error, mvcc: &MvccStore| CommandResult::Rejected { error, revision: mvcc.revision() };
         match cmd {
@@ -150,6 +151,7 @@ impl<'a> Apply<'a> {
             }
             Command::LeaseGrant { id, ttl } => {
                 if state.leases_mut().grant(id, ttl) {
+                    m.leases_granted.inc();
                     self.journal.push(JournalOp::LeaseGrant { id, ttl });
                     CommandResult::LeaseGranted { id, ttl, revision: mvcc.revision() }
                 } else {
@@ -163,6 +165,10 @@ impl<'a> Apply<'a> {
                 let keys = state.leases_mut().revoke(id);
                 match keys {
                     Some(keys) => {
+                        m.leases_revoked.inc();
+                        if expiry {
+                            m.leases_expired.inc();
+                        }
                         self.journal.push(JournalOp::LeaseRevoke(id));
                         let (revision, changes) = mvcc.delete_keys(&keys);
                         if !changes.is_empty() {
