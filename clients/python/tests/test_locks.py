@@ -340,3 +340,38 @@ def test_multi_locks_are_all_or_none_and_deadlock_free(client: raftlock.Client) 
         client.lease_revoke(a.lease)
         assert held.lost.wait(5), "a multi-lock of a revoked lease was not told lost"
         assert not held.release()
+
+
+def test_acquires_of_one_grant_share_it(client: raftlock.Client) -> None:
+    with client.session(ttl=10) as session:
+        first = session.lock("shared", wait=0)
+        again = session.lock("shared", wait=0, reentrant=True)
+        assert again is first and first.holds == 2
+        assert again.release() and first.holds == 1
+        assert first.release() and first.holds == 0
+        assert not first.lost.wait(0.3), first.lost_reason
+        # A plain acquire again is the same grant, with its one hold.
+        lock = session.lock("shared", wait=0)
+        assert session.lock("shared", wait=0) is lock and lock.holds == 1
+        assert lock.release()
+        assert not lock.release(), "the one hold was given back twice"
+        assert not lock.lost.wait(0.3), lock.lost_reason
+
+
+def test_a_session_survives_a_member_that_hangs(cluster) -> None:
+    client = raftlock.Client(cluster.endpoints, timeout=2.0)
+    session = client.session(ttl=3)
+    lock = session.lock("hung", wait=0)
+    cluster.processes[0].send_signal(signal.SIGSTOP)  # the member the client talks to
+    try:
+        began = time.monotonic()
+        assert [h.token for h in client.describe("hung").holders] == [lock.token]
+        assert time.monotonic() - began < 5, "a read took too long to leave a member that hangs"
+        time.sleep(8)  # more than two TTLs: the lease lives only if renewed elsewhere
+        assert not session.lost.is_set(), session.lost_reason
+        assert not lock.lost.is_set(), lock.lost_reason
+        client.lease_revoke(session.lease)
+        assert lock.lost.wait(25), "a grant followed on a member that hangs was not told lost"
+    finally:
+        cluster.processes[0].send_signal(signal.SIGCONT)
+        client.close()

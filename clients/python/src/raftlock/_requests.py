@@ -125,8 +125,11 @@ def watch_create(key: bytes, end: bytes, start_revision: int, prev_kv: bool) -> 
     return rpc.WatchRequest(create_request=create)
 
 
+# Why a grant ended, by the event that tells it.
+DELETED_BY_REQUEST = "its key was deleted by another client"
+
 _ENDS = {
-    locks_pb.LockEvent.RELEASED: "its key was deleted by another client",
+    locks_pb.LockEvent.RELEASED: DELETED_BY_REQUEST,
     locks_pb.LockEvent.LEASE_ENDED: "its lease ended (expired or revoked)",
     locks_pb.LockEvent.ENDED: "it ended",
 }

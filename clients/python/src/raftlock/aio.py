@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, AsyncIterator, Awaitable, Callable, Generator, Generic, List, Optional, Sequence, TypeVar, Union
+import weakref
+from typing import Any, AsyncIterator, Awaitable, Callable, Generator, Generic, List, Optional, Sequence, Tuple, TypeVar, Union
 
 import grpc
 import grpc.aio
@@ -74,18 +75,35 @@ class Client(_Connection):
         timeout: float = 5.0,
     ) -> None:
         super().__init__(endpoints, tls, user, password, timeout, grpc.aio.secure_channel, grpc.aio.insecure_channel)
+        self._authenticating_async = asyncio.Lock()
 
-    async def _authenticate(self) -> None:
-        req = rpc.AuthenticateRequest(name=self._user or "", password=self._password or "")
-        self._token = None
-        self._token = (await self._call(lambda s: s.auth.Authenticate, req, self.timeout, authenticating=True)).token
+    async def _authenticate(self, stale: Optional[str] = None) -> None:
+        """As :meth:`raftlock.Client._authenticate` (one at a time, the token
+        replaced only by a new one)."""
+        async with self._authenticating_async:
+            if stale is not None and self._token != stale:
+                return
+            req = rpc.AuthenticateRequest(name=self._user or "", password=self._password or "")
+            self._token = (await self._call(lambda s: s.auth.Authenticate, req, self.timeout, authenticating=True)).token
 
-    async def call(self, method: Callable[[_Stubs], Callable[..., Any]], request: object, timeout: Optional[float] = -1.0) -> Any:
+    async def call(
+        self,
+        method: Callable[[_Stubs], Callable[..., Any]],
+        request: object,
+        timeout: Optional[float] = -1.0,
+        *,
+        retry: str = "unavailable",
+    ) -> Any:
         """One unary call, failing over as :meth:`raftlock.Client.call` does."""
-        return await self._call(method, request, self.timeout if timeout == -1.0 else timeout)
+        return await self._call(method, request, self.timeout if timeout == -1.0 else timeout, retry=retry)
 
     async def _call(
-        self, method: Callable[[_Stubs], Callable[..., Any]], request: object, timeout: Optional[float], authenticating: bool = False
+        self,
+        method: Callable[[_Stubs], Callable[..., Any]],
+        request: object,
+        timeout: Optional[float],
+        authenticating: bool = False,
+        retry: str = "unavailable",
     ) -> Any:
         if self._user is not None and self._token is None and not authenticating:
             await self._authenticate()
@@ -94,17 +112,19 @@ class Client(_Connection):
         tries = 0
         while tries < len(self._endpoints):
             index = self._current
+            token = self._token
             try:
                 return await method(self._stubs_for(self._endpoints[index]))(
                     request, timeout=timeout, metadata=self._metadata()
                 )
             except grpc.RpcError as e:
                 last = e
-                if self._judge(e, index, not reauthenticated and not authenticating) == "next":
+                may_reauthenticate = not reauthenticated and not authenticating
+                if self._judge(e, index, may_reauthenticate, retry, timeout is not None) == "next":
                     tries += 1
                     continue
                 reauthenticated = True
-                await self._authenticate()
+                await self._authenticate(token)
         raise self._none_answered(last)
 
     async def close(self) -> None:
@@ -133,7 +153,7 @@ class Client(_Connection):
             key=key, range_end=build.range_end(key, range_end, prefix), revision=revision, limit=limit,
             serializable=serializable,
         )
-        return await self.call(lambda s: s.kv.Range, req)
+        return await self.call(lambda s: s.kv.Range, req, retry="always")
 
     async def put(self, key: Bytes, value: Bytes, *, lease: int = 0) -> rpc.PutResponse:
         return await self.call(lambda s: s.kv.Put, rpc.PutRequest(key=_b(key), value=_b(value), lease=lease))
@@ -155,8 +175,9 @@ class Client(_Connection):
     async def lease_revoke(self, lease: int) -> None:
         await self.call(lambda s: s.lease.LeaseRevoke, rpc.LeaseRevokeRequest(ID=lease))
 
-    async def lease_keep_alive_once(self, lease: int) -> int:
-        """Renew the lease once; its TTL, or 0 if it no longer exists."""
+    async def lease_keep_alive_once(self, lease: int, timeout: Optional[float] = None) -> int:
+        """Renew the lease once; its TTL, or 0 if it no longer exists
+        (``timeout``: as :meth:`raftlock.Client.lease_keep_alive_once`)."""
 
         def once(stubs: _Stubs) -> Callable[..., Awaitable[int]]:
             async def renew(request: object, timeout: float, metadata: object) -> int:
@@ -168,7 +189,7 @@ class Client(_Connection):
 
             return renew
 
-        return await self.call(once, rpc.LeaseKeepAliveRequest(ID=lease))
+        return await self.call(once, rpc.LeaseKeepAliveRequest(ID=lease), timeout or self.timeout, retry="always")
 
     async def watch(
         self, key: Bytes, range_end: Optional[Bytes] = None, *, prefix: bool = False, start_revision: int = 0
@@ -212,19 +233,20 @@ class Client(_Connection):
         return _Opening(open)
 
     async def describe(self, name: Bytes, *, permits: int = 1) -> locks_pb.DescribeResponse:
-        return await self.call(lambda s: s.locks.Describe, locks_pb.DescribeRequest(name=_b(name), permits=permits))
+        req = locks_pb.DescribeRequest(name=_b(name), permits=permits)
+        return await self.call(lambda s: s.locks.Describe, req, retry="always")
 
     async def list_locks(self, prefix: Bytes = b"", *, permits: int = 1) -> List[locks_pb.LockSummary]:
         req = locks_pb.ListRequest(prefix=_b(prefix), permits=permits)
-        return list((await self.call(lambda s: s.locks.List, req)).locks)
+        return list((await self.call(lambda s: s.locks.List, req, retry="always")).locks)
 
     async def validate(self, key: Bytes, token: int, *, permits: int = 1) -> locks_pb.ValidateResponse:
         req = locks_pb.ValidateRequest(key=_b(key), token=token, permits=permits)
-        return await self.call(lambda s: s.locks.Validate, req)
+        return await self.call(lambda s: s.locks.Validate, req, retry="always")
 
     async def leader(self, name: Bytes) -> Optional[KeyValue]:
         try:
-            resp = await self.call(lambda s: s.election.Leader, election_pb.LeaderRequest(name=_b(name)))
+            resp = await self.call(lambda s: s.election.Leader, election_pb.LeaderRequest(name=_b(name)), retry="always")
         except RaftlockError as e:
             if e.message == "election: no leader":
                 return None
@@ -250,6 +272,7 @@ class Session:
         self.lost_reason: Optional[str] = None
         self._closed = False
         self._locks: List[_GrantEnd] = []
+        self._held: "weakref.WeakValueDictionary[Tuple[bytes, int], Lock]" = weakref.WeakValueDictionary()
         self._keeper: Optional["asyncio.Task[None]"] = None
 
     async def _open(self) -> None:
@@ -257,18 +280,24 @@ class Session:
         self._keeper = asyncio.get_running_loop().create_task(self._keep_alive())
 
     async def _keep_alive(self) -> None:
+        # As the synchronous session's: renewed is when the last answered
+        # renewal was sent; each member gets a third of the TTL at most.
         renewed = time.monotonic()
+        attempt = min(self.client.timeout, self.ttl / 3)
         while not self._closed:
-            await asyncio.sleep(self.ttl / 3)
+            await asyncio.sleep(max(0.0, min(self.ttl / 3, renewed + self.ttl - time.monotonic())))
+            if time.monotonic() - renewed >= self.ttl:
+                return self._lose(f"not renewed for its TTL ({self.ttl} s)")
+            sent = time.monotonic()
             try:
-                ttl = await self.client.lease_keep_alive_once(self.lease)
+                ttl = await self.client.lease_keep_alive_once(self.lease, timeout=attempt)
             except RaftlockError as e:
                 if time.monotonic() - renewed >= self.ttl:
                     return self._lose(f"not renewed for its TTL ({self.ttl} s): {e.message}")
                 continue
             if ttl <= 0:
                 return self._lose("the lease no longer exists (expired or revoked)")
-            renewed = time.monotonic()
+            renewed = sent
 
     def _lose(self, why: str) -> None:
         if self._closed:
@@ -292,8 +321,13 @@ class Session:
             resp = await self.client.call(lambda s: s.locks.Acquire, req, timeout=timeout)
             if not resp.acquired:
                 raise LockBusy(_b(name), list(resp.holders))
+            held = self._held.get((resp.key, resp.token))
+            if held is not None and held._live():
+                held.holds = resp.holds
+                return held
             lock = Lock(self, _b(name), permits, resp.key, resp.token, resp.holds)
-            self._locks.append(lock)
+            self._track(lock)
+            self._held[(resp.key, resp.token)] = lock
             return lock
 
         return _Opening(open)
@@ -313,7 +347,7 @@ class Session:
             if not resp.acquired:
                 raise LockBusy(resp.blocked_on, list(resp.holders))
             multi = MultiLock(self, specs, [Grant(g.name, g.key, g.token) for g in resp.grants])
-            self._locks.append(multi)
+            self._track(multi)
             return multi
 
         return _Opening(open)
@@ -325,8 +359,15 @@ class Session:
         req = election_pb.CampaignRequest(name=_b(name), lease=self.lease, value=_b(value))
         resp = await self.client.call(lambda s: s.election.Campaign, req, timeout=wait)
         leadership = Leadership(self, _b(name), resp.leader)
-        self._locks.append(leadership)
+        self._track(leadership)
         return leadership
+
+    def _track(self, grant: _GrantEnd) -> None:
+        """As :meth:`raftlock.Session._track`."""
+        self._locks.append(grant)
+        if self._closed:
+            grant._released = True
+            grant._stop_following()
 
     async def close(self) -> None:
         if self._closed:
@@ -356,6 +397,7 @@ async def _follow(end: _GrantEnd, client: Client, name: bytes, permits: int, key
     start = max(token, 1)
     while True:
         req = locks_pb.ObserveRequest(name=name, permits=permits, start_revision=start)
+        auth_token = client._token
         call, endpoint = client.stream(lambda s: s.locks.Observe, req)
         try:
             async for message in call:
@@ -367,12 +409,33 @@ async def _follow(end: _GrantEnd, client: Client, name: bytes, permits: int, key
             if e.code() == grpc.StatusCode.OUT_OF_RANGE:
                 start = 0
                 continue
-            if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN, grpc.StatusCode.DEADLINE_EXCEEDED):
+            if client._refused_token(e):
+                try:
+                    await client._authenticate(auth_token)
+                except RaftlockError:
+                    client.next_endpoint(endpoint)
+            elif e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN, grpc.StatusCode.DEADLINE_EXCEEDED):
                 return end._lose(f"its events could not be followed: {from_rpc(e)}")
-            client.next_endpoint(endpoint)
+            else:
+                client.next_endpoint(endpoint)
         finally:
             call.cancel()
         await asyncio.sleep(0.2)
+
+
+async def _release(end: _GrantEnd, call: Callable[[], Awaitable[Any]]) -> Any:
+    """A fenced release (``call``, made once) with ``end``'s bookkeeping."""
+    end._release_starts()
+    resp = None
+    error: Optional[RaftlockError] = None
+    try:
+        resp = await call()
+    except RaftlockError as e:
+        error = e
+        raise
+    finally:
+        end._release_ended(resp, error)
+    return resp
 
 
 class Lock(_GrantEnd):
@@ -391,13 +454,7 @@ class Lock(_GrantEnd):
     async def release(self) -> bool:
         """Give back one hold, fenced by the token (see :meth:`raftlock.Lock.release`)."""
         req = locks_pb.ReleaseRequest(key=self.key, token=self.token)
-        self._release_starts()
-        resp = None
-        try:
-            resp = await self.session.client.call(lambda s: s.locks.Release, req)
-        finally:
-            self._release_ended(resp)
-        return resp.released
+        return (await _release(self, lambda: self.session.client.call(lambda s: s.locks.Release, req, retry="never"))).released
 
     async def validate(self) -> bool:
         return (await self.session.client.validate(self.key, self.token, permits=self.permits)).current
@@ -422,9 +479,15 @@ class Leadership(Lock):
         await self.session.client.call(lambda s: s.election.Proclaim, req)
 
     async def resign(self) -> None:
-        self._released = True
-        self._stop_following()
-        await self.session.client.call(lambda s: s.election.Resign, election_pb.ResignRequest(leader=self.leader))
+        """Give up leadership (see :meth:`raftlock.Leadership.resign`)."""
+        req = election_pb.ResignRequest(leader=self.leader)
+        self._release_starts()
+        try:
+            await self.session.client.call(lambda s: s.election.Resign, req)
+        except RaftlockError as e:
+            self._release_ended(None, e)
+            raise
+        self._release_ended(locks_pb.ReleaseResponse(released=True, holds=0))
 
     async def release(self) -> bool:
         await self.resign()
@@ -451,13 +514,8 @@ class MultiLock(_GrantEnd):
 
     async def release(self) -> bool:
         """Give back every grant of the set in one call (see :meth:`raftlock.MultiLock.release`)."""
-        self._release_starts()
-        resp = None
-        try:
-            resp = await self.session.client.call(lambda s: s.locks.Release, build.release_all(self.grants))
-        finally:
-            self._release_ended(resp)
-        return resp.released
+        req = build.release_all(self.grants)
+        return (await _release(self, lambda: self.session.client.call(lambda s: s.locks.Release, req, retry="never"))).released
 
     async def __aenter__(self) -> "MultiLock":
         return self

@@ -4,8 +4,14 @@ the etcd v3 calls a program needs besides locks (KV, txn, leases, watches).
 Invariants: a call goes to the endpoint that answered last; when a member
 cannot be reached (``UNAVAILABLE``) the call is made again on the next
 endpoint, each endpoint tried once per call, and :class:`Unavailable` is
-raised when none answered. Every other failure is raised at once as a
-:class:`RaftlockError` with the server's code and message (etcd's).
+raised when none answered. Reads, keepalives and the lock introspection
+calls also move on when a member does not answer within the call's
+timeout (a member that hangs); gRPC keepalives find a silent connection
+within 15 s. A refused auth token (tokens are each member's own) is
+replaced and the call made again. Every other failure is raised at once
+as a :class:`RaftlockError` with the server's code and message (etcd's).
+A lock's fenced release is made once: a retry could give back a second
+hold.
 
 Caveat: a write whose member went away after it was sent may have been
 applied; as with etcd's clients, retrying it is the caller's decision for
@@ -97,6 +103,7 @@ class _Connection:
         self._mutex = threading.Lock()
         self._user, self._password = user, password
         self._token: Optional[str] = None
+        self._authenticating = threading.Lock()
         self._secure_channel, self._insecure_channel = secure_channel, insecure_channel
 
     @property
@@ -107,7 +114,15 @@ class _Connection:
         with self._mutex:
             stubs = self._stubs.get(endpoint)
             if stubs is None:
-                options = [("grpc.max_receive_message_length", 64 << 20)]
+                options = [
+                    ("grpc.max_receive_message_length", 64 << 20),
+                    # A member that hangs (stopped, cut off) is found by its
+                    # silence: its connection fails, and the streams on it.
+                    ("grpc.keepalive_time_ms", 10_000),
+                    ("grpc.keepalive_timeout_ms", 5_000),
+                    ("grpc.keepalive_permit_without_calls", 1),
+                    ("grpc.http2.max_pings_without_data", 0),
+                ]
                 if self._tls is not None:
                     channel = self._secure_channel(endpoint, self._tls.credentials(), options)
                 else:
@@ -118,17 +133,34 @@ class _Connection:
     def _metadata(self) -> Optional[List[Tuple[str, str]]]:
         return [("token", self._token)] if self._token else None
 
-    def _judge(self, e: grpc.RpcError, index: int, may_reauthenticate: bool) -> str:
+    def _judge(self, e: grpc.RpcError, index: int, may_reauthenticate: bool, retry: str, deadline: bool) -> str:
         """What a failed call does next: "next" (its member could not be
-        reached: the next endpoint becomes current), "reauthenticate" (the
-        token was refused), or it raises the call's error."""
+        reached, or did not answer within the call's deadline and the call
+        may be made twice: the next endpoint becomes current),
+        "reauthenticate" (the token was refused: tokens are each member's
+        own), or it raises the call's error. ``retry`` is "unavailable"
+        (retry when the member cannot be reached), "always" (also on the
+        deadline) or "never" (a fenced release: its caller learns the answer
+        was lost); ``deadline``: the call had one."""
         code, details = e.code(), e.details() or ""
         if code == grpc.StatusCode.UNAVAILABLE:
             self.next_endpoint(self._endpoints[index])
-            return "next"
-        if code == grpc.StatusCode.UNAUTHENTICATED and self._user is not None and may_reauthenticate and "token" in details:
+            if retry != "never":
+                return "next"
+        elif code == grpc.StatusCode.UNAUTHENTICATED and self._user is not None and may_reauthenticate and "token" in details:
             return "reauthenticate"
+        elif code == grpc.StatusCode.DEADLINE_EXCEEDED and deadline:
+            self.next_endpoint(self._endpoints[index])
+            if retry == "always":
+                return "next"
         raise from_rpc(e) from None
+
+    def _refused_token(self, e: grpc.RpcError) -> bool:
+        return (
+            self._user is not None
+            and e.code() == grpc.StatusCode.UNAUTHENTICATED
+            and "token" in (e.details() or "")
+        )
 
     @staticmethod
     def _none_answered(last: Optional[grpc.RpcError]) -> Unavailable:
@@ -173,31 +205,47 @@ class Client(_Connection):
 
     # -- plumbing ---------------------------------------------------------
 
-    def _authenticate(self) -> None:
-        req = rpc.AuthenticateRequest(name=self._user or "", password=self._password or "")
-        self._token = None
-        self._token = self.call(lambda s: s.auth.Authenticate, req).token
+    def _authenticate(self, stale: Optional[str] = None) -> None:
+        """Fetch a token (replacing ``stale``, which a member refused,
+        unless another call replaced it meanwhile). The token in use is
+        replaced only by a new one, never cleared; one at a time."""
+        with self._authenticating:
+            if stale is not None and self._token != stale:
+                return
+            req = rpc.AuthenticateRequest(name=self._user or "", password=self._password or "")
+            self._token = self.call(lambda s: s.auth.Authenticate, req, reauthenticate=False).token
 
-    def call(self, method: Callable[[_Stubs], Callable[..., T]], request: object, timeout: Optional[float] = -1.0) -> T:
+    def call(
+        self,
+        method: Callable[[_Stubs], Callable[..., T]],
+        request: object,
+        timeout: Optional[float] = -1.0,
+        *,
+        retry: str = "unavailable",
+        reauthenticate: bool = True,
+    ) -> T:
         """Make one unary call (``method`` picks it from the stubs), failing
-        over to the next endpoint while members cannot be reached.
-        ``timeout`` None waits as long as the call takes."""
+        over to the next endpoint while members cannot be reached (and, with
+        ``retry="always"``, when one does not answer within ``timeout``,
+        each attempt's deadline). ``timeout`` None waits as long as the call
+        takes; ``retry="never"`` makes it once."""
         deadline = self.timeout if timeout == -1.0 else timeout
         last: Optional[grpc.RpcError] = None
-        reauthenticated = False
+        reauthenticated = not reauthenticate
         tries = 0
         while tries < len(self._endpoints):
             index = self._current
             stubs = self._stubs_for(self._endpoints[index])
+            token = self._token
             try:
                 return method(stubs)(request, timeout=deadline, metadata=self._metadata())
             except grpc.RpcError as e:
                 last = e
-                if self._judge(e, index, not reauthenticated) == "next":
+                if self._judge(e, index, not reauthenticated, retry, deadline is not None) == "next":
                     tries += 1
                     continue
                 reauthenticated = True
-                self._authenticate()
+                self._authenticate(token)
         raise self._none_answered(last)
 
     def close(self) -> None:
@@ -242,7 +290,7 @@ class Client(_Connection):
             count_only=count_only,
             serializable=serializable,
         )
-        return self.call(lambda s: s.kv.Range, req)
+        return self.call(lambda s: s.kv.Range, req, retry="always")
 
     def put(self, key: Bytes, value: Bytes, *, lease: int = 0, prev_kv: bool = False) -> rpc.PutResponse:
         return self.call(lambda s: s.kv.Put, rpc.PutRequest(key=_b(key), value=_b(value), lease=lease, prev_kv=prev_kv))
@@ -277,11 +325,13 @@ class Client(_Connection):
 
     def lease_ttl(self, lease: int) -> int:
         """Seconds left on the lease; -1 if it does not exist."""
-        return self.call(lambda s: s.lease.LeaseTimeToLive, rpc.LeaseTimeToLiveRequest(ID=lease)).TTL
+        return self.call(lambda s: s.lease.LeaseTimeToLive, rpc.LeaseTimeToLiveRequest(ID=lease), retry="always").TTL
 
-    def lease_keep_alive_once(self, lease: int) -> int:
-        """Renew the lease once; its TTL, or 0 if it no longer exists."""
-        deadline = self.timeout
+    def lease_keep_alive_once(self, lease: int, timeout: Optional[float] = None) -> int:
+        """Renew the lease once; its TTL, or 0 if it no longer exists.
+        ``timeout`` bounds each member's attempt (the client's by default):
+        a member that hangs is left for the next."""
+        deadline = timeout or self.timeout
 
         def once(stubs: _Stubs) -> Callable[..., int]:
             def renew(request: object, timeout: float, metadata: object) -> int:
@@ -293,7 +343,7 @@ class Client(_Connection):
 
             return renew
 
-        return self.call(once, rpc.LeaseKeepAliveRequest(ID=lease), timeout=deadline)
+        return self.call(once, rpc.LeaseKeepAliveRequest(ID=lease), timeout=deadline, retry="always")
 
     # -- watches ----------------------------------------------------------
 
@@ -325,18 +375,18 @@ class Client(_Connection):
 
     def describe(self, name: Bytes, *, permits: int = 1) -> locks_pb.DescribeResponse:
         """Who holds lock ``name`` and who waits for it (lowest token first)."""
-        return self.call(lambda s: s.locks.Describe, locks_pb.DescribeRequest(name=_b(name), permits=permits))
+        return self.call(lambda s: s.locks.Describe, locks_pb.DescribeRequest(name=_b(name), permits=permits), retry="always")
 
     def list_locks(self, prefix: Bytes = b"", *, permits: int = 1) -> List[locks_pb.LockSummary]:
         """Every lock whose name starts with ``prefix``, with its holders."""
         req = locks_pb.ListRequest(prefix=_b(prefix), permits=permits)
-        return list(self.call(lambda s: s.locks.List, req).locks)
+        return list(self.call(lambda s: s.locks.List, req, retry="always").locks)
 
     def validate(self, key: Bytes, token: int, *, permits: int = 1) -> locks_pb.ValidateResponse:
         """Whether the grant (owner key and token) still holds its lock,
         read linearizably (``.current``), with its lease's TTL left."""
         req = locks_pb.ValidateRequest(key=_b(key), token=token, permits=permits)
-        return self.call(lambda s: s.locks.Validate, req)
+        return self.call(lambda s: s.locks.Validate, req, retry="always")
 
 
     def observe(self, name: Bytes, *, permits: int = 1, start_revision: int = 0) -> Iterator[locks_pb.ObserveResponse]:
@@ -360,7 +410,7 @@ class Client(_Connection):
         """Election ``name``'s leader key (its value is the leader's
         proclamation), or None when nobody leads."""
         try:
-            resp = self.call(lambda s: s.election.Leader, election_pb.LeaderRequest(name=_b(name)))
+            resp = self.call(lambda s: s.election.Leader, election_pb.LeaderRequest(name=_b(name)), retry="always")
         except RaftlockError as e:
             if e.message == "election: no leader":
                 return None

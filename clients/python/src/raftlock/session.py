@@ -23,7 +23,7 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from typing import Any, List, Optional, Sequence, Union
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import grpc
 
@@ -55,14 +55,25 @@ class Session:
         self.lost_reason: Optional[str] = None
         self._closed = threading.Event()
         self._locks: "weakref.WeakSet[_GrantEnd]" = weakref.WeakSet()
+        # Grants by (key, token): an acquire of a lock the session holds
+        # answers with the same grant, and gets the same Lock.
+        self._held: "weakref.WeakValueDictionary[Tuple[bytes, int], Lock]" = weakref.WeakValueDictionary()
         self._keeper = threading.Thread(target=self._keep_alive, name=f"raftlock-session-{self.lease:x}", daemon=True)
         self._keeper.start()
 
     def _keep_alive(self) -> None:
+        # The lease lives at least until renewed + TTL: renewed is when the
+        # last renewal that was answered was sent. Each member gets a third
+        # of the TTL at most, so a member that hangs leaves time for others.
         renewed = time.monotonic()
-        while not self._closed.wait(self.ttl / 3):
+        attempt = min(self.client.timeout, self.ttl / 3)
+        while not self._closed.wait(max(0.0, min(self.ttl / 3, renewed + self.ttl - time.monotonic()))):
+            if time.monotonic() - renewed >= self.ttl:
+                self._lose(f"not renewed for its TTL ({self.ttl} s)")
+                return
+            sent = time.monotonic()
             try:
-                ttl = self.client.lease_keep_alive_once(self.lease)
+                ttl = self.client.lease_keep_alive_once(self.lease, timeout=attempt)
             except RaftlockError as e:
                 if time.monotonic() - renewed >= self.ttl:
                     self._lose(f"not renewed for its TTL ({self.ttl} s): {e.message}")
@@ -71,7 +82,7 @@ class Session:
             if ttl <= 0:
                 self._lose("the lease no longer exists (expired or revoked)")
                 return
-            renewed = time.monotonic()
+            renewed = sent
 
     def _lose(self, why: str) -> None:
         if self._closed.is_set():
@@ -108,8 +119,13 @@ class Session:
         resp = self.client.call(lambda s: s.locks.Acquire, req, timeout=timeout)
         if not resp.acquired:
             raise LockBusy(_b(name), list(resp.holders))
+        held = self._held.get((resp.key, resp.token))
+        if held is not None and held._live():
+            held.holds = resp.holds
+            return held
         lock = Lock(self, _b(name), permits, resp.key, resp.token, resp.holds)
-        self._locks.add(lock)
+        self._track(lock)
+        self._held[(resp.key, resp.token)] = lock
         return lock
 
     def lock_all(
@@ -130,7 +146,7 @@ class Session:
         if not resp.acquired:
             raise LockBusy(resp.blocked_on, list(resp.holders))
         multi = MultiLock(self, specs, [Grant(g.name, g.key, g.token) for g in resp.grants])
-        self._locks.add(multi)
+        self._track(multi)
         return multi
 
     def campaign(self, name: Bytes, value: Bytes, *, wait: Optional[float] = None) -> "Leadership":
@@ -144,8 +160,16 @@ class Session:
         req = election_pb.CampaignRequest(name=_b(name), lease=self.lease, value=_b(value))
         resp = self.client.call(lambda s: s.election.Campaign, req, timeout=wait)
         leadership = Leadership(self, _b(name), resp.leader)
-        self._locks.add(leadership)
+        self._track(leadership)
         return leadership
+
+    def _track(self, grant: "_GrantEnd") -> None:
+        """Follow a new grant's session; one answered after close began is
+        ended with the session (released, not followed)."""
+        self._locks.add(grant)
+        if self._closed.is_set():
+            grant._released = True
+            grant._stop_following()
 
     def close(self) -> None:
         """End the session: stop renewing and revoke the lease (its locks
@@ -183,6 +207,12 @@ class _GrantEnd:
         self._ending = threading.Lock()
         self._releasing = 0
         self._held_back: Optional[str] = None
+        # A release whose answer was lost may have been applied: a deletion
+        # of the key by a request, seen from then on, is taken for it.
+        self._maybe_released = False
+
+    def _live(self) -> bool:
+        return not self._released and not self.lost.is_set()
 
     def _lose(self, why: str, *, from_events: bool = False) -> None:
         with self._ending:
@@ -191,27 +221,57 @@ class _GrantEnd:
             if from_events and self._releasing:
                 self._held_back = why
                 return
-            self.lost_reason = why
-            self.lost.set()
+            if from_events and self._maybe_released and why == build.DELETED_BY_REQUEST:
+                self._released = True
+                released = True
+            else:
+                released = False
+                self.lost_reason = why
+                self.lost.set()
+        if released:
+            self._stop_following()
 
     def _release_starts(self) -> None:
         with self._ending:
             self._releasing += 1
 
-    def _release_ended(self, resp: Optional[locks_pb.ReleaseResponse]) -> None:
-        """After a release's answer (None: it failed): the holds left, and
-        an end held back told unless this release gave back the last hold."""
+    def _release_ended(self, resp: Optional[locks_pb.ReleaseResponse], error: Optional[RaftlockError] = None) -> None:
+        """After a release's answer (None: it failed with ``error``): the
+        holds left, and an end held back told unless this release gave back
+        the last hold. A release whose member could not be reached or did not
+        answer in time may have been applied: a deletion by a request seen
+        meanwhile or later is taken for it."""
+        ambiguous = error is not None and error.code in (
+            grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+            grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN,
+        )
         with self._ending:
             self._releasing -= 1
             if resp is not None and resp.released and resp.holds == 0:
                 self._released = True
+            if ambiguous:
+                self._maybe_released = True
             held_back, self._held_back = self._held_back, None
         if resp is not None and resp.released:
             self.holds = resp.holds
             if resp.holds == 0:
                 self._stop_following()
         if held_back is not None:
-            self._lose(held_back)
+            self._lose(held_back, from_events=True)
+
+    def _release(self, call: Any) -> Any:
+        """Make a fenced release (``call``, made once), with the bookkeeping above."""
+        self._release_starts()
+        resp = None
+        error: Optional[RaftlockError] = None
+        try:
+            resp = call()
+        except RaftlockError as e:
+            error = e
+            raise
+        finally:
+            self._release_ended(resp, error)
+        return resp
 
     def _stop_following(self) -> None:
         raise NotImplementedError
@@ -242,6 +302,7 @@ class _Follower:
         start = max(token, 1)
         while not self._stop.is_set():
             req = locks_pb.ObserveRequest(name=name, permits=permits, start_revision=start)
+            auth_token = client._token
             responses, endpoint = client.stream(lambda s: s.locks.Observe, req)
             self._call = responses  # type: ignore[assignment]
             if self._stop.is_set():
@@ -260,10 +321,16 @@ class _Follower:
                 if e.code() == grpc.StatusCode.OUT_OF_RANGE:
                     start = 0
                     continue
-                if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN, grpc.StatusCode.DEADLINE_EXCEEDED):
+                if client._refused_token(e):
+                    try:
+                        client._authenticate(auth_token)
+                    except RaftlockError:
+                        client.next_endpoint(endpoint)
+                elif e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN, grpc.StatusCode.DEADLINE_EXCEEDED):
                     self._end._lose(f"its events could not be followed: {from_rpc(e)}")
                     return
-                client.next_endpoint(endpoint)
+                else:
+                    client.next_endpoint(endpoint)
             self._stop.wait(0.2)
 
 
@@ -289,14 +356,12 @@ class Lock(_GrantEnd):
     def release(self) -> bool:
         """Give back one hold, fenced by the token: True if it was released
         (``holds`` is then what is left), False if the grant had already
-        ended (nothing was changed)."""
+        ended (nothing was changed). Made once: if its member cannot be
+        reached or does not answer in time, the error says so, and the
+        release may or may not have been applied (a second release answers
+        False if it was)."""
         req = locks_pb.ReleaseRequest(key=self.key, token=self.token)
-        self._release_starts()
-        resp = None
-        try:
-            resp = self.session.client.call(lambda s: s.locks.Release, req)
-        finally:
-            self._release_ended(resp)
+        resp = self._release(lambda: self.session.client.call(lambda s: s.locks.Release, req, retry="never"))
         return resp.released
 
     def validate(self) -> bool:
@@ -330,10 +395,16 @@ class Leadership(Lock):
         self.session.client.call(lambda s: s.election.Proclaim, req)
 
     def resign(self) -> None:
-        """Give up leadership; the next candidate leads."""
-        self._released = True
-        self._stop_following()
-        self.session.client.call(lambda s: s.election.Resign, election_pb.ResignRequest(leader=self.leader))
+        """Give up leadership; the next candidate leads. If it fails, this
+        session may still lead (and ``lost`` still tells if that ends)."""
+        req = election_pb.ResignRequest(leader=self.leader)
+        self._release_starts()
+        try:
+            self.session.client.call(lambda s: s.election.Resign, req)
+        except RaftlockError as e:
+            self._release_ended(None, e)
+            raise
+        self._release_ended(locks_pb.ReleaseResponse(released=True, holds=0))
 
     def release(self) -> bool:
         self.resign()
@@ -361,13 +432,10 @@ class MultiLock(_GrantEnd):
 
     def release(self) -> bool:
         """Give back every grant of the set in one call, each fenced by its
-        token: True if every one was released."""
-        self._release_starts()
-        resp = None
-        try:
-            resp = self.session.client.call(lambda s: s.locks.Release, build.release_all(self.grants))
-        finally:
-            self._release_ended(resp)
+        token: True if every one was released. Made once, as
+        :meth:`Lock.release`."""
+        req = build.release_all(self.grants)
+        resp = self._release(lambda: self.session.client.call(lambda s: s.locks.Release, req, retry="never"))
         return resp.released
 
     def __enter__(self) -> "MultiLock":
