@@ -18,7 +18,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::{ArgAction, Parser, ValueEnum};
 
-use crate::base::ids::{go_duration, is_https, member_id, url_addr, url_host};
+use crate::base::ids::{go_duration, is_https, member_id, url_addr, url_host, url_hostport};
 use crate::base::limits::DEFAULT_QUOTA_BYTES;
 use crate::base::listen::Listener;
 use crate::base::tls::{AutoCert, ServerTls, TlsFiles, TlsPolicy};
@@ -421,7 +421,7 @@ impl Config {
         for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let (name, url) =
                 part.split_once('=').with_context(|| format!("--initial-cluster: `{part}` is not name=url"))?;
-            url_addr(url)?;
+            url_hostport(url)?;
             by_name.entry(name.to_string()).or_default().push(url.to_string());
         }
         let mut members = BTreeMap::new();

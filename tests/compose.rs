@@ -1,8 +1,10 @@
 //! The docker-compose cluster, for real: `docker compose up` of the top-level
-//! docker-compose.yml, clients on the published ports, the leader's container
-//! stopped, the leader cut off from the network (the majority elects a new
-//! leader and serves; the old leader cannot commit), reconnected (it catches
-//! up), and `docker compose down -v`.
+//! docker-compose.yml (members that name each other by host name, resolved by
+//! Docker's DNS from the empty image), clients on the published ports, the
+//! leader's container stopped, the leader cut off from the network (the
+//! majority elects a new leader and serves; the old leader cannot commit),
+//! reconnected under its name, perhaps at another address (it catches up),
+//! and `docker compose down -v`.
 //!
 //! The TLS variant (docker-compose.tls.yml over it, certificates made by
 //! scripts/compose-certs.sh): mTLS clients served on every member, writes
@@ -21,9 +23,9 @@ use etcd_client::{Client, GetOptions};
 
 const PROJECT: &str = "raftlock-compose-test";
 const NETWORK: &str = "raftlock-compose-test_raftlock";
-/// Service, published client port, address on the cluster network.
-const MEMBERS: [(&str, u16, &str); 3] =
-    [("n1", 12379, "172.29.79.11"), ("n2", 22379, "172.29.79.12"), ("n3", 32379, "172.29.79.13")];
+/// Service, published client port, name on the cluster network (its peer
+/// URLs' host, resolved by Docker's DNS).
+const MEMBERS: [(&str, u16, &str); 3] = [("n1", 12379, "n1"), ("n2", 22379, "n2"), ("n3", 32379, "n3")];
 
 /// `docker compose` (v2) where it exists, else `docker-compose` (v1), for
 /// `project` with `files`.
@@ -185,8 +187,9 @@ async fn compose_cluster_survives_a_stopped_and_a_partitioned_leader() {
     let stale = ctl_in(cut.0, &["put", "compose/from-old-leader", "lost"]);
     assert!(!stale.status.success(), "the cut-off leader committed a write: {stale:?}");
 
-    // Reconnected (same address), it rejoins and catches up.
-    docker(&["network", "connect", "--ip", cut.2, NETWORK, &container(cut.0)]);
+    // Reconnected under its name (Docker may give it another address: its
+    // peers find it by name again), it rejoins and catches up.
+    docker(&["network", "connect", "--alias", cut.2, NETWORK, &container(cut.0)]);
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let out = ctl_in(cut.0, &["get", "compose/during-partition"]);

@@ -49,6 +49,27 @@ pub fn url_host(url: &str) -> anyhow::Result<&str> {
     Ok(host.trim_start_matches('[').trim_end_matches(']'))
 }
 
+/// The `host:port` of an `http(s)://host:port` URL, checked: a host (a
+/// name or an address) and a port, no path. Peer URLs may name hosts
+/// (resolved when dialed, `base::resolve`); listen URLs need addresses
+/// ([`url_addr`]).
+pub fn url_hostport(url: &str) -> anyhow::Result<&str> {
+    let rest = url.strip_prefix("http://").or_else(|| url.strip_prefix("https://"));
+    let rest = rest.with_context(|| format!("`{url}`: only http:// and https:// URLs are supported"))?;
+    let hostport = rest.strip_suffix('/').unwrap_or(rest);
+    let valid = match hostport.rsplit_once(':') {
+        Some((host, port)) => {
+            !host.is_empty()
+                && !hostport.contains('/')
+                && !host.contains(char::is_whitespace)
+                && port.parse::<u16>().is_ok()
+        }
+        None => false,
+    };
+    anyhow::ensure!(valid, "`{url}` is not http(s)://host:port");
+    Ok(hostport)
+}
+
 /// The socket address of an `http(s)://host:port` URL.
 pub fn url_addr(url: &str) -> anyhow::Result<SocketAddr> {
     let rest = url.strip_prefix("http://").or_else(|| url.strip_prefix("https://"));
@@ -89,4 +110,21 @@ pub fn member_id(peer_urls: &[String], token: &str) -> u64 {
 /// flags, and the token is what every member of a cluster shares.
 pub fn cluster_id(token: &str) -> u64 {
     fnv1a(&[b"cluster".as_slice(), token.as_bytes()]).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peer_urls_may_name_hosts_listen_urls_need_addresses() {
+        assert_eq!(url_hostport("http://raftlock-0.raftlock:2380").unwrap(), "raftlock-0.raftlock:2380");
+        assert_eq!(url_hostport("https://10.0.0.1:2380/").unwrap(), "10.0.0.1:2380");
+        assert_eq!(url_hostport("http://[::1]:2380").unwrap(), "[::1]:2380");
+        for bad in ["raftlock-0:2380", "http://raftlock-0", "http://:2380", "http://a:2380/path", "http://a:99999"] {
+            assert!(url_hostport(bad).is_err(), "{bad}");
+        }
+        assert!(url_addr("http://raftlock-0.raftlock:2380").is_err());
+        assert_eq!(url_addr("http://localhost:2380").unwrap(), "127.0.0.1:2380".parse().unwrap());
+    }
 }

@@ -19,6 +19,7 @@ pub mod ids;
 pub mod limits;
 pub mod listen;
 pub mod metrics;
+pub mod resolve;
 pub mod shutdown;
 pub mod tls;
 pub mod version;

@@ -136,10 +136,7 @@ impl PeerClients {
         let connector = tower::service_fn(move |_: tonic::transport::Uri| {
             let (hostport, socket) = (hostport.clone(), socket.clone());
             async move {
-                let target = tokio::net::lookup_host(hostport.as_str()).await?.next().ok_or_else(|| {
-                    std::io::Error::new(std::io::ErrorKind::AddrNotAvailable, format!("{hostport}: no address"))
-                })?;
-                let tcp = connect_tcp(target, source).await?;
+                let tcp = connect_any(&hostport, source).await?;
                 Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(Tracked::new(tcp, socket)))
             }
         });
@@ -154,18 +151,18 @@ impl PeerClients {
     /// certificate, the peer CA, the peer's host as the name to verify).
     /// Without peer TLS every connection attempt fails, as unreachable.
     fn tls_channel(&self, url: &str, socket: Arc<PeerSocket>) -> Result<Channel, tonic::transport::Error> {
-        let target = crate::base::ids::url_addr(url).map_err(|e| e.to_string());
+        let hostport = url.trim_start_matches("https://").trim_end_matches('/').to_string();
         let name = crate::base::ids::url_host(url)
             .map_err(|e| e.to_string())
             .and_then(|h| crate::base::tls::server_name(h).map_err(|e| e.to_string()));
         let (tls, source) = (self.tls.clone(), self.source);
         let connector = tower::service_fn(move |_: tonic::transport::Uri| {
-            let (target, name, tls, socket) = (target.clone(), name.clone(), tls.clone(), socket.clone());
+            let (hostport, name, tls, socket) = (hostport.clone(), name.clone(), tls.clone(), socket.clone());
             async move {
                 let invalid = |e: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, e);
                 let tls = tls.ok_or_else(|| invalid("an https:// peer URL needs peer TLS flags".into()))?;
-                let (target, name) = (target.map_err(invalid)?, name.map_err(invalid)?);
-                let tcp = Tracked::new(connect_tcp(target, source).await?, socket);
+                let name = name.map_err(invalid)?;
+                let tcp = Tracked::new(connect_any(&hostport, source).await?, socket);
                 let stream = tokio_rustls::TlsConnector::from(tls).connect(name, tcp).await?;
                 Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
             }
@@ -388,6 +385,25 @@ impl tokio::io::AsyncWrite for Tracked {
 
 /// How long a connection to a peer may take to open.
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// A TCP connection to `host:port` (its name resolved: [`crate::base::resolve`]),
+/// to each of its addresses in turn until one answers.
+async fn connect_any(hostport: &str, source: Option<std::net::IpAddr>) -> std::io::Result<tokio::net::TcpStream> {
+    let mut last = None;
+    for target in crate::base::resolve::resolve(hostport).await? {
+        // A source address of one family cannot reach the other.
+        if source.is_some_and(|ip| ip.is_ipv4() != target.is_ipv4()) {
+            continue;
+        }
+        match connect_tcp(target, source).await {
+            Ok(tcp) => return Ok(tcp),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        std::io::Error::new(std::io::ErrorKind::AddrNotAvailable, format!("{hostport}: no address to reach"))
+    }))
+}
 
 /// A TCP connection to `target` from `source` (any address if None), without
 /// Nagle's delay, within [`CONNECT_TIMEOUT`].
