@@ -54,6 +54,7 @@ const (
 	methodLeaseGrant     = "/etcdserverpb.Lease/LeaseGrant"
 	methodLeaseRevoke    = "/etcdserverpb.Lease/LeaseRevoke"
 	methodLeaseKeepAlive = "/etcdserverpb.Lease/LeaseKeepAlive"
+	methodLeaseTTL       = "/etcdserverpb.Lease/LeaseTimeToLive"
 	methodCampaign       = "/v3electionpb.Election/Campaign"
 	methodProclaim       = "/v3electionpb.Election/Proclaim"
 	methodLeader         = "/v3electionpb.Election/Leader"
@@ -411,6 +412,15 @@ func (c *Client) Leader(ctx context.Context, name string) (*lockpb.KeyValue, err
 func (c *Client) RevokeLease(ctx context.Context, lease int64) error {
 	req := &lockpb.LeaseRevokeRequest{ID: lease}
 	return c.invoke(ctx, methodLeaseRevoke, req, &lockpb.LeaseRevokeResponse{}, c.opts.timeout, retryUnavailable)
+}
+
+// LeaseTTL is the seconds left on a lease, or -1 when it does not exist.
+func (c *Client) LeaseTTL(ctx context.Context, lease int64) (int64, error) {
+	resp := &lockpb.LeaseTimeToLiveResponse{}
+	if err := c.call(ctx, methodLeaseTTL, &lockpb.LeaseTimeToLiveRequest{ID: lease}, resp); err != nil {
+		return 0, err
+	}
+	return resp.TTL, nil
 }
 
 // keepAliveOnce renews a lease once: its TTL in seconds, or 0 when it no

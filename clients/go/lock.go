@@ -423,6 +423,21 @@ func (g *grantEnd) endIn(message *lockpb.ObserveResponse, key string, token int6
 	return nil
 }
 
+// causeFromLease tells how a grant whose end its events could not tell
+// (replayed from history, which keeps no cause) ended, from its lease now:
+// gone means its lease ended, else its key was deleted. Left as it is when
+// the lease cannot be asked about.
+func (g *grantEnd) causeFromLease(why *LostError) {
+	ttl, err := g.session.client.LeaseTTL(g.ctx, g.session.lease)
+	switch {
+	case err != nil:
+	case ttl < 0:
+		why.Reason = endReasons[lockpb.LockEvent_LEASE_ENDED]
+	default:
+		why.Reason, why.byRequest = endReasons[lockpb.LockEvent_RELEASED], true
+	}
+}
+
 // follow reads lock name's events from the grant's revision on, on the
 // client's current member (the next one when it fails), until the grant
 // ends or following stops.
@@ -450,6 +465,9 @@ func (g *grantEnd) follow(name string, permits uint32, key string, token int64) 
 					break
 				}
 				if why := g.endIn(message, key, token, start == 0); why != nil {
+					if why.Reason == endReasons[lockpb.LockEvent_ENDED] {
+						g.causeFromLease(why)
+					}
 					g.lose(why, true)
 					return
 				}

@@ -124,7 +124,7 @@ func (s *Session) keepAlive() {
 				return
 			}
 		case ttl <= 0:
-			s.lose("the lease no longer exists (expired or revoked)")
+			s.lose("its lease ended (expired or revoked)")
 			return
 		default:
 			renewed = sent

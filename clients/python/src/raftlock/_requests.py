@@ -127,12 +127,21 @@ def watch_create(key: bytes, end: bytes, start_revision: int, prev_kv: bool) -> 
 
 # Why a grant ended, by the event that tells it.
 DELETED_BY_REQUEST = "its key was deleted by another client"
+LEASE_ENDED = "its lease ended (expired or revoked)"
+ENDED = "it ended"
 
 _ENDS = {
     locks_pb.LockEvent.RELEASED: DELETED_BY_REQUEST,
-    locks_pb.LockEvent.LEASE_ENDED: "its lease ended (expired or revoked)",
-    locks_pb.LockEvent.ENDED: "it ended",
+    locks_pb.LockEvent.LEASE_ENDED: LEASE_ENDED,
+    locks_pb.LockEvent.ENDED: ENDED,
 }
+
+
+def ended_by(lease_ttl: int) -> str:
+    """Why a grant whose end the events could not tell (replayed from
+    history, which keeps no cause) ended, by its lease's TTL now: -1 (gone)
+    means its lease ended, else its key was deleted."""
+    return LEASE_ENDED if lease_ttl < 0 else DELETED_BY_REQUEST
 
 
 def grant_end(message: locks_pb.ObserveResponse, key: bytes, token: int, from_now: bool) -> Optional[str]:

@@ -175,6 +175,11 @@ class Client(_Connection):
     async def lease_revoke(self, lease: int) -> None:
         await self.call(lambda s: s.lease.LeaseRevoke, rpc.LeaseRevokeRequest(ID=lease))
 
+    async def lease_ttl(self, lease: int) -> int:
+        """Seconds left on the lease; -1 if it does not exist."""
+        req = rpc.LeaseTimeToLiveRequest(ID=lease)
+        return (await self.call(lambda s: s.lease.LeaseTimeToLive, req, retry="always")).TTL
+
     async def lease_keep_alive_once(self, lease: int, timeout: Optional[float] = None) -> int:
         """Renew the lease once; its TTL, or 0 if it no longer exists
         (``timeout``: as :meth:`raftlock.Client.lease_keep_alive_once`)."""
@@ -296,7 +301,7 @@ class Session:
                     return self._lose(f"not renewed for its TTL ({self.ttl} s): {e.message}")
                 continue
             if ttl <= 0:
-                return self._lose("the lease no longer exists (expired or revoked)")
+                return self._lose("its lease ended (expired or revoked)")
             renewed = sent
 
     def _lose(self, why: str) -> None:
@@ -402,6 +407,11 @@ async def _follow(end: _GrantEnd, client: Client, name: bytes, permits: int, key
         try:
             async for message in call:
                 why = build.grant_end(message, key, token, start == 0)
+                if why == build.ENDED:
+                    try:  # the cause, from the lease (history keeps none)
+                        why = build.ended_by(await client.lease_ttl(end.session.lease))
+                    except RaftlockError:
+                        pass
                 if why is not None:
                     return end._lose(why, from_events=True)
                 start = max(start, message.header.revision + 1)

@@ -80,7 +80,7 @@ class Session:
                     return
                 continue
             if ttl <= 0:
-                self._lose("the lease no longer exists (expired or revoked)")
+                self._lose("its lease ended (expired or revoked)")
                 return
             renewed = sent
 
@@ -311,6 +311,11 @@ class _Follower:
             try:
                 for message in responses:
                     why = build.grant_end(message, key, token, start == 0)
+                    if why == build.ENDED:
+                        try:  # the cause, from the lease (history keeps none)
+                            why = build.ended_by(client.lease_ttl(self._end.session.lease))
+                        except RaftlockError:
+                            pass
                     if why is not None:
                         self._end._lose(why, from_events=True)
                         return
