@@ -3,7 +3,8 @@
 # (Debian's protobuf-compiler for the etcd-client test dependency, Debian's
 # etcd-client for etcdctl 3.4, etcd 3.5.1 from PyPI for etcdctl 3.5,
 # python-etcd3 from PyPI for the python interop test, Debian's golang-go and
-# golang-etcd-server-dev for the Go clientv3 interop test, curl for the
+# golang-etcd-server-dev for the Go clientv3 interop test, dnsmasq-base for
+# the DNS discovery test, curl for the
 # HTTP/JSON gateway test, raftlock release 0.1.0 built from git for the
 # upgrade test), then
 # runs every test (the server's, the fault suite's checkers, the Python
@@ -18,6 +19,7 @@ command -v etcdctl >/dev/null || missing+=(etcd-client)
 command -v go >/dev/null || missing+=(golang-go)
 command -v curl >/dev/null || missing+=(curl)
 [ -d /usr/share/gocode/src/go.etcd.io/etcd/clientv3 ] || missing+=(golang-etcd-server-dev)
+command -v dnsmasq >/dev/null || missing+=(dnsmasq-base)
 scripts/apt-install.sh "${missing[@]}"
 RAFTLOCK_ETCD_DIR=$(scripts/install-etcd.sh)
 RAFTLOCK_PYTHON_ETCD3=$(scripts/install-python-etcd3.sh)

@@ -76,6 +76,14 @@ pub struct Config {
     /// The initial members, `name=peer-url,...` [default: this member alone].
     #[arg(long, env = "RAFTLOCK_INITIAL_CLUSTER")]
     pub initial_cluster: Option<String>,
+    /// etcd's DNS discovery: the initial members from this domain's SRV
+    /// records (`_etcd-server-ssl._tcp`, `_etcd-server._tcp`), instead of
+    /// --initial-cluster.
+    #[arg(long, env = "RAFTLOCK_DISCOVERY_SRV")]
+    pub discovery_srv: Option<String>,
+    /// A suffix to the SRV names (`_etcd-server-<name>._tcp`): clusters sharing a domain.
+    #[arg(long, env = "RAFTLOCK_DISCOVERY_SRV_NAME")]
+    pub discovery_srv_name: Option<String>,
     /// `new` to bootstrap a cluster, `existing` to join one.
     #[arg(long, env = "RAFTLOCK_INITIAL_CLUSTER_STATE", value_enum, default_value = "new")]
     pub initial_cluster_state: ClusterState,
@@ -409,6 +417,26 @@ impl Config {
         })
     }
 
+    /// With --discovery-srv: --initial-cluster from DNS (setting both is an
+    /// error, as in etcd). A member that has data already is a member: DNS
+    /// is not asked again (a record changed since cannot refuse its restart).
+    pub async fn discover(&mut self) -> anyhow::Result<()> {
+        let Some(domain) = self.discovery_srv.clone() else { return Ok(()) };
+        if self.initial_cluster.is_some() {
+            bail!(
+                "multiple discovery or bootstrap flags are set. Choose one of \"initial-cluster\", \"discovery\" or \"discovery-srv\""
+            );
+        }
+        if self.data_dir().join(crate::storage::format::FILE).exists() {
+            return Ok(());
+        }
+        let (advertise, suffix) = (self.advertise_peer_urls(), self.discovery_srv_name.as_deref());
+        let cluster = crate::base::resolve::srv_cluster(&domain, suffix, &self.name, &advertise).await?;
+        tracing::info!(%domain, initial_cluster = %cluster, "the initial members, from DNS SRV records");
+        self.initial_cluster = Some(cluster);
+        Ok(())
+    }
+
     /// The members named by `--initial-cluster` (or this member alone), by ID.
     pub fn initial_members(&self) -> anyhow::Result<BTreeMap<u64, InitialMember>> {
         let spec = match &self.initial_cluster {
@@ -446,11 +474,6 @@ impl Config {
         Duration::from_millis(self.election_timeout)
     }
 
-    /// The auth tokens this member hands out and accepts (`--auth-token`).
-    pub fn auth_tokens(&self) -> anyhow::Result<crate::model::auth::TokenConfig> {
-        crate::model::auth::TokenConfig::parse(&self.auth_token, self.auth_token_ttl)
-    }
-
     pub fn validate(&self) -> anyhow::Result<()> {
         if self.heartbeat_interval == 0 || self.election_timeout < 5 * self.heartbeat_interval {
             bail!("--election-timeout must be at least 5 times --heartbeat-interval");
@@ -461,7 +484,6 @@ impl Config {
         if !(4..=31).contains(&self.bcrypt_cost) {
             bail!("--bcrypt-cost must be between 4 and 31");
         }
-        self.auth_tokens()?;
         let peer_tls = self.peer_cert_file.is_some() || self.peer_auto_tls;
         if !peer_tls {
             if let Some(url) = self.initial_members()?.values().flat_map(|m| &m.peer_urls).find(|u| is_https(u)) {

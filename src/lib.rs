@@ -46,6 +46,7 @@ mod storage;
 pub use api::{ApiSettings, ClientApi};
 pub use base::ids;
 pub use base::listen::bind as bind_listeners;
+pub use base::resolve;
 /// raftlock's release and the etcd API level (`raftlockctl version`, tests).
 pub use base::version;
 pub use locks::prefix_end;

@@ -47,7 +47,7 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn serve() -> anyhow::Result<()> {
-    let config = Config::parse();
+    let mut config = Config::parse();
     // Files this process creates are its own alone (0600, directories 0700):
     // the data directory holds tokens and password hashes
     // (`storage::data_dir`).
@@ -58,6 +58,7 @@ async fn serve() -> anyhow::Result<()> {
         .with_target(false)
         .init();
     disable_transparent_huge_pages();
+    config.discover().await?;
 
     // Every port is bound before the node opens its storage: a taken port
     // stops the start before anything is written (a fresh data directory

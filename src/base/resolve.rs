@@ -12,8 +12,13 @@
 //! another address (a rescheduled pod, a reconnected container) is found
 //! there within seconds.
 //!
+//! [`srv_cluster`] is etcd's DNS discovery (`--discovery-srv`): the initial
+//! members from the SRV records `_etcd-server-ssl._tcp.DOMAIN` (https) and
+//! `_etcd-server._tcp.DOMAIN` (http), with `-NAME` after the service for
+//! `--discovery-srv-name`.
+//!
 //! Caveat: without a readable `/etc/resolv.conf` the system's resolver
-//! (getaddrinfo) is used instead, with a warning once.
+//! (getaddrinfo) is used instead, with a warning once; SRV records need it.
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -76,6 +81,113 @@ pub async fn resolve(hostport: &str) -> io::Result<Vec<SocketAddr>> {
         return Err(io::Error::new(io::ErrorKind::NotFound, format!("{host}: no address")));
     }
     Ok(addrs)
+}
+
+/// The SRV records of `name`: each target host (without its final dot) and
+/// port, in the order the server gave them. None when there are none.
+pub async fn srv(name: &str) -> anyhow::Result<Vec<(String, u16)>> {
+    let resolver =
+        resolver().ok_or_else(|| anyhow::anyhow!("no DNS configuration (/etc/resolv.conf) to look {name} up with"))?;
+    match resolver.srv_lookup(name).await {
+        Ok(records) => Ok(records
+            .iter()
+            .map(|srv| (srv.target().to_utf8().trim_end_matches('.').to_string(), srv.port()))
+            .collect()),
+        Err(e) if e.is_no_records_found() || e.is_nx_domain() => Ok(Vec::new()),
+        Err(e) => Err(anyhow::anyhow!("looking up SRV records {name}: {e}")),
+    }
+}
+
+/// `--initial-cluster` from the SRV records of `domain` (see the module
+/// doc). This member (`name`, reached at `advertise`) is the record whose
+/// target resolves to one of its advertised addresses (or names its
+/// advertised host and port); the others are named by their host's first
+/// label (`raftlock-1` of `raftlock-1.raftlock.default.svc`), or by the
+/// whole host when two share a first label, until they publish their own
+/// names, as etcd's temporary names are.
+pub async fn srv_cluster(
+    domain: &str,
+    suffix: Option<&str>,
+    name: &str,
+    advertise: &[String],
+) -> anyhow::Result<String> {
+    let domain = domain.trim_end_matches('.');
+    let service = |base: &str| match suffix.filter(|s| !s.is_empty()) {
+        Some(suffix) => format!("_{base}-{suffix}._tcp.{domain}."),
+        None => format!("_{base}._tcp.{domain}."),
+    };
+    let mut own = Vec::new();
+    for url in advertise {
+        let hostport = super::ids::url_hostport(url)?;
+        own.push(hostport.to_string());
+        own.extend(resolve(hostport).await.unwrap_or_default().iter().map(|a| a.to_string()));
+    }
+    let mut found: Vec<(String, String)> = Vec::new(); // (host, url)
+    let mut own_url = None;
+    for (base, scheme) in [("etcd-server-ssl", "https"), ("etcd-server", "http")] {
+        for (host, port) in srv(&service(base)).await? {
+            let hostport = format!("{host}:{port}");
+            let url = format!("{scheme}://{hostport}");
+            let addrs = resolve(&hostport).await?;
+            if own.contains(&hostport) || addrs.iter().any(|a| own.contains(&a.to_string())) {
+                if let Some(mine) = advertise.iter().find(|u| !u.starts_with(&format!("{scheme}://"))) {
+                    anyhow::bail!("--discovery-srv: {url} is this member's, but it advertises {mine}");
+                }
+                own_url = Some(url.clone());
+            }
+            found.push((host, url));
+        }
+    }
+    if found.is_empty() {
+        anyhow::bail!("--discovery-srv: no SRV records {} or {}", service("etcd-server-ssl"), service("etcd-server"));
+    }
+    if own_url.is_none() {
+        anyhow::bail!(
+            "--discovery-srv: cannot find this member ({name}, {}) in the SRV records of {domain}",
+            advertise.join(",")
+        );
+    }
+    let label = |host: &str| host.split('.').next().unwrap_or(host).to_string();
+    let parts: Vec<String> = found
+        .iter()
+        .map(|(host, url)| {
+            let member = if Some(url) == own_url.as_ref() {
+                name.to_string()
+            } else if found.iter().filter(|(other, _)| label(other) == label(host)).count() > 1 || label(host) == name {
+                host.clone()
+            } else {
+                label(host)
+            };
+            format!("{member}={url}")
+        })
+        .collect();
+    Ok(parts.join(","))
+}
+
+/// etcdctl's `--discovery-srv`: the client URLs of `domain`'s SRV records
+/// `_etcd-client-ssl._tcp` (https) and `_etcd-client._tcp` (http), with
+/// `-NAME` after the service for `suffix`. An http target is given as its
+/// addresses (resolved here, so that a client without a resolver of its own
+/// reaches it); an https one keeps its name, which its certificate carries.
+pub async fn srv_endpoints(domain: &str, suffix: Option<&str>) -> anyhow::Result<Vec<String>> {
+    let domain = domain.trim_end_matches('.');
+    let service = |base: &str| match suffix.filter(|s| !s.is_empty()) {
+        Some(suffix) => format!("_{base}-{suffix}._tcp.{domain}."),
+        None => format!("_{base}._tcp.{domain}."),
+    };
+    let mut endpoints = Vec::new();
+    for (host, port) in srv(&service("etcd-client-ssl")).await? {
+        endpoints.push(format!("https://{host}:{port}"));
+    }
+    for (host, port) in srv(&service("etcd-client")).await? {
+        for addr in resolve(&format!("{host}:{port}")).await? {
+            endpoints.push(format!("http://{addr}"));
+        }
+    }
+    if endpoints.is_empty() {
+        anyhow::bail!("--discovery-srv: no SRV records {} or {}", service("etcd-client-ssl"), service("etcd-client"));
+    }
+    Ok(endpoints)
 }
 
 #[cfg(test)]

@@ -188,6 +188,9 @@ impl Node {
     /// client API.
     pub async fn start(config: &Config) -> anyhow::Result<Arc<Node>> {
         config.validate()?;
+        // --auth-token is checked here, where its model is known (the config
+        // layer sits below the model), before anything is written.
+        let tokens = crate::model::auth::TokenConfig::parse(&config.auth_token, config.auth_token_ttl)?;
         let id = config.member_id();
         let members = config.initial_members()?;
         let cluster_id = crate::base::ids::cluster_id(&config.initial_cluster_token);
@@ -215,7 +218,7 @@ impl Node {
         let downgrade = Arc::new(crate::storage::downgrade::Downgrade::open(&data_dir)?);
         let state_store =
             StateStore::open(&data_dir.join("state"), &data_dir.join("images")).context("opening the state store")?;
-        let state = Arc::new(AppliedState::with_tokens(crate::model::auth::Tokens::new(config.auth_tokens()?)));
+        let state = Arc::new(AppliedState::with_tokens(crate::model::auth::Tokens::new(tokens)));
         let request_timeout = Duration::from_secs(5) + config.election_timeout() * 2;
         let replica_config = ReplicaConfig {
             id,

@@ -8,6 +8,7 @@ use raftlock_testkit as common;
 mod auth;
 mod client_conformance;
 mod cluster_ops;
+mod discovery;
 mod disk_faults;
 mod durability;
 mod gateway;

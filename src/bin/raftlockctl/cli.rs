@@ -17,6 +17,13 @@ pub(crate) struct Cli {
         global = true
     )]
     pub(crate) endpoints: Vec<String>,
+    /// Find the endpoints in this domain's SRV records instead
+    /// (`_etcd-client-ssl._tcp`, `_etcd-client._tcp`), as etcdctl does.
+    #[arg(long, env = "RAFTLOCK_DISCOVERY_SRV", global = true)]
+    pub(crate) discovery_srv: Option<String>,
+    /// A suffix to the SRV service names (`_etcd-client-<name>._tcp`).
+    #[arg(long, env = "RAFTLOCK_DISCOVERY_SRV_NAME", global = true)]
+    pub(crate) discovery_srv_name: Option<String>,
     /// The CA certificate (PEM) that verifies the servers' certificates (https).
     #[arg(id = "tls_cacert", long = "cacert", env = "RAFTLOCK_CACERT", global = true)]
     pub(crate) cacert: Option<std::path::PathBuf>,

@@ -122,8 +122,11 @@ async fn run(cli: Cli) -> Result<ExitCode> {
     let tls = (cli.cacert.is_some() || cli.cert.is_some())
         .then(|| ClientTls::from_files(cli.cacert.as_deref(), cli.cert.as_deref(), cli.key.as_deref()))
         .transpose()?;
-    let endpoints: Vec<String> = cli
-        .endpoints
+    let given = match &cli.discovery_srv {
+        Some(domain) => raftlock::resolve::srv_endpoints(domain, cli.discovery_srv_name.as_deref()).await?,
+        None => cli.endpoints.clone(),
+    };
+    let endpoints: Vec<String> = given
         .iter()
         .map(|e| if tls.is_some() && !e.contains("://") { format!("https://{e}") } else { endpoint_url(e) })
         .collect();
