@@ -69,7 +69,10 @@ def module_files():
 
 def strip_comments(text):
     text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
-    text = re.sub(r'"(?:\\.|[^"\\])*"', '""', text)
+    # Character literals first ('"' would open a string), then strings,
+    # whose escapes include a backslash before a line break.
+    text = re.sub(r"'(?:\\.|[^'\\\n])'", "' '", text)
+    text = re.sub(r'"(?:\\.|[^"\\])*"', '""', text, flags=re.S)
     return re.sub(r"//[^\n]*", "", text)
 
 
