@@ -298,7 +298,19 @@ func TestASessionSurvivesAMemberThatHangs(t *testing.T) {
 	if took := time.Since(began); took > 5*time.Second {
 		t.Fatalf("a read took %s to leave a member that hangs", took)
 	}
-	time.Sleep(8 * time.Second) // more than two TTLs: the lease lives only if renewed elsewhere
+	outlivesTwoTTLs(t, s, l)
+	// Its events are followed elsewhere too: an end is told.
+	if err := client.RevokeLease(bg, s.Lease()); err != nil { // client has moved to a live member
+		t.Fatal(err)
+	}
+	within(t, l.Lost(), 25*time.Second, "a grant followed on a member that hangs told lost")
+}
+
+// outlivesTwoTTLs waits more than two of the session's TTLs (3 s) and fails
+// if the session or the grant was lost: the lease lives only if renewed.
+func outlivesTwoTTLs(t *testing.T, s *Session, l *Lock) {
+	t.Helper()
+	time.Sleep(8 * time.Second)
 	select {
 	case <-s.Lost():
 		t.Fatalf("session lost: %v", s.Err())
@@ -306,11 +318,6 @@ func TestASessionSurvivesAMemberThatHangs(t *testing.T) {
 		t.Fatalf("grant lost: %v", l.Err())
 	default:
 	}
-	// Its events are followed elsewhere too: an end is told.
-	if err := client.RevokeLease(bg, s.Lease()); err != nil { // client has moved to a live member
-		t.Fatal(err)
-	}
-	within(t, l.Lost(), 25*time.Second, "a grant followed on a member that hangs told lost")
 }
 
 func TestASessionSurvivesTheDeathOfItsMember(t *testing.T) {
@@ -319,14 +326,7 @@ func TestASessionSurvivesTheDeathOfItsMember(t *testing.T) {
 	s := session(t, client, 3*time.Second)
 	l := lock(t, s, "survivor", Try())
 	c.kill(0) // the member the client talked to
-	time.Sleep(8 * time.Second) // more than two TTLs: the lease lives only if renewed elsewhere
-	select {
-	case <-s.Lost():
-		t.Fatalf("session lost: %v", s.Err())
-	case <-l.Lost():
-		t.Fatalf("grant lost: %v", l.Err())
-	default:
-	}
+	outlivesTwoTTLs(t, s, l)
 	if got := holderTokens(t, client, "survivor", 0); len(got) != 1 || got[0] != l.Token() {
 		t.Fatalf("holders %v", got)
 	}
