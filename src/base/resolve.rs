@@ -98,6 +98,16 @@ pub async fn srv(name: &str) -> anyhow::Result<Vec<(String, u16)>> {
     }
 }
 
+/// The SRV name of etcd's service `base` in `domain`, with `-suffix` after
+/// the service when one is given (`--discovery-srv-name`).
+fn srv_service(base: &str, domain: &str, suffix: Option<&str>) -> String {
+    let domain = domain.trim_end_matches('.');
+    match suffix.filter(|s| !s.is_empty()) {
+        Some(suffix) => format!("_{base}-{suffix}._tcp.{domain}."),
+        None => format!("_{base}._tcp.{domain}."),
+    }
+}
+
 /// `--initial-cluster` from the SRV records of `domain` (see the module
 /// doc). This member (`name`, reached at `advertise`) is the record whose
 /// target resolves to one of its advertised addresses (or names its
@@ -111,11 +121,7 @@ pub async fn srv_cluster(
     name: &str,
     advertise: &[String],
 ) -> anyhow::Result<String> {
-    let domain = domain.trim_end_matches('.');
-    let service = |base: &str| match suffix.filter(|s| !s.is_empty()) {
-        Some(suffix) => format!("_{base}-{suffix}._tcp.{domain}."),
-        None => format!("_{base}._tcp.{domain}."),
-    };
+    let service = |base: &str| srv_service(base, domain, suffix);
     let mut own = Vec::new();
     for url in advertise {
         let hostport = super::ids::url_hostport(url)?;
@@ -170,11 +176,7 @@ pub async fn srv_cluster(
 /// addresses (resolved here, so that a client without a resolver of its own
 /// reaches it); an https one keeps its name, which its certificate carries.
 pub async fn srv_endpoints(domain: &str, suffix: Option<&str>) -> anyhow::Result<Vec<String>> {
-    let domain = domain.trim_end_matches('.');
-    let service = |base: &str| match suffix.filter(|s| !s.is_empty()) {
-        Some(suffix) => format!("_{base}-{suffix}._tcp.{domain}."),
-        None => format!("_{base}._tcp.{domain}."),
-    };
+    let service = |base: &str| srv_service(base, domain, suffix);
     let mut endpoints = Vec::new();
     for (host, port) in srv(&service("etcd-client-ssl")).await? {
         endpoints.push(format!("https://{host}:{port}"));

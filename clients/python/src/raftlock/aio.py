@@ -491,13 +491,12 @@ class Leadership(Lock):
     async def resign(self) -> None:
         """Give up leadership (see :meth:`raftlock.Leadership.resign`)."""
         req = election_pb.ResignRequest(leader=self.leader)
-        self._release_starts()
-        try:
+
+        async def resign() -> locks_pb.ReleaseResponse:
             await self.session.client.call(lambda s: s.election.Resign, req)
-        except RaftlockError as e:
-            self._release_ended(None, e)
-            raise
-        self._release_ended(locks_pb.ReleaseResponse(released=True, holds=0))
+            return locks_pb.ReleaseResponse(released=True, holds=0)  # the last hold
+
+        await _release(self, resign)
 
     async def release(self) -> bool:
         await self.resign()

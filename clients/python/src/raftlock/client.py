@@ -142,12 +142,12 @@ class _Connection:
         (retry when the member cannot be reached), "always" (also on the
         deadline) or "never" (a fenced release: its caller learns the answer
         was lost); ``deadline``: the call had one."""
-        code, details = e.code(), e.details() or ""
+        code = e.code()
         if code == grpc.StatusCode.UNAVAILABLE:
             self.next_endpoint(self._endpoints[index])
             if retry != "never":
                 return "next"
-        elif code == grpc.StatusCode.UNAUTHENTICATED and self._user is not None and may_reauthenticate and "token" in details:
+        elif may_reauthenticate and self._refused_token(e):
             return "reauthenticate"
         elif code == grpc.StatusCode.DEADLINE_EXCEEDED and deadline:
             self.next_endpoint(self._endpoints[index])

@@ -403,13 +403,12 @@ class Leadership(Lock):
         """Give up leadership; the next candidate leads. If it fails, this
         session may still lead (and ``lost`` still tells if that ends)."""
         req = election_pb.ResignRequest(leader=self.leader)
-        self._release_starts()
-        try:
+
+        def resign() -> locks_pb.ReleaseResponse:
             self.session.client.call(lambda s: s.election.Resign, req)
-        except RaftlockError as e:
-            self._release_ended(None, e)
-            raise
-        self._release_ended(locks_pb.ReleaseResponse(released=True, holds=0))
+            return locks_pb.ReleaseResponse(released=True, holds=0)  # the last hold
+
+        self._release(resign)
 
     def release(self) -> bool:
         self.resign()
