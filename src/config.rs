@@ -84,6 +84,9 @@ pub struct Config {
     /// A suffix to the SRV names (`_etcd-server-<name>._tcp`): clusters sharing a domain.
     #[arg(long, env = "RAFTLOCK_DISCOVERY_SRV_NAME")]
     pub discovery_srv_name: Option<String>,
+    /// With --discovery-srv, bootstrap only once the records name this many members (waiting until they do).
+    #[arg(long, env = "RAFTLOCK_INITIAL_CLUSTER_SIZE")]
+    pub initial_cluster_size: Option<usize>,
     /// `new` to bootstrap a cluster, `existing` to join one.
     #[arg(long, env = "RAFTLOCK_INITIAL_CLUSTER_STATE", value_enum, default_value = "new")]
     pub initial_cluster_state: ClusterState,
@@ -421,7 +424,10 @@ impl Config {
     /// error, as in etcd). A member that has data already is a member: DNS
     /// is not asked again (a record changed since cannot refuse its restart).
     pub async fn discover(&mut self) -> anyhow::Result<()> {
-        let Some(domain) = self.discovery_srv.clone() else { return Ok(()) };
+        let Some(domain) = self.discovery_srv.clone() else {
+            anyhow::ensure!(self.initial_cluster_size.is_none(), "--initial-cluster-size needs --discovery-srv");
+            return Ok(());
+        };
         if self.initial_cluster.is_some() {
             bail!(
                 "multiple discovery or bootstrap flags are set. Choose one of \"initial-cluster\", \"discovery\" or \"discovery-srv\""
@@ -431,7 +437,8 @@ impl Config {
             return Ok(());
         }
         let (advertise, suffix) = (self.advertise_peer_urls(), self.discovery_srv_name.as_deref());
-        let cluster = crate::base::resolve::srv_cluster(&domain, suffix, &self.name, &advertise).await?;
+        let size = self.initial_cluster_size.filter(|_| self.initial_cluster_state == ClusterState::New);
+        let cluster = crate::base::resolve::srv_cluster_of_size(&domain, suffix, &self.name, &advertise, size).await?;
         tracing::info!(%domain, initial_cluster = %cluster, "the initial members, from DNS SRV records");
         self.initial_cluster = Some(cluster);
         Ok(())

@@ -15,7 +15,8 @@
 //! [`srv_cluster`] is etcd's DNS discovery (`--discovery-srv`): the initial
 //! members from the SRV records `_etcd-server-ssl._tcp.DOMAIN` (https) and
 //! `_etcd-server._tcp.DOMAIN` (http), with `-NAME` after the service for
-//! `--discovery-srv-name`.
+//! `--discovery-srv-name`; [`srv_cluster_of_size`] waits until the records
+//! name the whole initial cluster (`--initial-cluster-size`).
 //!
 //! Caveat: without a readable `/etc/resolv.conf` the system's resolver
 //! (getaddrinfo) is used instead, with a warning once; SRV records need it.
@@ -168,6 +169,71 @@ pub async fn srv_cluster(
         })
         .collect();
     Ok(parts.join(","))
+}
+
+/// [`srv_cluster`], and with a `size` (`--initial-cluster-size`) asked
+/// again every second until the records name exactly `size` members, this
+/// one among them. The
+/// members of a Kubernetes StatefulSet appear in DNS one by one as their
+/// pods get addresses: bootstrapping from the first few would make a
+/// smaller cluster than the one meant, which the late members could never
+/// join. More records than `size` is an error (a set scaled up without
+/// `member add` and `--initial-cluster-state existing`).
+pub async fn srv_cluster_of_size(
+    domain: &str,
+    suffix: Option<&str>,
+    name: &str,
+    advertise: &[String],
+    size: Option<usize>,
+) -> anyhow::Result<String> {
+    let Some(size) = size else { return srv_cluster(domain, suffix, name, advertise).await };
+    let mut logged = String::new();
+    loop {
+        let waiting = match srv_cluster(domain, suffix, name, advertise).await {
+            Ok(cluster) => match cluster.split(',').count() {
+                found if found == size => return Ok(cluster),
+                found if found > size => anyhow::bail!(
+                    "--discovery-srv: the SRV records of {domain} name {found} members ({cluster}), more than \
+                     --initial-cluster-size {size}: to add a member, run `member add` and start it with \
+                     --initial-cluster-state existing"
+                ),
+                found => format!("{found} of {size} members in DNS: {cluster}"),
+            },
+            Err(e) => e.to_string(),
+        };
+        if waiting != logged {
+            tracing::info!(%domain, "waiting for the initial members' SRV records ({waiting})");
+            logged = waiting;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// `url` with its host name resolved (clients' endpoints: a statically
+/// linked raftlockctl in an empty container image has no other resolver):
+/// one URL per address, each with the name an `https://` server's
+/// certificate must carry. A URL that names an address,
+/// or whose name does not resolve, is kept as it is (connecting to it then
+/// fails as it would have). Names are resolved once, here.
+pub async fn url_addresses(url: &str) -> Vec<(String, Option<String>)> {
+    let as_is = vec![(url.to_string(), None)];
+    let (Ok(hostport), Ok(host)) = (super::ids::url_hostport(url), super::ids::url_host(url)) else {
+        return as_is;
+    };
+    if host.parse::<std::net::IpAddr>().is_ok() {
+        return as_is;
+    }
+    let https = url.starts_with("https://");
+    match resolve(hostport).await {
+        Ok(addrs) if !addrs.is_empty() => addrs
+            .iter()
+            .map(|addr| {
+                let scheme = if https { "https" } else { "http" };
+                (format!("{scheme}://{addr}"), https.then(|| host.to_string()))
+            })
+            .collect(),
+        _ => as_is,
+    }
 }
 
 /// etcdctl's `--discovery-srv`: the client URLs of `domain`'s SRV records
