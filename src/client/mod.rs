@@ -25,6 +25,8 @@
 //! what fencing tokens are for. With several endpoints, requests are spread
 //! over them and a dead endpoint is skipped once a request to it has failed
 //! (the first request sent to it after it died fails with `Unavailable`).
+//! Endpoint host names are resolved once, when connecting, by raftlock's own
+//! resolver; every address a name has becomes an endpoint.
 //!
 //! With etcd's auth on, [`Client::authenticate`] logs in as a user and every
 //! later request carries its token (a simple token lives while it is used;
@@ -177,7 +179,14 @@ impl Client {
     ) -> Result<Client, ClientError> {
         let mut list = Vec::new();
         for e in endpoints {
-            list.push(endpoint(&endpoint_url(e.as_ref()), tls)?);
+            for (url, name) in crate::base::resolve::url_addresses(&endpoint_url(e.as_ref())).await {
+                let mut endpoint = endpoint(&url, tls)?;
+                if let Some(name) = name {
+                    let config = tls.cloned().unwrap_or_default().config().domain_name(name);
+                    endpoint = endpoint.tls_config(config).map_err(|err| ClientError::Endpoint(url.clone(), err))?;
+                }
+                list.push(endpoint);
+            }
         }
         let channel = match list.len() {
             0 => return Err(ClientError::NoEndpoints),

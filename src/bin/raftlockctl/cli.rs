@@ -250,12 +250,32 @@ pub(crate) enum LeaseCmd {
 pub(crate) enum MemberCmd {
     /// List the members of the cluster.
     List,
+    /// Add a member; then start it with --initial-cluster-state existing
+    /// and the --initial-cluster this prints.
+    Add {
+        name: String,
+        /// Its peer URLs, comma-separated.
+        #[arg(long, value_delimiter = ',', required = true)]
+        peer_urls: Vec<String>,
+        /// As a learner: it gets the log but does not vote until promoted.
+        #[arg(long)]
+        learner: bool,
+    },
+    /// Remove a member, by its ID (hex, as `member list` prints it).
+    Remove { id: String },
 }
 
 #[derive(Subcommand)]
 pub(crate) enum SnapshotCmd {
-    /// Stream one member's state (the first endpoint's) to a file.
-    Save { file: std::path::PathBuf },
+    /// Stream one member's state (the first endpoint's) to a file. Given a
+    /// directory, the file is `raftlock-snapshot-<UTC time>.db` in it.
+    Save {
+        file: std::path::PathBuf,
+        /// With a directory: keep only this many snapshots in it, removing
+        /// the oldest `raftlock-snapshot-*.db` once the new one is saved.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+        retain: Option<u32>,
+    },
     /// Make a new member's data directory from a saved file (offline; every
     /// member of the new cluster is restored from the same file with the same
     /// --initial-cluster and --initial-cluster-token, then started with them).

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
-use serde_json::json;
+use serde_json::{json, Value};
 
 use raftlock::proto::etcdserverpb as etcd;
 use raftlock::proto::mvccpb;
@@ -245,9 +245,23 @@ pub(crate) async fn endpoint_status(ctl: &Ctl) -> Result<ExitCode> {
     Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }
 
-/// Save the first endpoint's snapshot to `file` (written aside, then renamed).
-pub(crate) async fn snapshot_save(ctl: &Ctl, file: &std::path::Path) -> Result<ExitCode> {
+/// Save the first endpoint's snapshot to `file` (written aside, then
+/// renamed), or to a file named for the time in the directory `file`, of
+/// which the `retain` newest snapshots are kept.
+pub(crate) async fn snapshot_save(ctl: &Ctl, file: &std::path::Path, retain: Option<u32>) -> Result<ExitCode> {
     use tokio::io::AsyncWriteExt;
+    let dir = file.is_dir().then(|| file.to_path_buf());
+    if retain.is_some() && dir.is_none() {
+        anyhow::bail!("--retain needs a directory to save in, and {} is not one", file.display());
+    }
+    let named;
+    let file = match &dir {
+        Some(dir) => {
+            named = dir.join(format!("{SNAPSHOT_PREFIX}{}.db", utc_stamp(std::time::SystemTime::now())));
+            named.as_path()
+        }
+        None => file,
+    };
     let client = ctl.connect_one(&ctl.endpoints[0]).await?;
     let mut stream = client.maintenance().snapshot(etcd::SnapshotRequest {}).await?.into_inner();
     let partial = file.with_extension("part");
@@ -262,11 +276,110 @@ pub(crate) async fn snapshot_save(ctl: &Ctl, file: &std::path::Path) -> Result<E
     }
     out.sync_all().await?;
     tokio::fs::rename(&partial, file).await?;
+    if let (Some(dir), Some(retain)) = (&dir, retain) {
+        prune_snapshots(dir, retain as usize)?;
+    }
     ctl.print(
         format!("Snapshot saved at {} ({bytes} bytes, revision {revision})", file.display()),
         json!({"file": file.display().to_string(), "bytes": bytes, "revision": revision}),
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// `member list`, `member add`, `member remove`, printed as etcdctl prints them.
+pub(crate) async fn member(ctl: &Ctl, cmd: crate::cli::MemberCmd) -> Result<ExitCode> {
+    use crate::cli::MemberCmd;
+    let list = |members: &[etcd::Member]| -> (Vec<String>, Vec<Value>) {
+        let human = members.iter().map(|m| {
+            let started = if m.client_ur_ls.is_empty() { "unstarted" } else { "started" };
+            let (peers, clients) = (m.peer_ur_ls.join(","), m.client_ur_ls.join(","));
+            format!("{:x}, {started}, {}, {peers}, {clients}, {}", m.id, m.name, m.is_learner)
+        });
+        let json = members.iter().map(|m| {
+            json!({"id": format!("{:x}", m.id), "name": m.name, "peer_urls": m.peer_ur_ls,
+                   "client_urls": m.client_ur_ls, "is_learner": m.is_learner})
+        });
+        (human.collect(), json.collect())
+    };
+    match cmd {
+        MemberCmd::List => {
+            let r = ctl.call(ctl.client.cluster().member_list(etcd::MemberListRequest { linearizable: false })).await?;
+            let (human, json) = list(&r.members);
+            ctl.print(human.join("\n"), json!({ "members": json }));
+        }
+        MemberCmd::Add { name, peer_urls, learner } => {
+            let req = etcd::MemberAddRequest { peer_ur_ls: peer_urls.clone(), is_learner: learner };
+            let r = ctl.call(ctl.client.cluster().member_add(req)).await?;
+            let id = r.member.as_ref().map_or(0, |m| m.id);
+            let cluster = r.header.as_ref().map_or(0, |h| h.cluster_id);
+            // The new member's --initial-cluster: every member by name (the
+            // new one by the name given here), each with its peer URLs.
+            let initial: Vec<String> = r
+                .members
+                .iter()
+                .flat_map(|m| {
+                    let name = if m.id == id { name.clone() } else { m.name.clone() };
+                    m.peer_ur_ls.iter().map(move |u| format!("{name}={u}")).collect::<Vec<_>>()
+                })
+                .collect();
+            let (_, json) = list(&r.members);
+            let human = format!(
+                "Member {id:x} added to cluster {cluster:x}\n\nRAFTLOCK_NAME=\"{name}\"\nRAFTLOCK_INITIAL_CLUSTER=\"{}\"\n\
+                 RAFTLOCK_INITIAL_ADVERTISE_PEER_URLS=\"{}\"\nRAFTLOCK_INITIAL_CLUSTER_STATE=\"existing\"",
+                initial.join(","),
+                peer_urls.join(",")
+            );
+            ctl.print(human, json!({"id": format!("{id:x}"), "cluster_id": format!("{cluster:x}"), "members": json}));
+        }
+        MemberCmd::Remove { id } => {
+            let parsed = u64::from_str_radix(id.trim_start_matches("0x"), 16)
+                .map_err(|_| anyhow!("bad member ID arg ({id}), expecting ID in Hex"))?;
+            let r = ctl.call(ctl.client.cluster().member_remove(etcd::MemberRemoveRequest { id: parsed })).await?;
+            let cluster = r.header.as_ref().map_or(0, |h| h.cluster_id);
+            ctl.print(
+                format!("Member {parsed:x} removed from cluster {cluster:x}"),
+                json!({"id": format!("{parsed:x}"), "cluster_id": format!("{cluster:x}")}),
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The names of the snapshots `snapshot save DIR` makes begin so.
+const SNAPSHOT_PREFIX: &str = "raftlock-snapshot-";
+
+/// `t` as `20261129T153000Z` (UTC), which sorts as time does.
+fn utc_stamp(t: std::time::SystemTime) -> String {
+    let secs = t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let (days, rest) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (proleptic Gregorian calendar).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}{month:02}{day:02}T{:02}{:02}{:02}Z", rest / 3_600, rest / 60 % 60, rest % 60)
+}
+
+/// Remove all but the `retain` newest `raftlock-snapshot-*.db` in `dir`.
+fn prune_snapshots(dir: &std::path::Path, retain: usize) -> Result<()> {
+    let mut saved: Vec<std::path::PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|p| {
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            name.starts_with(SNAPSHOT_PREFIX) && name.ends_with(".db")
+        })
+        .collect();
+    saved.sort();
+    let excess = saved.len().saturating_sub(retain);
+    for old in &saved[..excess] {
+        std::fs::remove_file(old).with_context(|| format!("removing {}", old.display()))?;
+    }
+    Ok(())
 }
 
 /// `snapshot restore`: a new member's data directory from a saved file.
@@ -335,4 +448,39 @@ pub(crate) async fn endpoint_health(ctl: &Ctl) -> Result<ExitCode> {
         }
     }
     Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    #[test]
+    fn snapshot_names_carry_the_utc_time() {
+        let at = |secs| super::utc_stamp(UNIX_EPOCH + Duration::from_secs(secs));
+        assert_eq!(at(0), "19700101T000000Z");
+        assert_eq!(at(951_782_400), "20000229T000000Z");
+        assert_eq!(at(1_795_960_245), "20261129T135045Z");
+        assert_eq!(at(4_107_542_399), "21000228T235959Z");
+    }
+
+    #[test]
+    fn pruning_keeps_the_newest_snapshots_and_nothing_else_goes() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in [
+            "raftlock-snapshot-20261127T000000Z.db",
+            "raftlock-snapshot-20261128T000000Z.db",
+            "raftlock-snapshot-20261129T000000Z.db",
+            "other.db",
+        ] {
+            std::fs::write(dir.path().join(name), b"x").unwrap();
+        }
+        super::prune_snapshots(dir.path(), 2).unwrap();
+        let mut left: Vec<String> =
+            std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        left.sort();
+        assert_eq!(
+            left,
+            ["other.db", "raftlock-snapshot-20261128T000000Z.db", "raftlock-snapshot-20261129T000000Z.db"]
+        );
+    }
 }

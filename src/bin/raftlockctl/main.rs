@@ -28,7 +28,7 @@ use raftlock::client::{endpoint_url, Client, ClientTls};
 use raftlock::proto::etcdserverpb as etcd;
 use raftlock::proto::raftlock::v1 as locks;
 
-use cli::{Cli, Cmd, DowngradeCmd, EndpointCmd, Format, MemberCmd, SnapshotCmd};
+use cli::{Cli, Cmd, DowngradeCmd, EndpointCmd, Format, SnapshotCmd};
 use output::{kv_json, owner_json, owner_line, text};
 
 /// Exit code when the lock was not acquired within the wait (EX_TEMPFAIL).
@@ -70,14 +70,46 @@ async fn connect(
 ) -> Result<Client> {
     let joined = endpoints.join(",");
     let connecting = async {
+        let endpoints = reachable(endpoints).await;
         let mut client =
-            Client::connect_with(endpoints, tls).await.with_context(|| format!("connecting to {joined}"))?;
+            Client::connect_with(&endpoints, tls).await.with_context(|| format!("connecting to {joined}"))?;
         if let Some((user, password)) = credentials {
             client.authenticate(user, password).await.with_context(|| format!("authenticating as {user}"))?;
         }
         anyhow::Ok(client)
     };
     tokio::time::timeout(timeout, connecting).await.map_err(|_| anyhow!("connecting to {joined}: timed out"))?
+}
+
+/// Of several endpoints, those that accept a TCP connection within a second
+/// (tried at once); all of them when none does. A command makes a request
+/// or a few, and the client spreads requests over its endpoints: one sent
+/// to a member that is down would fail the command, though the others
+/// serve (a stopped member's address can stay in DNS: a Kubernetes pod
+/// being replaced is still published).
+async fn reachable(endpoints: &[String]) -> Vec<String> {
+    if endpoints.len() < 2 {
+        return endpoints.to_vec();
+    }
+    let accepts = |endpoint: String| async move {
+        for (url, _) in raftlock::resolve::url_addresses(&raftlock::client::endpoint_url(&endpoint)).await {
+            let Ok(addr) = raftlock::ids::url_hostport(&url).unwrap_or_default().parse::<std::net::SocketAddr>() else {
+                continue;
+            };
+            let connect = tokio::net::TcpStream::connect(addr);
+            if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(1), connect).await {
+                return Some(endpoint);
+            }
+        }
+        None
+    };
+    let found: Vec<String> =
+        futures::future::join_all(endpoints.iter().cloned().map(accepts)).await.into_iter().flatten().collect();
+    if found.is_empty() {
+        endpoints.to_vec()
+    } else {
+        found
+    }
 }
 
 impl Ctl {
@@ -315,34 +347,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             commands::watch(&ctl, create).await
         }
         Cmd::Lease(cmd) => commands::lease(&ctl, cmd).await,
-        Cmd::Member(MemberCmd::List) => {
-            let r = ctl.call(ctl.client.cluster().member_list(etcd::MemberListRequest { linearizable: false })).await?;
-            let human: Vec<String> = r
-                .members
-                .iter()
-                .map(|m| {
-                    let started = if m.client_ur_ls.is_empty() { "unstarted" } else { "started" };
-                    format!(
-                        "{:x}, {started}, {}, {}, {}, {}",
-                        m.id,
-                        m.name,
-                        m.peer_ur_ls.join(","),
-                        m.client_ur_ls.join(","),
-                        m.is_learner
-                    )
-                })
-                .collect();
-            let json: Vec<Value> = r
-                .members
-                .iter()
-                .map(|m| {
-                    json!({"id": format!("{:x}", m.id), "name": m.name, "peer_urls": m.peer_ur_ls,
-                           "client_urls": m.client_ur_ls, "is_learner": m.is_learner})
-                })
-                .collect();
-            ctl.print(human.join("\n"), json!({ "members": json }));
-            Ok(ExitCode::SUCCESS)
-        }
+        Cmd::Member(cmd) => commands::member(&ctl, cmd).await,
         Cmd::Downgrade(cmd) => {
             use etcd::downgrade_request::DowngradeAction;
             let (action, version, done) = match cmd {
@@ -364,7 +369,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         }
         Cmd::Endpoint(EndpointCmd::Status) => commands::endpoint_status(&ctl).await,
         Cmd::Endpoint(EndpointCmd::Health) => commands::endpoint_health(&ctl).await,
-        Cmd::Snapshot(SnapshotCmd::Save { file }) => commands::snapshot_save(&ctl, &file).await,
+        Cmd::Snapshot(SnapshotCmd::Save { file, retain }) => commands::snapshot_save(&ctl, &file, retain).await,
         Cmd::Bench(_) | Cmd::Version | Cmd::Snapshot(SnapshotCmd::Restore(_)) => unreachable!("handled above"),
     }
 }
