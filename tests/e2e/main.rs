@@ -13,6 +13,7 @@ mod disk_faults;
 mod durability;
 mod gateway;
 mod in_process;
+mod kubernetes;
 mod kv;
 mod lease;
 mod lock_delay;
