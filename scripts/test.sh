@@ -4,7 +4,8 @@
 # etcd-client for etcdctl 3.4, etcd 3.5.1 from PyPI for etcdctl 3.5,
 # python-etcd3 from PyPI for the python interop test, Debian's golang-go and
 # golang-etcd-server-dev for the Go clientv3 interop test, dnsmasq-base for
-# the DNS discovery test, curl for the
+# the DNS discovery and Kubernetes manifest tests (with iproute2 and openssl),
+# prometheus for the test that runs a real Prometheus, curl for the
 # HTTP/JSON gateway test, raftlock release 0.1.0 built from git for the
 # upgrade test), then
 # runs every test (the server's, the fault suite's checkers, the Python
@@ -20,6 +21,9 @@ command -v go >/dev/null || missing+=(golang-go)
 command -v curl >/dev/null || missing+=(curl)
 [ -d /usr/share/gocode/src/go.etcd.io/etcd/clientv3 ] || missing+=(golang-etcd-server-dev)
 command -v dnsmasq >/dev/null || missing+=(dnsmasq-base)
+command -v prometheus >/dev/null || missing+=(prometheus)
+command -v ip >/dev/null || missing+=(iproute2)
+command -v openssl >/dev/null || missing+=(openssl)
 scripts/apt-install.sh "${missing[@]}"
 RAFTLOCK_ETCD_DIR=$(scripts/install-etcd.sh)
 RAFTLOCK_PYTHON_ETCD3=$(scripts/install-python-etcd3.sh)

@@ -22,6 +22,7 @@ mod lock_sets;
 mod locks;
 mod native_locks;
 mod operations;
+mod prometheus;
 mod raftlockctl;
 mod security;
 mod versions;
