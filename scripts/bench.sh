@@ -32,6 +32,10 @@
 #                               # streams (Observe) on the lock, alternating
 #                               # (ROUNDS, default 3), saturated and at a fixed
 #                               # pace (RATE handoffs/s, default 50)
+#   scripts/bench.sh storm      # a lease-expiry storm instead: STORM_LEASES
+#                               # (default 100,000) leases lapse at once
+#                               # while 16 clients put (see storm() below;
+#                               # ROUNDS runs, default 3)
 #   scripts/bench.sh memory     # memory instead: RSS per member after 300k
 #                               # puts of 1 KiB (100k keys, so 2/3 of it is
 #                               # history), then after compaction + defrag;
@@ -76,7 +80,7 @@ enable_auth() { # endpoints
   user_args=(--user bench:benchpw)
 }
 
-pids=(); extra_args=()
+pids=(); extra_args=(); raftlock_args=()
 stop_all() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pids=(); }
 trap stop_all EXIT
 
@@ -92,7 +96,7 @@ start_member() { # kind base_port i: starts member i (again, after a kill) as pi
   if [ "$kind" = etcd ]; then
     "$etcd_dir/etcd" "${args[@]}" --log-level error >>"$work/$kind-n$i.log" 2>&1 &
   else
-    "$bin/raftlock" "${args[@]}" >>"$work/$kind-n$i.log" 2>&1 &
+    "$bin/raftlock" "${args[@]}" "${raftlock_args[@]}" >>"$work/$kind-n$i.log" 2>&1 &
   fi
   pids[$i]=$!
 }
@@ -372,6 +376,77 @@ PY
   done
   stop_all
 }
+
+# The lease-expiry storm: N leases (STORM_LEASES, default 100,000), each
+# with one key, granted with a TTL of STORM_TTL (default 120 s: etcd takes
+# over a minute to grant 100,000); then leadership moves, so that the new
+# leader gives every lease the same deadline a TTL later (both
+# systems renew every lease in a new term; etcd spreads the deadlines it
+# renews at its revocation rate). From that deadline, 16 clients put for
+# 10 s (a key space written beforehand, so they add no keys) while the
+# member that was not moved to is polled every 0.2 s for its key count
+# (etcd_debugging_mvcc_keys_total): the time from the deadline until the
+# leased keys are all gone, the puts' p50/p99/max during the first 10 s,
+# elections, and the leader's CPU seconds meanwhile.
+storm() { # kind run
+  local kind=$1 run=$2 base n=$((${STORM_LEASES:-100000} / scale)) ttl=${STORM_TTL:-120}
+  base=$([ "$kind" = etcd ] && echo 23790 || echo 24790)
+  rm -rf "$work/$kind"-n*
+  start_cluster "$kind" "$base"
+  "$ctl" --endpoints "$endpoints" bench put --sequential --total 1000 --key-space 1000 --clients 16 --conns 4 >/dev/null
+  local metrics="http://127.0.0.1:$base/metrics" keys_metric=etcd_debugging_mvcc_keys_total
+  keys() { curl -s "$1" | awk -v m="$keys_metric" '$1 == m {print int($2)}'; }
+  local baseline; baseline=$(keys "$metrics")
+  echo "== $kind, run $run: granting $n leases with a key each" >&2
+  "$ctl" --endpoints "$endpoints" bench lease-key --key-prefix storm/ --sequential --total "$n" --key-space "$n" \
+    --clients 64 --conns 8 --lease-ttl "$ttl" --value-size 64 >/dev/null
+  local leader target target_id
+  leader=$(leader_index "$base"); target=$(((leader + 1) % 3))
+  target_id=$(ETCDCTL_API=3 "$etcd_dir/etcdctl" --endpoints="$scheme://127.0.0.1:$((base + target))" endpoint status -w json \
+    | python3 -c 'import json,sys; print("%x" % json.load(sys.stdin)[0]["Status"]["header"]["member_id"])')
+  ETCDCTL_API=3 "$etcd_dir/etcdctl" --endpoints="$scheme://127.0.0.1:$((base + leader))" move-leader "$target_id" >/dev/null
+  local moved; moved=$(date +%s.%N)
+  local poll="http://127.0.0.1:$((base + leader))/metrics" granted; granted=$(($(keys "$poll") - baseline))
+  sleep "$(python3 -c "print(max(0, $moved + $ttl - __import__('time').time()))")"
+  local term_before cpu_before; term_before=$(max_term)
+  cpu_before=$(awk '{print $14 + $15}' "/proc/${pids[$target]}/stat")
+  "$ctl" --endpoints "$endpoints" -w json bench put --clients 16 --conns 4 --seconds 10 --total 1000000000 \
+    --key-space 1000 --value-size 100 >"$work/storm-put.json" &
+  local writer=$! gone="" left
+  for _ in $(seq 1500); do # 300 s at most
+    left=$(($(keys "$poll") - baseline))
+    if [ "$left" -le 0 ]; then gone=$(python3 -c "print(round(__import__('time').time() - ($moved + $ttl), 1))"); break; fi
+    sleep 0.2
+  done
+  wait "$writer" || true
+  local cpu_after; cpu_after=$(awk '{print $14 + $15}' "/proc/${pids[$target]}/stat")
+  echo "{\"system\":\"$([ "$kind" = etcd ] && echo etcd || echo "${storm_label:-raftlock}")\",\"run\":$run,\"leases\":$granted,\"gone_after_s\":${gone:-null},\"elections\":$(($(max_term) - term_before)),\"leader_cpu_s\":$(awk "BEGIN {print ($cpu_after - $cpu_before) / $(getconf CLK_TCK)}"),\"r\":$(cat "$work/storm-put.json")}" \
+    | tee -a "$work/storm.jsonl" >&2
+  stop_all
+}
+
+if [ "${1:-}" = storm ]; then
+  # STORM_RATES: raftlock's --lease-expiry-rate values to run (default: its default).
+  for run in $(seq "${ROUNDS:-3}"); do
+    storm etcd "$run"
+    for rate in ${STORM_RATES:-default}; do
+      raftlock_args=(); [ "$rate" = default ] || raftlock_args=(--lease-expiry-rate "$rate")
+      storm_label="raftlock${raftlock_args[*]:+ ${raftlock_args[*]}}"
+      storm raftlock "$run"
+    done
+  done
+  python3 - "$work/storm.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+print(f"{'system':<36} {'run':>3} {'leases':>7} {'all gone after s':>17} {'elections':>9} {'leader CPU s':>12} {'puts/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} {'errors':>6}")
+for r in sorted(rows, key=lambda r: (r["system"], r["run"])):
+    b = r["r"]
+    gone = "never" if r["gone_after_s"] is None else f"{r['gone_after_s']:.1f}"
+    print(f"{r['system']:<36} {r['run']:>3} {r['leases']:>7} {gone:>17} {r['elections']:>9} {r['leader_cpu_s']:>12}"
+          f" {b['ops_per_sec']:>7.0f} {b['p50_ms']:>7.2f} {b['p99_ms']:>7.2f} {b['max_ms']:>7.1f} {b['errors']:>6}")
+PY
+  exit 0
+fi
 
 if [ "${1:-}" = failover ]; then
   failover etcd

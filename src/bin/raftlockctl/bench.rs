@@ -47,6 +47,10 @@ pub enum Workload {
     /// raftlock's native API: Acquire (waiting) then fenced Release, one op per
     /// cycle, on the same locks as `lock`.
     NativeLock,
+    /// Grant a lease of `--lease-ttl` seconds and put the request's key on
+    /// it, one lease per request, never revoked by the bench: the set-up of
+    /// a lease-expiry storm (scripts/bench.sh storm).
+    LeaseKey,
     /// One watch over every key the bench writes (`bench/...`), from
     /// `--start-revision` to the revision current when it starts: reading
     /// history back. The report counts events, not requests, and its
@@ -109,6 +113,12 @@ pub struct BenchArgs {
     /// issued (0: no time limit).
     #[arg(long, default_value_t = 0.0)]
     pub seconds: f64,
+    /// What every key written begins with.
+    #[arg(long, default_value = "bench/")]
+    pub key_prefix: String,
+    /// lease-key: the TTL of each lease granted, in seconds.
+    #[arg(long, default_value_t = 60)]
+    pub lease_ttl: i64,
     /// watch-history: the revision the watch starts at.
     #[arg(long, default_value_t = 1)]
     pub start_revision: i64,
@@ -186,7 +196,7 @@ impl std::fmt::Display for BenchReport {
 }
 
 fn key(args: &BenchArgs, n: u64) -> Vec<u8> {
-    let mut k = format!("bench/{:0width$}", n % args.key_space, width = 10).into_bytes();
+    let mut k = format!("{}{:0width$}", args.key_prefix, n % args.key_space, width = 10).into_bytes();
     k.resize(args.key_size.max(k.len()), b'_');
     k
 }
@@ -277,6 +287,11 @@ async fn one_request(d: &mut OwnDriver, args: &BenchArgs, key: Vec<u8>, value: &
             locks
                 .release(native::ReleaseRequest { key: granted.key, token: granted.token, ..Default::default() })
                 .await?;
+        }
+        Workload::LeaseKey => {
+            let grant = pb::LeaseGrantRequest { ttl: args.lease_ttl, id: 0 };
+            let lease = LeaseClient::new(d.channel.clone()).lease_grant(grant).await?.into_inner().id;
+            client.put(pb::PutRequest { key, value: value.to_vec(), lease, ..Default::default() }).await?;
         }
         Workload::WatchHistory => unreachable!("a watch is not a request loop"),
     }

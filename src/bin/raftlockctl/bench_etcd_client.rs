@@ -49,7 +49,7 @@ impl EtcdClientDriver {
         let lease = match args.workload {
             Workload::Lock => client.lease_grant(300, None).await?.id(),
             Workload::Put | Workload::Get | Workload::GetSerializable | Workload::Txn => 0,
-            Workload::NativeLock | Workload::WatchHistory => {
+            Workload::NativeLock | Workload::LeaseKey | Workload::WatchHistory => {
                 anyhow::bail!("--driver etcd-client runs put, get, get-serializable, txn and lock")
             }
         };
@@ -81,7 +81,7 @@ impl EtcdClientDriver {
                 let held = self.client.lock(self.lock_name.clone(), Some(options)).await?;
                 self.client.unlock(held.key()).await?;
             }
-            Workload::NativeLock | Workload::WatchHistory => unreachable!("refused by new()"),
+            Workload::NativeLock | Workload::LeaseKey | Workload::WatchHistory => unreachable!("refused by new()"),
         }
         Ok(())
     }
