@@ -206,6 +206,10 @@ pub struct Config {
     /// fixed at 5m).
     #[arg(long, env = "RAFTLOCK_AUTO_COMPACTION_CHECK_INTERVAL", default_value = "5m")]
     pub auto_compaction_check_interval: String,
+    /// Leases proposed for expiry a second at most, when many lapse at once (etcd's: 1000).
+    #[arg(long, env = "RAFTLOCK_LEASE_EXPIRY_RATE", default_value_t = crate::base::limits::EXPIRIES_PER_SECOND as u64,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub lease_expiry_rate: u64,
     /// Log filter (tracing's env-filter syntax).
     #[arg(long, env = "RAFTLOCK_LOG_LEVEL", default_value = "info,openraft=warn")]
     pub log_level: String,

@@ -51,5 +51,5 @@ pub use base::resolve;
 pub use base::version;
 pub use locks::prefix_end;
 /// How fast a leader expires leases that lapsed together (etcd's rate).
-pub use node::lease::keeper::{EXPIRIES_PER_TICK, TICK as LEASE_TICK};
+pub use node::lease::keeper::TICK as LEASE_TICK;
 pub use node::Node;

@@ -226,7 +226,7 @@ impl Metrics {
             ),
             lease_expiries_overdue: gauge(
                 "raftlock_lease_expiries_overdue",
-                "On the leader: leases whose deadline has passed and whose expiry is not applied yet (expiries are proposed about 1,000 a second).",
+                "On the leader: leases whose deadline has passed and whose expiry is not applied yet (expiries are proposed at --lease-expiry-rate, 20,000 a second by default).",
             ),
             alarms: {
                 let g = prometheus::IntGaugeVec::new(

@@ -263,7 +263,7 @@ impl Node {
                 name: config.name.clone(),
                 replica,
                 read_barriers,
-                lease_keeper: LeaseKeeper::default(),
+                lease_keeper: LeaseKeeper::with_rate(config.lease_expiry_rate as usize),
                 min_lease_ttl: (config.election_timeout * 3).div_ceil(2 * 1000).max(1) as i64,
                 quota: config.quota_bytes(),
                 disk_low: Default::default(),

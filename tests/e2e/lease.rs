@@ -227,17 +227,19 @@ async fn a_paused_leader_does_not_revoke_a_lease_kept_alive_elsewhere() {
     assert!(left > 0, "the lease is gone (TTL {left})");
 }
 
-/// Leases that lapse together are revoked at etcd's rate, a keeper tick's
+/// Leases that lapse together are revoked at the configured rate (etcd's here), a keeper tick's
 /// share at a time, not all in one burst, and all of them are revoked.
 /// Leadership is moved after the grants, so that the new leader gives every
 /// lease its full TTL at the same instant: without the rate, its first
 /// tick past the deadline would revoke them all at once.
 #[tokio::test]
 async fn leases_that_lapse_together_are_revoked_at_a_bounded_rate() {
-    use raftlock::{EXPIRIES_PER_TICK, LEASE_TICK};
+    use raftlock::LEASE_TICK;
     const LEASES: usize = 3000;
     const TTL: i64 = 8;
-    let cluster = Cluster::start(3).await;
+    // 1,000 a second: 100 a tick.
+    const EXPIRIES_PER_TICK: usize = 100;
+    let cluster = Cluster::start_with(3, &["--lease-expiry-rate", "1000"]).await;
     let leader = cluster.leader().await;
     let target = (leader + 1) % 3;
     let mut c = cluster.client(target).await;
@@ -295,11 +297,13 @@ async fn leases_that_lapse_together_are_revoked_at_a_bounded_rate() {
 /// lease is there).
 #[tokio::test]
 async fn leases_granted_again_under_their_ids_while_the_old_ones_expire_are_kept() {
-    use raftlock::{EXPIRIES_PER_TICK, LEASE_TICK};
+    use raftlock::LEASE_TICK;
     const LEASES: i64 = 2000;
     // Long enough for the grants to end before the first deadline.
     const TTL: i64 = 5;
-    let cluster = Cluster::start(3).await;
+    // 1,000 a second: 100 a tick.
+    const EXPIRIES_PER_TICK: usize = 100;
+    let cluster = Cluster::start_with(3, &["--lease-expiry-rate", "1000"]).await;
     let leader = cluster.leader().await;
     let target = (leader + 1) % 3;
     let mut c = cluster.client(target).await;

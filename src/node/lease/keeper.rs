@@ -31,8 +31,10 @@
 //! (a pause shorter than an election leaves it leading). Shorter delays are
 //! ordinary scheduling and count as time passed.
 //!
-//! Rate (as etcd's `leaseRevokeRate`): about [`EXPIRIES_PER_SECOND`]
-//! leases are proposed for expiry a second — [`EXPIRIES_PER_TICK`] a tick,
+//! Rate (as etcd's `leaseRevokeRate`, 1,000, but 20 times higher by
+//! default, and set by `--lease-expiry-rate`): about
+//! [`EXPIRIES_PER_SECOND`] leases are proposed for expiry a second — a
+//! tick's share of them a tick,
 //! soonest deadline first (a tick up to 5 ms late keeps the schedule, so two
 //! may come 95 ms apart; an expiry that failed is proposed again within a
 //! later tick's share).
@@ -80,14 +82,22 @@ pub const TICK: Duration = Duration::from_millis(100);
 /// A tick this much later than due means the keeper was held up (stopped,
 /// starved): the time it missed moves every deadline.
 pub const STALL: Duration = Duration::from_millis(500);
-/// The most leases proposed for expiry in one tick (a tick's share of
-/// [`EXPIRIES_PER_SECOND`]).
-pub const EXPIRIES_PER_TICK: usize = EXPIRIES_PER_SECOND * TICK.as_millis() as usize / 1000;
+/// The most leases proposed for expiry in one tick by default (a tick's
+/// share of [`EXPIRIES_PER_SECOND`]).
+#[cfg(test)]
+const EXPIRIES_PER_TICK: usize = EXPIRIES_PER_SECOND * TICK.as_millis() as usize / 1000;
 
-#[derive(Default)]
 pub struct LeaseKeeper {
     /// std Mutex: held only to read or update deadlines, never across I/O.
     inner: Mutex<Deadlines>,
+    /// The most leases proposed for expiry in a tick.
+    per_tick: usize,
+}
+
+impl Default for LeaseKeeper {
+    fn default() -> LeaseKeeper {
+        LeaseKeeper::with_rate(EXPIRIES_PER_SECOND)
+    }
 }
 
 /// The leader's deadlines. A tick costs the leases granted since the last
@@ -224,6 +234,13 @@ fn secs(ttl: i64) -> Duration {
 }
 
 impl LeaseKeeper {
+    /// A keeper that proposes about `per_second` expiries a second at most
+    /// (`--lease-expiry-rate`), a tick's share at a time (at least one).
+    pub fn with_rate(per_second: usize) -> LeaseKeeper {
+        let per_tick = (per_second * TICK.as_millis() as usize / 1000).max(1);
+        LeaseKeeper { inner: Mutex::default(), per_tick }
+    }
+
     /// A keepalive on the leader of `term`: the lease's TTL, or `None` if it
     /// is unknown or already expired (etcd answers TTL 0 then).
     pub fn renew(&self, term: u64, table: &LeaseTable, id: i64) -> Option<i64> {
@@ -292,7 +309,7 @@ impl LeaseKeeper {
             return Vec::new();
         }
         d.sync(table, now);
-        let expired = d.passed(table, now, EXPIRIES_PER_TICK);
+        let expired = d.passed(table, now, self.per_tick);
         d.expiring.extend(&expired);
         expired
     }
@@ -496,6 +513,15 @@ mod tests {
         assert!(table.grant(1, 2));
         std::thread::sleep(Duration::from_millis(10));
         assert_eq!(keeper.renew(3, &table, 1), Some(2), "a new lease was answered as expired");
+    }
+
+    #[test]
+    fn the_rate_is_shared_out_over_the_ticks_of_a_second() {
+        assert_eq!(LeaseKeeper::default().per_tick, EXPIRIES_PER_TICK);
+        assert_eq!(LeaseKeeper::with_rate(20_000).per_tick, 2_000);
+        assert_eq!(LeaseKeeper::with_rate(1_000).per_tick, 100);
+        // Never none at all.
+        assert_eq!(LeaseKeeper::with_rate(3).per_tick, 1);
     }
 
     #[test]
