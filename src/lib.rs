@@ -50,6 +50,6 @@ pub use base::resolve;
 /// raftlock's release and the etcd API level (`raftlockctl version`, tests).
 pub use base::version;
 pub use locks::prefix_end;
-/// How fast a leader expires leases that lapsed together (etcd's rate).
+/// How often the leader looks for leases whose deadline passed.
 pub use node::lease::keeper::TICK as LEASE_TICK;
 pub use node::Node;

@@ -237,7 +237,7 @@ impl LeaseKeeper {
     /// A keeper that proposes about `per_second` expiries a second at most
     /// (`--lease-expiry-rate`), a tick's share at a time (at least one).
     pub fn with_rate(per_second: usize) -> LeaseKeeper {
-        let per_tick = (per_second * TICK.as_millis() as usize / 1000).max(1);
+        let per_tick = (per_second.saturating_mul(TICK.as_millis() as usize) / 1000).max(1);
         LeaseKeeper { inner: Mutex::default(), per_tick }
     }
 
