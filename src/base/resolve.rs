@@ -173,11 +173,10 @@ pub async fn srv_cluster(
 
 /// [`srv_cluster`], and with a `size` (`--initial-cluster-size`) asked
 /// again every second until the records name exactly `size` members, this
-/// one among them. The
-/// members of a Kubernetes StatefulSet appear in DNS one by one as their
-/// pods get addresses: bootstrapping from the first few would make a
-/// smaller cluster than the one meant, which the late members could never
-/// join. More records than `size` is an error (a set scaled up without
+/// one among them. The members of a Kubernetes StatefulSet appear in DNS
+/// one by one as their pods get addresses: bootstrapping from the first few
+/// would make a smaller cluster than the one meant, which the late members
+/// could never join. More records than `size` is an error (a set scaled up without
 /// `member add` and `--initial-cluster-state existing`).
 pub async fn srv_cluster_of_size(
     domain: &str,
@@ -212,9 +211,9 @@ pub async fn srv_cluster_of_size(
 /// `url` with its host name resolved (clients' endpoints: a statically
 /// linked raftlockctl in an empty container image has no other resolver):
 /// one URL per address, each with the name an `https://` server's
-/// certificate must carry. A URL that names an address,
-/// or whose name does not resolve, is kept as it is (connecting to it then
-/// fails as it would have). Names are resolved once, here.
+/// certificate must carry. A URL that names an address, or whose name does
+/// not resolve, is kept as it is (connecting to it then fails as it would
+/// have). Names are resolved once, here.
 pub async fn url_addresses(url: &str) -> Vec<(String, Option<String>)> {
     let as_is = vec![(url.to_string(), None)];
     let (Ok(hostport), Ok(host)) = (super::ids::url_hostport(url), super::ids::url_host(url)) else {
