@@ -63,6 +63,14 @@ impl Node {
         let (answer, deadline) =
             self.routed(|route, deadline| self.membership_attempt(route, deadline, &change, &uncertain)).await?;
         match answer {
+            // A member asked to remove itself may never apply its removal
+            // (the leader stops replicating to it once it is committed), and
+            // stops soon after: the leader's answer, committed, is the answer.
+            MembershipAnswer::Changed { id, .. }
+                if matches!(change, MembershipChange::Remove { .. }) && id == self.id =>
+            {
+                Ok(id)
+            }
             MembershipAnswer::Changed { id, log_index } => {
                 self.wait_applied(log_index, deadline).await?;
                 Ok(id)
@@ -205,14 +213,23 @@ impl Node {
     }
 
     /// Publish this member's attributes through the log until they are there.
+    /// Until then the member list shows it `unstarted`; a publish still
+    /// failing after a request timeout is logged as a warning.
     pub(super) async fn publish(self: Arc<Self>, attrs: MemberAttrs, mut stopping: Stopping) {
+        let started = Instant::now();
         loop {
             if self.state.members().get(&self.id) == Some(&attrs) {
                 return;
             }
             match self.publish_member(attrs.name.clone(), attrs.client_urls.clone()).await {
-                Ok(()) => return,
-                Err(e) => tracing::debug!(error = %e, "publishing member attributes; will retry"),
+                Ok(()) => {
+                    tracing::info!(took = ?started.elapsed(), client_urls = ?attrs.client_urls, "published this member");
+                    return;
+                }
+                Err(e) if started.elapsed() > self.request_timeout => {
+                    tracing::warn!(error = %e, since = ?started.elapsed(), "publishing this member; will retry")
+                }
+                Err(e) => tracing::debug!(error = %e, "publishing this member; will retry"),
             }
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_millis(200)) => {}

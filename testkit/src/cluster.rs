@@ -312,8 +312,9 @@ impl Cluster {
         self.connect = Some(self.connect.clone().unwrap_or_default().with_user(user, password));
     }
 
-    /// Wait until every running member reports the same leader and answers a
-    /// linearizable read (30 s at most, then panic with the members' logs).
+    /// Wait until every running member reports the same leader, answers a
+    /// linearizable read and has published its client URLs (30 s at most,
+    /// then panic with the members' logs).
     pub async fn wait_ready(&self) {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
@@ -341,7 +342,8 @@ impl Cluster {
     }
 
     /// Whether the running members (with `all`, every member, running and
-    /// not paused) agree on a leader and each answers a linearizable read.
+    /// not paused) agree on a leader, each answers a linearizable read and
+    /// each has published its client URLs.
     async fn ready(&self, all: bool) -> bool {
         let mut leaders = Vec::new();
         for (i, m) in self.members.iter().enumerate() {
@@ -353,8 +355,16 @@ impl Cluster {
                 return false;
             }
             leaders.push(view.leader);
-            let read = async { self.try_client(i).await.ok()?.get("ready-probe", None).await.ok() };
-            if tokio::time::timeout(Duration::from_secs(2), read).await.ok().flatten().is_none() {
+            // A linearizable read, and this member's own entry in the member
+            // list with its client URLs: it has published itself (etcd's
+            // ready), so a member list taken now shows every member started.
+            let published = async {
+                let mut c = self.try_client(i).await.ok()?;
+                c.get("ready-probe", None).await.ok()?;
+                let members = c.member_list().await.ok()?;
+                members.members().iter().any(|m| m.id() == view.member_id && !m.client_urls().is_empty()).then_some(())
+            };
+            if tokio::time::timeout(Duration::from_secs(2), published).await.ok().flatten().is_none() {
                 return false;
             }
         }
