@@ -69,9 +69,13 @@ impl Cluster for ClusterService {
         req: Request<pb::MemberRemoveRequest>,
     ) -> Result<Response<pb::MemberRemoveResponse>, Status> {
         auth::admin(&self.node, &req).await?;
-        self.change(MembershipChange::Remove { id: req.into_inner().id }).await?;
+        let id = req.into_inner().id;
+        self.change(MembershipChange::Remove { id }).await?;
         let header = header(&self.node, self.node.revision());
-        Ok(Response::new(pb::MemberRemoveResponse { header, members: self.members() }))
+        // Without the removed member even where it has not applied its
+        // removal yet (the member removed, asked to remove itself).
+        let members = self.members().into_iter().filter(|m| m.id != id).collect();
+        Ok(Response::new(pb::MemberRemoveResponse { header, members }))
     }
 
     async fn member_update(
