@@ -437,7 +437,7 @@ impl Config {
                 "multiple discovery or bootstrap flags are set. Choose one of \"initial-cluster\", \"discovery\" or \"discovery-srv\""
             );
         }
-        if self.data_dir().join(crate::storage::format::FILE).exists() {
+        if crate::storage::data_dir::holds_member_data(&self.data_dir()) {
             return Ok(());
         }
         let (advertise, suffix) = (self.advertise_peer_urls(), self.discovery_srv_name.as_deref());

@@ -197,7 +197,7 @@ impl Node {
         let data_dir = config.data_dir();
         let identity = PeerIdentity { cluster_id, member_id: id };
         let peers = PeerClients::new(identity, config.peer_source_address()?, config.peer_client_tls()?);
-        let fresh = !data_dir.join("wal").exists();
+        let fresh = !crate::storage::data_dir::holds_member_data(&data_dir);
         if fresh && members.len() > 1 {
             members::refuse_if_bootstrapped(&peers, id, &config.name, &members, &data_dir).await?;
         }

@@ -22,6 +22,13 @@ use anyhow::{bail, Context};
 /// The mode a data directory has: owner only.
 pub const PRIVATE_DIR_MODE: u32 = 0o700;
 
+/// Whether `dir` holds a member's data (its WAL), as opposed to nothing or
+/// an empty volume: a member with data is a member already, and neither
+/// bootstraps nor asks discovery who its peers are.
+pub fn holds_member_data(dir: &Path) -> bool {
+    dir.join("wal").exists()
+}
+
 /// Make `dir` a private data directory, creating it (and its parents) if
 /// needed; refuses one that others may use (see the module doc).
 pub fn prepare(dir: &Path) -> anyhow::Result<()> {
