@@ -19,7 +19,10 @@
 //! environment) lists three members by name; a member killed and restarted
 //! (its volume kept) is ready again; the backup CronJob's container saves
 //! snapshots through the client Service that restore. Both the plain and
-//! the mTLS manifest.
+//! the mTLS manifest. The plain one also grows to four members and back as
+//! docs/kubernetes.md says, and runs that page's restore procedure (its
+//! `--overrides` JSON read from the page) from the last backup: the
+//! members come back ready with the snapshot's keys and nothing later.
 //!
 //! Caveats: needs root (namespaces, mounts, port 53), as CI runs; creates
 //! the manifests' mount points (`/data`, `/backup`, `/etc/raftlock/tls`) on
@@ -489,6 +492,7 @@ fn run_statefulset(file: &str, n: u8, tls: bool) {
     net.pod("raftlock-3", &pods[3].1, &format!("raftlock-3.{zone}"));
     net.processes[dns_slot].kill().unwrap();
     net.processes[dns_slot].wait().unwrap();
+    let dns_slot = net.processes.len();
     net.processes.push(cluster_dns(&net, &dir, headless, &pods, replicas + 1, 0..replicas));
     let mut v3 = BTreeMap::new();
     v3.insert("data".to_string(), volume(&dir, "raftlock-3-data", &group));
@@ -511,13 +515,120 @@ fn run_statefulset(file: &str, n: u8, tls: bool) {
         std::thread::sleep(Duration::from_millis(200));
     }
     assert!(exec(&["member", "list"]).lines().count() == 3);
+    // `kubectl scale --replicas=3` deletes the fourth pod, and its records.
+    net.processes[dns_slot].kill().unwrap();
+    net.processes[dns_slot].wait().unwrap();
+    net.processes.push(cluster_dns(&net, &dir, headless, &pods, replicas, 0..replicas));
 
-    backup(&docs, &mut net, &dir, &group);
+    let (saved, files) = backup(&docs, &mut net, &dir, &group);
+    assert!(exec(&["put", "k8s/after-backup", "1"]).contains("OK"));
+
+    // docs/kubernetes.md's restore, from the last snapshot: the members
+    // stopped (`scale --replicas=0`), each pod's restore container as the
+    // docs run it, then the members started on the restored directory
+    // (`set env RAFTLOCK_DATA_DIR=...`, `scale --replicas=3`).
+    for i in 0..replicas {
+        net.processes[slot[i]].kill().unwrap();
+        net.processes[slot[i]].wait().unwrap();
+    }
+    let file = files.iter().max().unwrap();
+    let (data_dir, restores) = documented_restore(file.file_name().unwrap().to_str().unwrap(), replicas);
+    for (i, (restore_spec, restore)) in restores.iter().enumerate() {
+        let mut v = volumes[i].clone();
+        v.insert("backup".to_string(), saved.clone());
+        let out = dir.join(format!("restore-{i}.log"));
+        let mut child = run_container(restore_spec, restore, &pods[i].0, &net.pods[i], &v, &out);
+        assert!(child.wait().unwrap().success(), "{}", std::fs::read_to_string(&out).unwrap());
+    }
+    let mut restored = container.clone();
+    for var in restored["env"].as_sequence_mut().unwrap() {
+        if var["name"].as_str() == Some("RAFTLOCK_DATA_DIR") {
+            var["value"] = Value::String(data_dir.clone());
+        }
+    }
+    for i in 0..replicas {
+        let child = run_container(spec, &restored, &pods[i].0, &net.pods[i], &volumes[i], &log(i));
+        slot[i] = net.processes.len();
+        net.processes.push(child);
+    }
+    for i in 0..replicas {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while probe(&at(i), &ready) != Some(200) {
+            let logs: Vec<String> =
+                (0..replicas).map(|j| std::fs::read_to_string(log(j)).unwrap_or_default()).collect();
+            assert!(
+                Instant::now() < deadline,
+                "restored raftlock-{i} not ready in 60 s; logs:\n{}",
+                logs.join("\n---\n")
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    wait_members();
+    assert!(exec(&["get", "k8s/a"]).contains("k8s/a"));
+    assert_eq!(exec(&["get", "k8s/after-backup", "--count-only"]).trim(), "0");
+}
+
+/// docs/kubernetes.md's restore procedure as its shell runs it for snapshot
+/// `file`: the data directory it restores into, and each member's restore
+/// pod (its spec and its one container) from the `--overrides` JSON, with
+/// the block's variables expanded (`NS` as this test's namespace).
+fn documented_restore(file: &str, replicas: usize) -> (String, Vec<(Value, Value)>) {
+    let docs = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/kubernetes.md")).unwrap();
+    let section = docs.split("## Restoring from a backup").nth(1).expect("a restore section");
+    let block = section.split("```sh\n").nth(1).unwrap().split("```").next().unwrap();
+    let expand = |text: &str, vars: &BTreeMap<String, String>| {
+        let mut out = text.to_string();
+        // Longest names first, so `$NS` does not eat the start of `$NSX`.
+        let mut names: Vec<&String> = vars.keys().collect();
+        names.sort_by_key(|n| std::cmp::Reverse(n.len()));
+        for name in names {
+            out = out.replace(&format!("${name}"), &vars[name]);
+        }
+        out
+    };
+    let mut vars = BTreeMap::new();
+    for line in block.lines().take_while(|l| !l.starts_with("kubectl")) {
+        for assignment in line.split("; ") {
+            let (name, value) = assignment.split_once('=').unwrap();
+            let value = expand(value, &vars);
+            vars.insert(name.to_string(), value);
+        }
+    }
+    vars.insert("NS".into(), NAMESPACE.into());
+    vars.insert("FILE".into(), file.into());
+    // The PEERS lines again, with this test's namespace.
+    let mut peers = String::new();
+    for line in block.lines().filter(|l| l.starts_with("PEERS=")) {
+        vars.insert("PEERS".into(), peers.clone());
+        peers = expand(line.trim_start_matches("PEERS="), &vars);
+    }
+    vars.insert("PEERS".into(), peers);
+    assert!(block.contains("set env statefulset/raftlock RAFTLOCK_DATA_DIR=$DIR"), "{block}");
+    let overrides = block.split("--overrides=\"").nth(1).unwrap().split("\"\ndone").next().unwrap();
+    let pods = (0..replicas)
+        .map(|i| {
+            let mut vars = vars.clone();
+            vars.insert("i".into(), i.to_string());
+            let json: serde_json::Value = serde_json::from_str(&expand(&overrides.replace("\\\"", "\""), &vars))
+                .unwrap_or_else(|e| panic!("the docs' --overrides: {e}"));
+            let spec = serde_yaml::to_value(&json["spec"]).unwrap();
+            let container = spec["containers"][0].clone();
+            (spec, container)
+        })
+        .collect();
+    (vars["DIR"].clone(), pods)
 }
 
 /// The backup CronJob's container, twice (as two scheduled runs), in a pod
 /// of its own: a snapshot per run through the client Service, each restorable.
-fn backup(docs: &BTreeMap<(String, String), Value>, net: &mut Network, dir: &Path, group: &str) {
+/// Returns the backup volume and the snapshots in it.
+fn backup(
+    docs: &BTreeMap<(String, String), Value>,
+    net: &mut Network,
+    dir: &Path,
+    group: &str,
+) -> (PathBuf, Vec<PathBuf>) {
     let backup_docs = manifest("backup.yaml");
     let job = doc(&backup_docs, "CronJob", "raftlock-backup");
     doc(&backup_docs, "PersistentVolumeClaim", "raftlock-backup");
@@ -537,19 +648,20 @@ fn backup(docs: &BTreeMap<(String, String), Value>, net: &mut Network, dir: &Pat
     }
     let files: Vec<PathBuf> = std::fs::read_dir(&saved).unwrap().map(|e| e.unwrap().path()).collect();
     assert_eq!(files.len(), 2, "{files:?}");
-    for file in files {
+    for file in &files {
         let name = file.file_name().unwrap().to_str().unwrap().to_string();
         assert!(name.starts_with("raftlock-snapshot-") && name.ends_with("Z.db"), "{name}");
         let restored = dir.join(format!("restored-{name}"));
         let out = Command::new(env!("CARGO_BIN_EXE_raftlockctl"))
             .args(["snapshot", "restore"])
-            .arg(&file)
+            .arg(file)
             .args(["--name", "r", "--initial-advertise-peer-urls", "http://127.0.0.1:2380", "--data-dir"])
             .arg(&restored)
             .output()
             .unwrap();
         assert!(out.status.success(), "{out:?}");
     }
+    (saved, files)
 }
 
 #[test]
