@@ -45,6 +45,7 @@
 //! history is spilled, so a member's peak memory at start is the state's size.
 
 mod history;
+mod queues;
 mod range;
 pub mod spill;
 mod txn;
@@ -89,6 +90,8 @@ pub struct MvccStore {
     /// counted once when a store is restored, then kept as versions are
     /// pushed, so that reading it walks nothing.
     live: usize,
+    /// Lock queues' keys by create revision (see `queues`).
+    queues: queues::QueueIndex,
 }
 
 /// What one version is counted as beyond its key and value: the memory it
@@ -113,6 +116,7 @@ impl Default for MvccStore {
             response_limit: MAX_RANGE_RESPONSE_BYTES,
             spill: None,
             live: 0,
+            queues: Default::default(),
         }
     }
 }
@@ -259,6 +263,7 @@ impl MvccStore {
             response_limit: MAX_RANGE_RESPONSE_BYTES,
             spill: None,
             live: 0,
+            queues: Default::default(),
         };
         for v in versions {
             assert!(v.kv.as_ref().is_none_or(|kv| kv.key == v.key), "a version's key-value carries its key");
@@ -431,6 +436,11 @@ impl MvccStore {
             return Some(0);
         }
         let rev = if req.revision <= 0 { self.revision } else { req.revision };
+        if let Some(indexed) = self.from_queue_index(req, rev, self.revision) {
+            let limit = usize::try_from(req.limit).ok().filter(|l| *l > 0).unwrap_or(usize::MAX);
+            let sum = indexed.kvs.iter().take(limit).map(|kv| response_weight(req, &kv.key, kv.value.len())).sum();
+            return (sum <= budget).then_some(sum);
+        }
         let range = KeyRange::new(&req.key, &req.range_end);
         let in_key_order = req.order() == SortOrder::None;
         let filtered = req.is_filtered();
@@ -507,14 +517,21 @@ impl MvccStore {
     /// supersedes moves to the spill.
     fn push_version(&mut self, key: &[u8], revision: Revision, sub: i64, kv: Option<Arc<KeyValue>>) {
         assert!(kv.as_ref().is_none_or(|kv| kv.key == key), "a version's key-value carries its key");
+        let created = kv.as_ref().map(|kv| kv.create_revision);
         let held = kv.map_or(Held::Tombstone, Held::Memory);
-        let (spill, bytes, live) = (&mut self.spill, &mut self.bytes, &mut self.live);
+        let (spill, bytes, live, queues) = (&mut self.spill, &mut self.bytes, &mut self.live, &mut self.queues);
         with_history(&mut self.index, key, |versions| {
-            let was_live = newest_is_live(versions);
+            let ended = versions.last().and_then(|v| v.live_kv()).map(|kv| kv.create_revision);
             push_onto(versions, spill, bytes, key, Version { revision, sub, held });
-            match (was_live, newest_is_live(versions)) {
-                (false, true) => *live += 1,
-                (true, false) => *live -= 1,
+            match (ended, created) {
+                (None, Some(create)) => {
+                    *live += 1;
+                    queues.record(key, create, true);
+                }
+                (Some(create), None) => {
+                    *live -= 1;
+                    queues.record(key, create, false);
+                }
                 _ => {}
             }
         });
@@ -531,7 +548,7 @@ impl MvccStore {
         sub: i64,
         build: impl FnOnce(Option<&KeyValue>) -> KeyValue,
     ) -> (Arc<KeyValue>, Option<Arc<KeyValue>>) {
-        let (spill, bytes, live) = (&mut self.spill, &mut self.bytes, &mut self.live);
+        let (spill, bytes, live, queues) = (&mut self.spill, &mut self.bytes, &mut self.live, &mut self.queues);
         with_history(&mut self.index, key, |versions| {
             let prev = versions.last().and_then(|v| match &v.held {
                 Held::Memory(kv) => Some(kv.clone()),
@@ -543,6 +560,7 @@ impl MvccStore {
             let version = Version { revision, sub, held: Held::Memory(kv.clone()) };
             if prev.is_none() {
                 *live += 1;
+                queues.record(key, kv.create_revision, true);
             }
             push_onto(versions, spill, bytes, key, version);
             (kv, prev)

@@ -9,6 +9,9 @@
 //! and the copy into the response happen in [`RangeScan::finish`], with no
 //! lock held.
 //!
+//! A lock queue's range by create revision is answered from the queue
+//! index at once (`queues`), when the store has it registered.
+//!
 //! A count-only range loads no value at all (it only asks which keys are
 //! live at the revision), and a plain range in key order stops collecting
 //! at its limit and fails as soon as what it collected weighs more than the
@@ -82,6 +85,25 @@ impl RangeScan {
             None
         };
         let range = KeyRange::new(&req.key, &req.range_end);
+        if let Some(indexed) = store.from_queue_index(&req, rev, current) {
+            // Answered already, in the response's order: `finish` only cuts
+            // it to the limit and copies it.
+            return Ok(RangeScan {
+                req,
+                range,
+                rev,
+                current,
+                bound,
+                fetch_limit: None,
+                filtered: false,
+                order: SortOrder::None,
+                resume: None,
+                finished: true,
+                count: indexed.count,
+                kvs: indexed.kvs,
+                weight: 0,
+            });
+        }
         Ok(RangeScan {
             req,
             range,

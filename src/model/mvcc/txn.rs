@@ -163,7 +163,8 @@ impl WriteTxn<'_> {
         DeleteRangeResult { revision: self.read_revision(), deleted, prev_kvs }
     }
 
-    fn range(&self, req: &RangeRequest) -> Result<RangeResult, MvccError> {
+    fn range(&mut self, req: &RangeRequest) -> Result<RangeResult, MvccError> {
+        self.store.index_queue(req);
         self.store.range_at(req, self.read_revision())
     }
 

@@ -35,6 +35,15 @@ impl Version {
         !matches!(self.held, Held::Tombstone)
     }
 
+    /// The key-value of a live version held in memory (a key's newest
+    /// version always is); `None` for a tombstone or a spilled version.
+    pub(super) fn live_kv(&self) -> Option<&Arc<KeyValue>> {
+        match &self.held {
+            Held::Memory(kv) => Some(kv),
+            _ => None,
+        }
+    }
+
     /// The length of the value; `None` for a tombstone.
     pub(super) fn value_len(&self) -> Option<usize> {
         match &self.held {
