@@ -36,6 +36,13 @@
 #                               # (default 100,000) leases lapse at once
 #                               # while 16 clients put (see storm() below;
 #                               # ROUNDS runs, default 3)
+#   scripts/bench.sh queue      # long queues instead: N clients take turns on
+#                               # one lock (N-1 wait), for each N in
+#                               # QUEUE_LENGTHS (default 10 100 1000 10000):
+#                               # handoffs/s, the time a client waits in the
+#                               # queue (p50/p99), members' CPU per handoff
+#                               # (see queue() below; ROUNDS, default 1;
+#                               # QUEUE_SYSTEMS, default "etcd raftlock")
 #   scripts/bench.sh memory     # memory instead: RSS per member after 300k
 #                               # puts of 1 KiB (100k keys, so 2/3 of it is
 #                               # history), then after compaction + defrag;
@@ -424,6 +431,49 @@ storm() { # kind run
     | tee -a "$work/storm.jsonl" >&2
   stop_all
 }
+
+# Long queues: N clients, each with a lease of its own, loop on one lock
+# (lock, then unlock at once), so that once they all queued N-1 wait behind
+# the holder and every unlock hands the lock to the next in line. Each N
+# runs 2N cycles (at least 2,000; issued for 60 s at most, then the queue
+# drains), the first N of them filling the queue. Reported per row: handoffs per second (the mean
+# handoff takes the inverse), how long one cycle took (the wait through
+# the whole queue) at p50/p99, and the members' CPU time per handoff.
+# etcd's Lock service on both systems, and raftlock's native Acquire.
+queue() { # kind
+  local kind=$1 base n workloads
+  base=$([ "$kind" = etcd ] && echo 27790 || echo 28790)
+  rm -rf "$work/$kind"-n*
+  start_cluster "$kind" "$base"
+  workloads=(lock); [ "$kind" = raftlock ] && workloads+=(native-lock)
+  for n in ${QUEUE_LENGTHS:-10 100 1000 10000}; do
+    for w in "${workloads[@]}"; do
+      local total=$((2 * n / scale)); [ "$total" -lt $((2000 / scale)) ] && total=$((2000 / scale))
+      local conns=$((n < 16 ? n : 16)) result
+      echo "== $kind, $w, $n in the queue" >&2
+      result=$("$ctl" --endpoints "$endpoints" -w json bench "$w" --clients "$n" --conns "$conns" --lock-names 1 \
+        --total "$total" --seconds 60 --server-pids "$(IFS=,; echo "${pids[*]}")")
+      echo "{\"system\":\"$kind\",\"workload\":\"$w\",\"queue\":$n,\"r\":$result}" | tee -a "$work/queue.jsonl" >&2
+    done
+  done
+  stop_all
+}
+
+if [ "${1:-}" = queue ]; then
+  for run in $(seq "${ROUNDS:-1}"); do
+    for kind in ${QUEUE_SYSTEMS:-etcd raftlock}; do queue "$kind"; done
+  done
+  python3 - "$work/queue.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+print(f"{'system':<9} {'workload':<12} {'queue':>6} {'handoffs/s':>10} {'ms/handoff':>10} {'cycle p50 ms':>12} {'cycle p99 ms':>12} {'CPU us/handoff':>14} {'errors':>6}")
+for r in sorted(rows, key=lambda r: (r["workload"], r["queue"], r["system"])):
+    b = r["r"]
+    print(f"{r['system']:<9} {r['workload']:<12} {r['queue']:>6} {b['ops_per_sec']:>10.0f} {1e3 / max(b['ops_per_sec'], 1e-9):>10.2f}"
+          f" {b['p50_ms']:>12.1f} {b['p99_ms']:>12.1f} {b.get('server_cpu_us_per_op', 0):>14.0f} {b['errors']:>6}")
+PY
+  exit 0
+fi
 
 if [ "${1:-}" = storm ]; then
   # STORM_RATES: raftlock's --lease-expiry-rate values to run (default: its default).

@@ -214,6 +214,10 @@ impl Keys {
     }
 }
 
+/// The TTL of a lock workload's leases, in seconds: never kept alive, so
+/// long enough for any run (a queue of 10,000 takes minutes to go round).
+pub(crate) const LOCK_LEASE_TTL: i64 = 3600;
+
 /// One request loop's connection and identity, raftlockctl's own client.
 struct OwnDriver {
     channel: Service,
@@ -227,7 +231,7 @@ impl OwnDriver {
     async fn new(channel: Service, args: &BenchArgs, lock_name: Vec<u8>) -> Result<OwnDriver, tonic::Status> {
         let mut lease = 0;
         if matches!(args.workload, Workload::Lock | Workload::NativeLock) {
-            let grant = pb::LeaseGrantRequest { ttl: 300, id: 0 };
+            let grant = pb::LeaseGrantRequest { ttl: LOCK_LEASE_TTL, id: 0 };
             lease = LeaseClient::new(channel.clone()).lease_grant(grant).await?.into_inner().id;
         }
         Ok(OwnDriver { kv: KvClient::new(channel.clone()), channel, lease, lock_name })

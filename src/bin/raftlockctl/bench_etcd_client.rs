@@ -47,7 +47,7 @@ pub struct EtcdClientDriver {
 impl EtcdClientDriver {
     pub async fn new(mut client: Client, args: &BenchArgs, lock_name: Vec<u8>) -> anyhow::Result<EtcdClientDriver> {
         let lease = match args.workload {
-            Workload::Lock => client.lease_grant(300, None).await?.id(),
+            Workload::Lock => client.lease_grant(crate::bench::LOCK_LEASE_TTL, None).await?.id(),
             Workload::Put | Workload::Get | Workload::GetSerializable | Workload::Txn => 0,
             Workload::NativeLock | Workload::LeaseKey | Workload::WatchHistory => {
                 anyhow::bail!("--driver etcd-client runs put, get, get-serializable, txn and lock")
