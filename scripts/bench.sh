@@ -449,11 +449,19 @@ queue() { # kind
   for n in ${QUEUE_LENGTHS:-10 100 1000 10000}; do
     for w in "${workloads[@]}"; do
       local total=$((2 * n / scale)); [ "$total" -lt $((2000 / scale)) ] && total=$((2000 / scale))
-      local conns=$((n < 16 ? n : 16)) result
+      # At most 100 waiting streams a connection (each connection serves
+      # its waiters' Lock calls and its holder's Unlock alike).
+      local conns=$(((n + 99) / 100)) result; [ "$conns" -lt 4 ] && conns=4
       echo "== $kind, $w, $n in the queue" >&2
-      result=$("$ctl" --endpoints "$endpoints" -w json bench "$w" --clients "$n" --conns "$conns" --lock-names 1 \
-        --total "$total" --seconds 60 --server-pids "$(IFS=,; echo "${pids[*]}")")
-      echo "{\"system\":\"$kind\",\"workload\":\"$w\",\"queue\":$n,\"r\":$result}" | tee -a "$work/queue.jsonl" >&2
+      # A row that has not ended after 5 minutes stalled (the queue stopped
+      # moving): it is recorded as such, and the cluster restarted.
+      if result=$(timeout 300 "$ctl" --endpoints "$endpoints" -w json bench "$w" --clients "$n" --conns "$conns" \
+        --lock-names 1 --total "$total" --seconds 60 --server-pids "$(IFS=,; echo "${pids[*]}")"); then
+        echo "{\"system\":\"$kind\",\"workload\":\"$w\",\"queue\":$n,\"r\":$result}" | tee -a "$work/queue.jsonl" >&2
+      else
+        echo "{\"system\":\"$kind\",\"workload\":\"$w\",\"queue\":$n,\"stalled\":true}" | tee -a "$work/queue.jsonl" >&2
+        stop_all; rm -rf "$work/$kind"-n*; start_cluster "$kind" "$base"
+      fi
     done
   done
   stop_all
@@ -468,6 +476,9 @@ import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 print(f"{'system':<9} {'workload':<12} {'queue':>6} {'handoffs/s':>10} {'ms/handoff':>10} {'cycle p50 ms':>12} {'cycle p99 ms':>12} {'CPU us/handoff':>14} {'errors':>6}")
 for r in sorted(rows, key=lambda r: (r["workload"], r["queue"], r["system"])):
+    if r.get("stalled"):
+        print(f"{r['system']:<9} {r['workload']:<12} {r['queue']:>6} stalled: no end within 300 s")
+        continue
     b = r["r"]
     print(f"{r['system']:<9} {r['workload']:<12} {r['queue']:>6} {b['ops_per_sec']:>10.0f} {1e3 / max(b['ops_per_sec'], 1e-9):>10.2f}"
           f" {b['p50_ms']:>12.1f} {b['p99_ms']:>12.1f} {b.get('server_cpu_us_per_op', 0):>14.0f} {b['errors']:>6}")

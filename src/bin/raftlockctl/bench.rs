@@ -425,8 +425,11 @@ pub async fn run(
                 } else {
                     Instant::now()
                 };
-                if driver.request(&args, key(&args, n), &value).await.is_err() {
-                    errors.fetch_add(1, Ordering::Relaxed);
+                if let Err(e) = driver.request(&args, key(&args, n), &value).await {
+                    // The first failure's reason, once: the report counts them.
+                    if errors.fetch_add(1, Ordering::Relaxed) == 0 {
+                        eprintln!("bench: the first failed request: {e:#}");
+                    }
                 } else {
                     succeeded.push(Instant::now());
                 }
