@@ -237,6 +237,17 @@ impl OwnDriver {
         Ok(OwnDriver { kv: KvClient::new(channel.clone()), channel, lease, lock_name })
     }
 
+    /// After a failed lock cycle, which may have left the lease's key
+    /// queued (or holding) with nobody to unlock it: revoke the lease, which
+    /// deletes the key, and go on with a new one.
+    async fn renew_lease(&mut self) -> Result<(), tonic::Status> {
+        let mut leases = LeaseClient::new(self.channel.clone());
+        let _ = leases.lease_revoke(pb::LeaseRevokeRequest { id: self.lease }).await;
+        let grant = pb::LeaseGrantRequest { ttl: LOCK_LEASE_TTL, id: 0 };
+        self.lease = leases.lease_grant(grant).await?.into_inner().id;
+        Ok(())
+    }
+
     /// Revoke the client's lease, if it has one.
     async fn finish(&self) {
         if self.lease != 0 {
@@ -321,7 +332,13 @@ impl Driver {
 
     async fn request(&mut self, args: &BenchArgs, key: Vec<u8>, value: &[u8]) -> anyhow::Result<()> {
         match self {
-            Driver::Own(d) => one_request(d, args, key, value).await?,
+            Driver::Own(d) => {
+                let outcome = one_request(d, args, key, value).await;
+                if outcome.is_err() && d.lease != 0 {
+                    d.renew_lease().await?;
+                }
+                outcome?
+            }
             Driver::EtcdClient(d) => d.request(args, key, value).await?,
         }
         Ok(())

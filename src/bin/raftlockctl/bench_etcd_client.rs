@@ -78,8 +78,17 @@ impl EtcdClientDriver {
             }
             Workload::Lock => {
                 let options = LockOptions::new().with_lease(self.lease);
-                let held = self.client.lock(self.lock_name.clone(), Some(options)).await?;
-                self.client.unlock(held.key()).await?;
+                let cycle = async {
+                    let held = self.client.lock(self.lock_name.clone(), Some(options)).await?;
+                    self.client.unlock(held.key()).await
+                };
+                if let Err(e) = cycle.await {
+                    // A failed cycle may leave the lease's key queued, or
+                    // holding, with nobody to unlock it: start afresh.
+                    let _ = self.client.lease_revoke(self.lease).await;
+                    self.lease = self.client.lease_grant(crate::bench::LOCK_LEASE_TTL, None).await?.id();
+                    return Err(e.into());
+                }
             }
             Workload::NativeLock | Workload::LeaseKey | Workload::WatchHistory => unreachable!("refused by new()"),
         }
