@@ -87,6 +87,55 @@ fn standing(node: &Node, key: &[u8], token: i64, prefix: &[u8], mode: Mode) -> R
     Ok(Standing { own, ahead, delay, revision: mvcc.revision() })
 }
 
+/// How many keys ahead a one-permit waiter reads at first, newest first:
+/// enough to pass the few that no waiter waits for (hold counts, delay
+/// settings) and find the one it does.
+const NEWEST_AHEAD: i64 = 8;
+
+/// [`standing`] for a waiter with one permit, which needs only the newest
+/// key ahead of it that it waits for: our key, that key, and the delay
+/// marker. It reads the keys ahead newest first, a few of them (answered
+/// from the store's queue index without looking at the rest); only when
+/// those are all keys it does not wait for and there are more does it read
+/// them all. So a waiter joining the back of a long queue does not load
+/// and sort the whole queue.
+fn last_ahead(
+    node: &Node,
+    key: &[u8],
+    token: i64,
+    prefix: &[u8],
+    mode: Mode,
+) -> Result<(Option<KeyValue>, Option<KeyValue>, Option<KeyValue>), RecipeError> {
+    let (own, newest, delay) = {
+        let mvcc = node.state().mvcc();
+        let point = |key: Vec<u8>| -> Result<Option<KeyValue>, RecipeError> {
+            let found = mvcc.range(&RangeRequest { key, ..Default::default() });
+            Ok(found.map_err(RecipeError::Mvcc)?.kvs.into_iter().next())
+        };
+        let newest_first = RangeRequest {
+            key: prefix.to_vec(),
+            range_end: prefix_end(prefix),
+            max_create_revision: token - 1,
+            sort_target: SortTarget::Create,
+            sort_order: SortOrder::Descend,
+            limit: NEWEST_AHEAD,
+            keys_only: true,
+            ..Default::default()
+        };
+        let newest = mvcc.range(&newest_first).map_err(RecipeError::Mvcc)?;
+        (point(key.to_vec())?, newest, point(crate::model::lock_delay::marker_key(&prefix[..prefix.len() - 1]))?)
+    };
+    let more = newest.more;
+    match newest.kvs.into_iter().find(|kv| waits_for(mode, classify(prefix, &kv.key))) {
+        Some(last) => Ok((own, Some(last), delay)),
+        None if !more => Ok((own, None, delay)),
+        None => {
+            let Standing { own, ahead, delay, .. } = standing(node, key, token, prefix, mode)?;
+            Ok((own, ahead.into_iter().max_by_key(|kv| kv.create_revision), delay))
+        }
+    }
+}
+
 /// Wait until fewer than `permits` keys under `prefix` that a `mode` waiter
 /// waits for ([`classify`]) were created before `mine` (it holds the lock), or
 /// until `deadline` ([`RecipeError::TimedOut`]). A reader's `permits` is 1.
@@ -136,13 +185,13 @@ async fn wait_for_the_last_key_ahead(
     // The key ahead waited for, and the wait on it (and on our own key).
     let mut wait: Option<(Vec<u8>, crate::model::applied::DeletionWait)> = None;
     loop {
-        let Standing { own, ahead, delay, .. } = standing(node, &mine.key, mine.create_revision, prefix, mode)?;
+        let (own, last, delay) = last_ahead(node, &mine.key, mine.create_revision, prefix, mode)?;
         let current = match own {
             Some(kv) if kv.create_revision == mine.create_revision => kv,
             _ => return Err(RecipeError::SessionExpired),
         };
         // The last key ahead goes first; then the delay marker, if any.
-        let Some(last) = ahead.into_iter().max_by_key(|kv| kv.create_revision).or(delay) else {
+        let Some(last) = last.or(delay) else {
             return Ok(current);
         };
         match &wait {
