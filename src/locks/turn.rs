@@ -68,6 +68,20 @@ impl Standing {
 /// it, the keys queued ahead of it under `prefix` that a `mode` waiter
 /// waits for ([`classify`]) and the lock's delay marker.
 fn standing(node: &Node, key: &[u8], token: i64, prefix: &[u8], mode: Mode) -> Result<Standing, RecipeError> {
+    Ok(read_standing(node, key, token, prefix, mode, None)?.0)
+}
+
+/// [`standing`], reading either every key ahead (in key order), or with
+/// `newest` only that many of them, newest first; and whether keys ahead
+/// were left unread.
+fn read_standing(
+    node: &Node,
+    key: &[u8],
+    token: i64,
+    prefix: &[u8],
+    mode: Mode,
+    newest: Option<i64>,
+) -> Result<(Standing, bool), RecipeError> {
     let mvcc = node.state().mvcc();
     let point = |key: Vec<u8>| -> Result<Option<KeyValue>, RecipeError> {
         let found = mvcc.range(&RangeRequest { key, ..Default::default() });
@@ -75,16 +89,20 @@ fn standing(node: &Node, key: &[u8], token: i64, prefix: &[u8], mode: Mode) -> R
     };
     let own = point(key.to_vec())?;
     let delay = point(crate::model::lock_delay::marker_key(&prefix[..prefix.len() - 1]))?;
-    let earlier = RangeRequest {
+    let mut earlier = RangeRequest {
         key: prefix.to_vec(),
         range_end: prefix_end(prefix),
         max_create_revision: token - 1,
         keys_only: true,
         ..Default::default()
     };
-    let mut ahead = mvcc.range(&earlier).map_err(RecipeError::Mvcc)?.kvs;
+    if let Some(limit) = newest {
+        (earlier.sort_target, earlier.sort_order, earlier.limit) = (SortTarget::Create, SortOrder::Descend, limit);
+    }
+    let read = mvcc.range(&earlier).map_err(RecipeError::Mvcc)?;
+    let mut ahead = read.kvs;
     ahead.retain(|kv| waits_for(mode, classify(prefix, &kv.key)));
-    Ok(Standing { own, ahead, delay, revision: mvcc.revision() })
+    Ok((Standing { own, ahead, delay, revision: mvcc.revision() }, read.more))
 }
 
 /// How many keys ahead a one-permit waiter reads at first, newest first:
@@ -106,34 +124,14 @@ fn last_ahead(
     prefix: &[u8],
     mode: Mode,
 ) -> Result<(Option<KeyValue>, Option<KeyValue>, Option<KeyValue>), RecipeError> {
-    let (own, newest, delay) = {
-        let mvcc = node.state().mvcc();
-        let point = |key: Vec<u8>| -> Result<Option<KeyValue>, RecipeError> {
-            let found = mvcc.range(&RangeRequest { key, ..Default::default() });
-            Ok(found.map_err(RecipeError::Mvcc)?.kvs.into_iter().next())
-        };
-        let newest_first = RangeRequest {
-            key: prefix.to_vec(),
-            range_end: prefix_end(prefix),
-            max_create_revision: token - 1,
-            sort_target: SortTarget::Create,
-            sort_order: SortOrder::Descend,
-            limit: NEWEST_AHEAD,
-            keys_only: true,
-            ..Default::default()
-        };
-        let newest = mvcc.range(&newest_first).map_err(RecipeError::Mvcc)?;
-        (point(key.to_vec())?, newest, point(crate::model::lock_delay::marker_key(&prefix[..prefix.len() - 1]))?)
-    };
-    let more = newest.more;
-    match newest.kvs.into_iter().find(|kv| waits_for(mode, classify(prefix, &kv.key))) {
-        Some(last) => Ok((own, Some(last), delay)),
-        None if !more => Ok((own, None, delay)),
-        None => {
-            let Standing { own, ahead, delay, .. } = standing(node, key, token, prefix, mode)?;
-            Ok((own, ahead.into_iter().max_by_key(|kv| kv.create_revision), delay))
-        }
+    let (newest, more) = read_standing(node, key, token, prefix, mode, Some(NEWEST_AHEAD))?;
+    if newest.ahead.is_empty() && more {
+        let Standing { own, ahead, delay, .. } = standing(node, key, token, prefix, mode)?;
+        return Ok((own, ahead.into_iter().max_by_key(|kv| kv.create_revision), delay));
     }
+    // Newest first: the first is the one.
+    let Standing { own, ahead, delay, .. } = newest;
+    Ok((own, ahead.into_iter().next(), delay))
 }
 
 /// Wait until fewer than `permits` keys under `prefix` that a `mode` waiter

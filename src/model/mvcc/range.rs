@@ -85,26 +85,8 @@ impl RangeScan {
             None
         };
         let range = KeyRange::new(&req.key, &req.range_end);
-        if let Some(indexed) = store.from_queue_index(&req, rev, current) {
-            // Answered already, in the response's order: `finish` only cuts
-            // it to the limit and copies it.
-            return Ok(RangeScan {
-                req,
-                range,
-                rev,
-                current,
-                bound,
-                fetch_limit: None,
-                filtered: false,
-                order: SortOrder::None,
-                resume: None,
-                finished: true,
-                count: indexed.count,
-                kvs: indexed.kvs,
-                weight: 0,
-            });
-        }
-        Ok(RangeScan {
+        let indexed = store.from_queue_index(&req, rev, current);
+        let mut scan = RangeScan {
             req,
             range,
             rev,
@@ -118,7 +100,14 @@ impl RangeScan {
             count: 0,
             kvs: Vec::new(),
             weight: 0,
-        })
+        };
+        if let Some(indexed) = indexed {
+            // Answered already, filtered and in the response's order:
+            // `finish` only cuts it to the limit and copies it.
+            (scan.fetch_limit, scan.filtered, scan.order, scan.finished) = (None, false, SortOrder::None, true);
+            (scan.count, scan.kvs) = (indexed.count, indexed.kvs);
+        }
+        Ok(scan)
     }
 
     pub fn finished(&self) -> bool {
