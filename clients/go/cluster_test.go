@@ -11,7 +11,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -25,13 +27,61 @@ type cluster struct {
 	opts []Option
 }
 
+// freePort is a port for a member to listen on, chosen the way the
+// repository's Rust harness (testkit::free_port) chooses: not the OS's "any
+// free port", which can hand out one port twice before a member binds it and
+// lies in the ephemeral range, where an outgoing connection (a member's to
+// its peers) can take it meanwhile. Each test process walks its own sequence
+// of 20000-31999, below the ephemeral range, skipping ports that are busy,
+// and claims each port it hands out machine-wide for its life: an exclusive
+// flock on /tmp/raftlock-test-ports/<port>, which the kernel drops when the
+// process ends, so test processes running at once never pick one port.
 func freePort(t *testing.T) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	t.Helper()
+	portsMu.Lock()
+	defer portsMu.Unlock()
+	const first, span = 20000, 12000
+	start := (os.Getpid() * 7919) % span
+	for tried := 0; tried < span; tried++ {
+		port := first + (start+nextPort)%span
+		nextPort++
+		if !claimPort(port) {
+			continue
+		}
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue
+		}
+		l.Close()
+		return port
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	t.Fatal("no free port in 20000-31999")
+	return 0
+}
+
+var (
+	portsMu    sync.Mutex
+	nextPort   int
+	heldClaims []*os.File
+)
+
+const portClaims = "/tmp/raftlock-test-ports"
+
+// claimPort takes port's claim for this process (false: another holds it).
+func claimPort(port int) bool {
+	if err := os.MkdirAll(portClaims, 0o777); err != nil {
+		return true // nowhere to claim: the sequence alone
+	}
+	f, err := os.OpenFile(filepath.Join(portClaims, strconv.Itoa(port)), os.O_CREATE|os.O_WRONLY, 0o666)
+	if err != nil {
+		return true
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		return false
+	}
+	heldClaims = append(heldClaims, f)
+	return true
 }
 
 // repoRoot is the repository's root (this package lives in clients/go).
@@ -106,10 +156,23 @@ func startClusterWith(t *testing.T, certs *testCerts) *cluster {
 			return c
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the cluster never served: %v", err)
+			t.Fatalf("the cluster never served: %v\n%s", err, memberLogs(dir, len(c.members)))
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// memberLogs is the end of each member's log, for a cluster that failed.
+func memberLogs(dir string, members int) string {
+	var out strings.Builder
+	for i := 0; i < members; i++ {
+		log, _ := os.ReadFile(filepath.Join(dir, fmt.Sprintf("m%d.log", i)))
+		if len(log) > 4000 {
+			log = log[len(log)-4000:]
+		}
+		fmt.Fprintf(&out, "--- m%d's log (end):\n%s\n", i, log)
+	}
+	return out.String()
 }
 
 // client is a new client of every member, closed with the test.

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::common::Cluster;
+use crate::common::{free_port, Cluster};
 
 /// Prometheus, killed when the test ends.
 struct Prometheus {
@@ -39,10 +39,6 @@ async fn http_get(addr: &str, path: &str) -> (u16, String) {
     let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
     let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
     (status, body.to_string())
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 fn encode(query: &str) -> String {

@@ -4,6 +4,7 @@ target/debug/raftlock), on free ports of 127.0.0.1, each test its own."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pathlib
 import signal
@@ -19,10 +20,51 @@ import raftlock
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 
+PORT_CLAIMS = pathlib.Path("/tmp/raftlock-test-ports")
+_claims: List[object] = []
+_next_port = 0
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port for a member to listen on, chosen as the repository's Rust
+    harness (``testkit::free_port``) chooses. Not the OS's "any free port":
+    it can hand out one port twice before a member binds it, and it lies in
+    the ephemeral range, where an outgoing connection (a member's to its
+    peers) can take it meanwhile. Each test process walks its own sequence
+    of 20000-31999, below the ephemeral range, skipping busy ports, and
+    claims each port it hands out machine-wide for its life: an exclusive
+    flock on ``/tmp/raftlock-test-ports/<port>``, dropped by the kernel when
+    the process ends, so test processes running at once never share one."""
+    global _next_port
+    first, span = 20000, 12000
+    start = (os.getpid() * 7919) % span
+    for _ in range(span):
+        port = first + (start + _next_port) % span
+        _next_port += 1
+        if not _claim(port):
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port in 20000-31999")
+
+
+def _claim(port: int) -> bool:
+    try:
+        PORT_CLAIMS.mkdir(exist_ok=True)
+        f = open(PORT_CLAIMS / str(port), "a")
+    except OSError:
+        return True  # nowhere to claim: the sequence alone
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.close()
+        return False
+    _claims.append(f)
+    return True
 
 
 class Cluster:
@@ -54,9 +96,13 @@ class Cluster:
             try:
                 client.put("conftest/ready", "1")
                 break
-            except raftlock.RaftlockError:
+            except raftlock.RaftlockError as e:
                 if time.monotonic() > deadline:
-                    raise
+                    logs = "".join(
+                        f"--- m{i}'s log (end):\n{(tmp / f'm{i}.log').read_text(errors='replace')[-4000:]}\n"
+                        for i in range(size)
+                    )
+                    raise RuntimeError(f"the cluster never served: {e}\n{logs}") from e
                 time.sleep(0.2)
         client.close()
 
