@@ -66,8 +66,8 @@ pub mod turn;
 
 use crate::model::lock_delay;
 use crate::model::mvcc::{
-    Compare, CompareResult, CompareTarget, DeleteRangeRequest, KeyRange, KeyValue, MvccError, PutRequest, RangeRequest,
-    RequestOp, ResponseOp, SortOrder, SortTarget, TxnRequest,
+    Compare, CompareResult, CompareTarget, DeleteRangeRequest, KeyRange, KeyValue, MvccError, MvccStore, PutRequest,
+    RangeRequest, RequestOp, ResponseOp, SortOrder, SortTarget, TxnRequest,
 };
 use crate::node::{Node, ServerError, WriteError};
 
@@ -270,8 +270,10 @@ pub struct Queued {
     pub mine: KeyValue,
     /// The revision of the txn that queued (or found) the key.
     pub revision: i64,
-    /// The holders of the lock at that revision, lowest create_revision
-    /// first (as far as the keys read show them: see [`Place::whole_queue`]).
+    /// The holders of the lock, lowest create_revision first: at that
+    /// revision as far as its first `permits` keys show them (etcd's
+    /// services), or, for a native place, at this member's newest revision
+    /// once it has applied the txn ([`holders_now`]).
     pub front: Vec<KeyValue>,
     /// Whether the txn created our key (else the lease was queued already).
     pub created: bool,
@@ -320,9 +322,6 @@ pub struct Place<'a> {
     pub value: &'a [u8],
     pub permits: usize,
     pub mode: Mode,
-    /// Read the whole queue, not just its first `permits` keys: needed to
-    /// find the holders of a lock with readers or hold counts in its queue.
-    pub whole_queue: bool,
     /// The native API's place: read the hold-count key too, and refuse a
     /// lease queued in the other mode.
     pub native: bool,
@@ -331,13 +330,15 @@ pub struct Place<'a> {
 impl<'a> Place<'a> {
     /// A place in a mutex or semaphore as etcd's services take it.
     pub fn etcd(name: &'a [u8], lease: i64, value: &'a [u8], permits: usize) -> Self {
-        Place { name, lease, value, permits, mode: Mode::Write, whole_queue: false, native: false }
+        Place { name, lease, value, permits, mode: Mode::Write, native: false }
     }
 }
 
 /// Take a place in the queue of lock `name` for `lease`, in one txn (as etcd's
 /// recipes do): create the owner key with `value` unless it exists, and read
-/// back the key and the queue (its first `permits` keys, or all of it). A
+/// back the key and the queue's first `permits` keys (which a native place
+/// reads further, outside the txn, when readers, hold counts or delay
+/// settings leave its holders undecided: [`holders_now`]). A
 /// lease that is already queued keeps its place (and its value). A native
 /// place is not taken while the lease is queued in the other mode
 /// ([`RecipeError::OtherMode`]).
@@ -345,10 +346,7 @@ pub async fn enqueue(node: &Node, place: &Place<'_>) -> Result<Queued, RecipeErr
     let key = owner_key(place.name, place.lease, place.mode);
     let prefix = queue_prefix(place.name);
     let range = |key: Vec<u8>| RequestOp::Range(RangeRequest { key, ..Default::default() });
-    let mut reads = vec![
-        range(key.clone()),
-        RequestOp::Range(front_range(&prefix, if place.whole_queue { 0 } else { place.permits })),
-    ];
+    let mut reads = vec![range(key.clone()), RequestOp::Range(front_range(&prefix, place.permits))];
     let mut compare = vec![create_revision_is(&key, 0)];
     if place.native {
         let other = owner_key(place.name, place.lease, place.mode.other());
@@ -366,13 +364,14 @@ pub async fn enqueue(node: &Node, place: &Place<'_>) -> Result<Queued, RecipeErr
         TxnRequest { compare, success: std::iter::once(put).chain(reads.iter().cloned()).collect(), failure: reads };
     let result = node.txn(txn, None).await?;
     let mut ranges = result.responses.into_iter().filter_map(|r| match r {
-        ResponseOp::Range(r) => Some(r.kvs),
+        ResponseOp::Range(r) => Some(r),
         _ => None,
     });
-    let (Some(mine), Some(queue)) = (ranges.next(), ranges.next()) else {
+    let (Some(mine), Some(front)) = (ranges.next(), ranges.next()) else {
         unreachable!("the queue txn reads the key and the queue")
     };
-    let (hold_count, other) = (ranges.next().and_then(first), ranges.next().and_then(first));
+    let (mine, (queue, more)) = (mine.kvs, (front.kvs, front.more));
+    let (hold_count, other) = (ranges.next().and_then(|r| first(r.kvs)), ranges.next().and_then(|r| first(r.kvs)));
     if other.is_some() {
         return Err(RecipeError::OtherMode(place.mode.other()));
     }
@@ -384,10 +383,84 @@ pub async fn enqueue(node: &Node, place: &Place<'_>) -> Result<Queued, RecipeErr
     // and applies): a marker put after the txn can only follow the end of a
     // grant this place made.
     node.wait_revision(result.revision).await?;
-    let marker = RangeRequest { key: lock_delay::marker_key(place.name), count_only: true, ..Default::default() };
-    let delayed = node.state().mvcc().range(&marker).map_err(RecipeError::Mvcc)?.count > 0;
-    let front = if delayed { Vec::new() } else { holders_and_waiters(&prefix, queue, place.permits).0 };
+    let front = match place.native {
+        true => holders_from(&node.state().mvcc(), place.name, place.permits, queue, more),
+        false => holders_from(&node.state().mvcc(), place.name, place.permits, queue, false),
+    };
+    let front = front.map_err(RecipeError::Mvcc)?;
     Ok(Queued { mine, revision: result.revision, front, created: result.succeeded, hold_count })
+}
+
+/// The holders of lock `name` with `permits`, from `front`, the first keys
+/// of its queue that a txn read (`more`: and there were more), and `mvcc`,
+/// a state at or after that txn's: none in a lock-delay; those `front`
+/// shows when it decides them or is the whole queue (or, `more` false, is
+/// taken as all there is to see); else read further in `mvcc`
+/// ([`holders_now`]).
+pub(super) fn holders_from(
+    mvcc: &MvccStore,
+    name: &[u8],
+    permits: usize,
+    front: Vec<KeyValue>,
+    more: bool,
+) -> Result<Vec<KeyValue>, MvccError> {
+    let prefix = queue_prefix(name);
+    if more && !holders_decided(&prefix, &front, permits) {
+        holders_now(mvcc, name, permits)
+    } else if in_lock_delay(mvcc, name)? {
+        Ok(Vec::new())
+    } else {
+        Ok(holders_and_waiters(&prefix, front, permits).0)
+    }
+}
+
+/// Whether lock `name` is in a lock-delay (its marker exists) in `mvcc`.
+fn in_lock_delay(mvcc: &MvccStore, name: &[u8]) -> Result<bool, MvccError> {
+    let marker = RangeRequest { key: lock_delay::marker_key(name), count_only: true, ..Default::default() };
+    Ok(mvcc.range(&marker)?.count > 0)
+}
+
+/// Whether `front`, the first keys of a queue under `prefix` by create
+/// revision, decides its holders with `permits`: no key after them can
+/// hold, because a writer and at least `permits` places are ahead of it.
+fn holders_decided(prefix: &[u8], front: &[KeyValue], permits: usize) -> bool {
+    let (mut ahead, mut writers) = (0, 0);
+    for kv in front {
+        match classify(prefix, &kv.key) {
+            QueueKey::HoldCount | QueueKey::DelaySetting | QueueKey::Delay => continue,
+            QueueKey::Shared => ahead += 1,
+            QueueKey::Exclusive => (ahead, writers) = (ahead + 1, writers + 1),
+        }
+        if writers > 0 && ahead >= permits {
+            return true;
+        }
+    }
+    false
+}
+
+/// How many keys past `permits` a queue's front is read at first when the
+/// keys a txn read leave its holders undecided ([`holders_now`]).
+const FRONT_SLACK: usize = 16;
+
+/// The holders of lock `name` with `permits` in `mvcc`'s newest state
+/// (none in a lock-delay), read from the front of its queue only as far as
+/// a later key could still hold ([`holders_decided`]): a page at first,
+/// four times more each time it leaves them undecided. Answered from the
+/// store's queue index, so a long line of waiters behind the holders is not
+/// read; readers that all hold are, as they are all holders.
+pub(super) fn holders_now(mvcc: &MvccStore, name: &[u8], permits: usize) -> Result<Vec<KeyValue>, MvccError> {
+    if in_lock_delay(mvcc, name)? {
+        return Ok(Vec::new());
+    }
+    let prefix = queue_prefix(name);
+    let mut limit = permits.saturating_add(FRONT_SLACK);
+    loop {
+        let read = mvcc.range(&front_range(&prefix, limit))?;
+        if !read.more || holders_decided(&prefix, &read.kvs, permits) {
+            return Ok(holders_and_waiters(&prefix, read.kvs, permits).0);
+        }
+        limit = limit.saturating_mul(4);
+    }
 }
 
 /// Put `put` if every guard in `compare` holds: its revision, or `None`
@@ -461,5 +534,41 @@ mod tests {
         let queue = vec![kv("s/1", 1), kv("s/1.holds", 2), kv("s/2", 3), kv("s/3", 4)];
         let (holders, waiters) = holders_and_waiters(b"s/", queue, 2);
         assert_eq!((keys(&holders), keys(&waiters)), (vec!["s/1", "s/2"], vec!["s/3"]));
+    }
+
+    /// Every queue of readers, writers and hold counts up to six keys long,
+    /// with one to three permits: wherever its front decides the holders,
+    /// they are the holders the whole queue gives.
+    #[test]
+    fn a_decided_front_gives_the_whole_queues_holders() {
+        let kinds = ["w", "read-", "w.holds"];
+        let mut decided = 0;
+        for len in 1..=6u32 {
+            for mut code in 0..3usize.pow(len) {
+                let queue: Vec<KeyValue> = (0..len as i64)
+                    .map(|i| {
+                        let kind = kinds[code % 3];
+                        code /= 3;
+                        let key = match kind {
+                            "w" => format!("q/{i}"),
+                            "read-" => format!("q/read-{i}"),
+                            _ => format!("q/{i}.holds"),
+                        };
+                        kv(&key, i + 1)
+                    })
+                    .collect();
+                for permits in 1..=3 {
+                    let whole = holders_and_waiters(b"q/", queue.clone(), permits).0;
+                    for read in 0..=queue.len() {
+                        if holders_decided(b"q/", &queue[..read], permits) {
+                            decided += 1;
+                            let front = holders_and_waiters(b"q/", queue[..read].to_vec(), permits).0;
+                            assert_eq!(keys(&front), keys(&whole), "{:?} read {read}", keys(&queue));
+                        }
+                    }
+                }
+            }
+        }
+        assert!(decided > 1000, "{decided}");
     }
 }

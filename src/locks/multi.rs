@@ -35,9 +35,7 @@ use std::time::Instant;
 
 use super::fenced::{self, Owner, Wait};
 use super::turn::{wait_for_turn, CleanupOnDrop, GaveUp, Waits};
-use super::{
-    create_revision_is, front_range, holders_and_waiters, owner_key, queue_prefix, shown, Mode, Queued, RecipeError,
-};
+use super::{create_revision_is, front_range, holders_from, owner_key, queue_prefix, shown, Mode, Queued, RecipeError};
 use crate::model::mvcc::{KeyValue, PutRequest, RangeRequest, RequestOp, ResponseOp, TxnRequest};
 use crate::node::{Node, ServerError};
 
@@ -160,7 +158,8 @@ async fn give_up_all(node: &Node, specs: &[Spec], guards: Vec<CleanupOnDrop>) ->
     if let Some(e) = failed {
         return Err(e);
     }
-    let description = fenced::describe(node, &blocked.name, blocked.permits).await?;
+    let description =
+        fenced::describe(node, &blocked.name, blocked.permits, fenced::Page::of(1, 0, Vec::new())).await?;
     Ok(MultiAcquired::Refused {
         blocked_on: blocked.name,
         holders: description.holders,
@@ -200,7 +199,9 @@ async fn enqueue_all_guarded(
 
 /// Queue `lease` in every lock of `specs` in one txn: create the owner keys
 /// unless any of them (or a place of the lease in the other mode) exists,
-/// and read back each key and its whole queue.
+/// and read back each key and the front of its queue (read further, once
+/// the txn is applied here, where it leaves the holders undecided:
+/// `holders_from`).
 async fn enqueue_all(node: &Node, specs: &[Spec], lease: i64, value: &[u8]) -> Result<Vec<Queued>, RecipeError> {
     let keys: Vec<Vec<u8>> = specs.iter().map(|s| owner_key(&s.name, lease, s.mode)).collect();
     let others: Vec<Vec<u8>> = specs.iter().map(|s| owner_key(&s.name, lease, s.mode.other())).collect();
@@ -208,7 +209,7 @@ async fn enqueue_all(node: &Node, specs: &[Spec], lease: i64, value: &[u8]) -> R
     let mut reads = Vec::with_capacity(3 * specs.len());
     for ((spec, key), other) in specs.iter().zip(&keys).zip(&others) {
         reads.push(range(key));
-        reads.push(RequestOp::Range(front_range(&queue_prefix(&spec.name), 0)));
+        reads.push(RequestOp::Range(front_range(&queue_prefix(&spec.name), spec.permits)));
         reads.push(range(other));
     }
     let compare = keys.iter().chain(&others).map(|key| create_revision_is(key, 0)).collect();
@@ -218,21 +219,21 @@ async fn enqueue_all(node: &Node, specs: &[Spec], lease: i64, value: &[u8]) -> R
     let txn = TxnRequest { compare, success: puts.chain(reads.iter().cloned()).collect(), failure: reads };
     let result = node.txn(txn, None).await?;
     let mut ranges = result.responses.into_iter().filter_map(|r| match r {
-        ResponseOp::Range(r) => Some(r.kvs),
+        ResponseOp::Range(r) => Some(r),
         _ => None,
     });
+    // The holders are read in this member's state once it has the txn.
+    node.wait_revision(result.revision).await?;
     let mut places = Vec::with_capacity(specs.len());
     for spec in specs {
-        let (mine, queue, other) = (
-            ranges.next().unwrap_or_default().into_iter().next(),
-            ranges.next().unwrap_or_default(),
-            ranges.next().unwrap_or_default(),
-        );
-        if !other.is_empty() {
+        let (mine, front, other) =
+            (ranges.next().unwrap_or_default(), ranges.next().unwrap_or_default(), ranges.next().unwrap_or_default());
+        if !other.kvs.is_empty() {
             return Err(RecipeError::OtherMode(spec.mode.other()));
         }
-        let front = holders_and_waiters(&queue_prefix(&spec.name), queue, spec.permits).0;
-        places.push((spec, mine, front));
+        let mvcc = node.state().mvcc();
+        let front = holders_from(&mvcc, &spec.name, spec.permits, front.kvs, front.more).map_err(RecipeError::Mvcc)?;
+        places.push((spec, mine.kvs.into_iter().next(), front));
     }
     if !result.succeeded {
         // A retry of this very multi-lock finds every place, made at one
