@@ -338,10 +338,28 @@ func (c *Client) call(ctx context.Context, method string, req, resp proto.Messag
 
 // Describe tells who holds lock name and who waits for it (permits 0
 // means 1), with their leases' TTLs.
+//
+// The server answers a page of waiters at a time (1,000); Describe asks for
+// the pages that follow until it has them all, so they come from several
+// reads when the queue is long (each page past the last waiter of the one
+// before).
 func (c *Client) Describe(ctx context.Context, name string, permits uint32) (*lockpb.DescribeResponse, error) {
 	resp := &lockpb.DescribeResponse{}
-	err := c.call(ctx, methodDescribe, &lockpb.DescribeRequest{Name: []byte(name), Permits: permits}, resp)
-	return resp, err
+	req := &lockpb.DescribeRequest{Name: []byte(name), Permits: permits}
+	if err := c.call(ctx, methodDescribe, req, resp); err != nil {
+		return resp, err
+	}
+	for resp.More && len(resp.Waiters) > 0 {
+		next := &lockpb.DescribeResponse{}
+		last := resp.Waiters[len(resp.Waiters)-1]
+		req.WaitersAfter, req.WaitersAfterKey = last.Token, last.Key
+		if err := c.call(ctx, methodDescribe, req, next); err != nil {
+			return resp, err
+		}
+		resp.Waiters = append(resp.Waiters, next.Waiters...)
+		resp.More = next.More
+	}
+	return resp, nil
 }
 
 // List tells every lock whose name starts with prefix, with its holders

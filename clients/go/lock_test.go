@@ -703,3 +703,36 @@ func TestTheREADMEExampleRuns(t *testing.T) {
 		t.Fatal("README.md's Go example is not clients/go/example/main.go: copy it over")
 	}
 }
+
+func TestDescribeAsksForEveryPageOfALongQueue(t *testing.T) {
+	c := startCluster(t)
+	client := c.client(t)
+	kv := etcd(t, c)
+	// 1,205 keys under one name (the server answers 1,000 waiters a page):
+	// the first holds, the others wait, in the order they were created.
+	const keys = 1205
+	for start := 0; start < keys; start += 100 {
+		var puts []clientv3.Op
+		for i := start; i < start+100 && i < keys; i++ {
+			puts = append(puts, clientv3.OpPut(fmt.Sprintf("long/%05x", i), "w"))
+		}
+		if _, err := kv.Txn(bg).Then(puts...).Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d, err := client.Describe(bg, "long", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(d.Holders) != 1 || string(d.Holders[0].Key) != "long/00000" || d.More {
+		t.Fatalf("holders %v, more %v", d.Holders, d.More)
+	}
+	if len(d.Waiters) != keys-1 {
+		t.Fatalf("%d waiters", len(d.Waiters))
+	}
+	for i, w := range d.Waiters {
+		if want := fmt.Sprintf("long/%05x", i+1); string(w.Key) != want {
+			t.Fatalf("waiter %d is %s, not %s", i, w.Key, want)
+		}
+	}
+}

@@ -231,7 +231,8 @@ impl Rolling {
         while tokio::time::Instant::now() < deadline {
             let Ok(channel) = Endpoint::from_shared(endpoint.clone()) else { break };
             let mut locks = LocksClient::new(channel.connect_lazy());
-            match bounded(locks.describe(DescribeRequest { name: HELD.into(), permits: 0 })).await {
+            match bounded(locks.describe(DescribeRequest { name: HELD.into(), permits: 0, ..Default::default() })).await
+            {
                 Ok(resp) => {
                     let holders = resp.into_inner().holders;
                     if holders.len() == 1 && holders[0].key == held.key && holders[0].token == held.token {

@@ -257,7 +257,9 @@ impl Locks for LocksService {
         name(&req.name)?;
         let prefix = locks::queue_prefix(&req.name);
         auth::check(&self.node, &caller, &prefix, &locks::prefix_end(&prefix), PermKind::Read)?;
-        let d = fenced::describe(&self.node, &req.name, permits(req.permits)?).await.map_err(error::native_recipe)?;
+        let page = fenced::Page::of(req.limit, req.waiters_after, req.waiters_after_key);
+        let d =
+            fenced::describe(&self.node, &req.name, permits(req.permits)?, page).await.map_err(error::native_recipe)?;
         Ok(Response::new(pb::DescribeResponse {
             header: header(&self.node, d.revision),
             holders: d.holders.into_iter().map(owner).collect(),
@@ -267,6 +269,7 @@ impl Locks for LocksService {
                 revision: marker.mod_revision,
                 remaining_ms: self.delays.remaining(&marker.key).map_or(-1, |left| left.as_millis() as i64),
             }),
+            more: d.more,
         }))
     }
 
@@ -296,7 +299,7 @@ impl Locks for LocksService {
         if req.key.is_empty() {
             return Err(error::empty_key());
         }
-        // It reads the key's whole queue: the lock's prefix must be readable.
+        // It reads the key's queue: the lock's prefix must be readable.
         // (A key with no lock name is refused below, having read nothing.)
         if let Some(name) = locks::lock_name_of(&req.key) {
             let prefix = locks::queue_prefix(name);

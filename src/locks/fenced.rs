@@ -36,12 +36,12 @@ use std::time::{Duration, Instant};
 use super::turn::{enqueue_guarded, wait_for_turn, GaveUp};
 use super::{
     compare, create_revision_is, hold_count_key, holders_and_waiters, mode_of, prefix_end, queue_prefix, Mode, Place,
-    RecipeError,
+    QueueKey, RecipeError,
 };
 use crate::model::lock_delay;
 use crate::model::mvcc::{
-    Compare, CompareResult, CompareTarget, DeleteRangeRequest, KeyValue, PutRequest, RangeRequest, RequestOp,
-    ResponseOp, SortOrder, SortTarget, TxnRequest,
+    Compare, CompareResult, CompareTarget, DeleteRangeRequest, KeyValue, MvccError, MvccStore, PutRequest,
+    RangeRequest, RequestOp, ResponseOp, SortOrder, SortTarget, TxnRequest,
 };
 use crate::node::Node;
 
@@ -128,7 +128,7 @@ async fn set_lock_delay(node: &Node, owner: &KeyValue, ms: u32) -> Result<i64, R
 
 async fn acquire_place(node: Arc<Node>, req: Request<'_>, wait: Wait) -> Result<Acquired, RecipeError> {
     let Request { name, lease, metadata, permits, mode, reentrant, .. } = req;
-    let place = Place { name, lease, value: metadata, permits, mode, whole_queue: true, native: true };
+    let place = Place { name, lease, value: metadata, permits, mode, native: true };
     let (queued, cleanup) = enqueue_guarded(&node, &place).await?;
     if queued.holds() {
         cleanup.disarm();
@@ -164,7 +164,9 @@ async fn acquire_place(node: Arc<Node>, req: Request<'_>, wait: Wait) -> Result<
                 let holders = if wait == Wait::Never {
                     queued.front
                 } else {
-                    holders_and_waiters(&prefix, queue(&node, name).await?, permits).0
+                    node.read_barrier().await?;
+                    let mvcc = node.state().mvcc();
+                    super::holders_now(&mvcc, name, permits).map_err(RecipeError::Mvcc)?
                 };
                 let holders = holders.into_iter().map(|kv| Owner::of(&prefix, kv)).collect();
                 return Ok(Acquired::Refused { holders, revision: removed.revision });
@@ -181,36 +183,74 @@ async fn acquire_place(node: Arc<Node>, req: Request<'_>, wait: Wait) -> Result<
     Ok(Acquired::Granted { kv: held, revision, holds })
 }
 
-/// Every key of lock `name`, first in line first, read linearizably.
-async fn queue(node: &Node, name: &[u8]) -> Result<Vec<KeyValue>, RecipeError> {
-    node.read_barrier().await?;
-    let req = super::front_range(&queue_prefix(name), 0);
-    Ok(node.state().mvcc().range(&req).map_err(RecipeError::Mvcc)?.kvs)
-}
-
-/// A lock's holders and waiters, each with its lease's TTL (asked of the leader).
+/// A lock's holders and a page of its waiters, each with its lease's TTL
+/// (asked of the leader).
 pub struct Description {
     pub holders: Vec<Owner>,
     pub waiters: Vec<Owner>,
     pub revision: i64,
     /// The lock's delay marker, while it is in a lock-delay.
     pub delay: Option<KeyValue>,
+    /// Whether more waiters follow the last one in `waiters`.
+    pub more: bool,
 }
 
-pub async fn describe(node: &Node, name: &[u8], permits: usize) -> Result<Description, RecipeError> {
+/// Which waiters a [`describe`] answers.
+#[derive(Clone, Debug)]
+pub struct Page {
+    /// At most this many (at least one).
+    pub limit: usize,
+    /// Those after this token (0: from the first), and among the keys with
+    /// that token (made by one txn), after `after_key` (empty: none of them).
+    pub after: i64,
+    pub after_key: Vec<u8>,
+}
+
+/// The most waiters one [`describe`] answers, and how many when not told.
+pub const MOST_WAITERS: usize = 10_000;
+pub const DEFAULT_WAITERS: usize = 1_000;
+
+impl Page {
+    /// The page a request asks for (`limit` 0: the default; capped).
+    pub fn of(limit: u32, after: i64, after_key: Vec<u8>) -> Self {
+        let limit = match limit as usize {
+            0 => DEFAULT_WAITERS,
+            n => n.min(MOST_WAITERS),
+        };
+        Page { limit, after, after_key }
+    }
+}
+
+/// Lock `name`'s holders, every one, and the page `page` of its waiters,
+/// read linearizably in one state. What is read is bounded by the holders
+/// and the page, not by the queue: the holders from the front of the queue
+/// (`holders_now`), the waiters from the first token past `page.after`,
+/// both answered from the store's queue index; hold counts and delay
+/// settings are looked up for the holders alone, and leases' TTLs for the
+/// owners answered.
+pub async fn describe(node: &Node, name: &[u8], permits: usize, page: Page) -> Result<Description, RecipeError> {
+    node.read_barrier().await?;
     let prefix = queue_prefix(name);
-    let keys = queue(node, name).await?;
-    let revision = node.revision();
-    // Hold counts and delay settings, by key.
-    let asides: BTreeMap<Vec<u8>, KeyValue> = keys
-        .iter()
-        .filter(|kv| {
-            matches!(super::classify(&prefix, &kv.key), super::QueueKey::HoldCount | super::QueueKey::DelaySetting)
-        })
-        .map(|kv| (kv.key.clone(), kv.clone()))
-        .collect();
-    let delay = keys.iter().find(|kv| super::classify(&prefix, &kv.key) == super::QueueKey::Delay).cloned();
-    let (holders, waiters) = holders_and_waiters(&prefix, keys, permits);
+    let (holders, waiters, asides, delay, more, revision) = {
+        let mvcc = node.state().mvcc();
+        let point = |key: Vec<u8>| -> Result<Option<KeyValue>, RecipeError> {
+            let found = mvcc.range(&RangeRequest { key, ..Default::default() }).map_err(RecipeError::Mvcc)?;
+            Ok(found.kvs.into_iter().next())
+        };
+        let holders = super::holders_now(&mvcc, name, permits).map_err(RecipeError::Mvcc)?;
+        // Hold counts and delay settings of the holders, by key.
+        let mut asides = BTreeMap::new();
+        for holder in &holders {
+            for key in [hold_count_key(&holder.key), lock_delay::setting_key(&holder.key)] {
+                if let Some(kv) = point(key.clone())? {
+                    asides.insert(key, kv);
+                }
+            }
+        }
+        let delay = point(lock_delay::marker_key(name))?;
+        let (waiters, more) = waiters_page(&mvcc, &prefix, &holders, &page).map_err(RecipeError::Mvcc)?;
+        (holders, waiters, asides, delay, more, mvcc.revision())
+    };
     let owners = |kvs: Vec<KeyValue>, held: bool| {
         let prefix = &prefix;
         let asides = &asides;
@@ -234,7 +274,56 @@ pub async fn describe(node: &Node, name: &[u8], permits: usize) -> Result<Descri
         }
     };
     let (holders, waiters) = (owners(holders, true).await?, owners(waiters, false).await?);
-    Ok(Description { holders, waiters, revision, delay })
+    Ok(Description { holders, waiters, revision, delay, more })
+}
+
+/// The waiters of the queue under `prefix` past `page`'s (token, key), at
+/// most `page.limit` of them, first in line first, and whether more follow:
+/// the owner keys there that are not among `holders` (hold counts, delay
+/// settings and holders skipped), read a page at a time by create revision
+/// from the store's queue index. Each read starts at the last token seen,
+/// so keys that share it (made by one txn) are read again and skipped, and
+/// the next read is larger by that many: it always gets further.
+fn waiters_page(
+    mvcc: &MvccStore,
+    prefix: &[u8],
+    holders: &[KeyValue],
+    page: &Page,
+) -> Result<(Vec<KeyValue>, bool), MvccError> {
+    let held: std::collections::HashSet<&[u8]> = holders.iter().map(|kv| kv.key.as_slice()).collect();
+    let mut waiters = Vec::new();
+    let (mut after, mut after_key) = (page.after, page.after_key.clone());
+    let mut ties = 0;
+    loop {
+        let wanted = page.limit + 1 - waiters.len() + ties;
+        let read =
+            mvcc.range(&RangeRequest { min_create_revision: after.max(1), ..super::front_range(prefix, wanted) })?;
+        // Past the cursor: a later token, or a later key with its token.
+        let past = |kv: &KeyValue, after: i64, after_key: &[u8]| {
+            kv.create_revision > after
+                || (kv.create_revision == after && !after_key.is_empty() && kv.key.as_slice() > after_key)
+        };
+        let Some(last) = read.kvs.last() else { return Ok((waiters, false)) };
+        // The cursor moves to the last key read, never back: a read that
+        // ends among the keys that share the cursor's token leaves it.
+        let next = past(last, after, &after_key).then(|| (last.create_revision, last.key.clone()));
+        ties = read.kvs.iter().filter(|kv| kv.create_revision == last.create_revision).count();
+        for kv in read.kvs {
+            let owner = matches!(super::classify(prefix, &kv.key), QueueKey::Exclusive | QueueKey::Shared);
+            if past(&kv, after, &after_key) && owner && !held.contains(kv.key.as_slice()) {
+                if waiters.len() == page.limit {
+                    return Ok((waiters, true));
+                }
+                waiters.push(kv);
+            }
+        }
+        if !read.more {
+            return Ok((waiters, false));
+        }
+        if let Some(next) = next {
+            (after, after_key) = next;
+        }
+    }
 }
 
 /// The holds on `owner`'s grant that its hold-count key (if any) says.
@@ -414,13 +503,20 @@ pub struct Validity {
 /// linearizably; with its lease's time left, asked of the leader.
 pub async fn validate(node: &Node, key: &[u8], token: i64, permits: usize) -> Result<Validity, RecipeError> {
     let name = super::lock_name_of(key).ok_or_else(|| RecipeError::NotAnOwnerKey(key.to_vec()))?;
-    let prefix = queue_prefix(name);
-    let keys = queue(node, name).await?;
-    let revision = node.revision();
-    let Some(mine) = keys.iter().find(|kv| kv.key == key).cloned() else {
+    node.read_barrier().await?;
+    // The key and the lock's holders, read in one state (the holders as far
+    // as the front of the queue decides them: a resource server that asks
+    // for every request it serves does not read a long line of waiters).
+    let (mine, holders, revision) = {
+        let mvcc = node.state().mvcc();
+        let point = RangeRequest { key: key.to_vec(), ..Default::default() };
+        let mine = mvcc.range(&point).map_err(RecipeError::Mvcc)?.kvs.into_iter().next();
+        let holders = super::holders_now(&mvcc, name, permits).map_err(RecipeError::Mvcc)?;
+        (mine, holders, mvcc.revision())
+    };
+    let Some(mine) = mine else {
         return Ok(Validity { revision, current: false, current_token: 0, lease: 0, ttl: -1 });
     };
-    let holders = holders_and_waiters(&prefix, keys, permits).0;
     let current = mine.create_revision == token && holders.iter().any(|kv| kv.key == key);
     let ttl = node.time_to_live(mine.lease).await?.map_or(-1, |status| status.remaining);
     Ok(Validity { revision, current, current_token: mine.create_revision, lease: mine.lease, ttl })
@@ -504,5 +600,53 @@ mod tests {
         assert_eq!(lock_name(&kv("jobs/694d7", 0)), None);
         assert_eq!(lock_name(&kv("jobs/694d7", 0x694d8)), None);
         assert_eq!(lock_name(&kv("694d7", 0x694d7)), None);
+    }
+}
+
+#[cfg(test)]
+mod page_tests {
+    use super::*;
+
+    /// Queue `q/` as txns made it: a holder, five keys from one txn (one
+    /// token), a hold count, two more keys. Waiters read a page at a time,
+    /// of every size, come out once each, in order, both with a read of the
+    /// queue registered in the index and without.
+    #[test]
+    fn pages_of_waiters_cover_the_queue_once_even_across_shared_tokens() {
+        for indexed in [false, true] {
+            let mut s = MvccStore::default();
+            let put = |key: &str| {
+                RequestOp::Put(PutRequest { key: key.as_bytes().to_vec(), value: b"w".to_vec(), ..Default::default() })
+            };
+            for txn in
+                [vec!["q/a"], vec!["q/b", "q/c", "q/d", "q/e", "q/f"], vec!["q/a.holds"], vec!["q/g"], vec!["q/h"]]
+            {
+                let mut ops: Vec<RequestOp> = txn.into_iter().map(put).collect();
+                if indexed {
+                    ops.push(RequestOp::Range(super::super::front_range(b"q/", 1)));
+                }
+                s.txn(&TxnRequest { success: ops, ..Default::default() }, &()).unwrap();
+            }
+            let holders = super::super::holders_now(&s, b"q", 1).unwrap();
+            assert_eq!(holders.iter().map(|kv| kv.key.as_slice()).collect::<Vec<_>>(), [b"q/a"]);
+            let all = ["q/b", "q/c", "q/d", "q/e", "q/f", "q/g", "q/h"];
+            for limit in 1..=8 {
+                let (mut seen, mut page) = (Vec::new(), Page::of(limit, 0, Vec::new()));
+                loop {
+                    let (waiters, more) = waiters_page(&s, b"q/", &holders, &page).unwrap();
+                    assert!(waiters.len() <= limit as usize);
+                    seen.extend(waiters.iter().map(|kv| String::from_utf8(kv.key.clone()).unwrap()));
+                    let Some(last) = waiters.last().filter(|_| more) else { break };
+                    page = Page::of(limit, last.create_revision, last.key.clone());
+                }
+                assert_eq!(seen, all, "limit {limit}, indexed {indexed}");
+            }
+            // A token alone skips every key with it.
+            let (waiters, _) = waiters_page(&s, b"q/", &holders, &Page::of(10, 0, Vec::new())).unwrap();
+            let shared = waiters[0].create_revision;
+            assert!(waiters[..5].iter().all(|kv| kv.create_revision == shared));
+            let (waiters, _) = waiters_page(&s, b"q/", &holders, &Page::of(10, shared, Vec::new())).unwrap();
+            assert_eq!(waiters.iter().map(|kv| kv.key.as_slice()).collect::<Vec<_>>(), [&b"q/g"[..], b"q/h"]);
+        }
     }
 }

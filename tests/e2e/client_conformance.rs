@@ -137,6 +137,7 @@ async fn run_case(client: &Client, case: &Value) {
                 let req = DescribeRequest {
                     name: name(text(step, "lock")),
                     permits: step["permits"].as_u64().unwrap_or(1) as u32,
+                    ..Default::default()
                 };
                 // Background steps queue in their own time: look until it matches, 5 s at most.
                 let deadline = Instant::now() + Duration::from_secs(5);

@@ -19,7 +19,7 @@ fn delayed(ms: u64) -> LockOptions {
 }
 
 async fn describe(c: &Client, name: &str) -> pb::DescribeResponse {
-    let req = pb::DescribeRequest { name: name.into(), permits: 1 };
+    let req = pb::DescribeRequest { name: name.into(), permits: 1, ..Default::default() };
     c.locks().describe(req).await.unwrap().into_inner()
 }
 

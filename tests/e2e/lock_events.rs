@@ -47,7 +47,8 @@ async fn observe_tells_grants_waits_and_ends_with_their_causes_and_resumes() {
     // Wait until b is queued, then observe from the third member.
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let req = raftlock::proto::raftlock::v1::DescribeRequest { name: b"ev".to_vec(), permits: 1 };
+        let req =
+            raftlock::proto::raftlock::v1::DescribeRequest { name: b"ev".to_vec(), permits: 1, ..Default::default() };
         if !c.locks().describe(req).await.unwrap().into_inner().waiters.is_empty() {
             break;
         }
@@ -219,7 +220,11 @@ async fn raftlockctl_stops_its_command_when_its_key_is_deleted_by_another_client
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     let key = loop {
-        let req = raftlock::proto::raftlock::v1::DescribeRequest { name: b"deploy".to_vec(), permits: 1 };
+        let req = raftlock::proto::raftlock::v1::DescribeRequest {
+            name: b"deploy".to_vec(),
+            permits: 1,
+            ..Default::default()
+        };
         if let Some(h) = c.locks().describe(req).await.unwrap().into_inner().holders.first() {
             break h.key.clone();
         }

@@ -207,7 +207,11 @@ async fn validate_is_current_only_for_the_holding_grant_and_ends_with_a_paused_h
     let waiter_key = format!("vault/{:x}", {
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
-            let d = a.locks().describe(pb::DescribeRequest { name: b"vault".to_vec(), permits: 1 }).await.unwrap();
+            let d = a
+                .locks()
+                .describe(pb::DescribeRequest { name: b"vault".to_vec(), permits: 1, ..Default::default() })
+                .await
+                .unwrap();
             if let Some(w) = d.into_inner().waiters.first() {
                 break w.lease;
             }
@@ -248,7 +252,11 @@ async fn validate_is_current_only_for_the_holding_grant_and_ends_with_a_paused_h
     let group = holder.id() as i32;
     let deadline = Instant::now() + Duration::from_secs(10);
     let (key, token) = loop {
-        let d = a.locks().describe(pb::DescribeRequest { name: b"vault".to_vec(), permits: 1 }).await.unwrap();
+        let d = a
+            .locks()
+            .describe(pb::DescribeRequest { name: b"vault".to_vec(), permits: 1, ..Default::default() })
+            .await
+            .unwrap();
         if let Some(h) = d.into_inner().holders.first() {
             break (h.key.clone(), h.token);
         }

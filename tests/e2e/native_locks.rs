@@ -32,7 +32,7 @@ pub(crate) fn held(a: Acquisition) -> Guard {
 }
 
 async fn describe(c: &Client, name: &str, permits: u32) -> raftlock::proto::raftlock::v1::DescribeResponse {
-    let req = raftlock::proto::raftlock::v1::DescribeRequest { name: name.into(), permits };
+    let req = raftlock::proto::raftlock::v1::DescribeRequest { name: name.into(), permits, ..Default::default() };
     c.locks().describe(req).await.unwrap().into_inner()
 }
 
@@ -175,8 +175,25 @@ async fn a_semaphore_admits_n_holders_then_serves_waiters_in_order() {
         crate::common::wait_for_key(&mut kv, &key).await;
     }
     let d = describe(&c, "gpu", 3).await;
-    assert_eq!((d.holders.len(), d.waiters.len()), (3, 2));
+    assert_eq!((d.holders.len(), d.waiters.len(), d.more), (3, 2, false));
     assert_eq!(d.waiters[0].lease, sessions[3].lease());
+    // Waiters a page at a time: every holder each time, the waiters after
+    // the last token seen, and `more` until the last.
+    let page = |limit, waiters_after| raftlock::proto::raftlock::v1::DescribeRequest {
+        name: b"gpu".to_vec(),
+        permits: 3,
+        limit,
+        waiters_after,
+        ..Default::default()
+    };
+    let first = c.locks().describe(page(1, 0)).await.unwrap().into_inner();
+    assert_eq!((first.holders.len(), first.waiters.len(), first.more), (3, 1, true));
+    assert_eq!(first.waiters[0].token, d.waiters[0].token);
+    let second = c.locks().describe(page(1, first.waiters[0].token)).await.unwrap().into_inner();
+    assert_eq!((second.holders.len(), second.waiters.len(), second.more), (3, 1, false));
+    assert_eq!(second.waiters[0].token, d.waiters[1].token);
+    let past = c.locks().describe(page(5, second.waiters[0].token)).await.unwrap().into_inner();
+    assert_eq!((past.holders.len(), past.waiters.len(), past.more), (3, 0, false));
 
     // One permit comes free: the first waiter gets it, the second still waits.
     assert!(guards.remove(1).release().await.unwrap());

@@ -142,6 +142,24 @@ async fn lock_takes_several_names_together_and_validate_tells_current_grants() {
     assert!(stdout(&o).contains("later grant"), "{}", stdout(&o));
     unsafe { libc::kill(holder.id() as i32, libc::SIGTERM) };
     holder.wait().unwrap();
+
+    // A queue longer than the server's page of 1,000 waiters: describe asks
+    // for every page, or shows the first --limit waiters.
+    let mut kv = cluster.client(0).await;
+    for start in (0..1_205).step_by(100) {
+        let puts: Vec<etcd_client::TxnOp> = (start..(start + 100).min(1_205))
+            .map(|i| etcd_client::TxnOp::put(format!("long/{i:05x}"), "w", None))
+            .collect();
+        kv.txn(etcd_client::Txn::new().and_then(puts)).await.unwrap();
+    }
+    let d = json(e, &["describe", "long"]);
+    assert_eq!(d["holders"][0]["key"], "long/00000");
+    let waiters = d["waiters"].as_array().unwrap();
+    let keys: Vec<&str> = waiters.iter().map(|w| w["key"].as_str().unwrap()).collect();
+    let want: Vec<String> = (1..1_205).map(|i| format!("long/{i:05x}")).collect();
+    assert_eq!(keys, want);
+    let d = json(e, &["describe", "long", "--limit", "5"]);
+    assert_eq!(d["waiters"].as_array().unwrap().len(), 5);
 }
 
 #[tokio::test]

@@ -96,7 +96,11 @@ async fn etcdctl_lock_and_elect_work_against_raftlock() {
             .collect();
         // While they queue, the native API sees an etcdctl holder and waiters.
         let native = raftlock::client::Client::connect([cluster.members[1].endpoint()]).await.unwrap();
-        let req = raftlock::proto::raftlock::v1::DescribeRequest { name: name.clone().into_bytes(), permits: 1 };
+        let req = raftlock::proto::raftlock::v1::DescribeRequest {
+            name: name.clone().into_bytes(),
+            permits: 1,
+            ..Default::default()
+        };
         let mut seen_holder = false;
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while std::time::Instant::now() < deadline {

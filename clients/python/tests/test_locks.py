@@ -375,3 +375,14 @@ def test_a_session_survives_a_member_that_hangs(cluster) -> None:
     finally:
         cluster.processes[0].send_signal(signal.SIGCONT)
         client.close()
+
+
+def test_describe_asks_for_every_page_of_a_long_queue(client: raftlock.Client) -> None:
+    # 1,205 keys under one name (the server answers 1,000 waiters a page):
+    # the first holds, the others wait, in the order they were created.
+    for start in range(0, 1205, 100):
+        client.txn([], success=[txn.put(f"long/{i:05x}", "w") for i in range(start, start + 100)][: 1205 - start])
+    d = client.describe("long")
+    assert [h.key for h in d.holders] == [b"long/00000"]
+    assert [w.key for w in d.waiters] == [f"long/{i:05x}".encode() for i in range(1, 1205)]
+    assert not d.more

@@ -90,6 +90,10 @@ pub(crate) enum Cmd {
         name: String,
         #[arg(long, default_value_t = 1)]
         permits: u32,
+        /// Show at most this many waiters, first in line first (0: all of
+        /// them, asked a page at a time).
+        #[arg(long, default_value_t = 0)]
+        limit: u32,
     },
     /// List the locks under a name prefix.
     List {

@@ -240,9 +240,23 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             );
             Ok(if r.current { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
-        Cmd::Describe { name, permits } => {
-            let req = locks::DescribeRequest { name: name.clone().into_bytes(), permits };
-            let d = ctl.call(ctl.client.locks().describe(req)).await?;
+        Cmd::Describe { name, permits, limit } => {
+            // The server answers a page of waiters at a time: follow `more`.
+            let page = |limit: usize, after: Option<&locks::Owner>| locks::DescribeRequest {
+                name: name.clone().into_bytes(),
+                permits,
+                limit: limit.min(u32::MAX as usize) as u32,
+                waiters_after: after.map_or(0, |w| w.token),
+                waiters_after_key: after.map_or(Vec::new(), |w| w.key.clone()),
+            };
+            let wanted = if limit == 0 { usize::MAX } else { limit as usize };
+            let mut d = ctl.call(ctl.client.locks().describe(page(wanted, None))).await?;
+            while d.more && d.waiters.len() < wanted && !d.waiters.is_empty() {
+                let next = page(wanted - d.waiters.len(), d.waiters.last());
+                let next = ctl.call(ctl.client.locks().describe(next)).await?;
+                d.waiters.extend(next.waiters);
+                d.more = next.more;
+            }
             let mut human = String::new();
             if let Some(delay) = &d.lock_delay {
                 human += &format!(

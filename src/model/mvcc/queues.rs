@@ -63,13 +63,14 @@ fn queue_dir(req: &RangeRequest) -> Option<&[u8]> {
 }
 
 /// Whether the index can answer `req`: sorted by create revision (either
-/// way, filtered at most by `max_create_revision`), or in key order
-/// filtered by `max_create_revision` alone (the keys ahead of a waiter).
+/// way, filtered at most by create revision: a page of a queue), or in key
+/// order filtered by `max_create_revision` alone (the keys ahead of a
+/// waiter).
 fn answerable(req: &RangeRequest) -> bool {
-    let other_filters = req.min_mod_revision != 0 || req.max_mod_revision != 0 || req.min_create_revision != 0;
+    let by_mod = req.min_mod_revision != 0 || req.max_mod_revision != 0;
     let by_create = req.sort_target == SortTarget::Create && req.order() != SortOrder::None;
-    let ahead = req.order() == SortOrder::None && req.max_create_revision != 0;
-    !other_filters && (by_create || ahead)
+    let ahead = req.order() == SortOrder::None && req.max_create_revision != 0 && req.min_create_revision == 0;
+    !by_mod && (by_create || ahead)
 }
 
 /// What the index answers for a range: the key-values in the response's
@@ -111,11 +112,23 @@ impl MvccStore {
             return Some(Indexed { kvs: Vec::new(), count });
         }
         let take = usize::try_from(req.limit).ok().filter(|l| *l > 0).map_or(usize::MAX, |l| l.saturating_add(1));
-        // The entries created at or before max_create_revision (all without it).
-        let upto = match req.max_create_revision {
-            0 => set.range(..),
-            max => set.range(..(max.saturating_add(1), Vec::new())),
+        // The entries created within [min_create_revision, max_create_revision]
+        // (unbounded where 0).
+        use std::ops::Bound::{Excluded, Included, Unbounded};
+        let from = match req.min_create_revision {
+            0 => Unbounded,
+            min => Included((min, Vec::new())),
         };
+        let to = match req.max_create_revision {
+            0 => Unbounded,
+            max => Excluded((max.saturating_add(1), Vec::new())),
+        };
+        if let (Included((min, _)), Excluded((end, _))) = (&from, &to) {
+            if min >= end {
+                return Some(Indexed { kvs: Vec::new(), count });
+            }
+        }
+        let upto = set.range((from, to));
         let load = |(_, key): &(Revision, Vec<u8>)| self.get_live(key).cloned().expect("an indexed key is live");
         let kvs = match req.order() {
             SortOrder::Descend => upto.rev().take(take).map(load).collect(),
@@ -168,6 +181,7 @@ mod tests {
             sort_order,
             limit: rng.below(4) as i64,
             max_create_revision: [0, 0, revision / 2, revision - 1][rng.below(4)],
+            min_create_revision: [0, 0, 0, revision / 3, revision / 2 + 1][rng.below(5)],
             keys_only: rng.below(3) == 0,
             count_only: rng.below(6) == 0,
             ..Default::default()

@@ -239,7 +239,13 @@ class Client(_Connection):
 
     async def describe(self, name: Bytes, *, permits: int = 1) -> locks_pb.DescribeResponse:
         req = locks_pb.DescribeRequest(name=_b(name), permits=permits)
-        return await self.call(lambda s: s.locks.Describe, req, retry="always")
+        resp = await self.call(lambda s: s.locks.Describe, req, retry="always")
+        while resp.more and resp.waiters:
+            req.waiters_after, req.waiters_after_key = resp.waiters[-1].token, resp.waiters[-1].key
+            page = await self.call(lambda s: s.locks.Describe, req, retry="always")
+            resp.waiters.extend(page.waiters)
+            resp.more = page.more
+        return resp
 
     async def list_locks(self, prefix: Bytes = b"", *, permits: int = 1) -> List[locks_pb.LockSummary]:
         req = locks_pb.ListRequest(prefix=_b(prefix), permits=permits)

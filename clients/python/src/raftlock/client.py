@@ -374,8 +374,17 @@ class Client(_Connection):
         return Session(self, ttl)
 
     def describe(self, name: Bytes, *, permits: int = 1) -> locks_pb.DescribeResponse:
-        """Who holds lock ``name`` and who waits for it (lowest token first)."""
-        return self.call(lambda s: s.locks.Describe, locks_pb.DescribeRequest(name=_b(name), permits=permits), retry="always")
+        """Who holds lock ``name`` and who waits for it (lowest token first).
+        The server answers a page of waiters at a time; this asks for the
+        pages that follow until it has them all."""
+        req = locks_pb.DescribeRequest(name=_b(name), permits=permits)
+        resp = self.call(lambda s: s.locks.Describe, req, retry="always")
+        while resp.more and resp.waiters:
+            req.waiters_after, req.waiters_after_key = resp.waiters[-1].token, resp.waiters[-1].key
+            page = self.call(lambda s: s.locks.Describe, req, retry="always")
+            resp.waiters.extend(page.waiters)
+            resp.more = page.more
+        return resp
 
     def list_locks(self, prefix: Bytes = b"", *, permits: int = 1) -> List[locks_pb.LockSummary]:
         """Every lock whose name starts with ``prefix``, with its holders."""

@@ -134,24 +134,32 @@ class ReleaseResponse(_message.Message):
     def __init__(self, header: _Optional[_Union[_rpc_pb2.ResponseHeader, _Mapping]] = ..., released: _Optional[bool] = ..., current_token: _Optional[int] = ..., holds: _Optional[int] = ..., results: _Optional[_Iterable[_Union[GrantReleased, _Mapping]]] = ...) -> None: ...
 
 class DescribeRequest(_message.Message):
-    __slots__ = ("name", "permits")
+    __slots__ = ("name", "permits", "limit", "waiters_after", "waiters_after_key")
     NAME_FIELD_NUMBER: _ClassVar[int]
     PERMITS_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    WAITERS_AFTER_FIELD_NUMBER: _ClassVar[int]
+    WAITERS_AFTER_KEY_FIELD_NUMBER: _ClassVar[int]
     name: bytes
     permits: int
-    def __init__(self, name: _Optional[bytes] = ..., permits: _Optional[int] = ...) -> None: ...
+    limit: int
+    waiters_after: int
+    waiters_after_key: bytes
+    def __init__(self, name: _Optional[bytes] = ..., permits: _Optional[int] = ..., limit: _Optional[int] = ..., waiters_after: _Optional[int] = ..., waiters_after_key: _Optional[bytes] = ...) -> None: ...
 
 class DescribeResponse(_message.Message):
-    __slots__ = ("header", "holders", "waiters", "lock_delay")
+    __slots__ = ("header", "holders", "waiters", "lock_delay", "more")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     HOLDERS_FIELD_NUMBER: _ClassVar[int]
     WAITERS_FIELD_NUMBER: _ClassVar[int]
     LOCK_DELAY_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
     header: _rpc_pb2.ResponseHeader
     holders: _containers.RepeatedCompositeFieldContainer[Owner]
     waiters: _containers.RepeatedCompositeFieldContainer[Owner]
     lock_delay: LockDelay
-    def __init__(self, header: _Optional[_Union[_rpc_pb2.ResponseHeader, _Mapping]] = ..., holders: _Optional[_Iterable[_Union[Owner, _Mapping]]] = ..., waiters: _Optional[_Iterable[_Union[Owner, _Mapping]]] = ..., lock_delay: _Optional[_Union[LockDelay, _Mapping]] = ...) -> None: ...
+    more: bool
+    def __init__(self, header: _Optional[_Union[_rpc_pb2.ResponseHeader, _Mapping]] = ..., holders: _Optional[_Iterable[_Union[Owner, _Mapping]]] = ..., waiters: _Optional[_Iterable[_Union[Owner, _Mapping]]] = ..., lock_delay: _Optional[_Union[LockDelay, _Mapping]] = ..., more: _Optional[bool] = ...) -> None: ...
 
 class LockDelay(_message.Message):
     __slots__ = ("delay_ms", "revision", "remaining_ms")
