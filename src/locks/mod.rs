@@ -382,21 +382,22 @@ pub async fn enqueue(node: &Node, place: &Place<'_>) -> Result<Queued, RecipeErr
     // applied the txn, not read in the txn (whose entry every member stores
     // and applies): a marker put after the txn can only follow the end of a
     // grant this place made.
+    // etcd's services take the first `permits` keys as the holders, as
+    // etcd's Lock does; a native place reads further when they leave its
+    // holders undecided.
     node.wait_revision(result.revision).await?;
-    let front = match place.native {
-        true => holders_from(&node.state().mvcc(), place.name, place.permits, queue, more),
-        false => holders_from(&node.state().mvcc(), place.name, place.permits, queue, false),
-    };
-    let front = front.map_err(RecipeError::Mvcc)?;
+    let front = holders_from(&node.state().mvcc(), place.name, place.permits, queue, place.native && more)
+        .map_err(RecipeError::Mvcc)?;
     Ok(Queued { mine, revision: result.revision, front, created: result.succeeded, hold_count })
 }
 
 /// The holders of lock `name` with `permits`, from `front`, the first keys
-/// of its queue that a txn read (`more`: and there were more), and `mvcc`,
-/// a state at or after that txn's: none in a lock-delay; those `front`
-/// shows when it decides them or is the whole queue (or, `more` false, is
-/// taken as all there is to see); else read further in `mvcc`
-/// ([`holders_now`]).
+/// of its queue as a txn read them, and `mvcc`, a state at or after that
+/// txn's. None in a lock-delay. Those `front` shows when it decides them
+/// ([`holders_decided`]) or when `more` is false (it is all the queue, or
+/// all the caller looks at); else they are read further in `mvcc`
+/// ([`holders_now`]): a later state, where they still hold if they held
+/// then, as keys queued later queue behind them.
 pub(super) fn holders_from(
     mvcc: &MvccStore,
     name: &[u8],
