@@ -233,10 +233,7 @@ pub async fn describe(node: &Node, name: &[u8], permits: usize, page: Page) -> R
     let prefix = queue_prefix(name);
     let (holders, waiters, asides, delay, more, revision) = {
         let mvcc = node.state().mvcc();
-        let point = |key: Vec<u8>| -> Result<Option<KeyValue>, RecipeError> {
-            let found = mvcc.range(&RangeRequest { key, ..Default::default() }).map_err(RecipeError::Mvcc)?;
-            Ok(found.kvs.into_iter().next())
-        };
+        let point = |key: Vec<u8>| super::point(&mvcc, key).map_err(RecipeError::Mvcc);
         let holders = super::holders_now(&mvcc, name, permits).map_err(RecipeError::Mvcc)?;
         // Hold counts and delay settings of the holders, by key.
         let mut asides = BTreeMap::new();
@@ -509,8 +506,7 @@ pub async fn validate(node: &Node, key: &[u8], token: i64, permits: usize) -> Re
     // for every request it serves does not read a long line of waiters).
     let (mine, holders, revision) = {
         let mvcc = node.state().mvcc();
-        let point = RangeRequest { key: key.to_vec(), ..Default::default() };
-        let mine = mvcc.range(&point).map_err(RecipeError::Mvcc)?.kvs.into_iter().next();
+        let mine = super::point(&mvcc, key.to_vec()).map_err(RecipeError::Mvcc)?;
         let holders = super::holders_now(&mvcc, name, permits).map_err(RecipeError::Mvcc)?;
         (mine, holders, mvcc.revision())
     };
@@ -601,11 +597,6 @@ mod tests {
         assert_eq!(lock_name(&kv("jobs/694d7", 0x694d8)), None);
         assert_eq!(lock_name(&kv("694d7", 0x694d7)), None);
     }
-}
-
-#[cfg(test)]
-mod page_tests {
-    use super::*;
 
     /// Queue `q/` as txns made it: a holder, five keys from one txn (one
     /// token), a hold count, two more keys. Waiters read a page at a time,

@@ -270,10 +270,9 @@ pub struct Queued {
     pub mine: KeyValue,
     /// The revision of the txn that queued (or found) the key.
     pub revision: i64,
-    /// The holders of the lock, lowest create_revision first: at that
-    /// revision as far as its first `permits` keys show them (etcd's
-    /// services), or, for a native place, at this member's newest revision
-    /// once it has applied the txn ([`holders_now`]).
+    /// The holders of the lock, lowest create_revision first, as the txn's
+    /// read of the queue's front decides them, else as this member's state
+    /// once it has applied the txn does ([`holders_from`]).
     pub front: Vec<KeyValue>,
     /// Whether the txn created our key (else the lease was queued already).
     pub created: bool,
@@ -336,9 +335,9 @@ impl<'a> Place<'a> {
 
 /// Take a place in the queue of lock `name` for `lease`, in one txn (as etcd's
 /// recipes do): create the owner key with `value` unless it exists, and read
-/// back the key and the queue's first `permits` keys (which a native place
-/// reads further, outside the txn, when readers, hold counts or delay
-/// settings leave its holders undecided: [`holders_now`]). A
+/// back the key and the queue's first `permits` keys (read further, outside
+/// the txn, when readers, hold counts or delay settings leave its holders
+/// undecided: [`holders_from`]). A
 /// lease that is already queued keeps its place (and its value). A native
 /// place is not taken while the lease is queued in the other mode
 /// ([`RecipeError::OtherMode`]).
@@ -370,23 +369,19 @@ pub async fn enqueue(node: &Node, place: &Place<'_>) -> Result<Queued, RecipeErr
     let (Some(mine), Some(front)) = (ranges.next(), ranges.next()) else {
         unreachable!("the queue txn reads the key and the queue")
     };
-    let (mine, (queue, more)) = (mine.kvs, (front.kvs, front.more));
     let (hold_count, other) = (ranges.next().and_then(|r| first(r.kvs)), ranges.next().and_then(|r| first(r.kvs)));
     if other.is_some() {
         return Err(RecipeError::OtherMode(place.mode.other()));
     }
     // A failure branch on a key that exists always finds it: the txn is atomic.
-    let mine = mine.into_iter().next().ok_or(RecipeError::SessionExpired)?;
+    let mine = first(mine.kvs).ok_or(RecipeError::SessionExpired)?;
     // In a lock-delay nobody holds; the wait for the turn waits for its end.
     // The marker is looked up here, in this member's state once it has
     // applied the txn, not read in the txn (whose entry every member stores
     // and applies): a marker put after the txn can only follow the end of a
     // grant this place made.
-    // etcd's services take the first `permits` keys as the holders, as
-    // etcd's Lock does; a native place reads further when they leave its
-    // holders undecided.
     node.wait_revision(result.revision).await?;
-    let front = holders_from(&node.state().mvcc(), place.name, place.permits, queue, place.native && more)
+    let front = holders_from(&node.state().mvcc(), place.name, place.permits, front.kvs, front.more)
         .map_err(RecipeError::Mvcc)?;
     Ok(Queued { mine, revision: result.revision, front, created: result.succeeded, hold_count })
 }
@@ -394,10 +389,9 @@ pub async fn enqueue(node: &Node, place: &Place<'_>) -> Result<Queued, RecipeErr
 /// The holders of lock `name` with `permits`, from `front`, the first keys
 /// of its queue as a txn read them, and `mvcc`, a state at or after that
 /// txn's. None in a lock-delay. Those `front` shows when it decides them
-/// ([`holders_decided`]) or when `more` is false (it is all the queue, or
-/// all the caller looks at); else they are read further in `mvcc`
-/// ([`holders_now`]): a later state, where they still hold if they held
-/// then, as keys queued later queue behind them.
+/// ([`holders_decided`]) or is the whole queue (`more` false); else they
+/// are read further in `mvcc` ([`holders_now`]): a later state, where they
+/// still hold if they held then, as keys queued later queue behind them.
 pub(super) fn holders_from(
     mvcc: &MvccStore,
     name: &[u8],
@@ -413,6 +407,11 @@ pub(super) fn holders_from(
     } else {
         Ok(holders_and_waiters(&prefix, front, permits).0)
     }
+}
+
+/// `key`'s key-value in `mvcc`, if it exists.
+pub(super) fn point(mvcc: &MvccStore, key: Vec<u8>) -> Result<Option<KeyValue>, MvccError> {
+    Ok(first(mvcc.range(&RangeRequest { key, ..Default::default() })?.kvs))
 }
 
 /// Whether lock `name` is in a lock-delay (its marker exists) in `mvcc`.

@@ -83,10 +83,7 @@ fn read_standing(
     newest: Option<i64>,
 ) -> Result<(Standing, bool), RecipeError> {
     let mvcc = node.state().mvcc();
-    let point = |key: Vec<u8>| -> Result<Option<KeyValue>, RecipeError> {
-        let found = mvcc.range(&RangeRequest { key, ..Default::default() });
-        Ok(found.map_err(RecipeError::Mvcc)?.kvs.into_iter().next())
-    };
+    let point = |key: Vec<u8>| super::point(&mvcc, key).map_err(RecipeError::Mvcc);
     let own = point(key.to_vec())?;
     let delay = point(crate::model::lock_delay::marker_key(&prefix[..prefix.len() - 1]))?;
     let mut earlier = RangeRequest {
