@@ -86,10 +86,11 @@ pub const WATCH_INBOX_BATCHES: usize = 1024;
 pub const WATCH_INBOX_BYTES: usize = 64 << 20;
 
 /// The most distinct ranges that are neither a single key nor a prefix a
-/// member routes at once: each is tested against every changed key in
-/// apply (see the module doc's caveat), so their number bounds apply's
-/// cost. A watch over one more is refused ([`Inbox::watch`]); watchers of
-/// a range already routed, prefixes and single keys are never refused.
+/// member routes at once. Apply finds a changed key among them in an
+/// interval index (logarithmic in their number), so the cap bounds what the
+/// routing table holds for ranges no two watchers share, not apply's cost.
+/// A watch over one more is refused (`Inbox::watch`); watchers of a range
+/// already routed, prefixes and single keys are never refused.
 pub const MAX_WATCHED_RANGES: usize = 4096;
 
 // ---- The write path: proposal batches and forwarding ----

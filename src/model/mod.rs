@@ -26,5 +26,6 @@ pub mod command;
 pub mod lease;
 pub mod lock_delay;
 pub mod mvcc;
+pub mod range_index;
 pub mod watch;
 pub mod watch_routes;

@@ -9,14 +9,15 @@
 //! stores hold a batch) looks up each changed key among the single keys
 //! watched (one hash lookup) and its prefixes among the prefixes watched
 //! (etcd's `--prefix` ranges: one hash lookup per distinct length of a
-//! prefix watched), tests it against each other distinct range watched,
-//! queues the batch once in the inbox of every session that has a match,
-//! wakes those sessions, and only then records the batch's revision as
-//! routed. A session that takes its inbox ([`Inbox::take`]) reads that
-//! revision *before* it drains: every batch up to it that concerns the
-//! session is then in what it drained, and its watchers have missed nothing
-//! up to that revision, whether or not they were woken for it (a watcher's
-//! position may move past batches it never saw).
+//! prefix watched), finds it among the other distinct ranges watched (an
+//! interval index, `range_index`), queues the batch once in the inbox of
+//! every session that has a match, wakes those sessions, and only then
+//! records the batch's revision as routed. A session that takes its inbox
+//! ([`Inbox::take`]) reads that revision *before* it drains: every batch up
+//! to it that concerns the session is then in what it drained, and its
+//! watchers have missed nothing up to that revision, whether or not they
+//! were woken for it (a watcher's position may move past batches it never
+//! saw).
 //!
 //! Invariants: a session is woken at least once after each batch queued for
 //! it (a wake that comes while it is busy is kept for its next wait); a
@@ -35,13 +36,14 @@
 //! Cost, in apply, with the table's lock held: per changed key, a hash
 //! lookup, and one per distinct length of the prefixes watched (so a
 //! thousand elections observed, or semaphores waited on, cost a few lookups,
-//! not a thousand tests); a test per changed key and distinct other range
-//! until one is in it (sessions watching the same range share one entry, the
+//! not a thousand tests); a lookup per changed key in the interval index of
+//! the other ranges, logarithmic in their number plus the ranges that
+//! contain the key (sessions watching the same range share one entry, the
 //! project's `KeyRange`); and the sessions of each matched entry,
 //! deduplicated once per batch. Nothing is spent on a batch while no session
-//! is open. Caveat: ranges that are not prefixes are still tested one by one
-//! (etcd keeps them in an interval tree); their number is capped per member
-//! ([`MAX_WATCHED_RANGES`]), which bounds that cost.
+//! is open. The distinct other ranges are still capped per member
+//! ([`MAX_WATCHED_RANGES`]): a bound on what the table holds for ranges no
+//! two watchers share, no longer on the cost of matching.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -51,6 +53,7 @@ use tokio::sync::Notify;
 
 use crate::base::limits::{MAX_WATCHED_RANGES, WATCH_INBOX_BATCHES, WATCH_INBOX_BYTES};
 use crate::model::mvcc::{Change, KeyRange, Revision};
+use crate::model::range_index::RangeIndex;
 
 /// What one apply call changed, in revision order; `revision` is the store's
 /// revision after it.
@@ -99,8 +102,10 @@ struct Table {
     /// How many prefixes in `prefixes` have each length: the lengths a
     /// changed key's prefixes are looked up at.
     prefix_lengths: BTreeMap<usize, usize>,
-    /// The sessions watching any other range of keys, by range.
-    ranges: HashMap<KeyRange, HashSet<u64>>,
+    /// The sessions watching any other range of keys, by range, in an
+    /// interval index: the ranges a changed key is in are found without
+    /// testing every range.
+    ranges: RangeIndex<HashSet<u64>>,
     inboxes: HashMap<u64, Arc<Queue>>,
 }
 
@@ -173,8 +178,15 @@ impl WatchRoutes {
                 let lengths = table.prefix_lengths.range(..=key.len()).map(|(&len, _)| len);
                 lengths.filter_map(|len| table.prefixes.get(&key[..len]))
             });
-            let of_ranges = table.ranges.iter().filter(|(range, _)| changed().any(|key| range.contains(key)));
-            let of_ranges = of_ranges.map(|(_, sessions)| sessions);
+            let mut of_ranges: Vec<&HashSet<u64>> = Vec::new();
+            if !table.ranges.is_empty() {
+                for key in changed() {
+                    table.ranges.containing(key, &mut |_, sessions| of_ranges.push(sessions));
+                }
+                // A range that holds several changed keys: its sessions once.
+                of_ranges.sort_unstable_by_key(|sessions| *sessions as *const HashSet<u64>);
+                of_ranges.dedup_by(|a, b| std::ptr::eq(*a, *b));
+            }
             let mut concerned: Vec<u64> = of_keys.chain(of_prefixes).chain(of_ranges).flatten().copied().collect();
             concerned.sort_unstable();
             concerned.dedup();
@@ -255,10 +267,20 @@ impl Table {
             return true;
         }
         match range {
-            KeyRange::Single(key) => self.keys.entry(key.clone()).or_default().insert(id),
-            _ if !self.ranges.contains_key(range) && self.ranges.len() >= MAX_WATCHED_RANGES => return false,
-            _ => self.ranges.entry(range.clone()).or_default().insert(id),
-        };
+            KeyRange::Single(key) => {
+                self.keys.entry(key.clone()).or_default().insert(id);
+            }
+            _ => {
+                let routed = self.ranges.len();
+                match self.ranges.get_mut(range) {
+                    Some(sessions) => {
+                        sessions.insert(id);
+                    }
+                    None if routed >= MAX_WATCHED_RANGES => return false,
+                    None => self.ranges.insert(range.clone(), HashSet::from([id])),
+                }
+            }
+        }
         true
     }
 
@@ -289,9 +311,17 @@ impl Table {
             return;
         }
         match range {
-            KeyRange::Single(key) => leave_entry(&mut self.keys, key.as_slice(), id),
-            _ => leave_entry(&mut self.ranges, range, id),
-        };
+            KeyRange::Single(key) => {
+                leave_entry(&mut self.keys, key.as_slice(), id);
+            }
+            _ => {
+                let Some(sessions) = self.ranges.get_mut(range) else { return };
+                sessions.remove(&id);
+                if sessions.is_empty() {
+                    self.ranges.remove(range);
+                }
+            }
+        }
     }
 }
 
@@ -465,6 +495,34 @@ mod tests {
         drop(inner);
         let table = routes.table();
         assert!(table.prefixes.is_empty() && table.prefix_lengths.is_empty());
+    }
+
+    /// Ranges found in the interval index: overlapping and nested ranges,
+    /// one range holding many changed keys, and a session watching several
+    /// matched ranges each get a batch once; a range that ends before a key
+    /// or starts after it is not matched.
+    #[tokio::test]
+    async fn overlapping_ranges_queue_a_batch_once_per_session() {
+        let routes = Arc::new(WatchRoutes::default());
+        let mut wide = routes.open();
+        assert!(wide.watch(&KeyRange::new(b"a", b"m")) && wide.watch(&KeyRange::new(b"c", b"d")));
+        let mut narrow = routes.open();
+        assert!(narrow.watch(&KeyRange::new(b"c", b"c2")));
+        let mut tail = routes.open();
+        assert!(tail.watch(&KeyRange::new(b"k", b"\0")));
+        let mut elsewhere = routes.open();
+        assert!(elsewhere.watch(&KeyRange::new(b"0", b"a")) && elsewhere.watch(&KeyRange::new(b"x", b"xy")));
+        routes.route(&batch(2, &["c1", "c1", "c", "b"]));
+        routes.route(&batch(3, &["l", "m"]));
+        routes.route(&batch(4, &["y", "a"]));
+        assert_eq!(revisions(&wide.take()), vec![2, 3, 4]);
+        assert_eq!(revisions(&narrow.take()), vec![2]);
+        assert_eq!(revisions(&tail.take()), vec![3, 4]);
+        assert_eq!(revisions(&elsewhere.take()), Vec::<Revision>::new());
+        drop(wide);
+        routes.route(&batch(5, &["c"]));
+        assert_eq!(revisions(&narrow.take()), vec![5]);
+        assert_eq!(routes.table().ranges.len(), 4, "the wide session's ranges left the index");
     }
 
     /// An inbox that overflows (in batches or in bytes, even with one batch
