@@ -45,6 +45,9 @@ mod storage;
 
 pub use api::{ApiSettings, ClientApi};
 pub use base::ids;
+/// The watch caps hostile clients are held to (the hostile suite's floods
+/// go one past them).
+pub use base::limits::{MAX_WATCHED_RANGES, MAX_WATCHERS_PER_STREAM};
 pub use base::listen::bind as bind_listeners;
 pub use base::resolve;
 /// raftlock's release and the etcd API level (`raftlockctl version`, tests).

@@ -91,7 +91,7 @@ pub const WATCH_INBOX_BYTES: usize = 64 << 20;
 /// routing table holds for ranges no two watchers share, not apply's cost.
 /// A watch over one more is refused (`Inbox::watch`); watchers of a range
 /// already routed, prefixes and single keys are never refused.
-pub const MAX_WATCHED_RANGES: usize = 4096;
+pub const MAX_WATCHED_RANGES: usize = 65_536;
 
 // ---- The write path: proposal batches and forwarding ----
 

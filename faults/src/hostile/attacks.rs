@@ -524,30 +524,41 @@ fn slow_watcher(t: &mut Target) -> BoxFuture<'_, anyhow::Result<String>> {
 }
 
 /// More distinct watched ranges that are neither keys nor prefixes than a
-/// member routes: the ones past the cap are refused with a reason.
+/// member routes, over as many streams as that takes: the ones past the cap
+/// are refused with a reason, the others are routed.
 fn range_watch_flood(t: &mut Target) -> BoxFuture<'_, anyhow::Result<String>> {
     Box::pin(async move {
         let mut c = t.client(1).await?;
-        let range = |i: usize| (format!("/w/{i:05}"), format!("/w/{i:05}z"));
-        let (key, end) = range(0);
-        let mut stream = c.watch(key, Some(WatchOptions::new().with_range(end))).await?;
-        let total = 4200;
-        for i in 1..total {
-            let (key, end) = range(i);
-            stream.watch(key, Some(WatchOptions::new().with_range(end))).await?;
-        }
+        let range = |i: usize| (format!("/w/{i:06}"), format!("/w/{i:06}z"));
+        let total = raftlock::MAX_WATCHED_RANGES + 200;
+        let per_stream = raftlock::MAX_WATCHERS_PER_STREAM;
         let (mut created, mut refused, mut reason) = (0, 0, String::new());
-        while created + refused < total {
-            let message = tokio::time::timeout(Duration::from_secs(20), stream.message()).await;
-            let Ok(Ok(Some(resp))) = message else { anyhow::bail!("the watch stream ended or stalled") };
-            if resp.created() && resp.canceled() {
-                refused += 1;
-                reason = resp.cancel_reason().to_string();
-            } else if resp.created() {
-                created += 1;
+        // The streams stay open (their watchers routed) to the end.
+        let mut streams = Vec::new();
+        for first in (0..total).step_by(per_stream) {
+            let last = total.min(first + per_stream);
+            let (key, end) = range(first);
+            let mut stream = c.watch(key, Some(WatchOptions::new().with_range(end))).await?;
+            for i in first + 1..last {
+                let (key, end) = range(i);
+                stream.watch(key, Some(WatchOptions::new().with_range(end))).await?;
             }
+            let mut answered = 0;
+            while answered < last - first {
+                let message = tokio::time::timeout(Duration::from_secs(20), stream.message()).await;
+                let Ok(Ok(Some(resp))) = message else { anyhow::bail!("the watch stream ended or stalled") };
+                if resp.created() && resp.canceled() {
+                    refused += 1;
+                    reason = resp.cancel_reason().to_string();
+                } else if resp.created() {
+                    created += 1;
+                }
+                answered += usize::from(resp.created());
+            }
+            streams.push(stream);
         }
         anyhow::ensure!(refused > 0, "all {total} distinct ranges were routed");
+        anyhow::ensure!(created == raftlock::MAX_WATCHED_RANGES, "{created} ranges were routed");
         anyhow::ensure!(reason.contains("too many key ranges watched"), "refused with \"{reason}\"");
         Ok(format!("{created} ranges watched, {refused} refused: \"{reason}\""))
     })
