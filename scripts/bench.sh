@@ -43,6 +43,14 @@
 #                               # queue (p50/p99), members' CPU per handoff
 #                               # (see queue() below; ROUNDS, default 1;
 #                               # QUEUE_SYSTEMS, default "etcd raftlock")
+#   scripts/bench.sh watchers   # watch fan-out instead: for each N in
+#                               # WATCHERS (default 1000 10000), N watchers
+#                               # (100 a stream) on one key, on N keys, on N
+#                               # prefixes and on N ranges that are no
+#                               # prefix; one put at a time, timed from its
+#                               # sending and from its answer to the last
+#                               # event it causes; members' CPU per event
+#                               # (ROUNDS, default 1)
 #   scripts/bench.sh memory     # memory instead: RSS per member after 300k
 #                               # puts of 1 KiB (100k keys, so 2/3 of it is
 #                               # history), then after compaction + defrag;
@@ -466,6 +474,52 @@ queue() { # kind
   done
   stop_all
 }
+
+# Watch fan-out (see the usage above): one row per system, N and shape, in
+# .bench/watchers.jsonl. The puts reach every watcher of one key, and one
+# watcher of the others.
+watchers() { # kind
+  local kind=$1 base n shape total result
+  base=$([ "$kind" = etcd ] && echo 27790 || echo 28790)
+  rm -rf "$work/$kind"-n*
+  start_cluster "$kind" "$base"
+  for n in ${WATCHERS:-1000 10000}; do
+    for shape in one-key keys prefixes ranges; do
+      total=$((1000 / scale)); [ "$shape" = one-key ] && total=$((200 / scale))
+      echo "== $kind, $n watchers, $shape" >&2
+      if result=$("$ctl" --endpoints "$endpoints" -w json bench watch-fanout --watchers "$n" --watch-shape "$shape" \
+        --total "$total" --value-size 64 --seconds 120 --server-pids "$(IFS=,; echo "${pids[*]}")"); then
+        echo "{\"system\":\"$kind\",\"watchers\":$n,\"shape\":\"$shape\",\"r\":$result}" | tee -a "$work/watchers.jsonl" >&2
+      else
+        echo "{\"system\":\"$kind\",\"watchers\":$n,\"shape\":\"$shape\",\"failed\":true}" | tee -a "$work/watchers.jsonl" >&2
+      fi
+      # Each row's watchers are gone with its streams; the next row starts
+      # from a member that holds none.
+    done
+  done
+  stop_all
+}
+
+if [ "${1:-}" = watchers ]; then
+  for run in $(seq "${ROUNDS:-1}"); do
+    for kind in etcd raftlock; do watchers "$kind"; done
+  done
+  python3 - "$work/watchers.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+print(f"{'system':<9} {'watchers':>8} {'shape':<9} {'puts':>5} {'sent->last p50 ms':>17} {'p99 ms':>7} {'answer->last p50 ms':>19} {'p99 ms':>7} {'CPU us/event':>12}")
+for r in sorted(rows, key=lambda r: (r["watchers"], r["shape"], r["system"])):
+    if r.get("failed"):
+        print(f"{r['system']:<9} {r['watchers']:>8} {r['shape']:<9} failed (see the log above)")
+        continue
+    b = r["r"]
+    per_put = r["watchers"] if r["shape"] == "one-key" else 1
+    cpu = (b.get("server_cpu_us_per_op") or 0) / per_put
+    a50, a99 = b.get("after_answer_ms", [0, 0])
+    print(f"{r['system']:<9} {r['watchers']:>8} {r['shape']:<9} {b['total']:>5} {b['p50_ms']:>17.2f} {b['p99_ms']:>7.2f} {a50:>19.2f} {a99:>7.2f} {cpu:>12.1f}")
+PY
+  exit 0
+fi
 
 if [ "${1:-}" = queue ]; then
   for run in $(seq "${ROUNDS:-1}"); do

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::bench_etcd_client::{self, EtcdClientDriver};
+use crate::bench_fanout::{watch_fanout, WatchShape};
 use crate::bench_load::{idle_observers, idle_watchers, lock_observers, watch_history};
 use anyhow::Context;
 use raftlock::client::{ClientTls, Service, TokenInterceptor};
@@ -56,6 +57,10 @@ pub enum Workload {
     /// history back. The report counts events, not requests, and its
     /// latencies are the gaps between two responses.
     WatchHistory,
+    /// `--watchers` watchers on one key or on as many keys, prefixes or
+    /// ranges (`--watch-shape`); one put at a time, each timed from its
+    /// answer to the last event it causes (see `bench_fanout`).
+    WatchFanout,
 }
 
 /// Which client code sends the requests (see the module doc).
@@ -140,6 +145,12 @@ pub struct BenchArgs {
     /// a busy lock cost its handoffs.
     #[arg(long, default_value_t = 0)]
     pub lock_observers: usize,
+    /// watch-fanout: the watchers, 100 to a stream.
+    #[arg(long, default_value_t = 1000)]
+    pub watchers: usize,
+    /// watch-fanout: what the watchers watch.
+    #[arg(long, value_enum, default_value_t = WatchShape::OneKey)]
+    pub watch_shape: WatchShape,
     /// The servers' process IDs, when they run on this machine: their CPU
     /// time (from /proc) over the measured run is reported per request.
     #[arg(long, value_delimiter = ',')]
@@ -171,6 +182,10 @@ pub struct BenchReport {
     /// measured run, per request answered (absent without them).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server_cpu_us_per_op: Option<f64>,
+    /// watch-fanout: from each put's answer (not its sending) to the last
+    /// event it caused, p50 and p99 (zero where the events came first).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub after_answer_ms: Option<(f64, f64)>,
 }
 
 impl std::fmt::Display for BenchReport {
@@ -308,7 +323,7 @@ async fn one_request(d: &mut OwnDriver, args: &BenchArgs, key: Vec<u8>, value: &
             let lease = LeaseClient::new(d.channel.clone()).lease_grant(grant).await?.into_inner().id;
             client.put(pb::PutRequest { key, value: value.to_vec(), lease, ..Default::default() }).await?;
         }
-        Workload::WatchHistory => unreachable!("a watch is not a request loop"),
+        Workload::WatchHistory | Workload::WatchFanout => unreachable!("a watch is not a request loop"),
     }
     Ok(())
 }
@@ -382,6 +397,9 @@ pub async fn run(
             }
             if args.workload == Workload::WatchHistory {
                 return watch_history(channels[0].clone(), args).await;
+            }
+            if args.workload == Workload::WatchFanout {
+                return watch_fanout(endpoints, tls, &token, args).await;
             }
             Connections::Own(channels)
         }
@@ -507,6 +525,7 @@ pub(crate) fn report(args: &BenchArgs, mut latencies: Vec<Duration>, errors: u64
         max_gap_ms: 0.0,
         client_cpu_us_per_op: 0.0,
         server_cpu_us_per_op: None,
+        after_answer_ms: None,
     }
 }
 

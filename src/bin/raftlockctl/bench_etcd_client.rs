@@ -49,7 +49,7 @@ impl EtcdClientDriver {
         let lease = match args.workload {
             Workload::Lock => client.lease_grant(crate::bench::LOCK_LEASE_TTL, None).await?.id(),
             Workload::Put | Workload::Get | Workload::GetSerializable | Workload::Txn => 0,
-            Workload::NativeLock | Workload::LeaseKey | Workload::WatchHistory => {
+            Workload::NativeLock | Workload::LeaseKey | Workload::WatchHistory | Workload::WatchFanout => {
                 anyhow::bail!("--driver etcd-client runs put, get, get-serializable, txn and lock")
             }
         };
@@ -90,7 +90,9 @@ impl EtcdClientDriver {
                     return Err(e.into());
                 }
             }
-            Workload::NativeLock | Workload::LeaseKey | Workload::WatchHistory => unreachable!("refused by new()"),
+            Workload::NativeLock | Workload::LeaseKey | Workload::WatchHistory | Workload::WatchFanout => {
+                unreachable!("refused by new()")
+            }
         }
         Ok(())
     }

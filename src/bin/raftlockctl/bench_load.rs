@@ -57,7 +57,7 @@ pub(crate) async fn idle_watchers(
 /// The connections for `n` long-lived streams, at most
 /// [`STREAMS_PER_CONNECTION`] on one, round-robin over `endpoints`: each with
 /// the indices of the streams it carries.
-async fn spread(
+pub(crate) async fn spread(
     endpoints: &[String],
     tls: Option<&ClientTls>,
     token: &TokenInterceptor,

@@ -11,6 +11,7 @@ mod bench;
 // Without the feature, the driver is a module that refuses to connect.
 #[cfg_attr(not(feature = "bench-etcd-client"), path = "bench_etcd_client_absent.rs")]
 mod bench_etcd_client;
+mod bench_fanout;
 mod bench_load;
 mod cli;
 mod commands;
