@@ -363,11 +363,22 @@ func (c *Client) Describe(ctx context.Context, name string, permits uint32) (*lo
 }
 
 // List tells every lock whose name starts with prefix, with its holders
-// and how many wait.
+// and how many wait. The server answers up to 1,000 locks at a time; List
+// asks for every page (each read at its own revision: see ListRequest).
 func (c *Client) List(ctx context.Context, prefix string, permits uint32) ([]*lockpb.LockSummary, error) {
-	resp := &lockpb.ListResponse{}
-	err := c.call(ctx, methodList, &lockpb.ListRequest{Prefix: []byte(prefix), Permits: permits}, resp)
-	return resp.Locks, err
+	var locks []*lockpb.LockSummary
+	req := &lockpb.ListRequest{Prefix: []byte(prefix), Permits: permits}
+	for {
+		resp := &lockpb.ListResponse{}
+		if err := c.call(ctx, methodList, req, resp); err != nil {
+			return locks, err
+		}
+		locks = append(locks, resp.Locks...)
+		if len(resp.NextPage) == 0 {
+			return locks, nil
+		}
+		req.Page = resp.NextPage
+	}
 }
 
 // Validate tells, read linearizably, whether the grant (key, token) still

@@ -736,3 +736,38 @@ func TestDescribeAsksForEveryPageOfALongQueue(t *testing.T) {
 		}
 	}
 }
+
+func TestListAsksForEveryPageOfManyLocks(t *testing.T) {
+	c := startCluster(t)
+	client := c.client(t)
+	kv := etcd(t, c)
+	// 1,205 locks (the server answers 1,000 a page), one lease owning a key
+	// in each.
+	const locks = 1205
+	lease, err := kv.Grant(bg, 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for start := 0; start < locks; start += 100 {
+		var puts []clientv3.Op
+		for i := start; i < start+100 && i < locks; i++ {
+			owner := fmt.Sprintf("many/%05d/%x", i, int64(lease.ID))
+			puts = append(puts, clientv3.OpPut(owner, "w", clientv3.WithLease(lease.ID)))
+		}
+		if _, err := kv.Txn(bg).Then(puts...).Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	list, err := client.List(bg, "many/", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != locks {
+		t.Fatalf("%d locks listed", len(list))
+	}
+	for i, l := range list {
+		if want := fmt.Sprintf("many/%05d", i); string(l.Name) != want || len(l.Holders) != 1 {
+			t.Fatalf("lock %d is %s with %d holders, not %s", i, l.Name, len(l.Holders), want)
+		}
+	}
+}

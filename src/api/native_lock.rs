@@ -18,6 +18,7 @@ use super::{auth, error, header};
 use crate::base::limits::{MAX_LOCKS_PER_ACQUIRE, MAX_MULTI_LOCK_NAME_BYTES, MAX_PERMITS};
 use crate::locks;
 use crate::locks::fenced::{self, Acquired, Owner, Wait};
+use crate::locks::list;
 use crate::locks::multi::{self, MultiAcquired, Spec};
 use crate::locks::observe;
 use crate::model::auth::PermKind;
@@ -280,9 +281,15 @@ impl Locks for LocksService {
             true => auth::check(&self.node, &caller, &[0], &[0], PermKind::Read)?,
             false => auth::check(&self.node, &caller, &req.prefix, &locks::prefix_end(&req.prefix), PermKind::Read)?,
         }
-        let (locks, revision) =
-            fenced::list(&self.node, &req.prefix, permits(req.permits)?).await.map_err(error::native_recipe)?;
-        let locks = locks
+        let limit = match req.limit as usize {
+            0 => list::DEFAULT_LIMIT,
+            limit => limit.min(list::MAX_LIMIT),
+        };
+        let page = list::list(&self.node, &req.prefix, &req.page, limit, permits(req.permits)?)
+            .await
+            .map_err(error::native_recipe)?;
+        let locks = page
+            .locks
             .into_iter()
             .map(|s| pb::LockSummary {
                 name: s.name,
@@ -290,7 +297,8 @@ impl Locks for LocksService {
                 waiters: s.waiters as i64,
             })
             .collect();
-        Ok(Response::new(pb::ListResponse { header: header(&self.node, revision), locks }))
+        let next_page = page.next.unwrap_or_default();
+        Ok(Response::new(pb::ListResponse { header: header(&self.node, page.revision), locks, next_page }))
     }
 
     async fn validate(&self, req: Request<pb::ValidateRequest>) -> Result<Response<pb::ValidateResponse>, Status> {

@@ -34,14 +34,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::turn::{enqueue_guarded, wait_for_turn, GaveUp};
-use super::{
-    compare, create_revision_is, hold_count_key, holders_and_waiters, mode_of, prefix_end, queue_prefix, Mode, Place,
-    QueueKey, RecipeError,
-};
+use super::{compare, create_revision_is, hold_count_key, mode_of, queue_prefix, Mode, Place, QueueKey, RecipeError};
 use crate::model::lock_delay;
 use crate::model::mvcc::{
     Compare, CompareResult, CompareTarget, DeleteRangeRequest, KeyValue, MvccError, MvccStore, PutRequest,
-    RangeRequest, RequestOp, ResponseOp, SortOrder, SortTarget, TxnRequest,
+    RangeRequest, RequestOp, ResponseOp, TxnRequest,
 };
 use crate::node::Node;
 
@@ -71,7 +68,7 @@ pub struct Owner {
 }
 
 impl Owner {
-    fn of(prefix: &[u8], kv: KeyValue) -> Self {
+    pub(super) fn of(prefix: &[u8], kv: KeyValue) -> Self {
         Owner { mode: mode_of(prefix, &kv.key), kv, ttl: -1, granted_ttl: 0, holds: 0, lock_delay_ms: 0 }
     }
 }
@@ -518,85 +515,9 @@ pub async fn validate(node: &Node, key: &[u8], token: i64, permits: usize) -> Re
     Ok(Validity { revision, current, current_token: mine.create_revision, lease: mine.lease, ttl })
 }
 
-/// A lock found by [`list`].
-pub struct Summary {
-    pub name: Vec<u8>,
-    pub holders: Vec<Owner>,
-    pub waiters: usize,
-}
-
-/// Every lock whose name starts with `prefix` (all when empty), by name. A lock
-/// is recognised by its keys: `<name>/<lease hex>` attached to that lease.
-pub async fn list(node: &Node, prefix: &[u8], permits: usize) -> Result<(Vec<Summary>, i64), RecipeError> {
-    node.read_barrier().await?;
-    let req = RangeRequest {
-        key: if prefix.is_empty() { vec![0] } else { prefix.to_vec() },
-        range_end: if prefix.is_empty() { vec![0] } else { prefix_end(prefix) },
-        sort_order: SortOrder::Ascend,
-        sort_target: SortTarget::Create,
-        ..Default::default()
-    };
-    let (kvs, revision) = {
-        let result = node.state().mvcc().range(&req).map_err(RecipeError::Mvcc)?;
-        (result.kvs, result.revision)
-    };
-    let mut locks: BTreeMap<Vec<u8>, Vec<KeyValue>> = BTreeMap::new();
-    let mut delayed = Vec::new();
-    for kv in kvs {
-        if let Some(name) = lock_name(&kv) {
-            locks.entry(name.to_vec()).or_default().push(kv);
-        } else if lock_delay::is_marker(&kv.key) {
-            delayed.push(kv);
-        }
-    }
-    // A lock in a lock-delay has no holder (its marker says so).
-    for marker in delayed {
-        let name = &marker.key[..marker.key.len() - lock_delay::MARKER_SEGMENT.len() - 1];
-        if let Some(kvs) = locks.get_mut(name) {
-            kvs.push(marker);
-        }
-    }
-    let summaries = locks
-        .into_iter()
-        .map(|(name, kvs)| {
-            let prefix = queue_prefix(&name);
-            let (holders, waiters) = holders_and_waiters(&prefix, kvs, permits);
-            let holders = holders.into_iter().map(|kv| Owner::of(&prefix, kv)).collect();
-            Summary { name, holders, waiters: waiters.len() }
-        })
-        .collect();
-    Ok((summaries, revision))
-}
-
-/// The lock a key belongs to, if it is an owner key: `<name>/<lease hex>` or
-/// `<name>/read-<lease hex>`, attached to that very lease.
-fn lock_name(kv: &KeyValue) -> Option<&[u8]> {
-    let name = super::lock_name_of(&kv.key)?;
-    let last = &kv.key[name.len() + 1..];
-    let owner = last.strip_prefix(super::READER).unwrap_or(last);
-    (kv.lease != 0 && owner == format!("{:x}", kv.lease).as_bytes()).then_some(name)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn kv(key: &str, lease: i64) -> KeyValue {
-        KeyValue { key: key.as_bytes().to_vec(), lease, ..Default::default() }
-    }
-
-    #[test]
-    fn owner_keys_name_their_lock() {
-        assert_eq!(lock_name(&kv("jobs/nightly/694d7", 0x694d7)), Some(&b"jobs/nightly"[..]));
-        assert_eq!(lock_name(&kv("/1f", 0x1f)), Some(&b""[..]));
-        assert_eq!(lock_name(&kv("jobs/read-694d7", 0x694d7)), Some(&b"jobs"[..]));
-        // Hold counts are not owners.
-        assert_eq!(lock_name(&kv("jobs/694d7.holds", 0x694d7)), None);
-        // Not an owner key: no lease, another lease, or no slash.
-        assert_eq!(lock_name(&kv("jobs/694d7", 0)), None);
-        assert_eq!(lock_name(&kv("jobs/694d7", 0x694d8)), None);
-        assert_eq!(lock_name(&kv("694d7", 0x694d7)), None);
-    }
 
     /// Queue `q/` as txns made it: a holder, five keys from one txn (one
     /// token), a hold count, two more keys. Waiters read a page at a time,

@@ -58,6 +58,7 @@ pub mod delay;
 pub mod election;
 pub mod event_hub;
 pub mod fenced;
+pub mod list;
 pub mod multi;
 pub mod mutex;
 pub mod observe;

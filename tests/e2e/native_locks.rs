@@ -212,7 +212,7 @@ async fn a_semaphore_admits_n_holders_then_serves_waiters_in_order() {
 
     // Describe shows every owner's lease TTL; List shows the semaphore.
     assert!(d.holders.iter().all(|h| h.granted_ttl == 30 && (0..=30).contains(&h.ttl)), "{:?}", d.holders);
-    let req = raftlock::proto::raftlock::v1::ListRequest { prefix: b"g".to_vec(), permits: 3 };
+    let req = raftlock::proto::raftlock::v1::ListRequest { prefix: b"g".to_vec(), permits: 3, ..Default::default() };
     let list = c.locks().list(req).await.unwrap().into_inner();
     assert_eq!(list.locks.len(), 1);
     assert_eq!(
@@ -449,7 +449,7 @@ async fn readers_share_writers_exclude_and_a_waiting_writer_holds_back_later_rea
     let rg = tokio::time::timeout(Duration::from_secs(5), reading).await.expect("the reader is granted").unwrap();
     assert!(rg.token() > wg_token);
     // List sees a lock held by a reader.
-    let req = raftlock::proto::raftlock::v1::ListRequest { prefix: b"cat".to_vec(), permits: 1 };
+    let req = raftlock::proto::raftlock::v1::ListRequest { prefix: b"cat".to_vec(), permits: 1, ..Default::default() };
     let list = c.locks().list(req).await.unwrap().into_inner();
     assert_eq!(list.locks.len(), 1);
     assert_eq!((list.locks[0].holders[0].mode, list.locks[0].waiters), (READ, 0));

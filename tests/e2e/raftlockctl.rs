@@ -160,6 +160,25 @@ async fn lock_takes_several_names_together_and_validate_tells_current_grants() {
     assert_eq!(keys, want);
     let d = json(e, &["describe", "long", "--limit", "5"]);
     assert_eq!(d["waiters"].as_array().unwrap().len(), 5);
+
+    // More locks than the server's page of 1,000: list asks for every page,
+    // or shows the first --limit locks. One lease owns a key in each.
+    let lease = kv.lease_grant(60, None).await.unwrap().id();
+    for start in (0..1_205).step_by(100) {
+        let puts: Vec<etcd_client::TxnOp> = (start..(start + 100).min(1_205))
+            .map(|i| {
+                let owner = format!("many/{i:05}/{lease:x}");
+                etcd_client::TxnOp::put(owner, "w", Some(etcd_client::PutOptions::new().with_lease(lease)))
+            })
+            .collect();
+        kv.txn(etcd_client::Txn::new().and_then(puts)).await.unwrap();
+    }
+    let l = json(e, &["list", "many/"]);
+    let names: Vec<&str> = l["locks"].as_array().unwrap().iter().map(|l| l["name"].as_str().unwrap()).collect();
+    let want: Vec<String> = (0..1_205).map(|i| format!("many/{i:05}")).collect();
+    assert_eq!(names, want);
+    let l = json(e, &["list", "many/", "--limit", "5"]);
+    assert_eq!(l["locks"].as_array().unwrap().len(), 5);
 }
 
 #[tokio::test]

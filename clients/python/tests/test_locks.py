@@ -386,3 +386,15 @@ def test_describe_asks_for_every_page_of_a_long_queue(client: raftlock.Client) -
     assert [h.key for h in d.holders] == [b"long/00000"]
     assert [w.key for w in d.waiters] == [f"long/{i:05x}".encode() for i in range(1, 1205)]
     assert not d.more
+
+
+def test_list_asks_for_every_page_of_many_locks(client: raftlock.Client) -> None:
+    # 1,205 locks (the server answers 1,000 a page), one lease owning a key
+    # in each.
+    lease = client.lease_grant(60)
+    for start in range(0, 1205, 100):
+        owners = [txn.put(f"many/{i:05}/{lease:x}", "w", lease=lease) for i in range(start, min(start + 100, 1205))]
+        client.txn([], success=owners)
+    locks = client.list_locks("many/")
+    assert [lock.name for lock in locks] == [f"many/{i:05}".encode() for i in range(1205)]
+    assert all(len(lock.holders) == 1 and lock.waiters == 0 for lock in locks)

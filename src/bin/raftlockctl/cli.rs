@@ -101,6 +101,10 @@ pub(crate) enum Cmd {
         prefix: String,
         #[arg(long, default_value_t = 1)]
         permits: u32,
+        /// List at most this many locks (0: all of them, asked a page at a
+        /// time).
+        #[arg(long, default_value_t = 0)]
+        limit: u32,
     },
     /// Campaign in an election with PROPOSAL and lead until interrupted; or
     /// with --listen, print each leader as it changes.

@@ -284,9 +284,24 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             ctl.print(human.trim_end(), json);
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::List { prefix, permits } => {
-            let req = locks::ListRequest { prefix: prefix.into_bytes(), permits };
-            let r = ctl.call(ctl.client.locks().list(req)).await?;
+        Cmd::List { prefix, permits, limit } => {
+            // The server answers a page of locks at a time: follow `next_page`.
+            let wanted = if limit == 0 { usize::MAX } else { limit as usize };
+            let mut r = locks::ListResponse::default();
+            loop {
+                let req = locks::ListRequest {
+                    prefix: prefix.clone().into_bytes(),
+                    permits,
+                    limit: (wanted - r.locks.len()).min(u32::MAX as usize) as u32,
+                    page: std::mem::take(&mut r.next_page),
+                };
+                let page = ctl.call(ctl.client.locks().list(req)).await?;
+                r.locks.extend(page.locks);
+                r.next_page = page.next_page;
+                if r.next_page.is_empty() || r.locks.len() >= wanted {
+                    break;
+                }
+            }
             let human: Vec<String> = r
                 .locks
                 .iter()

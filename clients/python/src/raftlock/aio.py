@@ -248,8 +248,14 @@ class Client(_Connection):
         return resp
 
     async def list_locks(self, prefix: Bytes = b"", *, permits: int = 1) -> List[locks_pb.LockSummary]:
+        locks: List[locks_pb.LockSummary] = []
         req = locks_pb.ListRequest(prefix=_b(prefix), permits=permits)
-        return list((await self.call(lambda s: s.locks.List, req, retry="always")).locks)
+        while True:
+            resp = await self.call(lambda s: s.locks.List, req, retry="always")
+            locks.extend(resp.locks)
+            if not resp.next_page:
+                return locks
+            req = locks_pb.ListRequest(prefix=_b(prefix), permits=permits, page=resp.next_page)
 
     async def validate(self, key: Bytes, token: int, *, permits: int = 1) -> locks_pb.ValidateResponse:
         req = locks_pb.ValidateRequest(key=_b(key), token=token, permits=permits)

@@ -387,9 +387,17 @@ class Client(_Connection):
         return resp
 
     def list_locks(self, prefix: Bytes = b"", *, permits: int = 1) -> List[locks_pb.LockSummary]:
-        """Every lock whose name starts with ``prefix``, with its holders."""
+        """Every lock whose name starts with ``prefix``, with its holders.
+        The server answers up to 1,000 locks at a time; this asks for every
+        page (each read at its own revision: see ``ListRequest``)."""
+        locks: List[locks_pb.LockSummary] = []
         req = locks_pb.ListRequest(prefix=_b(prefix), permits=permits)
-        return list(self.call(lambda s: s.locks.List, req, retry="always").locks)
+        while True:
+            resp = self.call(lambda s: s.locks.List, req, retry="always")
+            locks.extend(resp.locks)
+            if not resp.next_page:
+                return locks
+            req = locks_pb.ListRequest(prefix=_b(prefix), permits=permits, page=resp.next_page)
 
     def validate(self, key: Bytes, token: int, *, permits: int = 1) -> locks_pb.ValidateResponse:
         """Whether the grant (owner key and token) still holds its lock,

@@ -172,12 +172,16 @@ class LockDelay(_message.Message):
     def __init__(self, delay_ms: _Optional[int] = ..., revision: _Optional[int] = ..., remaining_ms: _Optional[int] = ...) -> None: ...
 
 class ListRequest(_message.Message):
-    __slots__ = ("prefix", "permits")
+    __slots__ = ("prefix", "permits", "limit", "page")
     PREFIX_FIELD_NUMBER: _ClassVar[int]
     PERMITS_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    PAGE_FIELD_NUMBER: _ClassVar[int]
     prefix: bytes
     permits: int
-    def __init__(self, prefix: _Optional[bytes] = ..., permits: _Optional[int] = ...) -> None: ...
+    limit: int
+    page: bytes
+    def __init__(self, prefix: _Optional[bytes] = ..., permits: _Optional[int] = ..., limit: _Optional[int] = ..., page: _Optional[bytes] = ...) -> None: ...
 
 class LockSummary(_message.Message):
     __slots__ = ("name", "holders", "waiters")
@@ -190,12 +194,14 @@ class LockSummary(_message.Message):
     def __init__(self, name: _Optional[bytes] = ..., holders: _Optional[_Iterable[_Union[Owner, _Mapping]]] = ..., waiters: _Optional[int] = ...) -> None: ...
 
 class ListResponse(_message.Message):
-    __slots__ = ("header", "locks")
+    __slots__ = ("header", "locks", "next_page")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     LOCKS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_FIELD_NUMBER: _ClassVar[int]
     header: _rpc_pb2.ResponseHeader
     locks: _containers.RepeatedCompositeFieldContainer[LockSummary]
-    def __init__(self, header: _Optional[_Union[_rpc_pb2.ResponseHeader, _Mapping]] = ..., locks: _Optional[_Iterable[_Union[LockSummary, _Mapping]]] = ...) -> None: ...
+    next_page: bytes
+    def __init__(self, header: _Optional[_Union[_rpc_pb2.ResponseHeader, _Mapping]] = ..., locks: _Optional[_Iterable[_Union[LockSummary, _Mapping]]] = ..., next_page: _Optional[bytes] = ...) -> None: ...
 
 class ValidateRequest(_message.Message):
     __slots__ = ("key", "token", "permits")
