@@ -51,6 +51,14 @@
 #                               # sending and from its answer to the last
 #                               # event it causes; members' CPU per event
 #                               # (ROUNDS, default 1)
+#   scripts/bench.sh held       # many held locks instead: for each N in
+#                               # HELD_LOCKS (default 1000 10000 100000), a
+#                               # fresh cluster holding N locks, each on a
+#                               # lease of its own; RSS per held lock per
+#                               # member, lock+unlock p50/p99 on 64 other
+#                               # names (etcd's Lock, and raftlock's native
+#                               # Acquire), and on raftlock the time to List
+#                               # a page of 1,000 of them and all of them
 #   scripts/bench.sh memory     # memory instead: RSS per member after 300k
 #                               # puts of 1 KiB (100k keys, so 2/3 of it is
 #                               # history), then after compaction + defrag;
@@ -499,6 +507,63 @@ watchers() { # kind
   done
   stop_all
 }
+
+# Many held locks (see the usage above): one row per system and N in
+# .bench/held.jsonl. A held lock is what a granted lock leaves: a lease, and
+# the key `name/<lease hex>` on it (`bench lease-key --owner-keys`).
+rss_kib() { local p t=0; for p in "${pids[@]}"; do t=$((t + $(awk '/^VmRSS/ {print $2}' "/proc/$p/status"))); done; echo "$t"; }
+held() { # kind
+  local kind=$1 base n before after row w list_page list_all listed t0 t1 t2
+  base=$([ "$kind" = etcd ] && echo 27790 || echo 28790)
+  for n in ${HELD_LOCKS:-1000 10000 100000}; do
+    n=$((n / scale))
+    rm -rf "$work/$kind"-n*
+    start_cluster "$kind" "$base"
+    before=$(rss_kib)
+    echo "== $kind: $n locks held" >&2
+    "$ctl" --endpoints "$endpoints" bench lease-key --owner-keys --key-prefix bench-held/ --sequential --total "$n" \
+      --key-space "$n" --clients 64 --conns 8 --lease-ttl 3600 --value-size 16 >/dev/null
+    sleep 2
+    after=$(rss_kib)
+    row="{\"system\":\"$kind\",\"held\":$n,\"rss_bytes_per_lock_per_member\":$(((after - before) * 1024 / n / members))"
+    for w in lock native-lock; do
+      [ "$w" = native-lock ] && [ "$kind" = etcd ] && continue
+      row+=",\"$w\":$("$ctl" --endpoints "$endpoints" -w json bench "$w" --clients 16 --conns 4 --lock-names 64 \
+        --total $((4000 / scale)))"
+    done
+    if [ "$kind" = raftlock ]; then
+      # Each timed from the command's start to its end (a process start and
+      # a connection included, about 10 ms).
+      t0=$(date +%s%N)
+      "$ctl" --endpoints "$endpoints" list bench-held/ --limit 1000 >/dev/null
+      t1=$(date +%s%N)
+      "$ctl" --endpoints "$endpoints" -w json list bench-held/ >"$work/held-list.json"
+      t2=$(date +%s%N)
+      list_page=$(((t1 - t0) / 1000000)); list_all=$(((t2 - t1) / 1000000))
+      listed=$(python3 -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["locks"]))' "$work/held-list.json")
+      row+=",\"list_page_ms\":$list_page,\"list_all_ms\":$list_all,\"listed\":$listed"
+    fi
+    echo "$row}" | tee -a "$work/held.jsonl" >&2
+    stop_all
+  done
+}
+
+if [ "${1:-}" = held ]; then
+  for run in $(seq "${ROUNDS:-1}"); do
+    for kind in etcd raftlock; do held "$kind"; done
+  done
+  python3 - "$work/held.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+print(f"{'system':<9} {'held':>7} {'RSS B/lock/member':>17} {'lock p50 ms':>11} {'p99 ms':>7} {'native p50 ms':>13} {'p99 ms':>7} {'List 1,000 ms':>13} {'List all ms':>11} {'listed':>7}")
+for r in sorted(rows, key=lambda r: (r["held"], r["system"])):
+    l, n = r["lock"], r.get("native-lock")
+    native = f"{n['p50_ms']:>13.2f} {n['p99_ms']:>7.2f}" if n else f"{'-':>13} {'-':>7}"
+    lists = f"{r['list_page_ms']:>13.1f} {r['list_all_ms']:>11.1f} {r['listed']:>7}" if "listed" in r else f"{'-':>13} {'-':>11} {'-':>7}"
+    print(f"{r['system']:<9} {r['held']:>7} {r['rss_bytes_per_lock_per_member']:>17} {l['p50_ms']:>11.2f} {l['p99_ms']:>7.2f} {native} {lists}")
+PY
+  exit 0
+fi
 
 if [ "${1:-}" = watchers ]; then
   for run in $(seq "${ROUNDS:-1}"); do

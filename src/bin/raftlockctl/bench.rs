@@ -124,6 +124,10 @@ pub struct BenchArgs {
     /// lease-key: the TTL of each lease granted, in seconds.
     #[arg(long, default_value_t = 60)]
     pub lease_ttl: i64,
+    /// lease-key: put `<key>/<lease hex>`, the owner key of lock `<key>`
+    /// (what a granted Lock or native Acquire leaves): a held lock each.
+    #[arg(long)]
+    pub owner_keys: bool,
     /// watch-history: the revision the watch starts at.
     #[arg(long, default_value_t = 1)]
     pub start_revision: i64,
@@ -321,6 +325,11 @@ async fn one_request(d: &mut OwnDriver, args: &BenchArgs, key: Vec<u8>, value: &
         Workload::LeaseKey => {
             let grant = pb::LeaseGrantRequest { ttl: args.lease_ttl, id: 0 };
             let lease = LeaseClient::new(d.channel.clone()).lease_grant(grant).await?.into_inner().id;
+            // An owner key names its lease: the key a granted lock leaves.
+            let key = match args.owner_keys {
+                true => [key, format!("/{lease:x}").into_bytes()].concat(),
+                false => key,
+            };
             client.put(pb::PutRequest { key, value: value.to_vec(), lease, ..Default::default() }).await?;
         }
         Workload::WatchHistory | Workload::WatchFanout => unreachable!("a watch is not a request loop"),
