@@ -131,11 +131,23 @@ start_cluster() { # kind base_port
     start_member "$kind" "$base" "$i"
     endpoints+="${endpoints:+,}$scheme://127.0.0.1:$((base+i))"
   done
+  # Every member answers (a put through each): a quorum alone would hide a
+  # member that did not start until a command connects to it.
+  local ready
   for _ in $(seq 100); do
-    "$ctl" --endpoints "$endpoints" bench put --total 3 >/dev/null 2>&1 && return 0
+    ready=0
+    for i in $(seq 0 $((members - 1))); do
+      "$ctl" --endpoints "$scheme://127.0.0.1:$((base+i))" bench put --total 1 >/dev/null 2>&1 && ready=$((ready + 1))
+    done
+    [ "$ready" = "$members" ] && return 0
     sleep 0.2
   done
-  echo "$kind cluster did not start" >&2; exit 1
+  echo "$kind cluster did not start; its members' logs end with:" >&2
+  for i in $(seq 0 $((members - 1))); do
+    echo "--- $kind-n$i (pid ${pids[$i]}$(kill -0 "${pids[$i]}" 2>/dev/null || echo ', exited'))" >&2
+    tail -n 5 "$work/$kind-n$i.log" >&2 || true
+  done
+  exit 1
 }
 
 is_leader() { # endpoint: asks with etcdctl whether it leads
