@@ -31,7 +31,7 @@
 //! are when not pinned to one: a lock whose first owner key comes or goes
 //! between two pages may be listed twice or not at all. A page is read
 //! under the store's read lock, which apply waits for: with 100,000 locks
-//! held, a page of 1,000 answered in about 30 ms end to end (a page of
+//! held, a page of 1,000 answered in 30-56 ms end to end (a page of
 //! 10,000, the most one answer holds, reads ten times as much).
 
 use std::collections::HashSet;
