@@ -125,21 +125,10 @@ impl<V> RangeIndex<V> {
         if self.get_mut(&range).is_some() {
             return;
         }
-        // xorshift64: priorities no client chooses.
-        self.seed ^= self.seed << 13;
-        self.seed ^= self.seed >> 7;
-        self.seed ^= self.seed << 17;
+        // Priorities no client chooses.
+        let priority = xorshift(&mut self.seed);
         let (start, end) = bounds(&range);
-        let node = Box::new(Node {
-            max_end: end.clone(),
-            start,
-            end,
-            range,
-            value,
-            priority: self.seed,
-            left: None,
-            right: None,
-        });
+        let node = Box::new(Node { max_end: end.clone(), start, end, range, value, priority, left: None, right: None });
         let (less, more) = split(self.root.take(), (&node.start, &node.end));
         self.root = merge(merge(less, Some(node)), more);
         self.len += 1;
@@ -159,6 +148,14 @@ impl<V> RangeIndex<V> {
     pub fn containing<'a>(&'a self, key: &[u8], found: &mut impl FnMut(&'a KeyRange, &'a V)) {
         stab(&self.root, key, found);
     }
+}
+
+/// The next number of a xorshift64 sequence whose state is `state`.
+fn xorshift(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
 }
 
 /// `tree` cut into the nodes ordered before `key` and the rest.
@@ -237,10 +234,7 @@ mod tests {
     struct Rng(u64);
     impl Rng {
         fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
+            xorshift(&mut self.0)
         }
         fn key(&mut self) -> Vec<u8> {
             let len = self.next() % 3;
