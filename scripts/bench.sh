@@ -42,7 +42,9 @@
 #                               # handoffs/s, the time a client waits in the
 #                               # queue (p50/p99), members' CPU per handoff
 #                               # (see queue() below; ROUNDS, default 1;
-#                               # QUEUE_SYSTEMS, default "etcd raftlock")
+#                               # QUEUE_SYSTEMS, default "etcd raftlock";
+#                               # QUEUE_PERMITS > 1: a semaphore of that
+#                               # many, raftlock's native Acquire alone)
 #   scripts/bench.sh watchers   # watch fan-out instead: for each N in
 #                               # WATCHERS (default 1000 10000), N watchers
 #                               # (100 a stream) on one key, on N keys, on N
@@ -59,6 +61,20 @@
 #                               # names (etcd's Lock, and raftlock's native
 #                               # Acquire), and on raftlock the time to List
 #                               # a page of 1,000 of them and all of them
+#   scripts/bench.sh keys       # many keys instead: for each N in KEYS
+#                               # (default 1000 10000 100000), a fresh
+#                               # cluster given N keys of 256 bytes; RSS
+#                               # per key per member, a range of 1,000 keys
+#                               # and a count-only range over all N, p50/p99
+#                               # (etcd-client driver)
+#   scripts/bench.sh scale      # how cost grows, all in one run: held,
+#                               # queue, storm, watchers and keys for each N
+#                               # in SCALE_N (default 1000 10000 100000;
+#                               # queues of 10 and each N up to 10,000;
+#                               # watchers up to 10,000), both systems; a
+#                               # table per workload (.bench/scale.txt) and
+#                               # their log-log plot (.bench/scale.svg).
+#                               # About an hour.
 #   scripts/bench.sh memory     # memory instead: RSS per member after 300k
 #                               # puts of 1 KiB (100k keys, so 2/3 of it is
 #                               # history), then after compaction + defrag;
@@ -423,8 +439,11 @@ PY
 # (etcd_debugging_mvcc_keys_total): the time from the deadline until the
 # leased keys are all gone, the puts' p50/p99/max during the first 10 s,
 # elections, and the leader's CPU seconds meanwhile.
-storm() { # kind run
-  local kind=$1 run=$2 base n=$((${STORM_LEASES:-100000} / scale)) ttl=${STORM_TTL:-120}
+storm() { # kind run [leases]
+  local kind=$1 run=$2 base n=$((${3:-${STORM_LEASES:-100000}} / scale))
+  # Long enough to grant them all before the first lapses (100,000 take
+  # about 40 s on etcd).
+  local ttl=${STORM_TTL:-$([ "$n" -ge 50000 ] && echo 120 || echo 40)}
   base=$([ "$kind" = etcd ] && echo 23790 || echo 24790)
   rm -rf "$work/$kind"-n*
   start_cluster "$kind" "$base"
@@ -455,7 +474,7 @@ storm() { # kind run
   done
   wait "$writer" || true
   local cpu_after; cpu_after=$(awk '{print $14 + $15}' "/proc/${pids[$target]}/stat")
-  echo "{\"system\":\"$([ "$kind" = etcd ] && echo etcd || echo "${storm_label:-raftlock}")\",\"run\":$run,\"leases\":$granted,\"gone_after_s\":${gone:-null},\"elections\":$(($(max_term) - term_before)),\"leader_cpu_s\":$(awk "BEGIN {print ($cpu_after - $cpu_before) / $(getconf CLK_TCK)}"),\"r\":$(cat "$work/storm-put.json")}" \
+  echo "{\"system\":\"$([ "$kind" = etcd ] && echo etcd || echo "${storm_label:-raftlock}")\",\"run\":$run,\"n\":$n,\"leases\":$granted,\"gone_after_s\":${gone:-null},\"elections\":$(($(max_term) - term_before)),\"leader_cpu_s\":$(awk "BEGIN {print ($cpu_after - $cpu_before) / $(getconf CLK_TCK)}"),\"r\":$(cat "$work/storm-put.json")}" \
     | tee -a "$work/storm.jsonl" >&2
   stop_all
 }
@@ -473,7 +492,10 @@ queue() { # kind
   base=$([ "$kind" = etcd ] && echo 27790 || echo 28790)
   rm -rf "$work/$kind"-n*
   start_cluster "$kind" "$base"
-  workloads=(lock); [ "$kind" = raftlock ] && workloads+=(native-lock)
+  # With QUEUE_PERMITS > 1, a semaphore: raftlock's native Acquire alone.
+  local permits=${QUEUE_PERMITS:-1}
+  workloads=(lock); [ "$permits" -gt 1 ] && workloads=()
+  [ "$kind" = raftlock ] && workloads+=(native-lock)
   for n in ${QUEUE_LENGTHS:-10 100 1000 10000}; do
     for w in "${workloads[@]}"; do
       local total=$((2 * n / scale)); [ "$total" -lt $((2000 / scale)) ] && total=$((2000 / scale))
@@ -484,8 +506,10 @@ queue() { # kind
       # A row that has not ended after 5 minutes stalled (the queue stopped
       # moving): it is recorded as such, and the cluster restarted.
       if result=$(timeout 300 "$ctl" --endpoints "$endpoints" -w json bench "$w" --clients "$n" --conns "$conns" \
-        --lock-names 1 --total "$total" --seconds 60 --server-pids "$(IFS=,; echo "${pids[*]}")"); then
-        echo "{\"system\":\"$kind\",\"workload\":\"$w\",\"queue\":$n,\"r\":$result}" | tee -a "$work/queue.jsonl" >&2
+        --lock-names 1 --permits "$permits" --total "$total" --seconds 60 \
+        --server-pids "$(IFS=,; echo "${pids[*]}")"); then
+        echo "{\"system\":\"$kind\",\"workload\":\"$w\",\"permits\":$permits,\"queue\":$n,\"r\":$result}" |
+          tee -a "$work/queue.jsonl" >&2
       else
         echo "{\"system\":\"$kind\",\"workload\":\"$w\",\"queue\":$n,\"stalled\":true}" | tee -a "$work/queue.jsonl" >&2
         stop_all; rm -rf "$work/$kind"-n*; start_cluster "$kind" "$base"
@@ -560,6 +584,59 @@ held() { # kind
   done
 }
 
+# Many keys (see the usage above): one row per system and N in
+# .bench/keys.jsonl. The keys are `bench-keys/<10 digits>`, written in order
+# by 64 clients; the range reads 1,000 consecutive keys from a random one.
+many_keys() { # kind
+  local kind=$1 base n before after row
+  base=$([ "$kind" = etcd ] && echo 27790 || echo 28790)
+  for n in ${KEYS:-1000 10000 100000}; do
+    n=$((n / scale))
+    rm -rf "$work/$kind"-n*
+    start_cluster "$kind" "$base"
+    before=$(rss_kib)
+    echo "== $kind: $n keys" >&2
+    "$ctl" --endpoints "$endpoints" bench put --key-prefix bench-keys/ --sequential --total "$n" --key-space "$n" \
+      --clients 64 --conns 8 --value-size 256 >/dev/null
+    sleep 2
+    after=$(rss_kib)
+    row="{\"system\":\"$kind\",\"keys\":$n,\"rss_bytes_per_key_per_member\":$(((after - before) * 1024 / n / members))"
+    row+=",\"range\":$("$ctl" --endpoints "$endpoints" -w json bench range --driver etcd-client --key-prefix bench-keys/ \
+      --key-space "$n" --range-limit 1000 --clients 4 --conns 2 --total $((1000 / scale)))"
+    row+=",\"count\":$("$ctl" --endpoints "$endpoints" -w json bench count --driver etcd-client --key-prefix bench-keys/ \
+      --key-space "$n" --clients 1 --conns 1 --total $((200 / scale)))"
+    echo "$row}" | tee -a "$work/keys.jsonl" >&2
+    stop_all
+  done
+}
+
+if [ "${1:-}" = keys ]; then
+  for run in $(seq "${ROUNDS:-1}"); do
+    for kind in etcd raftlock; do many_keys "$kind"; done
+  done
+  python3 scripts/bench-scale.py "$work" keys
+  exit 0
+fi
+
+if [ "${1:-}" = scale ]; then
+  sizes=${SCALE_N:-1000 10000 100000}
+  small=$(for n in $sizes; do if [ "$n" -le 10000 ]; then echo "$n"; fi; done | xargs)
+  for kind in etcd raftlock; do
+    HELD_LOCKS=$sizes held "$kind"
+    QUEUE_LENGTHS="10 $small" queue "$kind"
+    WATCHERS=$small watchers "$kind"
+    KEYS=$sizes many_keys "$kind"
+  done
+  for n in $sizes; do storm etcd 1 "$n"; storm raftlock 1 "$n"; done
+  python3 scripts/bench-scale.py "$work" held queue storm watchers keys | tee "$work/scale.txt"
+  plotter=$bin/bench-plot
+  [ -x "$plotter" ] || plotter=$(BIN_DIR='' scripts/release-bins.sh)/bench-plot
+  "$plotter" --scale "$work/scale.jsonl" "$work/scale.svg" \
+    "How cost grows: raftlock and etcd 3.5.1, 3 members on one $(nproc)-core machine ($(date -u +%Y-%m-%d))"
+  echo "tables: $work/scale.txt, picture: $work/scale.svg" >&2
+  exit 0
+fi
+
 if [ "${1:-}" = held ]; then
   for run in $(seq "${ROUNDS:-1}"); do
     for kind in etcd raftlock; do held "$kind"; done
@@ -611,7 +688,8 @@ for r in sorted(rows, key=lambda r: (r["workload"], r["queue"], r["system"])):
         print(f"{r['system']:<9} {r['workload']:<12} {r['queue']:>6} stalled: no end within 300 s")
         continue
     b = r["r"]
-    print(f"{r['system']:<9} {r['workload']:<12} {r['queue']:>6} {b['ops_per_sec']:>10.0f} {1e3 / max(b['ops_per_sec'], 1e-9):>10.2f}"
+    w = r["workload"] + (f"/{r['permits']}" if r.get("permits", 1) > 1 else "")
+    print(f"{r['system']:<9} {w:<12} {r['queue']:>6} {b['ops_per_sec']:>10.0f} {1e3 / max(b['ops_per_sec'], 1e-9):>10.2f}"
           f" {b['p50_ms']:>12.1f} {b['p99_ms']:>12.1f} {b.get('server_cpu_us_per_op', 0):>14.0f} {b['errors']:>6}")
 PY
   exit 0

@@ -1,4 +1,7 @@
-//! Draws `scripts/bench.sh`'s client sweep as one SVG: for each workload
+//! Draws `scripts/bench.sh`'s pictures: the client sweep, and with
+//! `--scale` how cost grows with size (`scale`, `scripts/bench.sh scale`).
+//!
+//! The sweep is one SVG: for each workload
 //! (put, lock), throughput against the number of clients, and p50 and p99
 //! latency against the number of clients, each system (etcd, raftlock) one
 //! colour.
@@ -21,6 +24,8 @@ use anyhow::Context;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
+mod scale;
+
 #[derive(serde::Deserialize)]
 struct Point {
     system: String,
@@ -42,7 +47,7 @@ type Measured = (f64, f64, f64);
 type Series = BTreeMap<u32, Measured>;
 
 const SYSTEMS: [(&str, RGBColor); 2] = [("etcd", RGBColor(214, 96, 39)), ("raftlock", RGBColor(31, 100, 180))];
-const FONT: &str = "sans-serif";
+pub(crate) const FONT: &str = "sans-serif";
 
 /// A workload's name in the picture, and what its requests are.
 fn describe(workload: &str) -> (&str, &str) {
@@ -55,7 +60,11 @@ fn describe(workload: &str) -> (&str, &str) {
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    anyhow::ensure!(args.len() == 4, "usage: bench-plot SWEEP.jsonl OUT.svg TITLE");
+    if args.get(1).map(String::as_str) == Some("--scale") {
+        anyhow::ensure!(args.len() == 5, "usage: bench-plot --scale SCALE.jsonl OUT.svg TITLE");
+        return scale::draw(&args[2], &args[3], &args[4]);
+    }
+    anyhow::ensure!(args.len() == 4, "usage: bench-plot SWEEP.jsonl OUT.svg TITLE | --scale SCALE.jsonl OUT.svg TITLE");
     let text = std::fs::read_to_string(&args[1]).with_context(|| format!("reading {}", args[1]))?;
     // Every measurement of each point, by (workload, system, clients).
     let mut measured: BTreeMap<(String, String, u32), Vec<Measured>> = BTreeMap::new();

@@ -20,6 +20,8 @@ use std::time::{Duration, Instant};
 use crate::bench_etcd_client::{self, EtcdClientDriver};
 use crate::bench_fanout::{watch_fanout, WatchShape};
 use crate::bench_load::{idle_observers, idle_watchers, lock_observers, watch_history};
+use crate::bench_range::{check_range, range_request};
+pub(crate) use crate::bench_report::{report, BenchReport, CpuUsed};
 use anyhow::Context;
 use raftlock::client::{ClientTls, Service, TokenInterceptor};
 use tonic::service::interceptor::InterceptedService;
@@ -42,6 +44,12 @@ pub enum Workload {
     GetSerializable,
     /// A txn: if the key's mod revision is >= 0, put it (always succeeds).
     Txn,
+    /// A linearizable range of `--range-limit` consecutive keys from a
+    /// random one, over a key space written beforehand (`put --sequential
+    /// --total N --key-space N`).
+    Range,
+    /// A linearizable count-only range over every key under `--key-prefix`.
+    Count,
     /// etcd's Lock service: Lock then Unlock, one op per cycle. Each client
     /// has its own lease and uses lock `bench-lock/<client % lock-names>`.
     Lock,
@@ -99,10 +107,16 @@ pub struct BenchArgs {
     /// Distinct keys used.
     #[arg(long, default_value_t = 10_000)]
     pub key_space: u64,
+    /// range: the keys each range asks for (its limit).
+    #[arg(long, default_value_t = 1000)]
+    pub range_limit: u64,
     /// Lock workloads: distinct lock names the clients spread over (1: every
     /// client contends for one lock, measuring handoffs).
     #[arg(long, default_value_t = 1)]
     pub lock_names: usize,
+    /// native-lock: holders at once on each name (more than 1: a semaphore).
+    #[arg(long, default_value_t = 1)]
+    pub permits: u32,
     /// Write keys in order (request n uses key n % key-space) instead of at
     /// random: `--sequential --total K --key-space K` writes every key once.
     #[arg(long)]
@@ -161,60 +175,7 @@ pub struct BenchArgs {
     pub server_pids: Vec<u32>,
 }
 
-#[derive(Debug, serde::Serialize)]
-pub struct BenchReport {
-    pub workload: String,
-    pub driver: DriverKind,
-    pub clients: usize,
-    pub total: u64,
-    pub errors: u64,
-    pub seconds: f64,
-    pub ops_per_sec: f64,
-    pub p50_ms: f64,
-    pub p90_ms: f64,
-    pub p99_ms: f64,
-    pub max_ms: f64,
-    /// The longest time without a successful request (any clients), from
-    /// the start of the run to its end: how long the service was
-    /// unavailable, during a failover.
-    pub max_gap_ms: f64,
-    /// This client's own CPU time (user and system, every thread) over the
-    /// measured run, per request answered: on a machine the client shares
-    /// with the servers, what the client takes from them.
-    pub client_cpu_us_per_op: f64,
-    /// The CPU time of the processes named by `--server-pids` over the
-    /// measured run, per request answered (absent without them).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub server_cpu_us_per_op: Option<f64>,
-    /// watch-fanout: from each put's answer (not its sending) to the last
-    /// event it caused, p50 and p99 (zero where the events came first).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub after_answer_ms: Option<(f64, f64)>,
-}
-
-impl std::fmt::Display for BenchReport {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{:<16} driver={:?} clients={:<3} ops={} errors={} time={:.2}s  {:>9.0} ops/s  p50={:.3}ms p90={:.3}ms p99={:.3}ms max={:.3}ms max-gap={:.1}ms client-cpu={:.1}us/op",
-            self.workload,
-            self.driver,
-            self.clients,
-            self.total,
-            self.errors,
-            self.seconds,
-            self.ops_per_sec,
-            self.p50_ms,
-            self.p90_ms,
-            self.p99_ms,
-            self.max_ms,
-            self.max_gap_ms,
-            self.client_cpu_us_per_op
-        )
-    }
-}
-
-fn key(args: &BenchArgs, n: u64) -> Vec<u8> {
+pub(crate) fn key(args: &BenchArgs, n: u64) -> Vec<u8> {
     let mut k = format!("{}{:0width$}", args.key_prefix, n % args.key_space, width = 10).into_bytes();
     k.resize(args.key_size.max(k.len()), b'_');
     k
@@ -276,7 +237,8 @@ impl OwnDriver {
     }
 }
 
-async fn one_request(d: &mut OwnDriver, args: &BenchArgs, key: Vec<u8>, value: &[u8]) -> Result<(), tonic::Status> {
+async fn one_request(d: &mut OwnDriver, args: &BenchArgs, n: u64, value: &[u8]) -> Result<(), tonic::Status> {
+    let key = key(args, n);
     let client = &mut d.kv;
     match args.workload {
         Workload::Put => {
@@ -285,6 +247,12 @@ async fn one_request(d: &mut OwnDriver, args: &BenchArgs, key: Vec<u8>, value: &
         Workload::Get | Workload::GetSerializable => {
             let serializable = args.workload == Workload::GetSerializable;
             client.range(pb::RangeRequest { key, serializable, ..Default::default() }).await?;
+        }
+        Workload::Range | Workload::Count => {
+            let (key, range_end, limit, count_only) = range_request(args, n);
+            let answer =
+                client.range(pb::RangeRequest { key, range_end, limit, count_only, ..Default::default() }).await?;
+            check_range(args, answer.into_inner().kvs.len() as u64).map_err(tonic::Status::internal)?;
         }
         Workload::Txn => {
             use pb::compare::{CompareResult, CompareTarget, TargetUnion};
@@ -312,8 +280,13 @@ async fn one_request(d: &mut OwnDriver, args: &BenchArgs, key: Vec<u8>, value: &
         }
         Workload::NativeLock => {
             let mut locks = LocksClient::new(d.channel.clone());
-            let req =
-                native::AcquireRequest { name: d.lock_name.clone(), lease: d.lease, wait_ms: -1, ..Default::default() };
+            let req = native::AcquireRequest {
+                name: d.lock_name.clone(),
+                lease: d.lease,
+                wait_ms: -1,
+                permits: args.permits,
+                ..Default::default()
+            };
             let granted = locks.acquire(req).await?.into_inner();
             if !granted.acquired {
                 return Err(tonic::Status::internal("an unbounded wait answered without the lock"));
@@ -354,16 +327,17 @@ impl Driver {
         Ok(())
     }
 
-    async fn request(&mut self, args: &BenchArgs, key: Vec<u8>, value: &[u8]) -> anyhow::Result<()> {
+    /// Request `n` of the run (its key is `key(args, n)`).
+    async fn request(&mut self, args: &BenchArgs, n: u64, value: &[u8]) -> anyhow::Result<()> {
         match self {
             Driver::Own(d) => {
-                let outcome = one_request(d, args, key, value).await;
+                let outcome = one_request(d, args, n, value).await;
                 if outcome.is_err() && d.lease != 0 {
                     d.renew_lease().await?;
                 }
                 outcome?
             }
-            Driver::EtcdClient(d) => d.request(args, key, value).await?,
+            Driver::EtcdClient(d) => d.request(args, key(args, n), n, value).await?,
         }
         Ok(())
     }
@@ -469,7 +443,7 @@ pub async fn run(
                 } else {
                     Instant::now()
                 };
-                if let Err(e) = driver.request(&args, key(&args, n), &value).await {
+                if let Err(e) = driver.request(&args, n, &value).await {
                     // The first failure's reason, once: the report counts them.
                     if errors.fetch_add(1, Ordering::Relaxed) == 0 {
                         eprintln!("bench: the first failed request: {e:#}");
@@ -505,80 +479,4 @@ pub async fn run(
     r.max_gap_ms = max_gap.as_secs_f64() * 1e3;
     cpu_at_end.record_since(&cpu_at_start, &mut r);
     Ok(r)
-}
-
-pub(crate) fn report(args: &BenchArgs, mut latencies: Vec<Duration>, errors: u64, elapsed: f64) -> BenchReport {
-    latencies.sort_unstable();
-    let pct = |p: f64| -> f64 {
-        if latencies.is_empty() {
-            return 0.0;
-        }
-        let i = ((latencies.len() as f64 * p).ceil() as usize).clamp(1, latencies.len()) - 1;
-        latencies[i].as_secs_f64() * 1e3
-    };
-    BenchReport {
-        driver: args.driver,
-        workload: match args.workload {
-            Workload::Lock | Workload::NativeLock => format!("{:?}/{}", args.workload, args.lock_names).to_lowercase(),
-            other => format!("{other:?}").to_lowercase(),
-        },
-        clients: args.clients,
-        total: latencies.len() as u64,
-        errors,
-        seconds: elapsed,
-        ops_per_sec: latencies.len() as f64 / elapsed,
-        p50_ms: pct(0.50),
-        p90_ms: pct(0.90),
-        p99_ms: pct(0.99),
-        max_ms: pct(1.0),
-        max_gap_ms: 0.0,
-        client_cpu_us_per_op: 0.0,
-        server_cpu_us_per_op: None,
-        after_answer_ms: None,
-    }
-}
-
-/// CPU time used so far (user and system, every thread): by this process,
-/// and by the servers' processes when they were named.
-pub(crate) struct CpuUsed {
-    client: Duration,
-    servers: Option<Duration>,
-}
-
-impl CpuUsed {
-    pub(crate) fn now(server_pids: &[u32]) -> CpuUsed {
-        // SAFETY: getrusage only writes the struct it is given.
-        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-        let client = if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } == 0 {
-            let time = |t: libc::timeval| Duration::from_micros(t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64);
-            time(usage.ru_utime) + time(usage.ru_stime)
-        } else {
-            Duration::ZERO
-        };
-        let servers = (!server_pids.is_empty()).then(|| server_pids.iter().map(|&pid| process_cpu(pid)).sum());
-        CpuUsed { client, servers }
-    }
-
-    /// Set `r`'s CPU figures: what was used from `start` to this, per
-    /// request answered.
-    pub(crate) fn record_since(&self, start: &CpuUsed, r: &mut BenchReport) {
-        let per_op = |cpu: Duration| cpu.as_secs_f64() * 1e6 / r.total.max(1) as f64;
-        r.client_cpu_us_per_op = per_op(self.client.saturating_sub(start.client));
-        r.server_cpu_us_per_op = self.servers.zip(start.servers).map(|(end, start)| per_op(end.saturating_sub(start)));
-    }
-}
-
-/// The CPU time (user and system, every thread) process `pid` has used,
-/// from /proc: zero for one that is gone.
-fn process_cpu(pid: u32) -> Duration {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return Duration::ZERO;
-    };
-    // The fields after the command name (which is in parentheses and may
-    // hold spaces): utime and stime are the 12th and 13th of them.
-    let fields: Vec<&str> = stat.rsplit_once(')').map_or(vec![], |(_, rest)| rest.split_whitespace().collect());
-    let ticks: u64 = [11, 12].iter().filter_map(|&i| fields.get(i)?.parse::<u64>().ok()).sum();
-    // SAFETY: sysconf only reads a system setting.
-    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    Duration::from_secs_f64(ticks as f64 / per_second)
 }

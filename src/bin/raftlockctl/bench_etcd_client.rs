@@ -48,9 +48,14 @@ impl EtcdClientDriver {
     pub async fn new(mut client: Client, args: &BenchArgs, lock_name: Vec<u8>) -> anyhow::Result<EtcdClientDriver> {
         let lease = match args.workload {
             Workload::Lock => client.lease_grant(crate::bench::LOCK_LEASE_TTL, None).await?.id(),
-            Workload::Put | Workload::Get | Workload::GetSerializable | Workload::Txn => 0,
+            Workload::Put
+            | Workload::Get
+            | Workload::GetSerializable
+            | Workload::Txn
+            | Workload::Range
+            | Workload::Count => 0,
             Workload::NativeLock | Workload::LeaseKey | Workload::WatchHistory | Workload::WatchFanout => {
-                anyhow::bail!("--driver etcd-client runs put, get, get-serializable, txn and lock")
+                anyhow::bail!("--driver etcd-client runs put, get, get-serializable, txn, range, count and lock")
             }
         };
         Ok(EtcdClientDriver { client, lease, lock_name })
@@ -61,7 +66,8 @@ impl EtcdClientDriver {
         Ok(())
     }
 
-    pub async fn request(&mut self, args: &BenchArgs, key: Vec<u8>, value: &[u8]) -> anyhow::Result<()> {
+    /// Request `n` of the run, whose key is `key`.
+    pub async fn request(&mut self, args: &BenchArgs, key: Vec<u8>, n: u64, value: &[u8]) -> anyhow::Result<()> {
         match args.workload {
             Workload::Put => self.put(key, value).await?,
             Workload::Get => {
@@ -69,6 +75,15 @@ impl EtcdClientDriver {
             }
             Workload::GetSerializable => {
                 self.client.get(key, Some(GetOptions::new().with_serializable())).await?;
+            }
+            Workload::Range | Workload::Count => {
+                let (key, range_end, limit, count_only) = crate::bench_range::range_request(args, n);
+                let mut options = GetOptions::new().with_range(range_end).with_limit(limit);
+                if count_only {
+                    options = options.with_count_only();
+                }
+                let answer = self.client.get(key, Some(options)).await?;
+                crate::bench_range::check_range(args, answer.kvs().len() as u64).map_err(anyhow::Error::msg)?;
             }
             Workload::Txn => {
                 let txn = Txn::new()

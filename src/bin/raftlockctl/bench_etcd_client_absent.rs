@@ -41,7 +41,7 @@ impl EtcdClientDriver {
         match self.0 {}
     }
 
-    pub async fn request(&mut self, _args: &BenchArgs, _key: Vec<u8>, _value: &[u8]) -> anyhow::Result<()> {
+    pub async fn request(&mut self, _args: &BenchArgs, _key: Vec<u8>, _n: u64, _value: &[u8]) -> anyhow::Result<()> {
         match self.0 {}
     }
 

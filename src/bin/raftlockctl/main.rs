@@ -13,6 +13,8 @@ mod bench;
 mod bench_etcd_client;
 mod bench_fanout;
 mod bench_load;
+mod bench_range;
+mod bench_report;
 mod cli;
 mod commands;
 mod hold;
