@@ -17,10 +17,9 @@
 //! for that key alone: a release wakes only the waiters whose turn it may
 //! bring (the one queued behind it; behind a writer, the readers that waited
 //! for it), and other writes wake no waiter (no thundering herd). A
-//! semaphore waiter (more permits) is handed the applied changes under its
-//! name's prefix (`AppliedState::follow`; other writes wake it not) and
-//! counts down the deletions of keys ahead of it, looking at the store
-//! again only when its turn has come. Before it
+//! semaphore waiter (N permits) waits the same way for the deletion of any
+//! of the newest N keys ahead of it: while they all exist, N are ahead, so a
+//! release wakes at most the N waiters behind it. Before it
 //! answers, a waiter checks that its own key still exists in the committed
 //! state in which its turn came: if its lease ended while it waited, it gets
 //! an error, not the lock (etcd issue 11456). A waiter that gives up, times
@@ -67,7 +66,7 @@ pub mod turn;
 
 use crate::model::lock_delay;
 use crate::model::mvcc::{
-    Compare, CompareResult, CompareTarget, DeleteRangeRequest, KeyRange, KeyValue, MvccError, MvccStore, PutRequest,
+    Compare, CompareResult, CompareTarget, DeleteRangeRequest, KeyValue, MvccError, MvccStore, PutRequest,
     RangeRequest, RequestOp, ResponseOp, SortOrder, SortTarget, TxnRequest,
 };
 use crate::node::{Node, ServerError, WriteError};

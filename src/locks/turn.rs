@@ -1,8 +1,8 @@
 //! A queued caller's turn, and giving it up: [`enqueue_guarded`] places the
 //! caller's key with a guard that removes it if the caller goes away,
 //! [`wait_for_turn`] waits until the keys ahead of it leave (watching only
-//! the last key ahead with one permit, so a release wakes one waiter, not
-//! all), and [`give_up`] / [`CleanupOnDrop`] remove a key that will not be
+//! the newest `permits` keys ahead, so a release wakes the waiters right
+//! behind the released key, not all), and [`give_up`] / [`CleanupOnDrop`] remove a key that will not be
 //! used — by its token, so that a newer place of the same lease survives.
 //!
 //! Invariant: a waiter decides from the applied state it read at a
@@ -68,19 +68,26 @@ impl Standing {
 /// it, the keys queued ahead of it under `prefix` that a `mode` waiter
 /// waits for ([`classify`]) and the lock's delay marker.
 fn standing(node: &Node, key: &[u8], token: i64, prefix: &[u8], mode: Mode) -> Result<Standing, RecipeError> {
-    Ok(read_standing(node, key, token, prefix, mode, None)?.0)
+    Ok(read_standing(node, key, token, prefix, mode, Window::All)?.0)
 }
 
-/// [`standing`], reading either every key ahead (in key order), or with
-/// `newest` only that many of them, newest first; and whether keys ahead
-/// were left unread.
+/// Which keys ahead [`read_standing`] reads: all of them (in key order), or
+/// that many of them, newest first.
+#[derive(Clone, Copy)]
+enum Window {
+    All,
+    Newest(i64),
+}
+
+/// [`standing`], reading the keys ahead that `window` says; and whether
+/// keys ahead were left unread.
 fn read_standing(
     node: &Node,
     key: &[u8],
     token: i64,
     prefix: &[u8],
     mode: Mode,
-    newest: Option<i64>,
+    window: Window,
 ) -> Result<(Standing, bool), RecipeError> {
     let mvcc = node.state().mvcc();
     let point = |key: Vec<u8>| super::point(&mvcc, key).map_err(RecipeError::Mvcc);
@@ -93,8 +100,11 @@ fn read_standing(
         keys_only: true,
         ..Default::default()
     };
-    if let Some(limit) = newest {
-        (earlier.sort_target, earlier.sort_order, earlier.limit) = (SortTarget::Create, SortOrder::Descend, limit);
+    match window {
+        Window::All => {}
+        Window::Newest(limit) => {
+            (earlier.sort_target, earlier.sort_order, earlier.limit) = (SortTarget::Create, SortOrder::Descend, limit)
+        }
     }
     let read = mvcc.range(&earlier).map_err(RecipeError::Mvcc)?;
     let mut ahead = read.kvs;
@@ -102,33 +112,36 @@ fn read_standing(
     Ok((Standing { own, ahead, delay, revision: mvcc.revision() }, read.more))
 }
 
-/// How many keys ahead a one-permit waiter reads at first, newest first:
-/// enough to pass the few that no waiter waits for (hold counts, delay
-/// settings) and find the one it does.
+/// How many keys ahead, beyond its permits, a waiter reads at first,
+/// newest first: enough to pass the few that no waiter waits for (hold
+/// counts, delay settings) and find those it does.
 const NEWEST_AHEAD: i64 = 8;
 
-/// [`standing`] for a waiter with one permit, which needs only the newest
-/// key ahead of it that it waits for: our key, that key, and the delay
-/// marker. It reads the keys ahead newest first, a few of them (answered
-/// from the store's queue index without looking at the rest); only when
-/// those are all keys it does not wait for and there are more does it read
-/// them all. So a waiter joining the back of a long queue does not load
-/// and sort the whole queue.
-fn last_ahead(
+/// [`standing`] for a waiter with `permits`, which needs only the newest
+/// `permits` keys ahead of it that it waits for: while those all exist, at
+/// least `permits` are ahead, and its turn cannot come. It reads the keys
+/// ahead newest first, a few of them (answered from the store's queue index
+/// without looking at the rest); only when those hold fewer than `permits`
+/// that it waits for and there are more does it read them all. So `ahead`
+/// holds at most `permits` keys, newest first; fewer only when fewer are
+/// ahead (the turn has come, unless a lock-delay holds it), and a waiter
+/// joining the back of a long queue does not load and sort the whole queue.
+fn newest_standing(
     node: &Node,
     key: &[u8],
     token: i64,
     prefix: &[u8],
     mode: Mode,
-) -> Result<(Option<KeyValue>, Option<KeyValue>, Option<KeyValue>), RecipeError> {
-    let (newest, more) = read_standing(node, key, token, prefix, mode, Some(NEWEST_AHEAD))?;
-    if newest.ahead.is_empty() && more {
-        let Standing { own, ahead, delay, .. } = standing(node, key, token, prefix, mode)?;
-        return Ok((own, ahead.into_iter().max_by_key(|kv| kv.create_revision), delay));
+    permits: usize,
+) -> Result<Standing, RecipeError> {
+    let window = Window::Newest(permits as i64 + NEWEST_AHEAD);
+    let (mut newest, more) = read_standing(node, key, token, prefix, mode, window)?;
+    if newest.ahead.len() < permits && more {
+        newest = standing(node, key, token, prefix, mode)?;
+        newest.ahead.sort_by_key(|kv| std::cmp::Reverse(kv.create_revision));
     }
-    // Newest first: the first is the one.
-    let Standing { own, ahead, delay, .. } = newest;
-    Ok((own, ahead.into_iter().next(), delay))
+    newest.ahead.truncate(permits);
+    Ok(newest)
 }
 
 /// Wait until fewer than `permits` keys under `prefix` that a `mode` waiter
@@ -139,12 +152,11 @@ fn last_ahead(
 ///
 /// It reads the keys ahead in the local applied state (committed, so the
 /// reading is true at that revision; later keys are created behind `mine`),
-/// and waits for deletions: with one permit, of the last key ahead
-/// ([`wait_for_the_last_key_ahead`]); with more, of any key ahead, counted
-/// down from the changes under the prefix ([`count_down_the_keys_ahead`]). Either way it looks at
-/// the store again only when the turn may have come, and that look is the
-/// re-check: our key (hence our lease) is alive in the committed state in
-/// which nobody is ahead of us any more.
+/// and waits for the deletion of the newest `permits` of them
+/// ([`wait_for_the_newest_keys_ahead`]). It looks at the store again only
+/// when one of those went, and that look is the re-check: our key (hence
+/// our lease) is alive in the committed state in which fewer than `permits`
+/// are ahead of us.
 pub async fn wait_for_turn(
     node: &Node,
     prefix: &[u8],
@@ -156,61 +168,19 @@ pub async fn wait_for_turn(
     let _waiting = stats::Waiting::start();
     // The key may have been queued through another member; see it here first.
     node.wait_revision(mine.mod_revision).await?;
-    if permits == 1 {
-        wait_for_the_last_key_ahead(node, prefix, mine, mode, deadline).await
-    } else {
-        count_down_the_keys_ahead(node, prefix, mine, mode, permits, deadline).await
-    }
+    wait_for_the_newest_keys_ahead(node, prefix, mine, mode, permits.max(1), deadline).await
 }
 
-/// [`wait_for_turn`] with one permit: the turn cannot come before the key
-/// ahead that was created last (of those a `mode` waiter waits for) is
-/// deleted, so wait for that deletion (and for our own key's), then look
-/// again. A release therefore wakes only the waiters that waited for that
-/// key, and a write anywhere else wakes none (as etcd's client-side mutex
-/// watches only the key before its own).
-async fn wait_for_the_last_key_ahead(
-    node: &Node,
-    prefix: &[u8],
-    mine: &KeyValue,
-    mode: Mode,
-    deadline: Option<Instant>,
-) -> Result<KeyValue, RecipeError> {
-    let mut stopping = node.stopping();
-    // The key ahead waited for, and the wait on it (and on our own key).
-    let mut wait: Option<(Vec<u8>, crate::model::applied::DeletionWait)> = None;
-    loop {
-        let (own, last, delay) = last_ahead(node, &mine.key, mine.create_revision, prefix, mode)?;
-        let current = match own {
-            Some(kv) if kv.create_revision == mine.create_revision => kv,
-            _ => return Err(RecipeError::SessionExpired),
-        };
-        // The last key ahead goes first; then the delay marker, if any.
-        let Some(last) = last.or(delay) else {
-            return Ok(current);
-        };
-        match &wait {
-            Some((ahead, w)) if *ahead == last.key => tokio::select! {
-                _ = w.deleted() => {}
-                _ = stopping.stopped() => return Err(ServerError::Stopped.into()),
-                _ = until(deadline) => return Err(RecipeError::TimedOut),
-            },
-            // Wait first, then look again: a deletion between the look
-            // above and the registration would go unseen otherwise.
-            _ => {
-                let w = node.state().wait_for_deletion(vec![mine.key.clone(), last.key.clone()]);
-                wait = Some((last.key, w));
-            }
-        }
-    }
-}
-
-/// [`wait_for_turn`] with more than one permit: follow the applied changes
-/// under `prefix` ([`crate::model::applied::AppliedState::follow`]) and count down
-/// the deletions of keys ahead (any of them may be the one that lets us in),
-/// looking at the store again only when the count says the turn has come, or
-/// when changes were lost. Only a change under the prefix wakes such a waiter.
-async fn count_down_the_keys_ahead(
+/// [`wait_for_turn`]: the turn cannot come while the newest `permits` keys
+/// ahead (of those a `mode` waiter waits for) all exist, since each of them
+/// is ahead and keys created later are behind. So wait for the deletion of
+/// one of them (or of our own key), then look again. A release therefore
+/// wakes only the waiters that have the released key among their newest
+/// `permits` ahead (with one permit, the one waiter right behind it, as
+/// etcd's client-side mutex watches only the key before its own), and a
+/// write anywhere else wakes none. Once fewer than `permits` are ahead, a
+/// lock-delay marker is waited out the same way.
+async fn wait_for_the_newest_keys_ahead(
     node: &Node,
     prefix: &[u8],
     mine: &KeyValue,
@@ -218,56 +188,35 @@ async fn count_down_the_keys_ahead(
     permits: usize,
     deadline: Option<Instant>,
 ) -> Result<KeyValue, RecipeError> {
-    let waits_for = |key: &[u8]| waits_for(mode, classify(prefix, key));
     let mut stopping = node.stopping();
-    // Follow the keys before reading them, so that no deletion slips between.
-    let inbox = node.state().follow(&KeyRange::with_prefix(prefix));
-    'count: loop {
-        // What is queued now shows in the look that follows.
-        inbox.take();
-        let standing = standing(node, &mine.key, mine.create_revision, prefix, mode)?;
-        let read_at = standing.revision;
-        let current = match &standing.own {
-            Some(kv) if kv.create_revision == mine.create_revision => kv.clone(),
+    // The keys waited for, and the wait on them (and on our own key).
+    let mut wait: Option<(Vec<Vec<u8>>, crate::model::applied::DeletionWait)> = None;
+    loop {
+        let Standing { own, ahead, delay, .. } =
+            newest_standing(node, &mine.key, mine.create_revision, prefix, mode, permits)?;
+        let current = match own {
+            Some(kv) if kv.create_revision == mine.create_revision => kv,
             _ => return Err(RecipeError::SessionExpired),
         };
-        if standing.turn_came(permits) {
-            return Ok(current);
-        }
-        let (mut ahead, mut delayed) = (standing.ahead.len(), standing.delay.is_some());
-        while ahead >= permits || delayed {
-            tokio::select! {
-                _ = inbox.ready() => {}
+        // The keys ahead go first; then the delay marker, if any.
+        let waited: Vec<Vec<u8>> = match (ahead.len() >= permits, delay) {
+            (true, _) => ahead.into_iter().map(|kv| kv.key).collect(),
+            (false, Some(delay)) => vec![delay.key],
+            (false, None) => return Ok(current),
+        };
+        match &wait {
+            Some((keys, w)) if *keys == waited => tokio::select! {
+                _ = w.deleted() => {}
                 _ = stopping.stopped() => return Err(ServerError::Stopped.into()),
                 _ = until(deadline) => return Err(RecipeError::TimedOut),
-            }
-            let taken = inbox.take();
-            if taken.lost_after.is_some() {
-                // Missed changes (or a snapshot replaced the store): count again.
-                continue 'count;
-            }
-            // Changes up to `read_at` are already in the count.
-            for batch in &taken.batches {
-                for c in batch.changes.iter().filter(|c| c.revision > read_at) {
-                    if c.key.starts_with(prefix) && classify(prefix, &c.key) == QueueKey::Delay {
-                        // A lock-delay began (or began again), or ended.
-                        delayed = c.kv.is_some();
-                        continue;
-                    }
-                    if c.kv.is_some() {
-                        continue;
-                    }
-                    if c.key == mine.key {
-                        return Err(RecipeError::SessionExpired);
-                    }
-                    let was_ahead = c.prev.as_ref().is_some_and(|p| p.create_revision < mine.create_revision);
-                    if was_ahead && c.key.starts_with(prefix) && waits_for(&c.key) {
-                        ahead = ahead.saturating_sub(1);
-                    }
-                }
+            },
+            // Wait first, then look again: a deletion between the look
+            // above and the registration would go unseen otherwise.
+            _ => {
+                let keys = std::iter::once(mine.key.clone()).chain(waited.iter().cloned()).collect();
+                wait = Some((waited, node.state().wait_for_deletion(keys)));
             }
         }
-        // The count says the turn has come: the look that follows confirms it.
     }
 }
 
@@ -345,7 +294,7 @@ const GIVE_UP_TRIES: usize = 64;
 pub async fn give_up(node: &Node, key: &[u8], token: i64, waits: &Waits) -> Result<GaveUp, RecipeError> {
     for _ in 0..GIVE_UP_TRIES {
         node.read_barrier().await?;
-        let standing = standing(node, key, token, &waits.prefix, waits.mode)?;
+        let standing = newest_standing(node, key, token, &waits.prefix, waits.mode, waits.permits)?;
         let turn_came = standing.turn_came(waits.permits);
         let Standing { own: mine, ahead, delay, revision } = standing;
         let mine = match mine {

@@ -63,3 +63,81 @@ async fn a_member_stopped_and_started_again_catches_up_and_serves() {
     assert_eq!(got.count(), 100);
     cluster.shutdown().await;
 }
+
+/// A semaphore's waiter waits only for the deletion of one of the newest
+/// `permits` keys ahead of it (`locks::turn::wait_for_turn`), and a
+/// waiter that gives up guards its removal with them: a long queue is
+/// served in order all the same, never more than the permits at once, and
+/// a waiter deep in the queue that gives up leaves without a grant and
+/// without holding up those behind it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_long_semaphore_queue_is_served_in_order() {
+    use raftlock::client::{Acquisition, Client, LockOptions};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    const PERMITS: u32 = 2;
+    const WAITERS: usize = 100;
+    const GIVES_UP: usize = 80;
+    let cluster = InProcessCluster::start(3).await;
+    let endpoints = cluster.endpoints();
+    let clients: Vec<Client> = futures::future::join_all((0..3).map(|i| Client::connect([endpoints[i].clone()])))
+        .await
+        .into_iter()
+        .map(|c| c.unwrap())
+        .collect();
+    let options = |wait| LockOptions { wait, permits: PERMITS, ..Default::default() };
+    let mut holders = Vec::new();
+    for i in 0..PERMITS as usize {
+        let session = clients[i % 3].session(60).await.unwrap();
+        let Acquisition::Held(guard) = session.lock("pool", options(Some(Duration::ZERO))).await.unwrap() else {
+            panic!("a permit is free")
+        };
+        holders.push((session, guard));
+    }
+    let mut kv = cluster.client(0).await;
+    let (holding, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let granted: Arc<Mutex<Vec<usize>>> = Arc::default();
+    let mut waiters = Vec::new();
+    for w in 0..WAITERS {
+        let session = clients[w % 3].session(60).await.unwrap();
+        let key = format!("pool/{:x}", session.lease());
+        let wait = if w == GIVES_UP { Some(Duration::from_secs(2)) } else { None };
+        let (holding, most, granted) = (holding.clone(), most.clone(), granted.clone());
+        waiters.push(tokio::spawn(async move {
+            let acquired = session.lock("pool", options(wait)).await.unwrap();
+            let Acquisition::Held(guard) = acquired else { return false };
+            let now = holding.fetch_add(1, Ordering::SeqCst) + 1;
+            most.fetch_max(now, Ordering::SeqCst);
+            granted.lock().unwrap().push(w);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            holding.fetch_sub(1, Ordering::SeqCst);
+            assert!(guard.release().await.unwrap(), "waiter {w} released its grant");
+            true
+        }));
+        // Queued in this order: each key exists before the next waiter asks.
+        raftlock_testkit::wait_for_key(&mut kv, &key).await;
+    }
+    // The one deep in the queue gives up while everyone ahead still waits.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(waiters[GIVES_UP].is_finished(), "the waiter with a 2 s wait gave up");
+    assert!(granted.lock().unwrap().is_empty(), "no permit came free yet");
+    for (_, guard) in holders.drain(..) {
+        assert!(guard.release().await.unwrap());
+    }
+    let mut served = Vec::new();
+    for (w, waiter) in waiters.into_iter().enumerate() {
+        served.push((w, tokio::time::timeout(Duration::from_secs(30), waiter).await.unwrap().unwrap()));
+    }
+    assert!(served.iter().all(|&(w, got)| got == (w != GIVES_UP)), "{served:?}");
+    let order = granted.lock().unwrap().clone();
+    assert_eq!(order.len(), WAITERS - 1);
+    // In queue order, up to the two permits' grants racing to be recorded.
+    for (position, w) in order.iter().enumerate() {
+        let place = if *w > GIVES_UP { w - 1 } else { *w };
+        assert!(place.abs_diff(position) < PERMITS as usize, "waiter {w} granted {position}th: {order:?}");
+    }
+    assert!(most.load(Ordering::SeqCst) <= PERMITS as usize, "more holders than permits at once");
+    assert_eq!(kv.get("pool/", Some(GetOptions::new().with_prefix().with_count_only())).await.unwrap().count(), 0);
+    cluster.shutdown().await;
+}
