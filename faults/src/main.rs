@@ -114,6 +114,9 @@ struct Row {
     /// Grants taken from their holders (check 11): how many, how many told,
     /// and the longest a holder waited to be told (ms).
     taken: (usize, usize, u64),
+    /// The long queue's grants and its longest wait (ms); the leases that
+    /// expired in storms.
+    hot: (usize, u64, usize),
     /// An upgrade run's replacements, a line each.
     replacements: Vec<String>,
     faults: u64,
@@ -217,6 +220,15 @@ async fn main() -> anyhow::Result<()> {
              {taken} taken from their holders, {told} told (slowest {slowest} ms)",
             ""
         );
+        let (queue_grants, longest_wait, storm_leases) = row.hot;
+        if queue_grants + storm_leases > 0 {
+            println!(
+                "  {:<22} {queue_grants:>8} grants from a queue of {QUEUE_WAITERS} on {QUEUE} (longest wait {longest_wait} \
+                 ms); {storm_leases} leases abandoned in storms of up to {}",
+                "",
+                workload::storm::BATCH * STORM_CLIENTS.len()
+            );
+        }
         for r in &row.replacements {
             println!("  {:<22} {r}", "");
         }
@@ -274,6 +286,13 @@ struct Workloads {
 const REGISTER_KEYS: usize = 6;
 const LOCK_NAMES: [&str; 2] = ["lock/0", "lock/1"];
 const SEMAPHORE: &str = "sem/0";
+/// The hot name of the long queue: [`QUEUE_WAITERS`] clients, half with
+/// etcd's Lock and half with the native mutex, waiting in one FIFO.
+const QUEUE: &str = "queue/0";
+const QUEUE_WAITERS: usize = 24;
+/// The mass-expiry clients' ids (the lease clients have 0..3): each
+/// abandons [`workload::storm::BATCH`] leases at once, again and again.
+const STORM_CLIENTS: std::ops::Range<usize> = 100..102;
 
 /// Check 11's bound, in ns: how soon a holder must be told that its grant
 /// was taken (see `raftlock_faults::check::lost::told_within`).
@@ -289,7 +308,9 @@ fn told_within() -> u64 {
 }
 
 /// Start every workload (with `every` false, only those both the previous
-/// release and this one serve: no multi-locks, lock-delays or lock events).
+/// release and this one serve: no multi-locks, lock-delays or lock events;
+/// nor the long queue and the storms, which keep the upgrade runs' load as
+/// it was).
 /// The lease watcher follows `lease_ctx`, which stops later than the rest:
 /// it must see the revocations of the leases that the others abandon when
 /// they stop.
@@ -335,6 +356,15 @@ fn start_workloads(ctx: &Context, lease_ctx: &Context, start_revision: i64, rng:
     // Mutex holders that follow their grants while some are taken from them.
     for id in (16..18).filter(|_| every) {
         w.locks.push(tokio::spawn(workload::lost::client(ctx.clone(), id, names.clone(), rng.next(), told_within())));
+    }
+    // A long queue on one hot name, with fenced increments like the others.
+    for id in (18..18 + QUEUE_WAITERS).filter(|_| every) {
+        let api = if id % 2 == 0 { Api::Etcd } else { Api::Native { permits: 1 } };
+        w.locks.push(tokio::spawn(workload::locks::client(ctx.clone(), id, api, vec![QUEUE.into()], rng.next())));
+    }
+    // Lease-expiry storms, checked with the other leases.
+    for id in STORM_CLIENTS.filter(|_| every) {
+        w.leases.push(tokio::spawn(workload::storm::client(ctx.clone(), id, rng.next())));
     }
     for i in 0..2 {
         let (name, prefix) = (format!("watch-{i}-{}", workload::registers::PREFIX), workload::registers::PREFIX);
@@ -523,9 +553,14 @@ async fn run(
     let delayed = (delayed.clone().count(), delayed.filter(|g| g.ended_after.is_some()).count());
     let told = locks.lost.iter().filter_map(|l| Some(l.told_at?.saturating_sub(l.taken_at) / 1_000_000));
     let taken = (locks.lost.len(), told.clone().count(), told.max().unwrap_or(0));
+    let queued = locks.grants.iter().filter(|g| g.name == QUEUE);
+    let longest_wait = queued.clone().map(|g| (g.granted_at - g.acquire_invoked) / 1_000_000).max().unwrap_or(0);
+    let storm_leases = recorded.leases.iter().filter(|l| STORM_CLIENTS.contains(&l.record.client)).count();
+    let hot = (queued.count(), longest_wait, storm_leases);
     Ok(Row {
         delayed,
         taken,
+        hot,
         nemesis: nemesis.name(),
         ops,
         grants,
@@ -567,7 +602,7 @@ async fn check(
     anomalies.extend(check_acknowledged(&rec.acked, &present));
 
     let mut counters = Vec::new();
-    for name in LOCK_NAMES {
+    for name in LOCK_NAMES.into_iter().chain([QUEUE]) {
         let resp = c.get(workload::locks::counter_key(name), None).await?;
         let final_value = resp.kvs().first().and_then(|kv| kv.value_str().ok()?.parse().ok()).unwrap_or(0);
         let (increments_ok, increments_unknown) = rec.locks.increments.get(name).copied().unwrap_or((0, 0));

@@ -9,6 +9,8 @@
 //!   alive; revoked in time once abandoned);
 //! - [`locks`]: etcd's Lock API and raftlock's native API on the same names,
 //!   with fenced increments, and a native semaphore;
+//! - [`storm`]: batches of leases abandoned at once (mass expiry: none
+//!   revoked early, all revoked in time);
 //! - [`watches`]: watchers over the register keys that reconnect wherever
 //!   they can (ordered, unique, atomic, reliable, prev_kv, progress).
 //!
@@ -21,6 +23,7 @@ pub mod leases;
 pub mod locks;
 pub mod lost;
 pub mod registers;
+pub mod storm;
 pub mod watches;
 pub mod writes;
 
