@@ -212,6 +212,32 @@ impl Node {
             .collect()
     }
 
+    /// Every member and how it stands, all asked at once: this member's own
+    /// status, and each other's answer to `ControlRequest::Status` over the
+    /// peer port within `timeout` — or why there is none (down, cut off, or
+    /// a release that does not know the question). The web console's
+    /// cluster page shows it.
+    pub async fn cluster_status(
+        &self,
+        timeout: Duration,
+    ) -> Vec<(MemberInfo, Result<crate::raft::MemberStatus, String>)> {
+        let ask = |member: MemberInfo| async move {
+            if member.id == self.id {
+                return (member, Ok(self.member_status()));
+            }
+            let Some(url) = member.peer_urls.first().cloned() else {
+                return (member, Err("no peer URL".to_string()));
+            };
+            let answer = match tokio::time::timeout(timeout, self.replica.peers.status(&url, timeout)).await {
+                Ok(Ok(status)) => Ok(status),
+                Ok(Err(e)) => Err(e.message().to_string()),
+                Err(_) => Err(format!("no answer within {timeout:?}")),
+            };
+            (member, answer)
+        };
+        futures::future::join_all(self.members().into_iter().map(ask)).await
+    }
+
     /// Publish this member's attributes through the log until they are there.
     /// Until then the member list shows it `unstarted`; a publish still
     /// failing after a request timeout is logged as a warning.

@@ -53,7 +53,7 @@ use crate::model::applied::{AppliedState, MemberAttrs};
 use crate::raft::LeaseAuthority;
 use crate::raft::PeerClients;
 use crate::raft::PeerIdentity;
-use crate::raft::{MemberNode, RaftMetrics, RaftSettings, ServerMetrics, ServerState};
+use crate::raft::{MemberNode, RaftMetrics, RaftSettings, ServerMetrics};
 use crate::raft::{Replica, ReplicaConfig};
 use crate::storage::StateStore;
 use lease::keeper::LeaseKeeper;
@@ -438,16 +438,22 @@ impl Node {
     }
 
     pub fn status(&self) -> NodeStatus {
-        let m = self.metrics();
+        let s = self.member_status();
         NodeStatus {
-            leader: self.replica.elections.acting_leader().unwrap_or(0),
-            raft_term: m.current_term,
-            raft_index: m.last_log_index.unwrap_or(0),
-            applied_index: m.last_applied.map_or(0, |l| l.index),
-            is_learner: m.state == ServerState::Learner,
-            db_size: self.state.size_bytes(),
+            leader: s.leader,
+            raft_term: s.raft_term,
+            raft_index: s.raft_index,
+            applied_index: s.applied_index,
+            is_learner: s.is_learner,
+            db_size: s.db_size,
             disk_size: self.state_store.size_on_disk(),
         }
+    }
+
+    /// How this member stands, as it answers another member's
+    /// `ControlRequest::Status` (see [`Node::cluster_status`]).
+    pub fn member_status(&self) -> crate::raft::MemberStatus {
+        crate::raft::own_status(&self.replica.raft, &self.replica.elections, &self.state)
     }
 
     /// Stop: signal every task and stream and wait until they have ended

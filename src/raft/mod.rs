@@ -92,16 +92,15 @@ pub(crate) use peer::client::{never_sent, ForwardFailure, PeerClients};
 pub(crate) use peer::identity::PeerIdentity;
 #[cfg(fuzzing)]
 pub(crate) use peer::messages::fuzz_decode;
+pub use peer::messages::MemberStatus;
 pub(crate) use peer::messages::{ControlRequest, LeaseAnswer, LeaseQuery};
-pub(crate) use peer::server::LeaseAuthority;
+pub(crate) use peer::server::{own_status, LeaseAuthority};
 pub(crate) use read_index::{read_index, wait_applied, ReadIndexError, WaitError};
 pub(crate) use replica::{Replica, ReplicaConfig};
 pub(crate) use store::restore::restore_member;
 pub(crate) use store::state_machine::{encode_state, RevisionBump};
 #[cfg(fuzzing)]
 pub(crate) use store::state_machine::{fuzz_apply, fuzz_image, fuzz_journal, fuzz_state};
-pub(crate) use types::{
-    leaving, matched_index, other_peer_urls, MemberNode, RaftMetrics, RaftSettings, ServerMetrics, ServerState,
-};
+pub(crate) use types::{leaving, matched_index, other_peer_urls, MemberNode, RaftMetrics, RaftSettings, ServerMetrics};
 pub(crate) use write::lease_order::Mark;
 pub(crate) use write::proposer::ProposeError;

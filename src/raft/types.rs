@@ -80,7 +80,7 @@ pub fn removal_applied(metrics: &RaftMetrics, id: u64) -> bool {
     };
     applied && config.membership().get_node(&id).is_none()
 }
-pub use openraft::{Config as RaftConfig, ServerState};
+pub use openraft::Config as RaftConfig;
 
 /// What a member's Raft is configured with (from its command line).
 #[derive(Clone, Debug)]

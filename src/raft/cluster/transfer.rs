@@ -48,7 +48,7 @@ pub async fn admin(raft: &Raft, elections: &Elections, req: ControlRequest, max_
         ControlRequest::Campaign => elections.campaign().await,
         ControlRequest::PreVote { last_log, .. } => elections.pre_vote(last_log),
         ControlRequest::HasLeader => elections.acting_leader().is_some(),
-        ControlRequest::Published { .. } | ControlRequest::HashKv { .. } => false,
+        ControlRequest::Published { .. } | ControlRequest::HashKv { .. } | ControlRequest::Status => false,
         ControlRequest::Removed { id } => {
             let m = raft.metrics().borrow().clone();
             m.current_leader == Some(m.id) && crate::raft::types::removal_applied(&m, id)

@@ -39,7 +39,9 @@ use crate::base::limits::MAX_PEER_MESSAGE_BYTES;
 use crate::proto::raftlock::peer::peer_client::PeerClient;
 use crate::proto::raftlock::peer::{DowngradeSetting, RaftPayload, ReadIndexRequest, VersionRequest, VersionResponse};
 use crate::raft::peer::identity::PeerIdentity;
-use crate::raft::peer::messages::{ControlRequest, LeaseAnswer, LeaseQuery, MembershipAnswer, MembershipChange};
+use crate::raft::peer::messages::{
+    ControlRequest, LeaseAnswer, LeaseQuery, MemberStatus, MembershipAnswer, MembershipChange,
+};
 use crate::storage::downgrade::Setting;
 
 /// A client of one peer: its cached channel, stamping this member's identity.
@@ -215,6 +217,11 @@ impl PeerClients {
         timeout: Duration,
     ) -> Result<Result<(u32, i64), String>, tonic::Status> {
         reply(self.connect(url)?.admin(request(&ControlRequest::HashKv { revision }, timeout)).await?)
+    }
+
+    /// Ask the member at `url` how it stands (see `ControlRequest::Status`).
+    pub async fn status(&self, url: &str, timeout: Duration) -> Result<MemberStatus, tonic::Status> {
+        reply(self.connect(url)?.admin(request(&ControlRequest::Status, timeout)).await?)
     }
 
     /// The client for `url`, failing as an RPC would.

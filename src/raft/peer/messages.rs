@@ -133,6 +133,26 @@ pub enum ControlRequest {
     /// member of a new cluster before it bootstraps (see
     /// `raft::cluster::bootstrap`).
     HasLeader,
+    /// How do you stand? Answered with a [`MemberStatus`] (not a bool), by
+    /// any member from its own state. Asked by the member whose web console
+    /// shows the cluster (`api::console`).
+    Status,
+}
+
+/// A member's own view of itself, as Maintenance.Status tells it, with the
+/// release it runs: the answer to [`ControlRequest::Status`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberStatus {
+    /// The leader this member counts on (0: none).
+    pub leader: u64,
+    pub raft_term: u64,
+    pub raft_index: u64,
+    pub applied_index: u64,
+    pub is_learner: bool,
+    /// What the state weighs, as the space quota counts it.
+    pub db_size: u64,
+    /// The raftlock release it runs.
+    pub release: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -52,7 +52,7 @@ use crate::raft::cluster::{membership, transfer};
 use crate::raft::peer::client::{setting_from_wire, setting_to_wire, PeerClients, PEER_KEEPALIVE};
 use crate::raft::peer::gate::PeerGate;
 use crate::raft::peer::messages::{
-    ControlRequest, ForwardBatch, ForwardError, ForwardReply, LeaseAnswer, LeaseQuery, MembershipChange,
+    ControlRequest, ForwardBatch, ForwardError, ForwardReply, LeaseAnswer, LeaseQuery, MemberStatus, MembershipChange,
     UntaggedForwardBatch,
 };
 use crate::raft::peer::pipeline;
@@ -91,7 +91,28 @@ pub struct PeerService {
     pub downgrade: Arc<Downgrade>,
 }
 
+/// How this member stands, from its Raft metrics, its election timer and
+/// its applied state: what `ControlRequest::Status` answers, and what
+/// `Node::status` starts from.
+pub fn own_status(raft: &Raft, elections: &Elections, state: &crate::model::applied::AppliedState) -> MemberStatus {
+    let m = raft.metrics().borrow().clone();
+    MemberStatus {
+        leader: elections.acting_leader().unwrap_or(0),
+        raft_term: m.current_term,
+        raft_index: m.last_log_index.unwrap_or(0),
+        applied_index: m.last_applied.map_or(0, |l| l.index),
+        is_learner: m.state == openraft::ServerState::Learner,
+        db_size: state.size_bytes(),
+        release: crate::base::version::RAFTLOCK.to_string(),
+    }
+}
+
 impl PeerService {
+    /// This member's answer to `Status`.
+    fn status(&self) -> MemberStatus {
+        own_status(&self.raft, &self.elections, &self.state)
+    }
+
     /// This member's answer to `Version`.
     fn version_answer(&self) -> VersionResponse {
         VersionResponse {
@@ -263,6 +284,7 @@ impl Peer for PeerService {
                     .map_err(|e| Status::internal(e.to_string()))?;
                 reply(&hashed.map_err(|e| e.to_string()))
             }
+            ControlRequest::Status => reply(&self.status()),
             admin => reply(&transfer::admin(&self.raft, &self.elections, admin, self.max_election_pause).await),
         }
     }
