@@ -9,8 +9,9 @@
 # HTTP/JSON gateway test, raftlock release 0.1.0 built from git for the
 # upgrade test), then
 # runs every test (the server's, the fault suite's checkers, the Python
-# client's pytest suite, in a virtualenv of its own, and the Go client's
-# go test). Extra arguments go to `cargo test`.
+# client's pytest suite, in a virtualenv of its own, the Go client's go
+# test, and the web console's in headless Chromium, which
+# scripts/test-console.sh installs). Extra arguments go to `cargo test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -46,3 +47,6 @@ RAFTLOCK_BIN=$PWD/target/debug/raftlock scripts/test-python-client.sh
 # The Go client's own tests (go vet, go test), built offline in GOPATH mode
 # from Debian's Go packages, against the same debug build.
 RAFTLOCK_BIN=$PWD/target/debug/raftlock scripts/test-go-client.sh
+
+# The web console in headless Chromium (Selenium), against the same build.
+RAFTLOCK_BIN=$PWD/target/debug/raftlock RAFTLOCKCTL_BIN=$PWD/target/debug/raftlockctl scripts/test-console.sh

@@ -12,6 +12,7 @@
 
 pub mod auth;
 pub mod cluster;
+pub mod console;
 pub mod error;
 pub mod gateway;
 pub mod health;
@@ -115,7 +116,11 @@ impl ClientApi {
                     hubs.clone(),
                 ));
             let grpc = grpc.routes().into_axum_router();
-            let routes = grpc.clone().merge(gateway::routes(grpc)).merge(http::routes(node.clone(), grants.clone()));
+            let routes = grpc
+                .clone()
+                .merge(gateway::routes(grpc))
+                .merge(http::routes(node.clone(), grants.clone()))
+                .merge(console::routes(node.clone()));
             Server::builder()
                 .accept_http1(true)
                 .max_concurrent_streams(Some(settings.max_concurrent_streams))
