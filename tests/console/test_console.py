@@ -121,6 +121,7 @@ def test_pages_follow_locks_waiters_revocations_and_a_new_leader(cluster: Cluste
     waiter = None
     try:
         held = until(lambda: owners(client, "jobs/nightly")[0], 10, "raftlockctl never held the lock")
+        holder_key = held[0].key.decode()
         token = str(held[0].token)
         started = time.monotonic()
         shown = f"token {token} lease"
@@ -138,9 +139,13 @@ def test_pages_follow_locks_waiters_revocations_and_a_new_leader(cluster: Cluste
         browser.get(ui(served) + "#/lock/jobs%2Fnightly")
         wait(browser, lambda d: rows(d, f'table[aria-label=Waiters] tr[data-key="{waiter_key}"]'), 3,
              "the waiter did not show in the queue")
+        # Its history: both places' arrival, replayed from before the page opened.
+        events = 'table[aria-label=Events] tr'
+        wait(browser, lambda d: any(waiter_key in r.text and "queued" in r.text for r in rows(d, events)), 3,
+             "the waiter's arrival is not in the lock's events")
+        assert any(holder_key in r.text and "granted" in r.text for r in rows(browser, events))
         shot(browser, "lock")
         # Revoke the holder's lease from the page: the waiter becomes the holder.
-        holder_key = held[0].key.decode()
         click(browser, f'table[aria-label=Holders] tr[data-key="{holder_key}"]', "Revoke lease", "no revoke button")
         wait(browser, lambda d: d.find_element(By.ID, "confirm").is_displayed(), 2, "no confirmation asked")
         browser.find_element(By.ID, "confirm-ok").click()

@@ -3,12 +3,14 @@
 // how many wait, redrawn when a key under the prefix changes (a watch). A
 // lock's page: its holders with their lease's TTL counting down, its
 // waiters in queue order, its lock-delay, and its events as they happen
-// (`/v1/locks/observe`). The elections page lists the same queues as
+// (`/v1/locks/observe`), from 10,000 revisions back. The elections page lists the same queues as
 // elections: the leader's key, lease and value.
 
 import { el, call, stream, watchPrefix, action, may, b64, text, hex, secs } from "./app.js";
 
 const PAGE = 50;
+/// How many revisions back a lock's page shows its events from.
+const HISTORY = 10000;
 
 /// The list pages (locks, or elections with `elections`).
 function listPage(main, params, elections) {
@@ -103,6 +105,7 @@ export function renderLock(main, params) {
   const delay = el("p");
   const events = el("tbody");
   const more = el("p", { class: "muted" });
+  const since = el("p", { class: "muted" });
   const col = (h) => el("th", { scope: "col" }, h);
   const ownerHead = () => el("thead", {}, el("tr", {}, col("Key"), col("Token"), col("Lease"), col("TTL"), col("Mode"),
     col("Holds"), col("Metadata"), col("")));
@@ -110,7 +113,7 @@ export function renderLock(main, params) {
     el("h2", {}, "Holders"), el("table", { "aria-label": "Holders" }, ownerHead(), holders),
     delay,
     el("h2", {}, "Waiting, in queue order"), el("table", { "aria-label": "Waiters" }, ownerHead(), waiters), more,
-    el("h2", {}, "Events"),
+    el("h2", {}, "Events"), since,
     el("div", { class: "events" }, el("table", { "aria-label": "Events" },
       el("thead", {}, el("tr", {}, col("Revision"), col("Event"), col("Key"), col("Token"), col("Lease"), col("Position"))),
       events)));
@@ -142,11 +145,21 @@ export function renderLock(main, params) {
     }
   }, 1000);
   describe();
+  // The events of the last HISTORY revisions first (replayed from the
+  // store's history), then live; after a broken stream, from the revision
+  // after the last one shown. A history compacted away: from now on.
+  let from = null;
   (async () => {
     while (!abort.signal.aborted) {
       try {
-        await stream("/v1/locks/observe", { name: b64(name) }, (r) => {
+        if (from === null) {
+          const now = await call("/v1/locks/describe", { name: b64(name), limit: 1 });
+          from = Math.max(1, Number(now.header.revision) - HISTORY);
+          since.textContent = `Since revision ${from}, newest first.`;
+        }
+        await stream("/v1/locks/observe", { name: b64(name), start_revision: String(from) }, (r) => {
           for (const e of r.events || []) {
+            if (from > 0) from = Math.max(from, Number(e.revision || 0) + 1);
             const o = e.owner || {};
             events.prepend(el("tr", {},
               el("td", { class: "num" }, e.revision || "0"), el("td", {}, EVENT_NAMES[e.kind || "HOLDING"] || e.kind),
@@ -158,6 +171,10 @@ export function renderLock(main, params) {
         }, abort.signal);
       } catch (e) {
         if (abort.signal.aborted) return;
+        if (/compact|out of range/i.test(e.message)) {
+          from = 0;
+          since.textContent = "From now on (the history before is compacted), newest first.";
+        }
       }
       await new Promise((r) => setTimeout(r, 1000));
     }
