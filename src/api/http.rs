@@ -86,7 +86,7 @@ fn refresh(node: &Node, grants: &Grants) {
     m.proposals_applied.set(status.applied_index as i64);
     m.proposals_pending.set(node.pending_proposals() as i64);
     m.quota_backend_bytes.set(node.quota_bytes().map_or(0, |q| q as i64));
-    m.db_total_size.set(status.disk_size as i64);
+    m.db_total_size.set(node.disk_size() as i64);
     m.db_size_in_use.set(status.db_size as i64);
     let (revision, compacted, keys, spilled) = {
         let mvcc = node.state().mvcc();

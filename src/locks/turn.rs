@@ -2,8 +2,9 @@
 //! caller's key with a guard that removes it if the caller goes away,
 //! [`wait_for_turn`] waits until the keys ahead of it leave (watching only
 //! the newest `permits` keys ahead, so a release wakes the waiters right
-//! behind the released key, not all), and [`give_up`] / [`CleanupOnDrop`] remove a key that will not be
-//! used — by its token, so that a newer place of the same lease survives.
+//! behind the released key, not all), and [`give_up`] / [`CleanupOnDrop`]
+//! remove a key that will not be used — by its token, so that a newer place
+//! of the same lease survives.
 //!
 //! Invariant: a waiter decides from the applied state it read at a
 //! revision, and waits for changes after that revision, so no release
@@ -68,26 +69,19 @@ impl Standing {
 /// it, the keys queued ahead of it under `prefix` that a `mode` waiter
 /// waits for ([`classify`]) and the lock's delay marker.
 fn standing(node: &Node, key: &[u8], token: i64, prefix: &[u8], mode: Mode) -> Result<Standing, RecipeError> {
-    Ok(read_standing(node, key, token, prefix, mode, Window::All)?.0)
+    Ok(read_standing(node, key, token, prefix, mode, None)?.0)
 }
 
-/// Which keys ahead [`read_standing`] reads: all of them (in key order), or
-/// that many of them, newest first.
-#[derive(Clone, Copy)]
-enum Window {
-    All,
-    Newest(i64),
-}
-
-/// [`standing`], reading the keys ahead that `window` says; and whether
-/// keys ahead were left unread.
+/// [`standing`], reading either every key ahead (in key order), or with
+/// `newest` only that many of them, newest first; and whether keys ahead
+/// were left unread.
 fn read_standing(
     node: &Node,
     key: &[u8],
     token: i64,
     prefix: &[u8],
     mode: Mode,
-    window: Window,
+    newest: Option<i64>,
 ) -> Result<(Standing, bool), RecipeError> {
     let mvcc = node.state().mvcc();
     let point = |key: Vec<u8>| super::point(&mvcc, key).map_err(RecipeError::Mvcc);
@@ -100,11 +94,8 @@ fn read_standing(
         keys_only: true,
         ..Default::default()
     };
-    match window {
-        Window::All => {}
-        Window::Newest(limit) => {
-            (earlier.sort_target, earlier.sort_order, earlier.limit) = (SortTarget::Create, SortOrder::Descend, limit)
-        }
+    if let Some(limit) = newest {
+        (earlier.sort_target, earlier.sort_order, earlier.limit) = (SortTarget::Create, SortOrder::Descend, limit);
     }
     let read = mvcc.range(&earlier).map_err(RecipeError::Mvcc)?;
     let mut ahead = read.kvs;
@@ -134,7 +125,7 @@ fn newest_standing(
     mode: Mode,
     permits: usize,
 ) -> Result<Standing, RecipeError> {
-    let window = Window::Newest(permits as i64 + NEWEST_AHEAD);
+    let window = Some(permits as i64 + NEWEST_AHEAD);
     let (mut newest, more) = read_standing(node, key, token, prefix, mode, window)?;
     if newest.ahead.len() < permits && more {
         newest = standing(node, key, token, prefix, mode)?;

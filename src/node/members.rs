@@ -223,7 +223,7 @@ impl Node {
     ) -> Vec<(MemberInfo, Result<crate::raft::MemberStatus, String>)> {
         let ask = |member: MemberInfo| async move {
             if member.id == self.id {
-                return (member, Ok(self.member_status()));
+                return (member, Ok(self.status()));
             }
             let Some(url) = member.peer_urls.first().cloned() else {
                 return (member, Err("no peer URL".to_string()));

@@ -97,20 +97,6 @@ pub struct MemberInfo {
     pub is_learner: bool,
 }
 
-/// What Maintenance.Status reports.
-#[derive(Clone, Debug, Default)]
-pub struct NodeStatus {
-    pub leader: u64,
-    pub raft_term: u64,
-    pub raft_index: u64,
-    pub applied_index: u64,
-    pub is_learner: bool,
-    /// What the state weighs, as the space quota counts it.
-    pub db_size: u64,
-    /// The state store's files on disk.
-    pub disk_size: u64,
-}
-
 /// Read barriers: one round covers every read queued before it began; at
 /// most [`crate::base::limits::MAX_QUEUED_COMMANDS`] reads wait for one.
 const READ_BARRIER_LIMITS: crate::base::batcher::Limits = crate::base::batcher::Limits {
@@ -437,23 +423,16 @@ impl Node {
         self.state_store.sync()
     }
 
-    pub fn status(&self) -> NodeStatus {
-        let s = self.member_status();
-        NodeStatus {
-            leader: s.leader,
-            raft_term: s.raft_term,
-            raft_index: s.raft_index,
-            applied_index: s.applied_index,
-            is_learner: s.is_learner,
-            db_size: s.db_size,
-            disk_size: self.state_store.size_on_disk(),
-        }
+    /// How this member stands: what Maintenance.Status reports, and what it
+    /// answers another member's `ControlRequest::Status` with (see
+    /// [`Node::cluster_status`]).
+    pub fn status(&self) -> crate::raft::MemberStatus {
+        crate::raft::own_status(&self.replica.raft, &self.replica.elections, &self.state)
     }
 
-    /// How this member stands, as it answers another member's
-    /// `ControlRequest::Status` (see [`Node::cluster_status`]).
-    pub fn member_status(&self) -> crate::raft::MemberStatus {
-        crate::raft::own_status(&self.replica.raft, &self.replica.elections, &self.state)
+    /// The state store's files on disk (`etcd_mvcc_db_total_size_in_bytes`).
+    pub fn disk_size(&self) -> u64 {
+        self.state_store.size_on_disk()
     }
 
     /// Stop: signal every task and stream and wait until they have ended

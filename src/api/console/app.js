@@ -133,6 +133,24 @@ export function watchPrefix(prefix, onChange, signal) {
   })();
 }
 
+/// Show `message` in a page's status line, as an error or as news.
+export function say(state, message, error = false) {
+  state.textContent = message;
+  state.className = error ? "error" : "muted";
+}
+
+/// Previous and Next buttons over `pages`, a stack of where each page
+/// visited starts: Previous drops the top, Next (when there is a `next`
+/// start) pushes it; either then calls `load`, which reads the top.
+export function pagerButtons(pages, next, load) {
+  const go = (step) => () => { step(); load(); };
+  return [
+    pages.length > 1 ? el("button", { type: "button", onclick: go(() => pages.pop()) }, "Previous page") : null,
+    next !== null && next !== undefined && next !== ""
+      ? el("button", { type: "button", onclick: go(() => pages.push(next)) }, "Next page") : null,
+  ];
+}
+
 /// Ask before an action; resolves true if the visitor confirmed.
 export function confirmAction(what) {
   const dialog = document.getElementById("confirm");

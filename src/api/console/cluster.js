@@ -4,7 +4,7 @@
 // that does not answer its status, or a page that heard nothing for two
 // seconds, turns red.
 
-import { el, stream, call, action, may, size } from "./app.js";
+import { el, stream, call, action, may, say, size } from "./app.js";
 
 /// How long without a line before every member shows as unknown.
 const STALE_MS = 2000;
@@ -35,10 +35,9 @@ export function render(main) {
     alarms.replaceChildren(view.alarms.length
       ? el("ul", {}, view.alarms.map((a) => el("li", { class: "error" }, `${a.alarm} on member ${a.member}`)))
       : el("p", { class: "muted" }, "None."));
-    state.textContent = stale
+    say(state, stale
       ? "No word from the member serving this page for over two seconds."
-      : `As member ${view.served_by} sees it, ${new Date().toLocaleTimeString()}.`;
-    state.className = stale ? "error" : "muted";
+      : `As member ${view.served_by} sees it, ${new Date().toLocaleTimeString()}.`, stale);
   };
   const timer = setInterval(() => {
     if (last && Date.now() - heard > STALE_MS) draw(last, true);
@@ -49,8 +48,7 @@ export function render(main) {
         await stream("/ui/api/cluster", null, (view) => { heard = Date.now(); last = view; draw(view, false); }, abort.signal, "GET");
       } catch (e) {
         if (abort.signal.aborted) return;
-        state.textContent = `The member serving this page did not answer: ${e.message}`;
-        state.className = "error";
+        say(state, `The member serving this page did not answer: ${e.message}`, true);
       }
       await new Promise((r) => setTimeout(r, 1000));
     }

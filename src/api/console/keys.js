@@ -4,7 +4,7 @@
 // at the revision before the next one was written, back to its creation
 // or to the compacted revision.
 
-import { el, call, watchPrefix, b64, text, prefixEnd, hex } from "./app.js";
+import { el, call, watchPrefix, say, pagerButtons, b64, text, prefixEnd, hex } from "./app.js";
 
 const PAGE = 100;
 const VERSIONS = 20;
@@ -40,18 +40,12 @@ export function renderList(main, params) {
           el("td", { class: "num" }, kv.create_revision), el("td", { class: "num" }, kv.mod_revision),
           el("td", { class: "num" }, kv.version), el("td", {}, kv.lease ? el("code", {}, hex(kv.lease)) : ""));
       }));
-      state.textContent = `${answer.count || 0} keys in all; page ${starts.length}, at revision ${answer.header.revision}. Live.`;
-      state.className = "muted";
-      pager.replaceChildren(
-        starts.length > 1 ? el("button", { type: "button", onclick: () => { starts.pop(); load(); } }, "Previous page") : null,
-        answer.more ? el("button", { type: "button", onclick: () => {
-          // The next page starts just after the last key shown.
-          starts.push(b64(text(kvs[kvs.length - 1].key) + "\0"));
-          load();
-        } }, "Next page") : null);
+      say(state, `${answer.count || 0} keys in all; page ${starts.length}, at revision ${answer.header.revision}. Live.`);
+      // The next page starts just after the last key shown.
+      const next = answer.more ? b64(text(kvs[kvs.length - 1].key) + "\0") : null;
+      pager.replaceChildren(...pagerButtons(starts, next, load));
     } catch (e) {
-      state.textContent = e.message;
-      state.className = "error";
+      say(state, e.message, true);
     }
   };
   load();
@@ -90,8 +84,7 @@ export function renderKey(main, params) {
       note = /compacted/.test(e.message) ? "Older versions were compacted away." : e.message;
     }
     body.replaceChildren(...rows);
-    state.textContent = note || "Live.";
-    state.className = note && !/compacted/.test(note) && rows.length === 0 ? "error" : "muted";
+    say(state, note || "Live.", note && !/compacted/.test(note) && rows.length === 0);
   };
   load();
   watchPrefix(key, load, abort.signal);

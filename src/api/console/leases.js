@@ -2,7 +2,7 @@
 // answers) and its keys, a page of 50 at a time, asked again every two
 // seconds; revoke (with a confirmation) for a visitor who may.
 
-import { el, call, action, may, hex, text, secs } from "./app.js";
+import { el, call, action, may, say, pagerButtons, hex, text, secs } from "./app.js";
 
 const PAGE = 50;
 const EVERY_MS = 2000;
@@ -15,13 +15,16 @@ export function render(main) {
   main.append(el("h1", {}, "Leases"), state,
     el("table", { "aria-label": "Leases" }, el("thead", {}, el("tr", {}, col("Lease"), col("TTL left"), col("Granted TTL"),
       col("Keys"), col(""))), body), pager);
-  let page = 0;
+  // The pages visited, by number (the top is shown).
+  const visited = [0];
   let rows = [];
   const load = async () => {
     try {
       const all = ((await call("/v3/lease/leases")).leases || []).map((l) => l.ID).sort((a, b) => (BigInt(a) < BigInt(b) ? -1 : 1));
       const pages = Math.max(1, Math.ceil(all.length / PAGE));
-      page = Math.min(page, pages - 1);
+      // Fewer leases than when the page was chosen: the last page there is.
+      while (visited.length > 1 && visited[visited.length - 1] >= pages) visited.pop();
+      const page = Math.min(visited[visited.length - 1], pages - 1);
       const shown = all.slice(page * PAGE, (page + 1) * PAGE);
       const answers = await Promise.all(shown.map((id) => call("/v3/lease/timetolive", { ID: id, keys: true }).catch(() => null)));
       rows = [];
@@ -37,14 +40,10 @@ export function render(main) {
           el("td", {}, action("Revoke", allowed, `Revoke lease ${hex(l.ID)}? Its ${keys.length} keys are deleted.`,
             () => call("/v3/lease/revoke", { ID: l.ID }), load)));
       }));
-      state.textContent = `${all.length} leases; page ${page + 1} of ${pages}. Live.`;
-      state.className = "muted";
-      pager.replaceChildren(
-        page > 0 ? el("button", { type: "button", onclick: () => { page--; load(); } }, "Previous page") : null,
-        page + 1 < pages ? el("button", { type: "button", onclick: () => { page++; load(); } }, "Next page") : null);
+      say(state, `${all.length} leases; page ${page + 1} of ${pages}. Live.`);
+      pager.replaceChildren(...pagerButtons(visited, page + 1 < pages ? page + 1 : null, load));
     } catch (e) {
-      state.textContent = e.message;
-      state.className = "error";
+      say(state, e.message, true);
     }
   };
   load();

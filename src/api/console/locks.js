@@ -6,7 +6,7 @@
 // (`/v1/locks/observe`), from 10,000 revisions back. The elections page lists the same queues as
 // elections: the leader's key, lease and value.
 
-import { el, call, stream, watchPrefix, action, may, b64, text, hex, secs } from "./app.js";
+import { el, call, stream, watchPrefix, action, may, say, pagerButtons, b64, text, hex, secs } from "./app.js";
 
 const PAGE = 50;
 /// How many revisions back a lock's page shows its events from.
@@ -38,17 +38,10 @@ function listPage(main, params, elections) {
       const answer = await call("/v1/locks/list", { prefix: b64(prefix), limit: PAGE, page: page || undefined });
       const locks = answer.locks || [];
       body.replaceChildren(...locks.map((l) => (elections ? electionRow(l) : lockRow(l))));
-      state.textContent = locks.length
-        ? `${locks.length} on this page (page ${pages.length}), live.`
-        : "None.";
-      state.className = "muted";
-      const next = answer.next_page;
-      pager.replaceChildren(
-        pages.length > 1 ? el("button", { type: "button", onclick: () => { pages.pop(); load(); } }, "Previous page") : null,
-        next ? el("button", { type: "button", onclick: () => { pages.push(next); load(); } }, "Next page") : null);
+      say(state, locks.length ? `${locks.length} on this page (page ${pages.length}), live.` : "None.");
+      pager.replaceChildren(...pagerButtons(pages, answer.next_page, load));
     } catch (e) {
-      state.textContent = e.message;
-      state.className = "error";
+      say(state, e.message, true);
     }
   };
   load();
@@ -131,11 +124,9 @@ export function renderLock(main, params) {
       const ld = d.lock_delay;
       delay.replaceChildren(ld ? el("span", { class: "error" }, `In a lock-delay of ${ld.delay_ms || 0} ms since revision ${ld.revision}: `
         + `about ${Math.ceil((ld.remaining_ms || 0) / 1000)} s left.`) : "");
-      state.textContent = `Live as of revision ${d.header ? d.header.revision : "?"}.`;
-      state.className = "muted";
+      say(state, `Live as of revision ${d.header ? d.header.revision : "?"}.`);
     } catch (e) {
-      state.textContent = e.message;
-      state.className = "error";
+      say(state, e.message, true);
     }
   };
   const tick = setInterval(() => {

@@ -93,15 +93,21 @@ pub struct PeerService {
 
 /// How this member stands, from its Raft metrics, its election timer and
 /// its applied state: what `ControlRequest::Status` answers, and what
-/// `Node::status` starts from.
+/// `Node::status` returns.
 pub fn own_status(raft: &Raft, elections: &Elections, state: &crate::model::applied::AppliedState) -> MemberStatus {
-    let m = raft.metrics().borrow().clone();
+    // Read under the metrics' lock, without copying them, and let go at once.
+    let (raft_term, raft_index, applied_index, is_learner) = {
+        let metrics = raft.metrics();
+        let m = metrics.borrow();
+        let learner = m.state == openraft::ServerState::Learner;
+        (m.current_term, m.last_log_index.unwrap_or(0), m.last_applied.map_or(0, |l| l.index), learner)
+    };
     MemberStatus {
         leader: elections.acting_leader().unwrap_or(0),
-        raft_term: m.current_term,
-        raft_index: m.last_log_index.unwrap_or(0),
-        applied_index: m.last_applied.map_or(0, |l| l.index),
-        is_learner: m.state == openraft::ServerState::Learner,
+        raft_term,
+        raft_index,
+        applied_index,
+        is_learner,
         db_size: state.size_bytes(),
         release: crate::base::version::RAFTLOCK.to_string(),
     }
