@@ -546,7 +546,14 @@ fn range_watch_flood(t: &mut Target) -> BoxFuture<'_, anyhow::Result<String>> {
             let mut answered = 0;
             while answered < last - first {
                 let message = tokio::time::timeout(Duration::from_secs(20), stream.message()).await;
-                let Ok(Ok(Some(resp))) = message else { anyhow::bail!("the watch stream ended or stalled") };
+                let resp = match message {
+                    Ok(Ok(Some(resp))) => resp,
+                    Ok(Ok(None)) => {
+                        anyhow::bail!("stream {}: the member ended it after {answered} answers", streams.len())
+                    }
+                    Ok(Err(e)) => anyhow::bail!("stream {}: failed after {answered} answers: {e}", streams.len()),
+                    Err(_) => anyhow::bail!("stream {}: no answer in 20 s after {answered} answers", streams.len()),
+                };
                 if resp.created() && resp.canceled() {
                     refused += 1;
                     reason = resp.cancel_reason().to_string();

@@ -163,6 +163,23 @@ async fn connect_each(cluster: &Cluster, user: Option<(&str, &str)>) -> anyhow::
     Ok(clients)
 }
 
+impl Target {
+    /// The last warnings and errors each member logged, one line each, for
+    /// a failed attack's row.
+    fn warnings(&self) -> String {
+        let mut out = String::new();
+        for i in 0..self.cluster.len() {
+            let log = self.cluster.log_of(i);
+            let lines: Vec<&str> =
+                log.lines().filter(|l| l.contains("WARN") || l.contains("ERROR") || l.contains("panicked")).collect();
+            for line in &lines[lines.len().saturating_sub(3)..] {
+                out.push_str(&format!("\n      member {i}: {}", line.chars().take(300).collect::<String>()));
+            }
+        }
+        out
+    }
+}
+
 fn last_lines(log: &str) -> String {
     let lines: Vec<&str> = log.lines().collect();
     lines[lines.len().saturating_sub(5)..].join("\n")
@@ -192,7 +209,7 @@ pub async fn run(binary: &Path, dir: &Path, only: &[String]) -> anyhow::Result<V
                 Ok(()) => Ok(outcome),
                 Err(e) => Err(format!("{outcome}; then: {e}")),
             },
-            Err(e) => Err(format!("{e:#}")),
+            Err(e) => Err(format!("{e:#}{}", target.warnings())),
         };
         let row = Row { attack: name, outcome, seconds: started.elapsed().as_secs_f64() };
         match &row.outcome {
