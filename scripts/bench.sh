@@ -31,7 +31,9 @@
 #   scripts/bench.sh observers  # lock handoffs with 0 and with 1,000 lock-event
 #                               # streams (Observe) on the lock, alternating
 #                               # (ROUNDS, default 3), saturated and at a fixed
-#                               # pace (RATE handoffs/s, default 50)
+#                               # pace (RATE handoffs/s, default 50);
+#                               # OBSERVERS_APART=1: the observers in a
+#                               # process of their own, at nice 19
 #   scripts/bench.sh storm      # a lease-expiry storm instead: STORM_LEASES
 #                               # (default 100,000) leases lapse at once
 #                               # while 16 clients put (see storm() below;
@@ -761,8 +763,20 @@ if [ "${1:-}" = observers ]; then
       for n in 0 1000; do
         total=$((4000 / scale))
         [ "$pace" = 0 ] || total=$((${RATE:-50} * 20 / scale))
+        observers=$n apart=
+        if [ "${OBSERVERS_APART:-}" ] && [ "$n" != 0 ]; then
+          # The observers in a process of their own (as on other machines),
+          # at the lowest CPU priority, held open by a second acquire due
+          # long after the run (the process is stopped when the run ends).
+          nice -n 19 "$ctl" --endpoints "$endpoints" -w json bench native-lock --clients 1 --lock-names 1 \
+            --total 2 --rate 0.001 --lock-observers "$n" >/dev/null &
+          apart=$!
+          observers=0
+          sleep 3
+        fi
         out=$("$ctl" --endpoints "$endpoints" -w json bench native-lock --clients 16 --conns 4 --lock-names 1 \
-          --total "$total" --lock-observers $n --rate "$pace")
+          --total "$total" --lock-observers $observers --rate "$pace")
+        if [ -n "$apart" ]; then kill "$apart"; wait "$apart" || true; fi
         python3 -c 'import json, sys; r = json.loads(sys.argv[2]); print("round %s, %-10s %5d observers: %6.0f handoffs/s  p50 %6.2f ms  p99 %6.2f ms" % (sys.argv[3], "saturated," if sys.argv[4] == "0" else sys.argv[4] + "/s,", int(sys.argv[1]), r["ops_per_sec"], r["p50_ms"], r["p99_ms"]))' "$n" "$out" "$round" "$pace"
       done
     done

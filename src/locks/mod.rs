@@ -61,6 +61,7 @@ pub mod list;
 pub mod multi;
 pub mod mutex;
 pub mod observe;
+pub mod pacer;
 pub mod stats;
 pub mod turn;
 
