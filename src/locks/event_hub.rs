@@ -10,10 +10,8 @@
 //! The hub's task, woken by apply, first lets the tasks that apply woke
 //! before it run (`yield_now`): the request that waited for the change
 //! (the next holder's acquire, a release's answer) is answered before the
-//! change is told to observers. The streams that were waiting for a message
-//! are then woken by the member's pacer (`super::pacer`), a few at a time
-//! at idle CPU priority, within [`super::pacer::DEADLINE`] at the latest,
-//! so observers cost a handoff little time on its own path.
+//! change is told to observers, so observers cost a handoff little time on
+//! its own path.
 //!
 //! Joining: a stream takes the hub's queue as it is after a read barrier
 //! (so its first message is linearizable, as a lone stream's was): it
@@ -42,10 +40,9 @@ use std::task::{Context, Poll};
 
 use futures::Stream;
 use tokio::sync::broadcast;
-use tokio::sync::broadcast::error::TryRecvError;
+use tokio_stream::wrappers::{errors::BroadcastStreamRecvError, BroadcastStream};
 
 use super::observe::{by_revision, EventKind, LockEvent, Queue};
-use super::pacer::{self, Batch, Parked, Waiting};
 use super::{front_range, queue_prefix, RecipeError};
 use crate::model::mvcc::{KeyRange, KeyValue, RangeRequest};
 use crate::model::watch_routes::Inbox;
@@ -89,8 +86,6 @@ struct Shared<T> {
     permits: usize,
     inbox: Inbox,
     state: Mutex<State<T>>,
-    /// The streams waiting for the next message (see `super::pacer`).
-    parked: Waiting,
 }
 
 struct State<T> {
@@ -142,8 +137,7 @@ impl<T: Clone + Send + Sync + 'static> LockHubs<T> {
             hub,
             first: Some((self.make)(&self.node, through, events)),
             told: through,
-            receiver,
-            parked: Arc::default(),
+            receiver: BroadcastStream::new(receiver),
             done: false,
         })
     }
@@ -171,7 +165,7 @@ impl<T: Clone + Send + Sync + 'static> LockHubs<T> {
         let queue = Queue::new(prefix.clone(), permits, kvs);
         let (sender, _) = broadcast::channel(BROADCAST_MESSAGES);
         let state = State { queue, through, sender: Some(sender), ended: None };
-        let shared = Arc::new(Shared { prefix, permits, inbox, state: Mutex::new(state), parked: Waiting::default() });
+        let shared = Arc::new(Shared { prefix, permits, inbox, state: Mutex::new(state) });
         let (last_stream, gone) = tokio::sync::oneshot::channel();
         tokio::spawn(run(self.node.clone(), self.make.clone(), shared.clone(), gone));
         let hub = Arc::new(Hub { shared, _last_stream: last_stream, registry: Arc::downgrade(self), key: key.clone() });
@@ -185,19 +179,12 @@ impl<T: Clone + Send + Sync + 'static> LockHubs<T> {
     fn join(&self, shared: &Shared<T>, start_revision: i64) -> Result<JoinedAt<T>, Joined> {
         let (through, receiver, snapshot) = {
             let mut state = shared.state();
-            match shared.pump(&self.node, &*self.make, &mut state) {
-                // Told while a stream joins (rare): its waiting streams are
-                // woken at once rather than paced.
-                Ok(told) => told.iter().for_each(|batch| batch.wake_all()),
-                Err(e) => {
-                    // What the inbox held is gone with the failed pump: no
-                    // stream of this hub can be told the truth after it.
-                    state.sender = None;
-                    state.ended = Some(e.clone());
-                    drop(state);
-                    shared.wake_parked();
-                    return Err(Joined::Failed(e));
-                }
+            if let Err(e) = shared.pump(&self.node, &*self.make, &mut state) {
+                // What the inbox held is gone with the failed pump: no stream
+                // of this hub can be told the truth after it.
+                state.sender = None;
+                state.ended = Some(e.clone());
+                return Err(Joined::Failed(e));
             }
             let Some(sender) = &state.sender else { return Err(Joined::Ended) };
             let through = state.through;
@@ -215,16 +202,10 @@ impl<T: Clone + Send + Sync + 'static> LockHubs<T> {
 
 impl<T: Clone + Send + Sync + 'static> Shared<T> {
     /// Tell what the inbox holds: apply it to the queue and broadcast each
-    /// taking's events as one message. Under the hub's lock. The streams
-    /// that waited for it are handed to the pacer: the batch returned.
-    fn pump(
-        &self,
-        node: &Node,
-        make: &MakeMessage<T>,
-        state: &mut State<T>,
-    ) -> Result<Option<Arc<Batch>>, RecipeError> {
+    /// taking's events as one message. Under the hub's lock.
+    fn pump(&self, node: &Node, make: &MakeMessage<T>, state: &mut State<T>) -> Result<(), RecipeError> {
         if state.sender.is_none() {
-            return Ok(None);
+            return Ok(());
         }
         let taken = self.inbox.take();
         let mut events = Vec::new();
@@ -254,17 +235,8 @@ impl<T: Clone + Send + Sync + 'static> Shared<T> {
             let revision = last.revision;
             // No stream listening is no error: the events are in the queue.
             let _ = sender.send(Told { revision, message: make(node, revision, events) });
-            // After the broadcast (see `super::pacer`: no wake-up is lost).
-            return Ok(pacer::hand_over(&self.parked));
         }
-        Ok(None)
-    }
-
-    /// Wake every waiting stream now (the hub ended: they end).
-    fn wake_parked(&self) {
-        if let Some(batch) = pacer::take(&self.parked) {
-            batch.wake_all();
-        }
+        Ok(())
     }
 
     /// The lock's events from `start_revision` through `through`, from
@@ -303,14 +275,11 @@ impl<T: Clone + Send + Sync + 'static> Shared<T> {
     /// End the hub: its streams end once they have sent what was broadcast,
     /// with `why` if it is an error.
     fn end(&self, why: Option<RecipeError>) {
-        {
-            let mut state = self.state();
-            state.sender = None;
-            if state.ended.is_none() {
-                state.ended = why;
-            }
+        let mut state = self.state();
+        state.sender = None;
+        if state.ended.is_none() {
+            state.ended = why;
         }
-        self.wake_parked();
     }
 
     /// The hub's state, locked. A panic while it was held (a bug) leaves it
@@ -362,17 +331,9 @@ async fn run<T: Clone + Send + Sync + 'static>(
     let mut stopping = node.stopping();
     let leaderless = node.leaderless();
     tokio::pin!(leaderless);
-    // What was handed to the pacer (woken whole if the task ends first).
-    let mut handed = pacer::Handed::default();
     loop {
-        let due = handed.due();
         tokio::select! {
             _ = shared.inbox.ready() => {}
-            // The pacer did not get to them in time: the hub wakes the rest.
-            _ = tokio::time::sleep_until(due.unwrap_or_else(tokio::time::Instant::now)), if due.is_some() => {
-                handed.wake_overdue().await;
-                continue;
-            }
             _ = &mut last_stream_gone => return,
             _ = stopping.stopped() => return shared.end(None),
             // A member cut off from the cluster learns of no end: the streams
@@ -386,10 +347,8 @@ async fn run<T: Clone + Send + Sync + 'static>(
             let mut state = shared.state();
             shared.pump(&node, &*make, &mut state)
         };
-        match pumped {
-            Ok(Some(batch)) => handed.push(batch),
-            Ok(None) => {}
-            Err(e) => return shared.end(Some(e)),
+        if let Err(e) = pumped {
+            return shared.end(Some(e));
         }
     }
 }
@@ -401,16 +360,8 @@ pub struct Observation<T> {
     first: Option<T>,
     /// The revision of the last message this stream has been given.
     told: i64,
-    receiver: broadcast::Receiver<Told<T>>,
-    /// This stream's place in the hub's list of waiting streams.
-    parked: Arc<Parked>,
+    receiver: BroadcastStream<Told<T>>,
     done: bool,
-}
-
-impl<T> Drop for Observation<T> {
-    fn drop(&mut self) {
-        self.parked.gone();
-    }
 }
 
 impl<T: Clone + Send + Sync + Unpin + 'static> Stream for Observation<T> {
@@ -418,34 +369,26 @@ impl<T: Clone + Send + Sync + Unpin + 'static> Stream for Observation<T> {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = &mut *self;
-        this.parked.running();
         if let Some(first) = this.first.take() {
             return Poll::Ready(Some(Ok(first)));
         }
-        let mut listed = false;
         loop {
             if this.done {
                 return Poll::Ready(None);
             }
-            match this.receiver.try_recv() {
+            match std::task::ready!(Pin::new(&mut this.receiver).poll_next(cx)) {
                 // Every message after the subscription is new to this stream
                 // (it subscribed under the hub's lock, with its first events).
-                Ok(told) => {
+                Some(Ok(told)) => {
                     this.told = this.told.max(told.revision);
                     return Poll::Ready(Some(Ok(told.message)));
                 }
-                // Listed first, then one more look (see `super::pacer`).
-                Err(TryRecvError::Empty) if !listed => {
-                    this.parked.list(cx.waker(), &this.hub.shared.parked);
-                    listed = true;
-                }
-                Err(TryRecvError::Empty) => return Poll::Pending,
                 // Fell behind: join again from where this stream was.
-                Err(TryRecvError::Lagged(_)) => {
+                Some(Err(BroadcastStreamRecvError::Lagged(_))) => {
                     crate::base::metrics::metrics().lock_event_rejoins.inc();
                     match this.hubs.join(&this.hub.shared, this.told + 1) {
                         Ok((through, events, receiver)) => {
-                            this.receiver = receiver;
+                            this.receiver = BroadcastStream::new(receiver);
                             this.told = this.told.max(through);
                             if !events.is_empty() {
                                 let revision = events.last().map_or(through, |e| e.revision);
@@ -463,7 +406,7 @@ impl<T: Clone + Send + Sync + Unpin + 'static> Stream for Observation<T> {
                         }
                     }
                 }
-                Err(TryRecvError::Closed) => {
+                None => {
                     this.done = true;
                     return Poll::Ready(this.hub.shared.state().ended.clone().map(Err));
                 }

@@ -61,7 +61,6 @@ pub mod list;
 pub mod multi;
 pub mod mutex;
 pub mod observe;
-pub mod pacer;
 pub mod stats;
 pub mod turn;
 
