@@ -772,7 +772,19 @@ if [ "${1:-}" = observers ]; then
             --total 2 --rate 0.001 --lock-observers "$n" >/dev/null &
           apart=$!
           observers=0
-          sleep 3
+          # Measure only once all of them are open, as the members count
+          # them (Observe calls started and not yet handled).
+          for _ in $(seq 300); do
+            kill -0 "$apart" 2>/dev/null || { echo "the observers' process ended before the run" >&2; exit 1; }
+            open=0
+            for e in ${endpoints//,/ }; do
+              open=$((open + $(curl -s "$e/metrics" | awk '/^grpc_server_(started|handled)_total\{/ && /grpc_method="Observe"/ && /grpc_service="raftlock.v1.Locks"/ {
+                n += ($1 ~ /started/ ? 1 : -1) * $NF } END { printf "%d", n }')))
+            done
+            [ "$open" -lt "$n" ] || break
+            sleep 0.1
+          done
+          [ "$open" -ge "$n" ] || { echo "only $open of $n observers opened in 30 s" >&2; exit 1; }
         fi
         out=$("$ctl" --endpoints "$endpoints" -w json bench native-lock --clients 16 --conns 4 --lock-names 1 \
           --total "$total" --lock-observers $observers --rate "$pace")
