@@ -50,6 +50,20 @@ pub fn requires_leader<T>(req: &tonic::Request<T>) -> bool {
     req.metadata().get("hasleader").is_some_and(|v| v == "true")
 }
 
+/// How many bytes of request data one client connection may have sent that
+/// the member has not read yet (HTTP/2's connection window; each stream's
+/// own stays hyper's 1 MiB). It is 8 times hyper's default for what it also
+/// sets: HTTP/2 (h2) ends a connection with GOAWAY ENHANCE_YOUR_CALM once
+/// the small DATA frames waiting in it carry more framing overhead than half
+/// this window (about 256 bytes a frame, less its payload). At hyper's 1 MiB
+/// that is some 2,300 tiny messages waiting at once: a busy client (lease
+/// keepalives or watch creates on many streams of one connection) lost the
+/// connection whenever its member stalled for a moment and then found them
+/// all waiting. At 8 MiB a whole stream's worth of watch creates (10,000)
+/// fits, and a flood of tiny messages is still cut off (the hostile
+/// suite's `watch-create-pipeline`).
+const CLIENT_CONNECTION_WINDOW: u32 = 8 << 20;
+
 /// A response header from this node at `revision`.
 pub fn header(node: &Node, revision: i64) -> Option<ResponseHeader> {
     Some(ResponseHeader { cluster_id: node.cluster_id, member_id: node.id, revision, raft_term: node.raft_term() })
@@ -124,6 +138,7 @@ impl ClientApi {
             Server::builder()
                 .accept_http1(true)
                 .max_concurrent_streams(Some(settings.max_concurrent_streams))
+                .initial_connection_window_size(CLIENT_CONNECTION_WINDOW)
                 // etcd's --grpc-keepalive-interval and -timeout defaults: a client
                 // that vanished without closing its connection (its watch and
                 // keepalive streams with it) is let go of within about two hours.

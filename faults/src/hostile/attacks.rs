@@ -25,6 +25,7 @@ pub const ALL: &[(&str, Attack)] = &[
     ("slowloris", slowloris),
     ("slow-watcher", slow_watcher),
     ("range-watch-flood", range_watch_flood),
+    ("watch-create-pipeline", watch_create_pipeline),
     ("proclaim-hijack", proclaim_hijack),
     ("lock-api-abuse", lock_api_abuse),
     ("lock-delay-abuse", lock_delay_abuse),
@@ -525,7 +526,10 @@ fn slow_watcher(t: &mut Target) -> BoxFuture<'_, anyhow::Result<String>> {
 
 /// More distinct watched ranges that are neither keys nor prefixes than a
 /// member routes, over as many streams as that takes: the ones past the cap
-/// are refused with a reason, the others are routed.
+/// are refused with a reason, the others are routed. Each stream keeps at
+/// most [`PIPELINE`] creates unanswered, as a careful client does: a client
+/// that sends thousands of small messages faster than the member reads them
+/// is `watch_create_pipeline`'s attack, not this one's.
 fn range_watch_flood(t: &mut Target) -> BoxFuture<'_, anyhow::Result<String>> {
     Box::pin(async move {
         let mut c = t.client(1).await?;
@@ -539,12 +543,13 @@ fn range_watch_flood(t: &mut Target) -> BoxFuture<'_, anyhow::Result<String>> {
             let last = total.min(first + per_stream);
             let (key, end) = range(first);
             let mut stream = c.watch(key, Some(WatchOptions::new().with_range(end))).await?;
-            for i in first + 1..last {
-                let (key, end) = range(i);
-                stream.watch(key, Some(WatchOptions::new().with_range(end))).await?;
-            }
-            let mut answered = 0;
+            let (mut next, mut answered) = (first + 1, 0);
             while answered < last - first {
+                while next < last && next - first - answered < PIPELINE {
+                    let (key, end) = range(next);
+                    stream.watch(key, Some(WatchOptions::new().with_range(end))).await?;
+                    next += 1;
+                }
                 let message = tokio::time::timeout(Duration::from_secs(20), stream.message()).await;
                 let resp = match message {
                     Ok(Ok(Some(resp))) => resp,
@@ -569,6 +574,103 @@ fn range_watch_flood(t: &mut Target) -> BoxFuture<'_, anyhow::Result<String>> {
         anyhow::ensure!(reason.contains("too many key ranges watched"), "refused with \"{reason}\"");
         Ok(format!("{created} ranges watched, {refused} refused: \"{reason}\""))
     })
+}
+
+/// How many watch creates a careful client leaves unanswered on a stream.
+const PIPELINE: usize = 1000;
+
+/// Small messages sent while their member is stopped (SIGSTOP), so that
+/// it finds them all waiting at once. HTTP/2 bounds what buffered small
+/// frames may cost a member (h2's budget: half the connection window of
+/// framing overhead; `raftlock::api`'s `CLIENT_CONNECTION_WINDOW`); past it
+/// the member ends the connection with GOAWAY ENHANCE_YOUR_CALM. A whole
+/// stream's worth of watch creates (10,000, a DATA frame each) must all be
+/// answered; of 30,000 progress requests (7 bytes each) either all are
+/// answered or the connection ends so. Nobody else may notice: a watcher on
+/// another connection to the same member still gets its event.
+fn watch_create_pipeline(t: &mut Target) -> BoxFuture<'_, anyhow::Result<String>> {
+    Box::pin(async move {
+        let mut bystander = t.client(2).await?;
+        let mut watched = bystander.watch("/pipelined/bystander", None).await?;
+        let first = tokio::time::timeout(Duration::from_secs(10), watched.message()).await;
+        anyhow::ensure!(matches!(first, Ok(Ok(Some(ref r))) if r.created()), "the bystander's watch: {first:?}");
+        let creates: Vec<Vec<u8>> = (0..raftlock::MAX_WATCHERS_PER_STREAM)
+            .map(|i| raw::proto_bytes(1, &raw::proto_bytes(1, format!("/pipelined/{i:05}").as_bytes())))
+            .collect();
+        let (answered, ended) = burst_to_stopped(t, 2, &creates).await?;
+        anyhow::ensure!(
+            answered == creates.len(),
+            "{answered} of {} creates answered, then the connection: {ended}",
+            creates.len()
+        );
+        let progress = vec![raw::proto_bytes(3, &[]); 30_000];
+        let (answered, ended) = burst_to_stopped(t, 2, &progress).await?;
+        let flood = if answered == progress.len() {
+            format!("all {answered} answered")
+        } else if ended.contains("ENHANCE_YOUR_CALM") {
+            format!("the member ended that connection with GOAWAY ENHANCE_YOUR_CALM after {answered} answers")
+        } else {
+            anyhow::bail!("{answered} of {} progress requests answered, then the connection: {ended}", progress.len())
+        };
+        let mut writer = t.client(0).await?;
+        writer.put("/pipelined/bystander", "after", None).await?;
+        let event = tokio::time::timeout(Duration::from_secs(10), watched.message()).await;
+        anyhow::ensure!(
+            matches!(event, Ok(Ok(Some(ref r))) if r.events().len() == 1),
+            "the bystander's watch, after: {event:?}"
+        );
+        Ok(format!(
+            "10,000 watch creates sent to a stopped member: all answered; 30,000 progress requests: {flood}; a \
+             watcher on another connection got its event; peak RSS of any member {} MiB",
+            t.peak_rss_mib()
+        ))
+    })
+}
+
+/// Open a Watch stream on a connection of its own to member `i`, stop the
+/// member, send each of `messages` (encoded `WatchRequest`s) in a DATA
+/// frame of its own, let the member go on, and read the answers: how many
+/// came before they all did or the stream ended, and how the connection
+/// ended if it did.
+async fn burst_to_stopped(t: &Target, i: usize, messages: &[Vec<u8>]) -> anyhow::Result<(usize, String)> {
+    let addr = t.client_addr(i);
+    let (client, connection) = raw::h2_connect_owned(&addr, 1 << 24).await?;
+    let mut client = client.ready().await?;
+    let (answer, mut send) = client.send_request(raw::grpc_request(&addr, "/etcdserverpb.Watch/Watch", &[]), false)?;
+    t.cluster.pause(i);
+    let sent = messages.iter().try_for_each(|m| send.send_data(raw::grpc_frame(m).into(), false));
+    // The frames reach the member's socket while it cannot read them.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    t.cluster.resume(i);
+    sent?;
+    let answers = async {
+        let mut body = match answer.await {
+            Ok(answer) => answer.into_body(),
+            Err(_) => return 0,
+        };
+        let mut answered = raw::GrpcMessages::default();
+        while answered.count() < messages.len() {
+            match body.data().await {
+                Some(Ok(chunk)) => {
+                    let _ = body.flow_control().release_capacity(chunk.len());
+                    answered.push(&chunk);
+                }
+                Some(Err(_)) | None => break,
+            }
+        }
+        answered.count()
+    };
+    let answered = tokio::time::timeout(Duration::from_secs(60), answers)
+        .await
+        .map_err(|_| anyhow::anyhow!("no end to the answers within 60 s"))?;
+    if answered == messages.len() {
+        return Ok((answered, "open".into()));
+    }
+    let ended = match tokio::time::timeout(Duration::from_secs(10), connection).await {
+        Ok(Ok(Err(e))) if e.is_go_away() => format!("GOAWAY {:?}", e.reason()),
+        other => format!("{other:?}"),
+    };
+    Ok((answered, ended))
 }
 
 /// Proclaim with a forged leader key: a key the caller never campaigned

@@ -58,6 +58,15 @@ fn put_varint(out: &mut Vec<u8>, mut v: u64) {
 
 /// An HTTP/2 connection to `addr` (plaintext, prior knowledge, as gRPC).
 pub async fn h2_connect(addr: &str, window: u32) -> anyhow::Result<h2::client::SendRequest<Bytes>> {
+    Ok(h2_connect_owned(addr, window).await?.0)
+}
+
+/// An HTTP/2 connection to `addr`, and the task that drives it: it ends
+/// with how the connection ended (a GOAWAY's reason, for one).
+pub async fn h2_connect_owned(
+    addr: &str,
+    window: u32,
+) -> anyhow::Result<(h2::client::SendRequest<Bytes>, tokio::task::JoinHandle<Result<(), h2::Error>>)> {
     let tcp = TcpStream::connect(addr).await?;
     let (client, connection) = h2::client::Builder::new()
         .initial_window_size(window)
@@ -68,10 +77,45 @@ pub async fn h2_connect(addr: &str, window: u32) -> anyhow::Result<h2::client::S
         .data_frame_budget(1 << 40)
         .handshake(tcp)
         .await?;
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
-    Ok(client)
+    Ok((client, tokio::spawn(connection)))
+}
+
+/// Counts the gRPC messages in a stream's DATA, however its chunks cut
+/// them (each message is a 5-byte prefix, then as many bytes as the
+/// prefix's length says).
+#[derive(Default)]
+pub struct GrpcMessages {
+    count: usize,
+    /// Bytes still to come of the message being read, or of its prefix.
+    pending: usize,
+    /// The prefix read so far, while it is cut.
+    prefix: Vec<u8>,
+}
+
+impl GrpcMessages {
+    pub fn push(&mut self, mut chunk: &[u8]) {
+        while !chunk.is_empty() {
+            if self.pending > 0 {
+                let taken = self.pending.min(chunk.len());
+                self.pending -= taken;
+                chunk = &chunk[taken..];
+                continue;
+            }
+            let taken = (5 - self.prefix.len()).min(chunk.len());
+            self.prefix.extend(&chunk[..taken]);
+            chunk = &chunk[taken..];
+            if self.prefix.len() == 5 {
+                self.pending = u32::from_be_bytes(self.prefix[1..5].try_into().expect("4 bytes")) as usize;
+                self.prefix.clear();
+                self.count += 1;
+            }
+        }
+    }
+
+    /// Messages whose prefix has come.
+    pub fn count(&self) -> usize {
+        self.count
+    }
 }
 
 /// A gRPC request's headers for `path`, with `metadata` added.
