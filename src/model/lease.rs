@@ -109,6 +109,14 @@ impl LeaseTable {
         self.leases.keys().copied()
     }
 
+    /// The leases in ID order, from the first after `after` (from the first
+    /// of all when `None`).
+    pub fn after(&self, after: Option<i64>) -> impl Iterator<Item = &Lease> + '_ {
+        use std::ops::Bound::{Excluded, Unbounded};
+        let from = after.map_or(Unbounded, Excluded);
+        self.leases.range((from, Unbounded)).map(|(_, lease)| lease)
+    }
+
     /// Grant a lease. False if the ID is taken (nothing changes).
     pub fn grant(&mut self, id: i64, ttl: i64) -> bool {
         if self.leases.contains_key(&id) {

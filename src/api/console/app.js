@@ -54,9 +54,9 @@ export function prefixEnd(prefix) {
   return btoa(String.fromCharCode(...bytes));
 }
 
-/// A lease or member ID as etcdctl prints it (hexadecimal).
+/// A lease ID as etcdctl prints it (16 hexadecimal digits).
 export function hex(id) {
-  return BigInt(id || 0).toString(16);
+  return BigInt(id || 0).toString(16).padStart(16, "0");
 }
 
 function headers() {
@@ -148,7 +148,7 @@ export function pagerButtons(pages, next, load) {
     pages.length > 1 ? el("button", { type: "button", onclick: go(() => pages.pop()) }, "Previous page") : null,
     next !== null && next !== undefined && next !== ""
       ? el("button", { type: "button", onclick: go(() => pages.push(next)) }, "Next page") : null,
-  ];
+  ].filter(Boolean);
 }
 
 /// Ask before an action; resolves true if the visitor confirmed.

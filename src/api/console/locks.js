@@ -11,6 +11,8 @@ import { el, call, stream, watchPrefix, action, may, say, pagerButtons, b64, tex
 const PAGE = 50;
 /// How many revisions back a lock's page shows its events from.
 const HISTORY = 10000;
+// Waiters on a page of a lock's page.
+const WAITERS = 100;
 
 /// The list pages (locks, or elections with `elections`).
 function listPage(main, params, elections) {
@@ -27,7 +29,7 @@ function listPage(main, params, elections) {
   const pager = el("div", { class: "pager" });
   const head = elections
     ? ["Election", "Leader key", "Lease", "Value", "Candidates waiting"]
-    : ["Lock", "Holders (key, token, lease, TTL)", "Waiting"];
+    : ["Lock", "Holders (key, token, lease, mode, metadata)", "Waiting"];
   main.append(el("h1", {}, elections ? "Elections" : "Locks"), form, state,
     el("table", { "aria-label": elections ? "Elections" : "Locks" },
       el("thead", {}, el("tr", {}, head.map((h) => el("th", { scope: "col" }, h)))), body),
@@ -49,15 +51,26 @@ function listPage(main, params, elections) {
   return () => abort.abort();
 }
 
+/// A second off every TTL shown in `ttls` (cells with what they had left).
+function countDown(ttls) {
+  for (const t of ttls) {
+    t.left = Math.max(-1, t.left - 1);
+    t.cell.textContent = secs(t.left);
+  }
+}
+
 function lockLink(name) {
   return el("a", { href: `#/lock/${encodeURIComponent(name)}` }, name || "(empty name)");
 }
 
 function lockRow(l) {
   const name = text(l.name);
-  const holders = (l.holders || []).map((h) =>
-    el("div", {}, el("code", {}, text(h.key)), " token ", el("strong", {}, h.token), " lease ", el("code", {}, hex(h.lease)),
-      " TTL ", secs(h.ttl || 0), h.mode === "READ" ? " (read)" : ""));
+  // List tells no TTLs or hold counts (Describe does: the lock's page).
+  const holders = (l.holders || []).map((h) => {
+    const metadata = text(h.metadata);
+    return el("div", {}, el("code", {}, text(h.key)), " token ", el("strong", {}, h.token), " lease ", el("code", {}, hex(h.lease)),
+      h.mode === "READ" ? " (read)" : "", metadata ? [", ", el("code", {}, metadata)] : "");
+  });
   return el("tr", { "data-lock": name },
     el("th", { scope: "row" }, lockLink(name)),
     el("td", {}, holders.length ? holders : el("span", { class: "muted" }, "none")),
@@ -98,6 +111,11 @@ export function renderLock(main, params) {
   const delay = el("p");
   const events = el("tbody");
   const more = el("p", { class: "muted" });
+  const waiterPager = el("div", { class: "pager" });
+  // Where each page of waiters visited starts (null: at the first waiter;
+  // else after a waiter's token and key, as Describe continues); the top
+  // is shown.
+  const waiterPages = [null];
   const since = el("p", { class: "muted" });
   const col = (h) => el("th", { scope: "col" }, h);
   const ownerHead = () => el("thead", {}, el("tr", {}, col("Key"), col("Token"), col("Lease"), col("TTL"), col("Mode"),
@@ -105,7 +123,7 @@ export function renderLock(main, params) {
   main.append(el("h1", {}, "Lock ", el("code", {}, name)), el("p", {}, el("a", { href: "#/locks" }, "All locks")), state,
     el("h2", {}, "Holders"), el("table", { "aria-label": "Holders" }, ownerHead(), holders),
     delay,
-    el("h2", {}, "Waiting, in queue order"), el("table", { "aria-label": "Waiters" }, ownerHead(), waiters), more,
+    el("h2", {}, "Waiting, in queue order"), el("table", { "aria-label": "Waiters" }, ownerHead(), waiters), more, waiterPager,
     el("h2", {}, "Events"), since,
     el("div", { class: "events" }, el("table", { "aria-label": "Events" },
       el("thead", {}, el("tr", {}, col("Revision"), col("Event"), col("Key"), col("Token"), col("Lease"), col("Position"))),
@@ -114,13 +132,20 @@ export function renderLock(main, params) {
   const ttls = [];
   const describe = async () => {
     try {
-      const d = await call("/v1/locks/describe", { name: b64(name), limit: 100 });
+      const from = waiterPages[waiterPages.length - 1];
+      const d = await call("/v1/locks/describe", from
+        ? { name: b64(name), limit: WAITERS, waiters_after: from.token, waiters_after_key: from.key }
+        : { name: b64(name), limit: WAITERS });
       ttls.length = 0;
       holders.replaceChildren(...(d.holders || []).map((o) => ownerRow(o, true, describe, ttls)));
       if (!(d.holders || []).length) holders.replaceChildren(el("tr", {}, el("td", { colspan: 8, class: "muted" }, "Nobody holds it.")));
       waiters.replaceChildren(...(d.waiters || []).map((o) => ownerRow(o, false, describe, ttls)));
       if (!(d.waiters || []).length) waiters.replaceChildren(el("tr", {}, el("td", { colspan: 8, class: "muted" }, "Nobody waits.")));
-      more.textContent = d.more ? "More wait after these 100." : "";
+      const shown = d.waiters || [];
+      const last = shown[shown.length - 1];
+      more.textContent = (from ? `Waiting after token ${from.token}. ` : "") + (d.more ? "More wait after these." : "");
+      waiterPager.replaceChildren(...pagerButtons(waiterPages, d.more && last ? { token: last.token, key: last.key } : null,
+        describe));
       const ld = d.lock_delay;
       delay.replaceChildren(ld ? el("span", { class: "error" }, `In a lock-delay of ${ld.delay_ms || 0} ms since revision ${ld.revision}: `
         + `about ${Math.ceil((ld.remaining_ms || 0) / 1000)} s left.`) : "");
@@ -129,12 +154,7 @@ export function renderLock(main, params) {
       say(state, e.message, true);
     }
   };
-  const tick = setInterval(() => {
-    for (const t of ttls) {
-      t.left = Math.max(-1, t.left - 1);
-      t.cell.textContent = secs(t.left);
-    }
-  }, 1000);
+  const tick = setInterval(() => countDown(ttls), 1000);
   describe();
   // The events of the last HISTORY revisions first (replayed from the
   // store's history), then live; after a broken stream, from the revision
