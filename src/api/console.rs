@@ -9,17 +9,26 @@
 //!
 //! Two routes are the console's own, each a JSON line every second for as
 //! long as the page reads it (a line's work starts a second after the last
-//! one's did, however long that took), and with auth on each needs a token
-//! that names a user:
+//! one's did, however long that took). With auth on each needs a token
+//! that names a user, looked at again before every line: a token that timed
+//! out or a user deleted ends the stream with a refusal.
 //! - `GET /ui/api/cluster`: every member's status ([`Node::cluster_status`],
 //!   each asked over the peer port within [`MEMBER_TIMEOUT`]), so that a
 //!   member that stops answering shows within two seconds.
 //! - `GET /ui/api/leases?after=ID&limit=N`: a page of leases in ID order
-//!   (how many in all, and where the next page starts), each with its TTL
-//!   left (asked of the leader, as TimeToLive is), its granted TTL, its key
-//!   count and the first keys the visitor may read, and whether the visitor
-//!   may revoke it (WRITE on every key on it, as LeaseRevoke checks). etcd
-//!   has no watch on leases: this is how the leases page stays current.
+//!   (how many in all, and where the next page starts), each with whether
+//!   the visitor may revoke it (WRITE on every key on it, as LeaseRevoke
+//!   checks) and, as TimeToLive tells them only to who may READ every key
+//!   on the lease, its TTL left, its granted TTL, its key count and first
+//!   keys. etcd has no watch on leases: this is how the leases page stays
+//!   current. Bounded: a page holds at most [`LEASES_PAGE_MAX`] leases,
+//!   each lease's TTL is asked of the leader every [`LEASE_TTL_EVERY`] at
+//!   most (counted down in between), a member serves
+//!   [`LEASE_STREAMS_MAX`] such streams at once (more are refused with
+//!   "too many requests"), and a lease with more than
+//!   [`LEASE_KEYS_CHECKED`] keys is judged by one check over the range from
+//!   its first key to its last (which can refuse a visitor who may in fact
+//!   read each key: the page then hides what it holds).
 //!
 //! Caveats: the assets are served with `Cache-Control: no-cache`, so a
 //! browser asks again and an upgraded member serves its own console at once;
@@ -48,9 +57,18 @@ pub const MEMBER_TIMEOUT: Duration = Duration::from_millis(800);
 /// leases page its leases.
 pub const CLUSTER_EVERY: Duration = Duration::from_secs(1);
 /// How many leases a page of the leases page holds at most.
-const LEASES_PAGE_MAX: usize = 500;
+const LEASES_PAGE_MAX: usize = 100;
 /// How many of a lease's keys the leases page is told.
 const LEASE_KEYS_SHOWN: usize = 10;
+/// How many of a lease's keys are checked one by one against the visitor's
+/// permissions (see [`lease_page`]).
+const LEASE_KEYS_CHECKED: usize = 64;
+/// How often a lease stream asks the leader for a lease's TTL; it counts
+/// down in between.
+const LEASE_TTL_EVERY: Duration = Duration::from_secs(5);
+/// How many lease streams a member serves at once (each asks the leader
+/// for up to [`LEASES_PAGE_MAX`] TTLs every [`LEASE_TTL_EVERY`]).
+const LEASE_STREAMS_MAX: usize = 8;
 
 /// The embedded files: name, content type, body.
 const ASSETS: &[(&str, &str, &str)] = &[
@@ -108,19 +126,29 @@ async fn visitor(node: &Node, headers: &HeaderMap) -> Result<Caller, Response> {
 }
 
 /// A JSON line from `line()` at once and then every [`CLUSTER_EVERY`] (from
-/// when the last one began), until the node stops or the page goes.
-fn every_second<F, Fut>(node: &Node, line: F) -> Response
+/// when the last one began), until the node stops or the page goes. The
+/// visitor is asked for again before each line (a token may time out, a
+/// user lose its roles): once refused, the last line is the refusal.
+fn every_second<F, Fut>(node: Arc<Node>, headers: HeaderMap, line: F) -> Response
 where
-    F: Fn() -> Fut + Send + 'static,
+    F: Fn(Caller) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = serde_json::Value> + Send,
 {
     let mut stopping = node.stopping();
-    let lines = futures::stream::unfold((line, tokio::time::Instant::now()), |(line, at)| async move {
+    let state = (node, headers, line, tokio::time::Instant::now(), false);
+    let lines = futures::stream::unfold(state, |(node, headers, line, at, refused)| async move {
+        if refused {
+            return None;
+        }
         tokio::time::sleep_until(at).await;
-        let mut bytes = serde_json::to_vec(&line().await).expect("a JSON value encodes");
+        let (value, refused) = match visitor(&node, &headers).await {
+            Ok(caller) => (line(caller).await, false),
+            Err(_) => (json!({"error": {"code": 16, "message": "etcdserver: user name is empty"}}), true),
+        };
+        let mut bytes = serde_json::to_vec(&value).expect("a JSON value encodes");
         bytes.push(b'\n');
         let next = (at + CLUSTER_EVERY).max(tokio::time::Instant::now());
-        Some((Ok::<_, std::convert::Infallible>(Bytes::from(bytes)), (line, next)))
+        Some((Ok::<_, std::convert::Infallible>(Bytes::from(bytes)), (node, headers, line, next, refused)))
     })
     .take_until(async move { stopping.stopped().await });
     let kind = [(header::CONTENT_TYPE, "application/x-ndjson"), (header::CACHE_CONTROL, "no-cache")];
@@ -133,18 +161,33 @@ async fn cluster(node: Arc<Node>, headers: HeaderMap) -> Response {
         return refused;
     }
     let shown = node.clone();
-    every_second(&node, move || {
+    every_second(node, headers, move |_| {
         let node = shown.clone();
         async move { view(&node).await }
     })
 }
 
+/// How many leases' streams (`/ui/api/leases`) this process serves at once.
+static LEASE_STREAMS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// One lease stream counted in [`LEASE_STREAMS`] while it lives.
+struct LeaseStream;
+
+impl Drop for LeaseStream {
+    fn drop(&mut self) {
+        LEASE_STREAMS.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// `GET /ui/api/leases` (see the module doc).
 async fn leases(node: Arc<Node>, headers: HeaderMap, uri: Uri) -> Response {
-    let caller = match visitor(&node, &headers).await {
-        Ok(caller) => caller,
-        Err(refused) => return refused,
+    let refusal = |status: StatusCode, code: i32, message: String| {
+        let body = json!({"error": message, "code": code, "message": message});
+        (status, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
     };
+    if let Err(refused) = visitor(&node, &headers).await {
+        return refused;
+    }
     let (mut after, mut limit) = (None, 50);
     for (name, value) in uri.query().unwrap_or("").split('&').filter_map(|pair| pair.split_once('=')) {
         let parsed = match name {
@@ -153,62 +196,150 @@ async fn leases(node: Arc<Node>, headers: HeaderMap, uri: Uri) -> Response {
             _ => true,
         };
         if !parsed {
-            let body = json!({"error": format!("{name}: not a number"), "code": 3, "message": "bad query"});
-            return (StatusCode::BAD_REQUEST, [(header::CONTENT_TYPE, "application/json")], body.to_string())
-                .into_response();
+            return refusal(StatusCode::BAD_REQUEST, 3, format!("{name}: not a number"));
         }
     }
+    if LEASE_STREAMS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) >= LEASE_STREAMS_MAX {
+        LEASE_STREAMS.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        return refusal(StatusCode::TOO_MANY_REQUESTS, 8, "etcdserver: too many requests".into());
+    }
+    let counted = LeaseStream;
+    let ttls = Arc::new(std::sync::Mutex::new(LeaseTtls::default()));
     let shown = node.clone();
-    let caller = Arc::new(caller);
-    every_second(&node, move || {
-        let (node, caller) = (shown.clone(), caller.clone());
-        async move { lease_page(&node, &caller, after, limit).await }
+    every_second(node, headers, move |caller| {
+        // Counted for as long as the stream (which owns this closure) lives.
+        let _counted = &counted;
+        let (node, ttls) = (shown.clone(), ttls.clone());
+        async move { lease_page(&node, &caller, after, limit, &ttls).await }
     })
 }
 
-/// A page of leases as the leases page shows it (see the module doc). The
-/// lease table's lock is let go before the auth store's is taken.
-async fn lease_page(node: &Node, caller: &Caller, after: Option<i64>, limit: usize) -> serde_json::Value {
-    let (count, taken, more) = {
+/// What a lease stream last heard of its leases' TTLs: each lease's seconds
+/// left, and when the leader said so.
+#[derive(Default)]
+struct LeaseTtls(std::collections::HashMap<i64, (i64, tokio::time::Instant)>);
+
+/// A lease as the lease table held it when a page was taken: all its keys
+/// when it has at most [`LEASE_KEYS_CHECKED`], else its first
+/// [`LEASE_KEYS_SHOWN`] and its last.
+struct LeaseRow {
+    id: i64,
+    granted: i64,
+    key_count: usize,
+    keys: Vec<Vec<u8>>,
+    last: Option<Vec<u8>>,
+}
+
+/// A page of leases as the leases page shows it (see the module doc).
+/// The lease table is held only to copy the page out of it; the auth store
+/// is read once per page, after.
+async fn lease_page(
+    node: &Node,
+    caller: &Caller,
+    after: Option<i64>,
+    limit: usize,
+    ttls: &std::sync::Mutex<LeaseTtls>,
+) -> serde_json::Value {
+    let (count, rows, more) = {
         let leases = node.state().leases();
-        let mut taken: Vec<(i64, i64, Vec<Vec<u8>>)> =
-            leases.after(after).take(limit + 1).map(|l| (l.id, l.ttl, l.keys.iter().cloned().collect())).collect();
-        let more = taken.len() > limit;
-        taken.truncate(limit);
-        (leases.len(), taken, more)
+        let mut rows: Vec<LeaseRow> = leases
+            .after(after)
+            .take(limit + 1)
+            .map(|l| {
+                let all = l.keys.len() <= LEASE_KEYS_CHECKED;
+                LeaseRow {
+                    id: l.id,
+                    granted: l.ttl,
+                    key_count: l.keys.len(),
+                    keys: l
+                        .keys
+                        .iter()
+                        .take(if all { LEASE_KEYS_CHECKED } else { LEASE_KEYS_SHOWN })
+                        .cloned()
+                        .collect(),
+                    last: (!all).then(|| l.keys.last().cloned()).flatten(),
+                }
+            })
+            .collect();
+        let more = rows.len() > limit;
+        rows.truncate(limit);
+        (leases.len(), rows, more)
     };
-    let may = |key: &[u8], kind| crate::api::auth::check(node, caller, key, &[], kind).is_ok();
-    let next = more.then(|| taken.last().map(|(id, _, _)| id.to_string())).flatten();
-    // TTLs left: only the leader keeps lease time.
-    let ttls = futures::future::join_all(taken.iter().map(|(id, _, _)| async move {
-        match tokio::time::timeout(MEMBER_TIMEOUT, node.time_to_live(*id)).await {
-            Ok(Ok(Some(status))) => json!(status.remaining),
-            _ => serde_json::Value::Null,
-        }
-    }))
-    .await;
-    let page: Vec<serde_json::Value> = taken
+    let next = more.then(|| rows.last().map(|row| row.id.to_string())).flatten();
+    // May the visitor do `kind` to every key on the lease? Past
+    // LEASE_KEYS_CHECKED keys, judged over the range from the first to the
+    // last: enough, and a little more than needed.
+    let (readable, revocable): (Vec<bool>, Vec<bool>) = {
+        let auth = node.state().auth();
+        let may_all = |row: &LeaseRow, kind: PermKind| match &row.last {
+            None => row.keys.iter().all(|k| auth.check(caller, k, &[], kind).is_ok()),
+            Some(last) => auth.check(caller, &row.keys[0], &[last.as_slice(), &[0]].concat(), kind).is_ok(),
+        };
+        rows.iter().map(|row| (may_all(row, PermKind::Read), may_all(row, PermKind::Write))).unzip()
+    };
+    let ttl_left = lease_ttls(node, &rows, &readable, ttls).await;
+    let page: Vec<serde_json::Value> = rows
         .iter()
-        .zip(ttls)
-        .map(|((id, granted, keys), ttl)| {
-            let shown: Vec<String> = keys
-                .iter()
-                .filter(|k| may(k, PermKind::Read))
-                .take(LEASE_KEYS_SHOWN)
-                .map(|k| String::from_utf8_lossy(k).into_owned())
-                .collect();
+        .zip(readable.iter().zip(revocable))
+        .zip(ttl_left)
+        .map(|((row, (&readable, revocable)), ttl)| {
+            // As TimeToLive: what a lease holds, only to who may read all of it.
+            let shown: Vec<String> =
+                row.keys.iter().take(LEASE_KEYS_SHOWN).map(|k| String::from_utf8_lossy(k).into_owned()).collect();
             json!({
-                "id": format!("{id:016x}"),
-                "ID": id.to_string(),
+                "id": format!("{:016x}", row.id),
+                "ID": row.id.to_string(),
                 "ttl": ttl,
-                "granted_ttl": granted,
-                "key_count": keys.len(),
-                "keys": shown,
-                "revocable": keys.iter().all(|k| may(k, PermKind::Write)),
+                "granted_ttl": if readable { json!(row.granted) } else { serde_json::Value::Null },
+                "key_count": if readable { json!(row.key_count) } else { serde_json::Value::Null },
+                "keys": if readable { json!(shown) } else { serde_json::Value::Null },
+                "revocable": revocable,
             })
         })
         .collect();
     json!({"count": count, "leases": page, "next": next})
+}
+
+/// The seconds left on each readable lease of `rows` (`null` for the
+/// others, and where the leader did not answer within [`MEMBER_TIMEOUT`]):
+/// asked of the leader (TimeToLive) when last asked [`LEASE_TTL_EVERY`]
+/// ago or never, else counted down from its last answer.
+async fn lease_ttls(
+    node: &Node,
+    rows: &[LeaseRow],
+    readable: &[bool],
+    ttls: &std::sync::Mutex<LeaseTtls>,
+) -> Vec<serde_json::Value> {
+    let now = tokio::time::Instant::now();
+    let known: Vec<Option<(i64, tokio::time::Instant)>> = {
+        let mut ttls = ttls.lock().expect("lease TTLs poisoned");
+        ttls.0.retain(|id, _| rows.iter().any(|row| row.id == *id));
+        rows.iter().map(|row| ttls.0.get(&row.id).copied()).collect()
+    };
+    let asks = rows.iter().zip(readable).zip(&known).map(|((row, &readable), known)| async move {
+        if !readable {
+            return (row.id, None, false);
+        }
+        if let Some((left, at)) = known.filter(|(_, at)| now.duration_since(*at) < LEASE_TTL_EVERY) {
+            let counted = left - now.duration_since(at).as_secs() as i64;
+            return (row.id, Some(counted.max(0)), false);
+        }
+        match tokio::time::timeout(MEMBER_TIMEOUT, node.time_to_live(row.id)).await {
+            Ok(Ok(Some(status))) => (row.id, Some(status.remaining), true),
+            _ => (row.id, None, false),
+        }
+    });
+    let answers = futures::future::join_all(asks).await;
+    let mut ttls = ttls.lock().expect("lease TTLs poisoned");
+    answers
+        .into_iter()
+        .map(|(id, left, asked)| {
+            if let (Some(left), true) = (left, asked) {
+                ttls.0.insert(id, (left, now));
+            }
+            left.map_or(serde_json::Value::Null, |left| json!(left))
+        })
+        .collect()
 }
 
 /// Every member's status, as the cluster page shows it.

@@ -162,13 +162,14 @@ def test_pages_follow_locks_waiters_revocations_and_a_new_leader(cluster: Cluste
             client.put(f"jobs/paged/{i:03}".encode(), b"", lease=queue_lease)
         browser.get(ui(served) + "#/lock/jobs%2Fpaged")
         waiting = "table[aria-label=Waiters] tr[data-key]"
-        wait(browser, lambda d: len(rows(d, waiting)) == 100, 5, "the first page did not show 100 waiters")
-        assert rows(browser, waiting)[0].get_attribute("data-key") == "jobs/paged/001"
+        first_page = lambda d: [r.get_attribute("data-key") for r in rows(d, waiting)][:1] == ["jobs/paged/001"] \
+            and len(rows(d, waiting)) == 100  # noqa: E731
+        wait(browser, first_page, 5, "the first page did not show the first 100 waiters")
         click(browser, "main .pager", "Next page", "no next page of waiters")
         wait(browser, lambda d: [r.get_attribute("data-key") for r in rows(d, waiting)]
              == [f"jobs/paged/{i:03}" for i in range(101, 105)], 5, "the second page is not the last four waiters")
         click(browser, "main .pager", "Previous page", "no way back to the first page of waiters")
-        wait(browser, lambda d: len(rows(d, waiting)) == 100, 5, "the first page did not come back")
+        wait(browser, first_page, 5, "the first page did not come back")
         client.lease_revoke(queue_lease)
 
         # The leases page is live: a lease granted elsewhere shows, with
@@ -237,6 +238,7 @@ def test_with_auth_on_visitors_sign_in_and_a_reader_gets_no_actions(cluster: Clu
     etcdctl(cluster, "role", "grant-permission", "reader", "read", "", "--from-key")
     etcdctl(cluster, "user", "add", "alice:alicepw")
     etcdctl(cluster, "user", "grant-role", "alice", "reader")
+    etcdctl(cluster, "user", "add", "bob:bobpw")
     etcdctl(cluster, "auth", "enable")
     holder = hold(cluster.endpoints, "shared/report", "--user", "root:rootpw")
     try:
@@ -263,6 +265,14 @@ def test_with_auth_on_visitors_sign_in_and_a_reader_gets_no_actions(cluster: Clu
         wait(browser, lambda d: "shared/report" in "".join(r.text for r in rows(d, "tr[data-lease]")), 5,
              "the reader does not see the holder's lease and its key")
         assert not rows(browser, "main button.danger"), "a read-only user was offered to revoke a lease"
+        # A user with no roles sees that the lease exists, not what it holds.
+        click(browser, "#who", "Sign out", "no sign-out button")
+        sign_in(browser, "bob", "bobpw")
+        browser.get(f"http://{cluster.endpoints[1]}/ui/#/leases")
+        wait(browser, lambda d: "not yours to read" in "".join(r.text for r in rows(d, "tr[data-lease]")), 5,
+             "a user with no roles was not told the lease's keys are not its to read")
+        assert "shared/report" not in browser.find_element(By.TAG_NAME, "main").text
+        assert not rows(browser, "main button.danger"), "a user with no roles was offered to revoke a lease"
         # root: every action.
         click(browser, "#who", "Sign out", "no sign-out button")
         sign_in(browser, "root", "rootpw")

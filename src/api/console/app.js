@@ -54,9 +54,10 @@ export function prefixEnd(prefix) {
   return btoa(String.fromCharCode(...bytes));
 }
 
-/// A lease ID as etcdctl prints it (16 hexadecimal digits).
+/// A lease ID as etcdctl prints it (16 hexadecimal digits); "" for none.
 export function hex(id) {
-  return BigInt(id || 0).toString(16).padStart(16, "0");
+  if (!id || String(id) === "0") return "";
+  return BigInt(id).toString(16).padStart(16, "0");
 }
 
 function headers() {
