@@ -61,7 +61,9 @@ pub fn requires_leader<T>(req: &tonic::Request<T>) -> bool {
 /// connection whenever its member stalled for a moment and then found them
 /// all waiting. At 8 MiB a whole stream's worth of watch creates (10,000)
 /// fits, and a flood of tiny messages is still cut off (the hostile
-/// suite's `watch-create-pipeline`).
+/// suite's `watch-create-pipeline`). Caveat: h2 works the budget out from
+/// this configured window; hyper's adaptive window (off, tonic's default)
+/// would shrink it again.
 const CLIENT_CONNECTION_WINDOW: u32 = 8 << 20;
 
 /// A response header from this node at `revision`.

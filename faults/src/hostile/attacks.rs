@@ -637,6 +637,27 @@ async fn burst_to_stopped(t: &Target, i: usize, messages: &[Vec<u8>]) -> anyhow:
     let (client, connection) = raw::h2_connect_owned(&addr, 1 << 24).await?;
     let mut client = client.ready().await?;
     let (answer, mut send) = client.send_request(raw::grpc_request(&addr, "/etcdserverpb.Watch/Watch", &[]), false)?;
+    // The stream served (its answer's headers) and the member's windows
+    // open to every frame before it stops: h2 would hold back what the
+    // windows do not allow, and the member would never find it waiting.
+    let answer = tokio::time::timeout(Duration::from_secs(10), answer)
+        .await
+        .map_err(|_| anyhow::anyhow!("the Watch stream was not answered within 10 s"))??;
+    let total: usize = messages.iter().map(|m| m.len() + 5).sum();
+    send.reserve_capacity(total);
+    let room = async {
+        while send.capacity() < total {
+            match futures::future::poll_fn(|cx| send.poll_capacity(cx)).await {
+                Some(Ok(_)) => {}
+                Some(Err(e)) => return Err(anyhow::anyhow!("waiting for the member's window: {e}")),
+                None => return Err(anyhow::anyhow!("the stream closed before its window opened")),
+            }
+        }
+        Ok(())
+    };
+    tokio::time::timeout(Duration::from_secs(10), room)
+        .await
+        .map_err(|_| anyhow::anyhow!("the member's window did not open to {total} bytes within 10 s"))??;
     t.cluster.pause(i);
     let sent = messages.iter().try_for_each(|m| send.send_data(raw::grpc_frame(m).into(), false));
     // The frames reach the member's socket while it cannot read them.
@@ -644,10 +665,7 @@ async fn burst_to_stopped(t: &Target, i: usize, messages: &[Vec<u8>]) -> anyhow:
     t.cluster.resume(i);
     sent?;
     let answers = async {
-        let mut body = match answer.await {
-            Ok(answer) => answer.into_body(),
-            Err(_) => return 0,
-        };
+        let mut body = answer.into_body();
         let mut answered = raw::GrpcMessages::default();
         while answered.count() < messages.len() {
             match body.data().await {
