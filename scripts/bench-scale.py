@@ -84,20 +84,24 @@ def held():
 
 def queue():
     rs = rows("queue")
-    print("Queues: N clients take turns on one lock (N-1 wait); mean time per handoff, a client's wait p99, CPU")
+    print("Queues: N clients take turns on one lock (N-1 wait); mean time per handoff, a handoff's p50 and p99 (a release"
+          " sent to the next grant answered), a client's wait p99, CPU")
     lines = []
     for (workload, n, system), g in sorted(by(rs, "workload", "queue", "system").items()):
         done = [r["r"] for r in g if not r.get("stalled")]
         if not done:
-            lines.append([system, workload, n, "stalled", "", "", ""])
+            lines.append([system, workload, n, "stalled", "", "", "", "", ""])
             continue
         per = [1e3 / max(b["ops_per_sec"], 1e-9) for b in done]
-        lines.append([system, workload, n, cell(per, 2), cell([b["p99_ms"] for b in done], 0),
+        handoff = [b.get("handoff_ms") for b in done]
+        lines.append([system, workload, n, cell(per, 2), cell([h and h[0] for h in handoff], 2),
+                      cell([h and h[1] for h in handoff], 2), cell([b["p99_ms"] for b in done], 0),
                       cell([b.get("server_cpu_us_per_op") for b in done], 0), sum(b["errors"] for b in done)])
         label = "raftlock native" if workload == "native-lock" else system
         for v in per:
             point("Queue: time per handoff", "ms", "clients in the queue", label, "mean", n, v)
-    table(["system", "workload", "queue", "ms/handoff", "wait p99 ms", "CPU us/handoff", "errors"], lines)
+    table(["system", "workload", "queue", "ms/handoff", "handoff p50 ms", "handoff p99 ms", "wait p99 ms",
+           "CPU us/handoff", "errors"], lines)
 
 
 def storm():

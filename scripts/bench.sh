@@ -76,7 +76,9 @@
 #                               # watchers up to 10,000), both systems; a
 #                               # table per workload (.bench/scale.txt) and
 #                               # their log-log plot (.bench/scale.svg).
-#                               # About an hour.
+#                               # About an hour; ROUNDS=3 runs it all three
+#                               # times and gives each cell's median (and
+#                               # range).
 #   scripts/bench.sh memory     # memory instead: RSS per member after 300k
 #                               # puts of 1 KiB (100k keys, so 2/3 of it is
 #                               # history), then after compaction + defrag;
@@ -486,8 +488,10 @@ storm() { # kind run [leases]
 # the holder and every unlock hands the lock to the next in line. Each N
 # runs 2N cycles (at least 2,000; issued for 60 s at most, then the queue
 # drains), the first N of them filling the queue. Reported per row: handoffs per second (the mean
-# handoff takes the inverse), how long one cycle took (the wait through
-# the whole queue) at p50/p99, and the members' CPU time per handoff.
+# handoff takes the inverse), a handoff's time (from a release's sending
+# to the next holder's grant arriving) at p50/p99, how long one cycle took
+# (the wait through the whole queue) at p50/p99, and the members' CPU time
+# per handoff.
 # etcd's Lock service on both systems, and raftlock's native Acquire.
 queue() { # kind
   local kind=$1 base n workloads
@@ -623,13 +627,15 @@ fi
 if [ "${1:-}" = scale ]; then
   sizes=${SCALE_N:-1000 10000 100000}
   small=$(for n in $sizes; do if [ "$n" -le 10000 ]; then echo "$n"; fi; done | xargs)
-  for kind in etcd raftlock; do
-    HELD_LOCKS=$sizes held "$kind"
-    QUEUE_LENGTHS="10 $small" queue "$kind"
-    WATCHERS=$small watchers "$kind"
-    KEYS=$sizes many_keys "$kind"
+  for run in $(seq "${ROUNDS:-1}"); do
+    for kind in etcd raftlock; do
+      HELD_LOCKS=$sizes held "$kind"
+      QUEUE_LENGTHS="10 $small" queue "$kind"
+      WATCHERS=$small watchers "$kind"
+      KEYS=$sizes many_keys "$kind"
+    done
+    for n in $sizes; do storm etcd "$run" "$n"; storm raftlock "$run" "$n"; done
   done
-  for n in $sizes; do storm etcd 1 "$n"; storm raftlock 1 "$n"; done
   python3 scripts/bench-scale.py "$work" held queue storm watchers keys | tee "$work/scale.txt"
   plotter=$bin/bench-plot
   [ -x "$plotter" ] || plotter=$(BIN_DIR='' scripts/release-bins.sh)/bench-plot
@@ -684,15 +690,16 @@ if [ "${1:-}" = queue ]; then
   python3 - "$work/queue.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-print(f"{'system':<9} {'workload':<12} {'queue':>6} {'handoffs/s':>10} {'ms/handoff':>10} {'cycle p50 ms':>12} {'cycle p99 ms':>12} {'CPU us/handoff':>14} {'errors':>6}")
+print(f"{'system':<9} {'workload':<12} {'queue':>6} {'handoffs/s':>10} {'ms/handoff':>10} {'handoff p50':>11} {'handoff p99':>11} {'cycle p50 ms':>12} {'cycle p99 ms':>12} {'CPU us/handoff':>14} {'errors':>6}")
 for r in sorted(rows, key=lambda r: (r["workload"], r["queue"], r["system"])):
     if r.get("stalled"):
         print(f"{r['system']:<9} {r['workload']:<12} {r['queue']:>6} stalled: no end within 300 s")
         continue
     b = r["r"]
     w = r["workload"] + (f"/{r['permits']}" if r.get("permits", 1) > 1 else "")
+    h50, h99 = b.get("handoff_ms") or (float("nan"), float("nan"))
     print(f"{r['system']:<9} {w:<12} {r['queue']:>6} {b['ops_per_sec']:>10.0f} {1e3 / max(b['ops_per_sec'], 1e-9):>10.2f}"
-          f" {b['p50_ms']:>12.1f} {b['p99_ms']:>12.1f} {b.get('server_cpu_us_per_op', 0):>14.0f} {b['errors']:>6}")
+          f" {h50:>11.2f} {h99:>11.2f} {b['p50_ms']:>12.1f} {b['p99_ms']:>12.1f} {b.get('server_cpu_us_per_op', 0):>14.0f} {b['errors']:>6}")
 PY
   exit 0
 fi

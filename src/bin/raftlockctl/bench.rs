@@ -205,6 +205,9 @@ struct OwnDriver {
     /// Lock workloads: the client's lease and lock name.
     lease: i64,
     lock_name: Vec<u8>,
+    /// Lock workloads: each cycle's grant (its answer's arrival) and the
+    /// sending of its release, for [`handoffs`].
+    cycles: Vec<(Instant, Instant)>,
 }
 
 impl OwnDriver {
@@ -214,7 +217,7 @@ impl OwnDriver {
             let grant = pb::LeaseGrantRequest { ttl: LOCK_LEASE_TTL, id: 0 };
             lease = LeaseClient::new(channel.clone()).lease_grant(grant).await?.into_inner().id;
         }
-        Ok(OwnDriver { kv: KvClient::new(channel.clone()), channel, lease, lock_name })
+        Ok(OwnDriver { kv: KvClient::new(channel.clone()), channel, lease, lock_name, cycles: Vec::new() })
     }
 
     /// After a failed lock cycle, which may have left the lease's key
@@ -276,6 +279,9 @@ async fn one_request(d: &mut OwnDriver, args: &BenchArgs, n: u64, value: &[u8]) 
             let mut locks = LockClient::new(d.channel.clone());
             let req = v3lock::LockRequest { name: d.lock_name.clone(), lease: d.lease };
             let key = locks.lock(req).await?.into_inner().key;
+            // Released at once: the release is sent as the grant arrives.
+            let granted = Instant::now();
+            d.cycles.push((granted, granted));
             locks.unlock(v3lock::UnlockRequest { key }).await?;
         }
         Workload::NativeLock => {
@@ -291,6 +297,8 @@ async fn one_request(d: &mut OwnDriver, args: &BenchArgs, n: u64, value: &[u8]) 
             if !granted.acquired {
                 return Err(tonic::Status::internal("an unbounded wait answered without the lock"));
             }
+            let granted_at = Instant::now();
+            d.cycles.push((granted_at, granted_at));
             locks
                 .release(native::ReleaseRequest { key: granted.key, token: granted.token, ..Default::default() })
                 .await?;
@@ -348,6 +356,25 @@ impl Driver {
             Driver::EtcdClient(d) => d.finish().await,
         }
     }
+
+    /// The lock cycles this driver's loop timed ([`OwnDriver::cycles`]).
+    fn cycles(&self) -> &[(Instant, Instant)] {
+        match self {
+            Driver::Own(d) => &d.cycles,
+            Driver::EtcdClient(_) => &[],
+        }
+    }
+}
+
+/// Handoffs of one lock: from a holder's release being sent to the next
+/// holder's grant arriving, for every grant but the first, given every
+/// client's `(granted, release sent)` cycles. Grants of one lock of one
+/// permit follow each other, so in grant order each cycle's release hands
+/// the lock to the next cycle. Only a lock someone always waits for hands
+/// over at once: otherwise the time it lay free counts too.
+fn handoffs(mut cycles: Vec<(Instant, Instant)>) -> Vec<Duration> {
+    cycles.sort_unstable();
+    cycles.windows(2).map(|w| w[1].0.saturating_duration_since(w[0].1)).collect()
 }
 
 /// The connections a run's request loops share, of the chosen driver.
@@ -472,11 +499,39 @@ pub async fn run(
     let max_gap = succeeded.windows(2).map(|w| w[1] - w[0]).max().unwrap_or_default();
     let elapsed = start.elapsed().as_secs_f64();
     let cpu_at_end = CpuUsed::now(&args.server_pids);
+    // One lock of one permit, contended, at full speed: its handoffs.
+    let contended = matches!(args.workload, Workload::Lock | Workload::NativeLock)
+        && args.lock_names <= 1
+        && args.permits <= 1
+        && args.clients > 1
+        && args.rate <= 0.0;
+    let handed = contended.then(|| handoffs(drivers.iter().flat_map(|d| d.cycles().iter().copied()).collect()));
     for mut d in drivers {
         d.finish().await;
     }
     let mut r = report(args, latencies, errors.load(Ordering::Relaxed), elapsed);
     r.max_gap_ms = max_gap.as_secs_f64() * 1e3;
+    if let Some(mut handed) = handed.filter(|h| !h.is_empty()) {
+        handed.sort_unstable();
+        let pct = |p: f64| handed[((handed.len() as f64 * p).ceil() as usize).clamp(1, handed.len()) - 1];
+        r.handoff_ms = Some((pct(0.5).as_secs_f64() * 1e3, pct(0.99).as_secs_f64() * 1e3));
+    }
     cpu_at_end.record_since(&cpu_at_start, &mut r);
     Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_handoff_runs_from_a_release_to_the_next_grant_in_grant_order() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        // Three clients' cycles, out of order: grants at 0, 5 and 12 ms,
+        // each released 1 ms after its grant.
+        let cycles = vec![(at(12), at(13)), (at(0), at(1)), (at(5), at(6))];
+        assert_eq!(handoffs(cycles), vec![Duration::from_millis(4), Duration::from_millis(6)]);
+        assert!(handoffs(vec![(at(0), at(1))]).is_empty());
+    }
 }

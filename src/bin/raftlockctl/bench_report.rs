@@ -35,6 +35,10 @@ pub struct BenchReport {
     /// event it caused, p50 and p99 (zero where the events came first).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub after_answer_ms: Option<(f64, f64)>,
+    /// lock and native-lock on one contended lock of one permit: from a
+    /// release's sending to the next holder's grant, p50 and p99.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub handoff_ms: Option<(f64, f64)>,
 }
 
 impl std::fmt::Display for BenchReport {
@@ -87,6 +91,7 @@ pub(crate) fn report(args: &BenchArgs, mut latencies: Vec<Duration>, errors: u64
         client_cpu_us_per_op: 0.0,
         server_cpu_us_per_op: None,
         after_answer_ms: None,
+        handoff_ms: None,
     }
 }
 
