@@ -10,8 +10,10 @@
 //! Two routes are the console's own, each a JSON line every second for as
 //! long as the page reads it (a line's work starts a second after the last
 //! one's did, however long that took). With auth on each needs a token
-//! that names a user, looked at again before every line: a token that timed
-//! out or a user deleted ends the stream with a refusal.
+//! that names a user, looked at again before every line: a token the
+//! member no longer knows (an auth change, a restart) or a user deleted
+//! ends the stream with a refusal. (Looking a simple token up keeps it
+//! alive, as any request with it does.)
 //! - `GET /ui/api/cluster`: every member's status ([`Node::cluster_status`],
 //!   each asked over the peer port within [`MEMBER_TIMEOUT`]), so that a
 //!   member that stops answering shows within two seconds.
@@ -116,7 +118,12 @@ async fn visitor(node: &Node, headers: &HeaderMap) -> Result<Caller, Response> {
     let token = token.strip_prefix("Bearer ").unwrap_or(token);
     match token.is_empty() {
         true => None,
-        false => node.identify(token).await.ok().filter(|caller| !caller.user.is_empty()),
+        // A user deleted since its token (a JWT) was issued is refused too.
+        false => node
+            .identify(token)
+            .await
+            .ok()
+            .filter(|caller| !caller.user.is_empty() && node.state().auth().check_user(caller).is_ok()),
     }
     .ok_or_else(|| {
         let body = json!({"error": "user name is empty", "code": 16, "message": "user name is empty"});
@@ -215,9 +222,9 @@ async fn leases(node: Arc<Node>, headers: HeaderMap, uri: Uri) -> Response {
 }
 
 /// What a lease stream last heard of its leases' TTLs: each lease's seconds
-/// left, and when the leader said so.
+/// left (`None` if the leader did not say), and when it was asked.
 #[derive(Default)]
-struct LeaseTtls(std::collections::HashMap<i64, (i64, tokio::time::Instant)>);
+struct LeaseTtls(std::collections::HashMap<i64, (Option<i64>, tokio::time::Instant)>);
 
 /// A lease as the lease table held it when a page was taken: all its keys
 /// when it has at most [`LEASE_KEYS_CHECKED`], else its first
@@ -303,7 +310,8 @@ async fn lease_page(
 /// The seconds left on each readable lease of `rows` (`null` for the
 /// others, and where the leader did not answer within [`MEMBER_TIMEOUT`]):
 /// asked of the leader (TimeToLive) when last asked [`LEASE_TTL_EVERY`]
-/// ago or never, else counted down from its last answer.
+/// ago or never, else counted down from its last answer (or `null` again,
+/// after no answer: a slow leader is not asked every second).
 async fn lease_ttls(
     node: &Node,
     rows: &[LeaseRow],
@@ -311,7 +319,7 @@ async fn lease_ttls(
     ttls: &std::sync::Mutex<LeaseTtls>,
 ) -> Vec<serde_json::Value> {
     let now = tokio::time::Instant::now();
-    let known: Vec<Option<(i64, tokio::time::Instant)>> = {
+    let known: Vec<Option<(Option<i64>, tokio::time::Instant)>> = {
         let mut ttls = ttls.lock().expect("lease TTLs poisoned");
         ttls.0.retain(|id, _| rows.iter().any(|row| row.id == *id));
         rows.iter().map(|row| ttls.0.get(&row.id).copied()).collect()
@@ -321,12 +329,12 @@ async fn lease_ttls(
             return (row.id, None, false);
         }
         if let Some((left, at)) = known.filter(|(_, at)| now.duration_since(*at) < LEASE_TTL_EVERY) {
-            let counted = left - now.duration_since(at).as_secs() as i64;
-            return (row.id, Some(counted.max(0)), false);
+            let counted = left.map(|left| (left - now.duration_since(at).as_secs() as i64).max(0));
+            return (row.id, counted, false);
         }
         match tokio::time::timeout(MEMBER_TIMEOUT, node.time_to_live(row.id)).await {
             Ok(Ok(Some(status))) => (row.id, Some(status.remaining), true),
-            _ => (row.id, None, false),
+            _ => (row.id, None, true),
         }
     });
     let answers = futures::future::join_all(asks).await;
@@ -334,7 +342,7 @@ async fn lease_ttls(
     answers
         .into_iter()
         .map(|(id, left, asked)| {
-            if let (Some(left), true) = (left, asked) {
+            if asked {
                 ttls.0.insert(id, (left, now));
             }
             left.map_or(serde_json::Value::Null, |left| json!(left))

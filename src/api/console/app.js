@@ -108,6 +108,8 @@ export async function stream(path, body, onMessage, signal, method = "POST") {
       if (!line) continue;
       const obj = JSON.parse(line);
       if (obj.error) throw new Error(obj.error.message || JSON.stringify(obj.error));
+      // Lines read before the reader was called off are not its caller's.
+      if (signal && signal.aborted) return;
       onMessage(obj.result !== undefined ? obj.result : obj);
     }
   }
