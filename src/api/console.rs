@@ -49,6 +49,7 @@ use axum::routing::get;
 use axum::Router;
 use futures::StreamExt;
 use serde_json::json;
+use tonic::Status;
 
 use crate::model::auth::{Caller, PermKind};
 use crate::node::Node;
@@ -125,17 +126,19 @@ async fn visitor(node: &Node, headers: &HeaderMap) -> Result<Caller, Response> {
             .ok()
             .filter(|caller| !caller.user.is_empty() && node.state().auth().check_user(caller).is_ok()),
     }
-    .ok_or_else(|| {
-        let body = json!({"error": "user name is empty", "code": 16, "message": "user name is empty"});
-        let kind = [(header::CONTENT_TYPE, "application/json")];
-        (StatusCode::UNAUTHORIZED, kind, body.to_string()).into_response()
-    })
+    .ok_or_else(|| super::gateway::error(&nobody()))
+}
+
+/// The refusal of a visitor who names no user (answered 401 by the gateway's
+/// mapping, which the pages take as "sign in").
+fn nobody() -> Status {
+    Status::unauthenticated("etcdserver: user name is empty")
 }
 
 /// A JSON line from `line()` at once and then every [`CLUSTER_EVERY`] (from
 /// when the last one began), until the node stops or the page goes. The
-/// visitor is asked for again before each line (a token may time out, a
-/// user lose its roles): once refused, the last line is the refusal.
+/// visitor is asked for again before each line: once refused, the last
+/// line is the refusal, as the gateway ends a failed stream.
 fn every_second<F, Fut>(node: Arc<Node>, headers: HeaderMap, line: F) -> Response
 where
     F: Fn(Caller) -> Fut + Send + 'static,
@@ -148,11 +151,10 @@ where
             return None;
         }
         tokio::time::sleep_until(at).await;
-        let (value, refused) = match visitor(&node, &headers).await {
-            Ok(caller) => (line(caller).await, false),
-            Err(_) => (json!({"error": {"code": 16, "message": "etcdserver: user name is empty"}}), true),
+        let (mut bytes, refused) = match visitor(&node, &headers).await {
+            Ok(caller) => (serde_json::to_vec(&line(caller).await).expect("a JSON value encodes"), false),
+            Err(_) => (super::gateway::error_line(&nobody()), true),
         };
-        let mut bytes = serde_json::to_vec(&value).expect("a JSON value encodes");
         bytes.push(b'\n');
         let next = (at + CLUSTER_EVERY).max(tokio::time::Instant::now());
         Some((Ok::<_, std::convert::Infallible>(Bytes::from(bytes)), (node, headers, line, next, refused)))
@@ -174,24 +176,12 @@ async fn cluster(node: Arc<Node>, headers: HeaderMap) -> Response {
     })
 }
 
-/// How many leases' streams (`/ui/api/leases`) this process serves at once.
-static LEASE_STREAMS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
-/// One lease stream counted in [`LEASE_STREAMS`] while it lives.
-struct LeaseStream;
-
-impl Drop for LeaseStream {
-    fn drop(&mut self) {
-        LEASE_STREAMS.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-    }
-}
+/// The lease streams (`/ui/api/leases`) this process may serve at once: a
+/// stream holds a permit for as long as it lives.
+static LEASE_STREAMS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(LEASE_STREAMS_MAX);
 
 /// `GET /ui/api/leases` (see the module doc).
 async fn leases(node: Arc<Node>, headers: HeaderMap, uri: Uri) -> Response {
-    let refusal = |status: StatusCode, code: i32, message: String| {
-        let body = json!({"error": message, "code": code, "message": message});
-        (status, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
-    };
     if let Err(refused) = visitor(&node, &headers).await {
         return refused;
     }
@@ -203,19 +193,17 @@ async fn leases(node: Arc<Node>, headers: HeaderMap, uri: Uri) -> Response {
             _ => true,
         };
         if !parsed {
-            return refusal(StatusCode::BAD_REQUEST, 3, format!("{name}: not a number"));
+            return super::gateway::error(&Status::invalid_argument(format!("{name}: not a number")));
         }
     }
-    if LEASE_STREAMS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) >= LEASE_STREAMS_MAX {
-        LEASE_STREAMS.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-        return refusal(StatusCode::TOO_MANY_REQUESTS, 8, "etcdserver: too many requests".into());
-    }
-    let counted = LeaseStream;
+    let Ok(permit) = LEASE_STREAMS.try_acquire() else {
+        return super::gateway::error(&Status::resource_exhausted("etcdserver: too many requests"));
+    };
     let ttls = Arc::new(std::sync::Mutex::new(LeaseTtls::default()));
     let shown = node.clone();
     every_second(node, headers, move |caller| {
-        // Counted for as long as the stream (which owns this closure) lives.
-        let _counted = &counted;
+        // The permit is held for as long as the stream (which owns this closure) lives.
+        let _permit = &permit;
         let (node, ttls) = (shown.clone(), ttls.clone());
         async move { lease_page(&node, &caller, after, limit, &ttls).await }
     })

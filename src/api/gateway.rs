@@ -396,21 +396,25 @@ fn lines<Resp: Serialize + Send + 'static>(
         let _ = &keep;
         let mut line = match message {
             Ok(message) => [&b"{\"result\":"[..], &to_json(&message), b"}"].concat(),
-            Err(status) => {
-                let http = http_status(status.code());
-                let error = StreamError {
-                    grpc_code: status.code() as i32,
-                    http_code: http.as_u16(),
-                    message: status.message(),
-                    http_status: http.canonical_reason().unwrap_or(""),
-                };
-                [&b"{\"error\":"[..], &to_json(&error), b"}"].concat()
-            }
+            Err(status) => error_line(&status),
         };
         line.push(b'\n');
         Ok::<_, std::convert::Infallible>(Bytes::from(line))
     });
     ([(header::CONTENT_TYPE, "application/json")], Body::from_stream(body)).into_response()
+}
+
+/// The `{"error": ...}` line that ends a streamed response with `status`
+/// (without its newline).
+pub(super) fn error_line(status: &Status) -> Vec<u8> {
+    let http = http_status(status.code());
+    let error = StreamError {
+        grpc_code: status.code() as i32,
+        http_code: http.as_u16(),
+        message: status.message(),
+        http_status: http.canonical_reason().unwrap_or(""),
+    };
+    [&b"{\"error\":"[..], &to_json(&error), b"}"].concat()
 }
 
 /// A stream's failure, as etcd's gateway words it.
@@ -439,7 +443,7 @@ fn json<T: Serialize>(status: StatusCode, message: &T) -> Response {
 }
 
 /// etcd's gateway's error body, with the HTTP status it gives `status`'s code.
-fn error(status: &Status) -> Response {
+pub(super) fn error(status: &Status) -> Response {
     let body = ErrorBody { error: status.message(), code: status.code() as i32, message: status.message() };
     json(http_status(status.code()), &body)
 }

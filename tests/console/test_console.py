@@ -176,7 +176,7 @@ def test_pages_follow_locks_waiters_revocations_and_a_new_leader(cluster: Cluste
         # its key, and goes when it is revoked.
         browser.get(ui(served) + "#/leases")
         wait(browser, lambda d: rows(d, "tr[data-lease]"), 5, "the leases page shows no lease")
-        lease = etcdctl_out(cluster, "lease", "grant", "600").split()[1]
+        lease = etcdctl(cluster, "lease", "grant", "600").split()[1]
         etcdctl(cluster, "put", "--lease", lease, "leased/key", "v")
         started = time.monotonic()
         wait(browser, lambda d: "leased/key" in "".join(r.text for r in rows(d, f'tr[data-lease="{lease}"]')), 2.5,
@@ -215,12 +215,8 @@ def test_pages_follow_locks_waiters_revocations_and_a_new_leader(cluster: Cluste
         client.close()
 
 
-def etcdctl(cluster: Cluster, *args: str) -> None:
-    subprocess.run(["etcdctl", "--endpoints", ",".join(cluster.endpoints), *args], check=True,
-                   env={**os.environ, "ETCDCTL_API": "3"}, stdout=subprocess.DEVNULL)
-
-
-def etcdctl_out(cluster: Cluster, *args: str) -> str:
+def etcdctl(cluster: Cluster, *args: str) -> str:
+    """Run etcdctl against the cluster; what it printed."""
     return subprocess.run(["etcdctl", "--endpoints", ",".join(cluster.endpoints), *args], check=True,
                           env={**os.environ, "ETCDCTL_API": "3"}, stdout=subprocess.PIPE, text=True).stdout
 

@@ -51,14 +51,6 @@ function listPage(main, params, elections) {
   return () => abort.abort();
 }
 
-/// A second off every TTL shown in `ttls` (cells with what they had left).
-function countDown(ttls) {
-  for (const t of ttls) {
-    t.left = Math.max(-1, t.left - 1);
-    t.cell.textContent = secs(t.left);
-  }
-}
-
 function lockLink(name) {
   return el("a", { href: `#/lock/${encodeURIComponent(name)}` }, name || "(empty name)");
 }
@@ -154,7 +146,12 @@ export function renderLock(main, params) {
       say(state, e.message, true);
     }
   };
-  const tick = setInterval(() => countDown(ttls), 1000);
+  const tick = setInterval(() => {
+    for (const t of ttls) {
+      t.left = Math.max(-1, t.left - 1);
+      t.cell.textContent = secs(t.left);
+    }
+  }, 1000);
   describe();
   // The events of the last HISTORY revisions first (replayed from the
   // store's history), then live; after a broken stream, from the revision
