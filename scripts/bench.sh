@@ -794,9 +794,21 @@ if [ "${1:-}" = observers ]; then
           [ "$open" -ge "$n" ] || { echo "only $open of $n observers opened in 30 s" >&2; exit 1; }
         fi
         out=$("$ctl" --endpoints "$endpoints" -w json bench native-lock --clients 16 --conns 4 --lock-names 1 \
-          --total "$total" --lock-observers $observers --rate "$pace")
+          --total "$total" --lock-observers $observers --rate "$pace" --server-pids "$(IFS=,; echo "${pids[*]}")")
         if [ -n "$apart" ]; then kill "$apart"; wait "$apart" || true; fi
-        python3 -c 'import json, sys; r = json.loads(sys.argv[2]); print("round %s, %-10s %5d observers: %6.0f handoffs/s  p50 %6.2f ms  p99 %6.2f ms" % (sys.argv[3], "saturated," if sys.argv[4] == "0" else sys.argv[4] + "/s,", int(sys.argv[1]), r["ops_per_sec"], r["p50_ms"], r["p99_ms"]))' "$n" "$out" "$round" "$pace"
+        python3 - "$n" "$out" "$round" "$pace" <<'PY'
+import json, sys
+r = json.loads(sys.argv[2])
+pace = "saturated," if sys.argv[4] == "0" else sys.argv[4] + "/s,"
+line = "round %s, %-10s %5d observers: %6.0f handoffs/s  cycle p50 %6.2f ms  p99 %6.2f ms" % (
+    sys.argv[3], pace, int(sys.argv[1]), r["ops_per_sec"], r["p50_ms"], r["p99_ms"])
+# The members' CPU per handoff.
+line += "  members' CPU %5.0f us" % r["server_cpu_us_per_op"]
+# A saturated run's handoffs: a release sent to the next grant answered.
+if r.get("handoff_ms"):
+    line += "  handoff p50 %5.2f ms  p99 %5.2f ms" % tuple(r["handoff_ms"])
+print(line)
+PY
       done
     done
   done

@@ -25,7 +25,9 @@ use crate::model::auth::PermKind;
 use crate::model::lock_delay::MAX_LOCK_DELAY_MS;
 use crate::node::Node;
 use crate::proto::raftlock::v1 as pb;
-use crate::proto::raftlock::v1::locks_server::{Locks, LocksServer};
+use crate::proto::raftlock::v1::locks_server::Locks;
+
+use super::observe_route::{EncodedObserve, EncodedStream, LocksRoutes, ObserveHubs};
 
 fn permits(n: u32) -> Result<usize, Status> {
     match n {
@@ -81,15 +83,14 @@ fn owner(o: Owner) -> pb::Owner {
     }
 }
 
-/// This member's lock-event hubs (`crate::locks::event_hub`), with the
-/// message each revision's events make.
-pub type ObserveHubs = crate::locks::event_hub::LockHubs<pb::ObserveResponse>;
-
-/// The hubs of a member's `Observe` streams.
+/// The hubs of a member's `Observe` streams, each change's message
+/// encoded once (`super::observe_route`).
 pub fn observe_hubs(node: Arc<Node>) -> Arc<ObserveHubs> {
-    let make = |node: &Node, revision: i64, events: Vec<observe::LockEvent>| pb::ObserveResponse {
-        header: header(node, revision),
-        events: events.into_iter().map(event).collect(),
+    let make = |node: &Node, revision: i64, events: Vec<observe::LockEvent>| {
+        EncodedObserve::encode(&pb::ObserveResponse {
+            header: header(node, revision),
+            events: events.into_iter().map(event).collect(),
+        })
     };
     ObserveHubs::new(node, Arc::new(make))
 }
@@ -108,11 +109,25 @@ impl LocksService {
         grants: Arc<crate::locks::stats::Grants>,
         delays: Arc<crate::locks::delay::DelayClock>,
         hubs: Arc<ObserveHubs>,
-    ) -> super::served::Served<LocksServer<LocksService>> {
-        super::served::Served(
-            LocksServer::new(LocksService { node, hubs, grants, delays })
-                .max_decoding_message_size(crate::base::limits::MAX_GRPC_MESSAGE_BYTES),
-        )
+    ) -> super::served::Served<LocksRoutes> {
+        super::served::Served(LocksRoutes::new(Arc::new(LocksService { node, hubs, grants, delays })))
+    }
+
+    /// `Observe`, its messages as the lock's hub encoded them (what
+    /// [`LocksRoutes`] serves).
+    pub async fn observe_encoded(&self, req: Request<pb::ObserveRequest>) -> Result<Response<EncodedStream>, Status> {
+        let caller = auth::caller(&self.node, &req).await?;
+        let req = req.into_inner();
+        name(&req.name)?;
+        let prefix = locks::queue_prefix(&req.name);
+        auth::check(&self.node, &caller, &prefix, &locks::prefix_end(&prefix), PermKind::Read)?;
+        let permits = permits(req.permits)?;
+        if req.start_revision < 0 {
+            return Err(error::negative_start_revision());
+        }
+        let observation =
+            self.hubs.observe(&req.name, permits, req.start_revision).await.map_err(error::native_recipe)?;
+        Ok(Response::new(Box::pin(observation.map(|message| message.map_err(error::native_recipe)))))
     }
 }
 
@@ -151,19 +166,11 @@ fn event(e: observe::LockEvent) -> pb::LockEvent {
 impl Locks for LocksService {
     type ObserveStream = ObserveStream;
 
+    /// Reached only through the generated server, which [`LocksRoutes`]
+    /// serves every other call with: each message decoded again.
     async fn observe(&self, req: Request<pb::ObserveRequest>) -> Result<Response<ObserveStream>, Status> {
-        let caller = auth::caller(&self.node, &req).await?;
-        let req = req.into_inner();
-        name(&req.name)?;
-        let prefix = locks::queue_prefix(&req.name);
-        auth::check(&self.node, &caller, &prefix, &locks::prefix_end(&prefix), PermKind::Read)?;
-        let permits = permits(req.permits)?;
-        if req.start_revision < 0 {
-            return Err(error::negative_start_revision());
-        }
-        let observation =
-            self.hubs.observe(&req.name, permits, req.start_revision).await.map_err(error::native_recipe)?;
-        Ok(Response::new(Box::pin(observation.map(|message| message.map_err(error::native_recipe)))))
+        let encoded = self.observe_encoded(req).await?.into_inner();
+        Ok(Response::new(Box::pin(encoded.map(|message| message.and_then(|m| m.decode())))))
     }
 
     async fn acquire(&self, req: Request<pb::AcquireRequest>) -> Result<Response<pb::AcquireResponse>, Status> {

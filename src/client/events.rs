@@ -23,7 +23,8 @@ use super::{locks, Client, ClientError};
 impl Client {
     /// The events of lock `name` (of `permits`): the first message holds its
     /// holders and waiters (or, from `start_revision` > 0, the changes since
-    /// then), each later one a revision's changes.
+    /// then), each later one the changes of one or more revisions (each
+    /// event carries its revision; the header's is the last one's).
     pub async fn observe(
         &self,
         name: &[u8],

@@ -7,11 +7,26 @@
 //! one message, not a thousand; what is left per stream is a copy of the
 //! message and its HTTP/2 frame.
 //!
-//! The hub's task, woken by apply, first lets the tasks that apply woke
-//! before it run (`yield_now`): the request that waited for the change
-//! (the next holder's acquire, a release's answer) is answered before the
-//! change is told to observers, so observers cost a handoff little time on
-//! its own path.
+//! Settling: the hub's task, woken by apply, tells a change once the lock
+//! has had no other for [`SETTLE`], or [`SETTLE_LIMIT`] after it under a
+//! stream of changes. So the request that waited for the change (the next
+//! holder's acquire, a release's answer) is answered before observers are
+//! told; and a grant and the release right after it reach observers
+//! together, after the release was answered: one waking of every stream
+//! instead of two, neither on the path of the holder's next request.
+//!
+//! Waking, paced: a stream that has sent all it was given lists itself
+//! with its hub ([`WakeList`]) rather than with the broadcast channel; after
+//! a broadcast the hub's task wakes the listed streams a chunk at a time
+//! (`super::wake_list`), yielding between chunks. Tokio runs a yielded task
+//! again only once its worker has nothing else queued, or at its periodic
+//! look at the network: so a thousand streams' work (a copy and an HTTP/2
+//! frame each) no longer sits in the run queue ahead of the next handoff's
+//! tasks; those wait for one chunk at most. A round of waking wakes all it
+//! has left once it has gone on for 50 ms (a saturated member); changes
+//! that come during a round are told after it. A stream woken late finds
+//! several messages: it sends them joined as one ([`Message::join`], up to
+//! about [`JOINED_BYTES`]): one frame per waking, not one per change.
 //!
 //! Joining: a stream takes the hub's queue as it is after a read barrier
 //! (so its first message is linearizable, as a lone stream's was): it
@@ -22,13 +37,20 @@
 //!
 //! Invariants: messages are broadcast under the hub's lock, in revision
 //! order; a hub's `through` only grows, and every change to the lock up to
-//! it has been told. A hub lives while a stream holds it (its task ends
-//! with the last one); a hub that ended (no leader, the node stopping, a
-//! failed read) is never joined again, a new one takes its place.
+//! it has been told. A stream lists itself before its second look at the
+//! channel, and the hub takes the list after it broadcast: so a message
+//! sent is either seen by that look or followed by a wake. A hub lives
+//! while a stream holds it (its task ends with the last one); a hub that
+//! ended (no leader, the node stopping, a failed read) is never joined
+//! again, a new one takes its place.
 //!
-//! Caveat: a stream that falls more than [`BROADCAST_MESSAGES`] messages
-//! behind (its client reads too slowly) joins again from the revision it
-//! had told, from history, where a deletion's cause is a guess (`Released`
+//! Caveats: observers are told a change [`SETTLE`] after it at the least;
+//! under a stream of changes, up to [`SETTLE_LIMIT`] plus a round of waking
+//! (50 ms at most) plus the time the runtime takes to run the hub's task.
+//! The task looks whether the node stops, the leader is lost or its last
+//! stream went only between rounds. A stream that falls more than
+//! [`BROADCAST_MESSAGES`] messages behind (its client reads too slowly)
+//! joins again from the revision it had told, from history, where a deletion's cause is a guess (`Released`
 //! if the lease still lives, else `Ended`; never `LeaseEnded`); if that
 //! history was compacted meanwhile, it ends with the compaction error, as a
 //! watch is cancelled, and the client starts over from the lock as it is.
@@ -37,12 +59,14 @@ use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use futures::Stream;
-use tokio::sync::broadcast;
-use tokio_stream::wrappers::{errors::BroadcastStreamRecvError, BroadcastStream};
+use tokio::sync::broadcast::{self, error::TryRecvError};
+use tokio::sync::Notify;
 
 use super::observe::{by_revision, EventKind, LockEvent, Queue};
+use super::wake_list::{Listener, WakeList, WakingRound};
 use super::{front_range, queue_prefix, RecipeError};
 use crate::model::mvcc::{KeyRange, KeyValue, RangeRequest};
 use crate::model::watch_routes::Inbox;
@@ -51,8 +75,27 @@ use crate::node::{Node, ServerError};
 /// How many messages a hub keeps for a stream that has not sent them yet.
 pub const BROADCAST_MESSAGES: usize = 256;
 
+/// How long a lock must see no change before its changes are told.
+pub const SETTLE: Duration = Duration::from_millis(2);
+
+/// How long after a change it is told however busy the lock.
+pub const SETTLE_LIMIT: Duration = Duration::from_millis(10);
+
 /// Builds a stream's message from a revision's events (the API's response).
 pub type MakeMessage<T> = dyn Fn(&Node, i64, Vec<LockEvent>) -> T + Send + Sync;
+
+/// A hub's message as its streams send it: made once (encoded, for the
+/// gRPC API), shared by every stream, and joined with the ones after it
+/// when a stream finds several waiting (one frame, not several).
+pub trait Message: Clone + Send + Sync + Unpin + 'static {
+    /// Its size, to bound what is joined.
+    fn size(&self) -> usize;
+    /// One message saying what `parts` say, in their order.
+    fn join(parts: Vec<Self>) -> Self;
+}
+
+/// A stream that finds messages waiting joins them up to about this size.
+pub const JOINED_BYTES: usize = 64 * 1024;
 
 /// This member's hubs, one per observed lock (name and permits).
 pub struct LockHubs<T> {
@@ -86,6 +129,12 @@ struct Shared<T> {
     permits: usize,
     inbox: Inbox,
     state: Mutex<State<T>>,
+    /// Streams that have sent every message they were given, to be woken
+    /// by the hub's task when it broadcasts the next.
+    listening: WakeList,
+    /// A message was broadcast by a stream's join, not by the hub's task:
+    /// the task is to wake the listening streams.
+    joined_told: Notify,
 }
 
 struct State<T> {
@@ -105,15 +154,15 @@ struct Told<T> {
     message: T,
 }
 
-impl<T: Clone + Send + Sync + 'static> LockHubs<T> {
+impl<T: Message> LockHubs<T> {
     pub fn new(node: Arc<Node>, make: Arc<MakeMessage<T>>) -> Arc<LockHubs<T>> {
         Arc::new(LockHubs { node, make, hubs: Mutex::default() })
     }
 
     /// Observe lock `name` (of `permits`): the stream's first message holds
     /// the queue as it is (or, with `start_revision` > 0, every change since
-    /// then), each later one a revision's changes as this member applies
-    /// them. It ends when the node stops, or with an error (no leader for
+    /// then), each later one the changes of one or more revisions as this
+    /// member applies them. It ends when the node stops, or with an error (no leader for
     /// three election timeouts; history compacted under a slow reader).
     pub async fn observe(
         self: &Arc<Self>,
@@ -137,7 +186,9 @@ impl<T: Clone + Send + Sync + 'static> LockHubs<T> {
             hub,
             first: Some((self.make)(&self.node, through, events)),
             told: through,
-            receiver: BroadcastStream::new(receiver),
+            receiver,
+            listener: Arc::default(),
+            lagged: false,
             done: false,
         })
     }
@@ -165,7 +216,14 @@ impl<T: Clone + Send + Sync + 'static> LockHubs<T> {
         let queue = Queue::new(prefix.clone(), permits, kvs);
         let (sender, _) = broadcast::channel(BROADCAST_MESSAGES);
         let state = State { queue, through, sender: Some(sender), ended: None };
-        let shared = Arc::new(Shared { prefix, permits, inbox, state: Mutex::new(state) });
+        let shared = Arc::new(Shared {
+            prefix,
+            permits,
+            inbox,
+            state: Mutex::new(state),
+            listening: WakeList::default(),
+            joined_told: Notify::new(),
+        });
         let (last_stream, gone) = tokio::sync::oneshot::channel();
         tokio::spawn(run(self.node.clone(), self.make.clone(), shared.clone(), gone));
         let hub = Arc::new(Hub { shared, _last_stream: last_stream, registry: Arc::downgrade(self), key: key.clone() });
@@ -179,12 +237,21 @@ impl<T: Clone + Send + Sync + 'static> LockHubs<T> {
     fn join(&self, shared: &Shared<T>, start_revision: i64) -> Result<JoinedAt<T>, Joined> {
         let (through, receiver, snapshot) = {
             let mut state = shared.state();
-            if let Err(e) = shared.pump(&self.node, &*self.make, &mut state) {
-                // What the inbox held is gone with the failed pump: no stream
-                // of this hub can be told the truth after it.
-                state.sender = None;
-                state.ended = Some(e.clone());
-                return Err(Joined::Failed(e));
+            match shared.pump(&self.node, &*self.make, &mut state) {
+                Ok(told) => {
+                    if told {
+                        shared.joined_told.notify_one();
+                    }
+                }
+                Err(e) => {
+                    // What the inbox held is gone with the failed pump: no
+                    // stream of this hub can be told the truth after it.
+                    state.sender = None;
+                    state.ended = Some(e.clone());
+                    drop(state);
+                    shared.listening.wake_all();
+                    return Err(Joined::Failed(e));
+                }
             }
             let Some(sender) = &state.sender else { return Err(Joined::Ended) };
             let through = state.through;
@@ -200,12 +267,13 @@ impl<T: Clone + Send + Sync + 'static> LockHubs<T> {
     }
 }
 
-impl<T: Clone + Send + Sync + 'static> Shared<T> {
+impl<T: Message> Shared<T> {
     /// Tell what the inbox holds: apply it to the queue and broadcast each
-    /// taking's events as one message. Under the hub's lock.
-    fn pump(&self, node: &Node, make: &MakeMessage<T>, state: &mut State<T>) -> Result<(), RecipeError> {
+    /// taking's events as one message. Under the hub's lock. True if a
+    /// message was broadcast.
+    fn pump(&self, node: &Node, make: &MakeMessage<T>, state: &mut State<T>) -> Result<bool, RecipeError> {
         if state.sender.is_none() {
-            return Ok(());
+            return Ok(false);
         }
         let taken = self.inbox.take();
         let mut events = Vec::new();
@@ -235,8 +303,9 @@ impl<T: Clone + Send + Sync + 'static> Shared<T> {
             let revision = last.revision;
             // No stream listening is no error: the events are in the queue.
             let _ = sender.send(Told { revision, message: make(node, revision, events) });
+            return Ok(true);
         }
-        Ok(())
+        Ok(false)
     }
 
     /// The lock's events from `start_revision` through `through`, from
@@ -275,11 +344,14 @@ impl<T: Clone + Send + Sync + 'static> Shared<T> {
     /// End the hub: its streams end once they have sent what was broadcast,
     /// with `why` if it is an error.
     fn end(&self, why: Option<RecipeError>) {
-        let mut state = self.state();
-        state.sender = None;
-        if state.ended.is_none() {
-            state.ended = why;
+        {
+            let mut state = self.state();
+            state.sender = None;
+            if state.ended.is_none() {
+                state.ended = why;
+            }
         }
+        self.listening.wake_all();
     }
 
     /// The hub's state, locked. A panic while it was held (a bug) leaves it
@@ -311,17 +383,18 @@ impl Joined {
 
 /// Ends the hub when its task ends, however it ends (a panic included), so
 /// that no stream waits for a task that is gone.
-struct EndOnExit<T: Clone + Send + Sync + 'static>(Arc<Shared<T>>);
+struct EndOnExit<T: Message>(Arc<Shared<T>>);
 
-impl<T: Clone + Send + Sync + 'static> Drop for EndOnExit<T> {
+impl<T: Message> Drop for EndOnExit<T> {
     fn drop(&mut self) {
         self.0.end(None);
     }
 }
 
-/// A hub's task: tell each change as apply routes it, until the last stream
-/// goes, the node stops, or the member is cut off from the leader.
-async fn run<T: Clone + Send + Sync + 'static>(
+/// A hub's task: tell each change as apply routes it, and wake the streams
+/// waiting for it a chunk at a time, until the last stream goes, the node
+/// stops, or the member is cut off from the leader.
+async fn run<T: Message>(
     node: Arc<Node>,
     make: Arc<MakeMessage<T>>,
     shared: Arc<Shared<T>>,
@@ -332,23 +405,52 @@ async fn run<T: Clone + Send + Sync + 'static>(
     let leaderless = node.leaderless();
     tokio::pin!(leaderless);
     loop {
-        tokio::select! {
-            _ = shared.inbox.ready() => {}
+        let mut told = tokio::select! {
+            _ = shared.inbox.ready() => false,
+            _ = shared.joined_told.notified() => true,
             _ = &mut last_stream_gone => return,
             _ = stopping.stopped() => return shared.end(None),
             // A member cut off from the cluster learns of no end: the streams
             // end, and their clients pick them up from their revisions elsewhere.
             _ = &mut leaderless => return shared.end(Some(RecipeError::Server(ServerError::NoLeader))),
+        };
+        // Let the lock settle: a change is told once no other came for
+        // [`SETTLE`] (a grant and the release right after it go as one), or
+        // [`SETTLE_LIMIT`] after it, under a stream of changes.
+        if !told {
+            let limit = tokio::time::Instant::now() + SETTLE_LIMIT;
+            loop {
+                let left = limit.saturating_duration_since(tokio::time::Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                tokio::select! {
+                    biased;
+                    _ = tokio::time::sleep(SETTLE.min(left)) => break,
+                    _ = shared.inbox.ready() => {}
+                }
+            }
         }
-        // Let what this apply woke before us (the answers that waited for
-        // it) run first: observers are told a moment later, off their path.
-        tokio::task::yield_now().await;
         let pumped = {
             let mut state = shared.state();
             shared.pump(&node, &*make, &mut state)
         };
-        if let Err(e) = pumped {
-            return shared.end(Some(e));
+        match pumped {
+            Ok(sent) => told |= sent,
+            Err(e) => return shared.end(Some(e)),
+        }
+        if !told {
+            continue;
+        }
+        // Wake the streams waiting for it a chunk at a time, each chunk once
+        // the runtime has nothing else to run (or at its next look at the
+        // network). Changes that come meanwhile wait in the inbox for the
+        // next round: a round ends within `WAKE_ROUND_LIMIT`.
+        let mut round = WakingRound::default();
+        round.add(shared.listening.take());
+        while !round.is_done() {
+            round.wake_next();
+            tokio::task::yield_now().await;
         }
     }
 }
@@ -360,11 +462,21 @@ pub struct Observation<T> {
     first: Option<T>,
     /// The revision of the last message this stream has been given.
     told: i64,
-    receiver: BroadcastStream<Told<T>>,
+    receiver: broadcast::Receiver<Told<T>>,
+    listener: Arc<Listener>,
+    /// The channel said this stream fell behind: join again when what was
+    /// read before it has been given.
+    lagged: bool,
     done: bool,
 }
 
-impl<T: Clone + Send + Sync + Unpin + 'static> Stream for Observation<T> {
+impl<T> Drop for Observation<T> {
+    fn drop(&mut self) {
+        self.listener.forget();
+    }
+}
+
+impl<T: Message> Stream for Observation<T> {
     type Item = Result<T, RecipeError>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
@@ -372,41 +484,64 @@ impl<T: Clone + Send + Sync + Unpin + 'static> Stream for Observation<T> {
         if let Some(first) = this.first.take() {
             return Poll::Ready(Some(Ok(first)));
         }
+        let mut listed = false;
+        // Messages read in this poll: given as one, once nothing more waits,
+        // or they are big enough, or the stream fell behind after them.
+        let mut read = Vec::new();
         loop {
             if this.done {
                 return Poll::Ready(None);
             }
-            match std::task::ready!(Pin::new(&mut this.receiver).poll_next(cx)) {
-                // Every message after the subscription is new to this stream
-                // (it subscribed under the hub's lock, with its first events).
-                Some(Ok(told)) => {
-                    this.told = this.told.max(told.revision);
-                    return Poll::Ready(Some(Ok(told.message)));
-                }
+            let enough = read.iter().map(Message::size).sum::<usize>() >= JOINED_BYTES;
+            if !read.is_empty() && (enough || this.lagged) {
+                return Poll::Ready(Some(Ok(T::join(read))));
+            }
+            if this.lagged {
                 // Fell behind: join again from where this stream was.
-                Some(Err(BroadcastStreamRecvError::Lagged(_))) => {
-                    crate::base::metrics::metrics().lock_event_rejoins.inc();
-                    match this.hubs.join(&this.hub.shared, this.told + 1) {
-                        Ok((through, events, receiver)) => {
-                            this.receiver = BroadcastStream::new(receiver);
-                            this.told = this.told.max(through);
-                            if !events.is_empty() {
-                                let revision = events.last().map_or(through, |e| e.revision);
-                                return Poll::Ready(Some(Ok((this.hubs.make)(&this.hubs.node, revision, events))));
-                            }
-                        }
-                        // The hub ended meanwhile: end as its other streams do.
-                        Err(Joined::Ended) => {
-                            this.done = true;
-                            return Poll::Ready(this.hub.shared.state().ended.clone().map(Err));
-                        }
-                        Err(Joined::Failed(e)) => {
-                            this.done = true;
-                            return Poll::Ready(Some(Err(e)));
+                this.lagged = false;
+                crate::base::metrics::metrics().lock_event_rejoins.inc();
+                match this.hubs.join(&this.hub.shared, this.told + 1) {
+                    Ok((through, events, receiver)) => {
+                        this.receiver = receiver;
+                        this.told = this.told.max(through);
+                        if !events.is_empty() {
+                            let revision = events.last().map_or(through, |e| e.revision);
+                            return Poll::Ready(Some(Ok((this.hubs.make)(&this.hubs.node, revision, events))));
                         }
                     }
+                    // The hub ended meanwhile: end as its other streams do.
+                    Err(Joined::Ended) => {
+                        this.done = true;
+                        return Poll::Ready(this.hub.shared.state().ended.clone().map(Err));
+                    }
+                    Err(Joined::Failed(e)) => {
+                        this.done = true;
+                        return Poll::Ready(Some(Err(e)));
+                    }
                 }
-                None => {
+                continue;
+            }
+            match this.receiver.try_recv() {
+                // Every message after the subscription is new to this stream
+                // (it subscribed under the hub's lock, with its first events).
+                Ok(told) => {
+                    this.told = this.told.max(told.revision);
+                    read.push(told.message);
+                }
+                Err(TryRecvError::Empty) if !read.is_empty() => return Poll::Ready(Some(Ok(T::join(read)))),
+                // Nothing yet: list with the hub, then look once more (a
+                // message sent before the listing is seen by that look).
+                Err(TryRecvError::Empty) => {
+                    if listed {
+                        return Poll::Pending;
+                    }
+                    this.hub.shared.listening.listen(&this.listener, cx.waker());
+                    listed = true;
+                }
+                Err(TryRecvError::Lagged(_)) => this.lagged = true,
+                // The channel says closed again when next asked.
+                Err(TryRecvError::Closed) if !read.is_empty() => return Poll::Ready(Some(Ok(T::join(read)))),
+                Err(TryRecvError::Closed) => {
                     this.done = true;
                     return Poll::Ready(this.hub.shared.state().ended.clone().map(Err));
                 }

@@ -63,6 +63,7 @@ pub mod mutex;
 pub mod observe;
 pub mod stats;
 pub mod turn;
+pub mod wake_list;
 
 use crate::model::lock_delay;
 use crate::model::mvcc::{

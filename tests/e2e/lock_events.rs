@@ -257,12 +257,18 @@ async fn the_streams_of_one_lock_share_its_events_and_one_read_slowly_misses_non
     let cluster = Cluster::start(3).await;
     let (a, c) = (native(&cluster, 0).await, native(&cluster, 2).await);
     let session = a.session(60).await.unwrap();
-    // Eight streams on one member share the lock's events; a ninth reads
-    // nothing until the end, through a connection whose HTTP/2 window holds
-    // a few messages, so it falls far behind the lock's broadcast.
+    // Forty streams on one member share the lock's events (the hub wakes
+    // them a chunk at a time), eight to a connection (a client's HTTP/2
+    // bounds the small frames it holds unread on one); another reads nothing
+    // until the end, through a connection whose HTTP/2 window holds a few
+    // messages, so it falls far behind the lock's broadcast.
+    let mut connections = Vec::new();
+    for _ in 0..5 {
+        connections.push(native(&cluster, 2).await);
+    }
     let mut streams = Vec::new();
-    for _ in 0..8 {
-        let mut stream = c.observe(b"many", 1, 0).await.unwrap();
+    for i in 0..40 {
+        let mut stream = connections[i / 8].observe(b"many", 1, 0).await.unwrap();
         assert!(next(&mut stream).await.events.is_empty());
         streams.push(stream);
     }
@@ -285,17 +291,22 @@ async fn the_streams_of_one_lock_share_its_events_and_one_read_slowly_misses_non
     };
     let rejoins_before = rejoins(&crate::common::http_get(&cluster.members[2].endpoint(), "/metrics").await.1);
 
-    // 400 places taken and released: 800 events, one revision each.
+    // 400 places taken and released: 800 events, one revision each, each
+    // told alone (the lock is quiet for longer than the hub lets it settle).
     let cycles = 400;
+    // (The hub waits for 2 ms of quiet; 5 ms is well past it.)
+    let settled = || tokio::time::sleep(Duration::from_millis(5));
     let mut late = None;
     for i in 0..cycles {
         let key = format!("many/{:x}", 0x1000 + i).into_bytes();
         let put = PutRequest { key: key.clone(), value: b"x".to_vec(), lease: session.lease(), ..Default::default() };
         a.kv().put(put).await.unwrap();
+        settled().await;
         a.kv().delete_range(DeleteRangeRequest { key, ..Default::default() }).await.unwrap();
+        settled().await;
         if i == cycles / 4 {
             // Half the streams go; the others go on.
-            streams.truncate(4);
+            streams.truncate(20);
         }
         if i == cycles / 2 {
             // A stream that joins midway starts from the lock as it is (free).

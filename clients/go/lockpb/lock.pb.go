@@ -1666,8 +1666,11 @@ type ObserveResponse struct {
 	unknownFields protoimpl.UnknownFields
 
 	Header *ResponseHeader `protobuf:"bytes,1,opt,name=header,proto3" json:"header,omitempty"`
-	// One revision's events (the first message: the lock as it is, or the
-	// replayed changes), in the order they happened: ends before grants.
+	// Events in the order they happened, each with its revision: ends before
+	// grants within a revision. The first message: the lock as it is, or the
+	// replayed changes. After it, a message holds one or more revisions'
+	// events (a busy lock's, or a slow reader's, come joined); the header's
+	// revision is the last one's.
 	Events []*LockEvent `protobuf:"bytes,2,rep,name=events,proto3" json:"events,omitempty"`
 }
 

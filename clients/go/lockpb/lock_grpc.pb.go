@@ -33,7 +33,8 @@ type LocksClient interface {
 	// it has seen, which asks before it acts (Chubby's CheckSequencer).
 	Validate(ctx context.Context, in *ValidateRequest, opts ...grpc.CallOption) (*ValidateResponse, error)
 	// A lock's events: its holders and waiters first (one message), then every
-	// change to them as the member applies it, one message per revision, until
+	// change to them as the member applies it (a message holds one or more
+	// revisions' changes, told once the lock has been quiet for 2 ms), until
 	// the call ends. A holder learns from it that its grant ended without its
 	// asking. Resumable from a revision, like a watch.
 	Observe(ctx context.Context, in *ObserveRequest, opts ...grpc.CallOption) (Locks_ObserveClient, error)
@@ -144,7 +145,8 @@ type LocksServer interface {
 	// it has seen, which asks before it acts (Chubby's CheckSequencer).
 	Validate(context.Context, *ValidateRequest) (*ValidateResponse, error)
 	// A lock's events: its holders and waiters first (one message), then every
-	// change to them as the member applies it, one message per revision, until
+	// change to them as the member applies it (a message holds one or more
+	// revisions' changes, told once the lock has been quiet for 2 ms), until
 	// the call ends. A holder learns from it that its grant ended without its
 	// asking. Resumable from a revision, like a watch.
 	Observe(*ObserveRequest, Locks_ObserveServer) error

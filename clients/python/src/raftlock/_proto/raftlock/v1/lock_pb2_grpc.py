@@ -111,7 +111,8 @@ class LocksServicer:
 
     def Observe(self, request, context):
         """A lock's events: its holders and waiters first (one message), then every
-        change to them as the member applies it, one message per revision, until
+        change to them as the member applies it (a message holds one or more
+        revisions' changes, told once the lock has been quiet for 2 ms), until
         the call ends. A holder learns from it that its grant ended without its
         asking. Resumable from a revision, like a watch.
         """
