@@ -23,7 +23,7 @@ pub mod limits;
 pub mod lock;
 pub mod maintenance;
 pub mod native_lock;
-pub mod observe_route;
+pub mod observe_codec;
 pub mod served;
 pub mod watch;
 

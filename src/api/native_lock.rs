@@ -3,6 +3,10 @@
 //! `crate::locks::fenced`, `crate::locks::multi` (multi-locks) and
 //! `crate::locks::observe` (lock events).
 //!
+//! The service is served as [`LocksRoutes`]: `Observe` by a route of its
+//! own that sends the messages a lock's hub encoded once
+//! (`super::observe_codec`), every other call by the generated server.
+//!
 //! Errors keep etcd's codes where etcd has the case (a missing lease is
 //! NotFound "etcdserver: requested lease not found"; availability is
 //! Unavailable) and are InvalidArgument with a `raftlock:` message for what
@@ -12,6 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use tonic::codegen::{http, BoxFuture};
 use tonic::{Request, Response, Status};
 
 use super::{auth, error, header};
@@ -25,9 +30,9 @@ use crate::model::auth::PermKind;
 use crate::model::lock_delay::MAX_LOCK_DELAY_MS;
 use crate::node::Node;
 use crate::proto::raftlock::v1 as pb;
-use crate::proto::raftlock::v1::locks_server::Locks;
+use crate::proto::raftlock::v1::locks_server::{Locks, LocksServer};
 
-use super::observe_route::{EncodedObserve, EncodedStream, LocksRoutes, ObserveHubs};
+use super::observe_codec::{EncodedObserve, EncodedStream, ObserveCodec, ObserveHubs};
 
 fn permits(n: u32) -> Result<usize, Status> {
     match n {
@@ -84,7 +89,7 @@ fn owner(o: Owner) -> pb::Owner {
 }
 
 /// The hubs of a member's `Observe` streams, each change's message
-/// encoded once (`super::observe_route`).
+/// encoded once (`super::observe_codec`).
 pub fn observe_hubs(node: Arc<Node>) -> Arc<ObserveHubs> {
     let make = |node: &Node, revision: i64, events: Vec<observe::LockEvent>| {
         EncodedObserve::encode(&pb::ObserveResponse {
@@ -447,5 +452,61 @@ impl LocksService {
             results,
             ..Default::default()
         }))
+    }
+}
+
+/// The `Locks` service, its `Observe` answered from encoded messages.
+#[derive(Clone)]
+pub struct LocksRoutes {
+    locks: Arc<LocksService>,
+    generated: LocksServer<LocksService>,
+}
+
+impl LocksRoutes {
+    pub fn new(locks: Arc<LocksService>) -> LocksRoutes {
+        let generated =
+            LocksServer::from_arc(locks.clone()).max_decoding_message_size(crate::base::limits::MAX_GRPC_MESSAGE_BYTES);
+        LocksRoutes { locks, generated }
+    }
+}
+
+impl tonic::server::NamedService for LocksRoutes {
+    const NAME: &'static str = <LocksServer<LocksService> as tonic::server::NamedService>::NAME;
+}
+
+const OBSERVE_PATH: &str = "/raftlock.v1.Locks/Observe";
+
+impl tower::Service<http::Request<tonic::body::Body>> for LocksRoutes {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, _cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
+        if req.uri().path() != OBSERVE_PATH {
+            return self.generated.call(req);
+        }
+        let locks = self.locks.clone();
+        Box::pin(async move {
+            let mut grpc = tonic::server::Grpc::new(ObserveCodec)
+                .apply_max_message_size_config(Some(crate::base::limits::MAX_GRPC_MESSAGE_BYTES), None);
+            Ok(grpc.server_streaming(Observe(locks), req).await)
+        })
+    }
+}
+
+struct Observe(Arc<LocksService>);
+
+impl tonic::server::ServerStreamingService<pb::ObserveRequest> for Observe {
+    type Response = EncodedObserve;
+    type ResponseStream = EncodedStream;
+    type Future = BoxFuture<Response<EncodedStream>, Status>;
+
+    fn call(&mut self, req: Request<pb::ObserveRequest>) -> Self::Future {
+        let locks = self.0.clone();
+        Box::pin(async move { locks.observe_encoded(req).await })
     }
 }
