@@ -20,7 +20,7 @@
 use std::pin::Pin;
 
 use bytes::{BufMut, Bytes};
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::codec::{Codec, EncodeBuf, Encoder};
 use tonic::Status;
 
 use crate::locks::event_hub::{LockHubs, Message};
@@ -62,21 +62,22 @@ pub type ObserveHubs = LockHubs<EncodedObserve>;
 
 pub type EncodedStream = Pin<Box<dyn futures::Stream<Item = Result<EncodedObserve, Status>> + Send>>;
 
-/// Requests decoded as the generated server does; answers sent as encoded.
+/// Requests decoded by the generated server's decoder; answers sent as
+/// they were encoded.
 pub struct ObserveCodec;
 
 impl Codec for ObserveCodec {
     type Encode = EncodedObserve;
     type Decode = pb::ObserveRequest;
     type Encoder = AsEncoded;
-    type Decoder = RequestDecoder;
+    type Decoder = tonic_prost::ProstDecoder<pb::ObserveRequest>;
 
     fn encoder(&mut self) -> AsEncoded {
         AsEncoded
     }
 
-    fn decoder(&mut self) -> RequestDecoder {
-        RequestDecoder
+    fn decoder(&mut self) -> Self::Decoder {
+        tonic_prost::ProstDecoder::default()
     }
 }
 
@@ -89,17 +90,6 @@ impl Encoder for AsEncoded {
     fn encode(&mut self, item: EncodedObserve, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
         dst.put_slice(&item.0);
         Ok(())
-    }
-}
-
-pub struct RequestDecoder;
-
-impl Decoder for RequestDecoder {
-    type Item = pb::ObserveRequest;
-    type Error = Status;
-
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<pb::ObserveRequest>, Status> {
-        prost::Message::decode(src).map(Some).map_err(|e| Status::internal(e.to_string()))
     }
 }
 

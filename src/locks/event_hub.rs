@@ -446,8 +446,7 @@ async fn run<T: Message>(
         // the runtime has nothing else to run (or at its next look at the
         // network). Changes that come meanwhile wait in the inbox for the
         // next round: a round ends within `WAKE_ROUND_LIMIT`.
-        let mut round = WakingRound::default();
-        round.add(shared.listening.take());
+        let mut round = WakingRound::new(shared.listening.take());
         while !round.is_done() {
             round.wake_next();
             tokio::task::yield_now().await;
@@ -487,13 +486,12 @@ impl<T: Message> Stream for Observation<T> {
         let mut listed = false;
         // Messages read in this poll: given as one, once nothing more waits,
         // or they are big enough, or the stream fell behind after them.
-        let mut read = Vec::new();
+        let (mut read, mut read_bytes) = (Vec::new(), 0);
         loop {
             if this.done {
                 return Poll::Ready(None);
             }
-            let enough = read.iter().map(Message::size).sum::<usize>() >= JOINED_BYTES;
-            if !read.is_empty() && (enough || this.lagged) {
+            if !read.is_empty() && (read_bytes >= JOINED_BYTES || this.lagged) {
                 return Poll::Ready(Some(Ok(T::join(read))));
             }
             if this.lagged {
@@ -526,6 +524,7 @@ impl<T: Message> Stream for Observation<T> {
                 // (it subscribed under the hub's lock, with its first events).
                 Ok(told) => {
                     this.told = this.told.max(told.revision);
+                    read_bytes += told.message.size();
                     read.push(told.message);
                 }
                 Err(TryRecvError::Empty) if !read.is_empty() => return Poll::Ready(Some(Ok(T::join(read)))),

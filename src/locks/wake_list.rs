@@ -94,36 +94,28 @@ impl WakeList {
 }
 
 /// Streams a hub's task is waking, a chunk at a time.
-#[derive(Default)]
 pub struct WakingRound {
     listeners: Vec<Arc<Listener>>,
     woken: usize,
-    began: Option<Instant>,
+    began: Instant,
 }
 
 impl WakingRound {
-    pub fn add(&mut self, listeners: Vec<Arc<Listener>>) {
-        if !listeners.is_empty() {
-            self.began.get_or_insert_with(Instant::now);
-            self.listeners.extend(listeners);
-        }
+    /// A round of waking `listeners`, begun now.
+    pub fn new(listeners: Vec<Arc<Listener>>) -> WakingRound {
+        WakingRound { listeners, woken: 0, began: Instant::now() }
     }
 
-    /// True once every stream added was woken (and the round starts over).
-    pub fn is_done(&mut self) -> bool {
-        if self.woken < self.listeners.len() {
-            return false;
-        }
-        *self = WakingRound::default();
-        true
+    /// True once every stream of the round was woken.
+    pub fn is_done(&self) -> bool {
+        self.woken == self.listeners.len()
     }
 
     /// Wake the next chunk, or every one left once the round has gone on
     /// for [`WAKE_ROUND_LIMIT`].
     pub fn wake_next(&mut self) {
         let left = self.listeners.len() - self.woken;
-        let late = self.began.is_some_and(|began| began.elapsed() >= WAKE_ROUND_LIMIT);
-        let chunk = if late { left } else { left.min(WAKE_CHUNK) };
+        let chunk = if self.began.elapsed() >= WAKE_ROUND_LIMIT { left } else { left.min(WAKE_CHUNK) };
         for listener in &self.listeners[self.woken..self.woken + chunk] {
             listener.wake();
         }
@@ -175,15 +167,14 @@ mod tests {
         let streams = listed(&list, 3 * WAKE_CHUNK + 5);
         // Listing twice before being woken lists once.
         list.listen(&streams[0].0, &Waker::from(streams[0].1.clone()));
-        let mut round = WakingRound::default();
-        round.add(list.take());
+        let mut round = WakingRound::new(list.take());
         assert!(list.take().is_empty());
         round.wake_next();
         assert_eq!(woken(&streams), WAKE_CHUNK);
         round.wake_next();
         assert_eq!(woken(&streams), 2 * WAKE_CHUNK);
         assert!(!round.is_done());
-        round.began = Some(Instant::now() - WAKE_ROUND_LIMIT);
+        round.began = Instant::now() - WAKE_ROUND_LIMIT;
         round.wake_next();
         assert_eq!(woken(&streams), 3 * WAKE_CHUNK + 5, "a late round wakes all that are left");
         assert!(round.is_done());
@@ -193,8 +184,7 @@ mod tests {
     fn a_woken_stream_lists_itself_again_and_a_dropped_round_wakes_the_rest() {
         let list = WakeList::default();
         let streams = listed(&list, WAKE_CHUNK + 3);
-        let mut round = WakingRound::default();
-        round.add(list.take());
+        let mut round = WakingRound::new(list.take());
         round.wake_next();
         // A stream woken waits again: it is listed anew.
         list.listen(&streams[0].0, &Waker::from(streams[0].1.clone()));
