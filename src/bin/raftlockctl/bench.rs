@@ -23,6 +23,7 @@ use crate::bench_load::{idle_observers, idle_watchers, lock_observers, watch_his
 use crate::bench_range::{check_range, range_request};
 pub(crate) use crate::bench_report::{report, BenchReport, CpuUsed};
 use anyhow::Context;
+use futures::StreamExt;
 use raftlock::client::{ClientTls, Service, TokenInterceptor};
 use tonic::service::interceptor::InterceptedService;
 
@@ -128,6 +129,13 @@ pub struct BenchArgs {
     /// behind is counted as waiting (0: as fast as answered).
     #[arg(long, default_value_t = 0.0)]
     pub rate: f64,
+    /// Clients arrive at this many a second: client c sends its first
+    /// request no sooner than c/arrival-rate seconds after the start, as a
+    /// fleet that comes over time (a queue of 100,000 sent at once overruns
+    /// any server's backlog of proposals). A lock workload's handoffs are
+    /// then counted from when the last client arrived (0: all at once).
+    #[arg(long, default_value_t = 0.0)]
+    pub arrival_rate: f64,
     /// Stop after this many seconds even if `--total` requests were not all
     /// issued (0: no time limit).
     #[arg(long, default_value_t = 0.0)]
@@ -371,8 +379,10 @@ impl Driver {
 /// client's `(granted, release sent)` cycles. Grants of one lock of one
 /// permit follow each other, so in grant order each cycle's release hands
 /// the lock to the next cycle. Only a lock someone always waits for hands
-/// over at once: otherwise the time it lay free counts too.
-fn handoffs(mut cycles: Vec<(Instant, Instant)>) -> Vec<Duration> {
+/// over at once: otherwise the time it lay free counts too. Grants before
+/// `from` (the queue still filling) are left out.
+fn handoffs(mut cycles: Vec<(Instant, Instant)>, from: Instant) -> Vec<Duration> {
+    cycles.retain(|c| c.0 >= from);
     cycles.sort_unstable();
     cycles.windows(2).map(|w| w[1].0.saturating_duration_since(w[0].1)).collect()
 }
@@ -427,18 +437,27 @@ pub async fn run(
     let errors = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
     let mut drivers = Vec::new();
-    for c in 0..args.clients.max(1) {
+    // Made 64 at a time (each lock client grants itself a lease first).
+    let made = futures::stream::iter(0..args.clients.max(1)).map(|c| {
         let lock_name = format!("bench-lock/{}", c % args.lock_names.max(1)).into_bytes();
-        drivers.push(match &connections {
-            Connections::Own(channels) => {
-                Driver::Own(Box::new(OwnDriver::new(channels[c % channels.len()].clone(), args, lock_name).await?))
-            }
-            Connections::EtcdClient(clients) => {
-                let client = clients[c % clients.len()].clone();
-                Driver::EtcdClient(Box::new(EtcdClientDriver::new(client, args, lock_name).await?))
-            }
-        });
+        let connections = &connections;
+        async move {
+            anyhow::Ok(match connections {
+                Connections::Own(channels) => {
+                    Driver::Own(Box::new(OwnDriver::new(channels[c % channels.len()].clone(), args, lock_name).await?))
+                }
+                Connections::EtcdClient(clients) => {
+                    let client = clients[c % clients.len()].clone();
+                    Driver::EtcdClient(Box::new(EtcdClientDriver::new(client, args, lock_name).await?))
+                }
+            })
+        }
+    });
+    let mut made = made.buffered(64);
+    while let Some(driver) = made.next().await {
+        drivers.push(driver?);
     }
+    drop(made);
     if matches!(args.workload, Workload::Get | Workload::GetSerializable) {
         // Reads need something to read.
         for n in 0..args.key_space.min(args.total) {
@@ -457,6 +476,9 @@ pub async fn run(
             let mut latencies = Vec::new();
             let mut succeeded = Vec::new();
             let deadline = (args.seconds > 0.0).then(|| start + Duration::from_secs_f64(args.seconds));
+            if args.arrival_rate > 0.0 {
+                tokio::time::sleep_until((start + Duration::from_secs_f64(c as f64 / args.arrival_rate)).into()).await;
+            }
             loop {
                 let i = issued.fetch_add(1, Ordering::Relaxed);
                 if i >= args.total || deadline.is_some_and(|d| Instant::now() >= d) {
@@ -505,10 +527,15 @@ pub async fn run(
         && args.permits <= 1
         && args.clients > 1
         && args.rate <= 0.0;
-    let handed = contended.then(|| handoffs(drivers.iter().flat_map(|d| d.cycles().iter().copied()).collect()));
-    for mut d in drivers {
-        d.finish().await;
-    }
+    // With clients arriving over time, the queue is whole once the last came.
+    let arrived = match args.arrival_rate > 0.0 {
+        true => start + Duration::from_secs_f64((args.clients.max(1) - 1) as f64 / args.arrival_rate),
+        false => start,
+    };
+    let handed =
+        contended.then(|| handoffs(drivers.iter().flat_map(|d| d.cycles().iter().copied()).collect(), arrived));
+    // Each lock client revokes its lease, 64 at a time.
+    futures::stream::iter(drivers).for_each_concurrent(64, |mut d| async move { d.finish().await }).await;
     let mut r = report(args, latencies, errors.load(Ordering::Relaxed), elapsed);
     r.max_gap_ms = max_gap.as_secs_f64() * 1e3;
     if let Some(mut handed) = handed.filter(|h| !h.is_empty()) {
@@ -531,7 +558,9 @@ mod tests {
         // Three clients' cycles, out of order: grants at 0, 5 and 12 ms,
         // each released 1 ms after its grant.
         let cycles = vec![(at(12), at(13)), (at(0), at(1)), (at(5), at(6))];
-        assert_eq!(handoffs(cycles), vec![Duration::from_millis(4), Duration::from_millis(6)]);
-        assert!(handoffs(vec![(at(0), at(1))]).is_empty());
+        assert_eq!(handoffs(cycles.clone(), t0), vec![Duration::from_millis(4), Duration::from_millis(6)]);
+        assert!(handoffs(vec![(at(0), at(1))], t0).is_empty());
+        // Clients still arriving until 5 ms: the grant at 0 is left out.
+        assert_eq!(handoffs(cycles, at(5)), vec![Duration::from_millis(6)]);
     }
 }
