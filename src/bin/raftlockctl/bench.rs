@@ -23,7 +23,7 @@ use crate::bench_load::{idle_observers, idle_watchers, lock_observers, watch_his
 use crate::bench_range::{check_range, range_request};
 pub(crate) use crate::bench_report::{report, BenchReport, CpuUsed};
 use anyhow::Context;
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use raftlock::client::{ClientTls, Service, TokenInterceptor};
 use tonic::service::interceptor::InterceptedService;
 
@@ -387,6 +387,19 @@ fn handoffs(mut cycles: Vec<(Instant, Instant)>, from: Instant) -> Vec<Duration>
     cycles.windows(2).map(|w| w[1].0.saturating_duration_since(w[0].1)).collect()
 }
 
+/// When client `c` of a run begun at `start` sends its first request
+/// (`--arrival-rate`; at the start when it is 0).
+fn arrival(args: &BenchArgs, start: Instant, c: usize) -> Instant {
+    match args.arrival_rate > 0.0 {
+        true => start + Duration::from_secs_f64(c as f64 / args.arrival_rate),
+        false => start,
+    }
+}
+
+/// How many clients are made ready (a lease each, for lock workloads), or
+/// finished, at once: one at a time, 100,000 of them took minutes.
+const SETUP_AT_ONCE: usize = 64;
+
 /// The connections a run's request loops share, of the chosen driver.
 enum Connections {
     Own(Vec<Service>),
@@ -436,12 +449,11 @@ pub async fn run(
     let issued = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
-    let mut drivers = Vec::new();
-    // Made 64 at a time (each lock client grants itself a lease first).
-    let made = futures::stream::iter(0..args.clients.max(1)).map(|c| {
-        let lock_name = format!("bench-lock/{}", c % args.lock_names.max(1)).into_bytes();
-        let connections = &connections;
-        async move {
+    // Each lock client grants itself a lease first: made some at a time.
+    let connections = &connections;
+    let mut drivers: Vec<Driver> = futures::stream::iter(0..args.clients.max(1))
+        .map(|c| async move {
+            let lock_name = format!("bench-lock/{}", c % args.lock_names.max(1)).into_bytes();
             anyhow::Ok(match connections {
                 Connections::Own(channels) => {
                     Driver::Own(Box::new(OwnDriver::new(channels[c % channels.len()].clone(), args, lock_name).await?))
@@ -451,13 +463,10 @@ pub async fn run(
                     Driver::EtcdClient(Box::new(EtcdClientDriver::new(client, args, lock_name).await?))
                 }
             })
-        }
-    });
-    let mut made = made.buffered(64);
-    while let Some(driver) = made.next().await {
-        drivers.push(driver?);
-    }
-    drop(made);
+        })
+        .buffered(SETUP_AT_ONCE)
+        .try_collect()
+        .await?;
     if matches!(args.workload, Workload::Get | Workload::GetSerializable) {
         // Reads need something to read.
         for n in 0..args.key_space.min(args.total) {
@@ -476,9 +485,7 @@ pub async fn run(
             let mut latencies = Vec::new();
             let mut succeeded = Vec::new();
             let deadline = (args.seconds > 0.0).then(|| start + Duration::from_secs_f64(args.seconds));
-            if args.arrival_rate > 0.0 {
-                tokio::time::sleep_until((start + Duration::from_secs_f64(c as f64 / args.arrival_rate)).into()).await;
-            }
+            tokio::time::sleep_until(arrival(&args, start, c).into()).await;
             loop {
                 let i = issued.fetch_add(1, Ordering::Relaxed);
                 if i >= args.total || deadline.is_some_and(|d| Instant::now() >= d) {
@@ -528,14 +535,11 @@ pub async fn run(
         && args.clients > 1
         && args.rate <= 0.0;
     // With clients arriving over time, the queue is whole once the last came.
-    let arrived = match args.arrival_rate > 0.0 {
-        true => start + Duration::from_secs_f64((args.clients.max(1) - 1) as f64 / args.arrival_rate),
-        false => start,
-    };
+    let arrived = arrival(args, start, args.clients.max(1) - 1);
     let handed =
         contended.then(|| handoffs(drivers.iter().flat_map(|d| d.cycles().iter().copied()).collect(), arrived));
-    // Each lock client revokes its lease, 64 at a time.
-    futures::stream::iter(drivers).for_each_concurrent(64, |mut d| async move { d.finish().await }).await;
+    // Each lock client revokes its lease, some at a time.
+    futures::stream::iter(drivers).for_each_concurrent(SETUP_AT_ONCE, |mut d| async move { d.finish().await }).await;
     let mut r = report(args, latencies, errors.load(Ordering::Relaxed), elapsed);
     r.max_gap_ms = max_gap.as_secs_f64() * 1e3;
     if let Some(mut handed) = handed.filter(|h| !h.is_empty()) {
