@@ -192,9 +192,10 @@ impl MvccStore {
                 emptied.push(key.clone());
             }
         }
-        for key in emptied {
-            self.index.remove(&key);
+        for key in &emptied {
+            self.index.remove(key);
         }
+        self.forget_swept_queues(&emptied);
         self.bytes = bytes;
         self.sweep_resume = next;
         self.sweep_resume.is_some()

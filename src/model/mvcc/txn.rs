@@ -50,21 +50,50 @@ pub(super) struct TxnPath {
 ///
 /// Each op is weighed on the store as it is before the txn
 /// ([`MvccStore::range_weight_bound`]), plus everything the txn's puts on
-/// the chosen path could add inside its range: an upper bound on what the
+/// the chosen path could add inside its range, and without its limit if a
+/// deletion before it on the path overlaps its range (the deletion may let
+/// keys never weighed into its first `limit`): an upper bound on what the
 /// op can answer once the ops before it have run, so the check is decided
 /// before anything changes and is the same on every member.
 struct ResponseBudget<'t> {
     left: usize,
     /// The puts on the chosen path (any depth).
     puts: Vec<&'t PutRequest>,
+    /// The ranges deleted by the ops weighed so far.
+    deleted: Vec<KeyRange>,
+    /// How a read of a queue directory that is not registered (`queues`)
+    /// is weighed.
+    unindexed: Unindexed,
+}
+
+/// How a check weighs a queue read that only a walk of every history under
+/// its directory could bound.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Unindexed {
+    /// Walk: apply's check (and a read-only txn's), which must bound the
+    /// answer, and bound it alike on every member.
+    Walk,
+    /// Let it through, weighing nothing: the check before proposing, which
+    /// runs once per request on a runtime worker holding the store, where a
+    /// walk per acquire of a lock with a long history stalled members (#55).
+    /// Apply weighs it again (after registering the directory), so a txn let
+    /// through here costs an entry at most.
+    Pass,
 }
 
 impl ResponseBudget<'_> {
     fn spend_range(&mut self, store: &MvccStore, r: &RangeRequest) -> Result<(), MvccError> {
-        if r.count_only {
+        if r.count_only || (self.unindexed == Unindexed::Pass && store.reads_unindexed_queue(r)) {
             return Ok(());
         }
         let range = KeyRange::new(&r.key, &r.range_end);
+        let unlimited;
+        let r = if r.limit > 0 && self.deleted.iter().any(|d| d.overlaps(&range)) {
+            unlimited = RangeRequest { limit: 0, ..r.clone() };
+            &unlimited
+        } else {
+            r
+        };
         let added: usize = self
             .puts
             .iter()
@@ -78,11 +107,12 @@ impl ResponseBudget<'_> {
     }
 
     fn spend_delete(&mut self, store: &MvccStore, d: &DeleteRangeRequest) -> Result<(), MvccError> {
-        if !d.prev_kv {
-            return Ok(());
+        if d.prev_kv {
+            let as_range = RangeRequest { key: d.key.clone(), range_end: d.range_end.clone(), ..Default::default() };
+            self.spend_range(store, &as_range)?;
         }
-        let as_range = RangeRequest { key: d.key.clone(), range_end: d.range_end.clone(), ..Default::default() };
-        self.spend_range(store, &as_range)
+        self.deleted.push(KeyRange::new(&d.key, &d.range_end));
+        Ok(())
     }
 }
 
@@ -164,7 +194,6 @@ impl WriteTxn<'_> {
     }
 
     fn range(&mut self, req: &RangeRequest) -> Result<RangeResult, MvccError> {
-        self.store.index_queue(req);
         self.store.range_at(req, self.read_revision())
     }
 
@@ -298,6 +327,7 @@ impl MvccStore {
     /// A transaction (see the module doc for the order of evaluation).
     pub fn txn(&mut self, req: &TxnRequest, leases: &dyn LeaseView) -> Result<(TxnResult, Vec<Change>), MvccError> {
         let path = self.choose_path(req);
+        self.index_queues_read(req, &path);
         self.check_path(req, &path, leases)?;
         let mut w = self.begin_write();
         let mut result = w.txn(req, &path);
@@ -310,12 +340,33 @@ impl MvccStore {
     /// Whether `req`'s response, as it would run on the store now, is within
     /// the response limit ([`ResponseBudget`]): what a member checks before
     /// proposing a txn, so that one bound to be refused costs no log entry.
-    /// Apply checks again against the state the txn meets there.
+    /// Apply checks again against the state the txn meets there. It never
+    /// walks a queue directory the index does not hold ([`Unindexed::Pass`]):
+    /// such a read is left to apply, which registers the directory first.
     pub fn check_txn_response(&self, req: &TxnRequest) -> Result<(), MvccError> {
         if !req.answers_values() {
             return Ok(());
         }
-        self.check_response(req, &self.choose_path(req))
+        self.check_response(req, &self.choose_path(req), Unindexed::Pass)
+    }
+
+    /// Register the directories the ranges on `path` read as queues
+    /// ([`MvccStore::index_queue`]), before the txn is checked: its check
+    /// and its reads then answer from the index. This is also what keeps
+    /// members agreeing: a walk bounds a limited, sorted read by its
+    /// heaviest keys, the index by the keys it answers, so a member that
+    /// walked (nothing registered since its restart) could refuse a txn that
+    /// another accepted.
+    fn index_queues_read(&mut self, req: &TxnRequest, path: &TxnPath) {
+        let ops = if path.succeeded { &req.success } else { &req.failure };
+        let mut nested = path.nested.iter();
+        for op in ops {
+            match op {
+                RequestOp::Range(r) => self.index_queue(r),
+                RequestOp::Txn(t) => self.index_queues_read(t, nested.next().expect("path per txn")),
+                RequestOp::Put(_) | RequestOp::DeleteRange(_) => {}
+            }
+        }
     }
 
     fn spend_path(&self, req: &TxnRequest, path: &TxnPath, budget: &mut ResponseBudget<'_>) -> Result<(), MvccError> {
@@ -377,7 +428,7 @@ impl MvccStore {
     /// the response limit.
     fn check_path(&self, req: &TxnRequest, path: &TxnPath, leases: &dyn LeaseView) -> Result<(), MvccError> {
         self.check_requests(req, path, leases)?;
-        self.check_response(req, path)
+        self.check_response(req, path, Unindexed::Walk)
     }
 
     fn check_requests(&self, req: &TxnRequest, path: &TxnPath, leases: &dyn LeaseView) -> Result<(), MvccError> {
@@ -396,7 +447,7 @@ impl MvccStore {
 
     /// Whether what the txn answers on `path` fits the response limit
     /// ([`ResponseBudget`]).
-    fn check_response(&self, req: &TxnRequest, path: &TxnPath) -> Result<(), MvccError> {
+    fn check_response(&self, req: &TxnRequest, path: &TxnPath, unindexed: Unindexed) -> Result<(), MvccError> {
         // Most txns (a lock's, a put's) answer no key-values: nothing to
         // weigh, and no walk of the index.
         if !req.answers_values() {
@@ -404,7 +455,7 @@ impl MvccStore {
         }
         let mut puts = Vec::new();
         collect_puts(req, path, &mut puts);
-        let mut budget = ResponseBudget { left: self.response_limit, puts };
+        let mut budget = ResponseBudget { left: self.response_limit, puts, deleted: Vec::new(), unindexed };
         self.spend_path(req, path, &mut budget)
     }
 
