@@ -65,8 +65,11 @@ fn expect_refusal<T>(what: &str, result: Result<T, Error>, code: tonic::Code, wo
 /// 100 values of 1 MiB, then a txn of 127 ranges over all of them plus a
 /// delete: 12.7 GB of answer, each range within the per-range limit. It
 /// used to abort every member in apply, and again at every restart. Now the
-/// txn is refused whole as too large; the same read-only txn is too; then
-/// every member is killed and restarted and must come back.
+/// txn is refused whole as too large; the same read-only txn is too; so
+/// are three sorted ranges with a limit, and a deletion of 100 small keys
+/// ahead of 126 ranges limited to 100 keys (weighed by the small keys, they
+/// would answer the large ones: the deletion lets them in). Then every
+/// member is killed and restarted and must come back with every key.
 fn txn_response_limit(t: &mut Target) -> BoxFuture<'_, anyhow::Result<String>> {
     Box::pin(async move {
         let mut c = t.client(0).await?;
@@ -91,10 +94,19 @@ fn txn_response_limit(t: &mut Target) -> BoxFuture<'_, anyhow::Result<String>> {
         let sorted = (0..3).map(|_| TxnOp::get("/big/", Some(sorted.clone()))).collect::<Vec<_>>();
         let read = c.txn(Txn::new().and_then(sorted)).await;
         seen.push(expect_refusal("three sorted ranges", read, code, "range response is too large")?);
+        // Small keys that sort first under /big/ ('!' < '0').
+        let small = (0..100).map(|i| TxnOp::put(format!("/big/!{i:03}"), "s", None)).collect::<Vec<_>>();
+        c.txn(Txn::new().and_then(small)).await?;
+        let mut ahead = vec![TxnOp::delete("/big/!", Some(etcd_client::DeleteOptions::new().with_prefix()))];
+        let first_100 = GetOptions::new().with_prefix().with_limit(100);
+        ahead.extend((0..126).map(|_| TxnOp::get("/big/", Some(first_100.clone()))));
+        let written = c.txn(Txn::new().and_then(ahead)).await;
+        let what = "a deletion ahead of 126 limited ranges";
+        seen.push(expect_refusal(what, written, code, "range response is too large")?);
         t.restart_all().await?;
         let kept = t.count(1, "/big/").await?;
-        anyhow::ensure!(kept == 100, "{kept} keys under /big/ after the restart, expected 100");
-        Ok(format!("{}; every member restarted and serves, 100 keys kept", seen.join("; ")))
+        anyhow::ensure!(kept == 200, "{kept} keys under /big/ after the restart, expected 200");
+        Ok(format!("{}; every member restarted and serves, 200 keys kept", seen.join("; ")))
     })
 }
 
