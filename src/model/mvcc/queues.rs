@@ -118,7 +118,7 @@ impl MvccStore {
         }
         let mut set = BTreeSet::new();
         let mut any_history = false;
-        for (key, versions) in self.histories(&KeyRange::new(dir, &prefix_end(dir))) {
+        for (key, versions) in self.histories(&KeyRange::with_prefix(dir)) {
             any_history = true;
             if let Some(Held::Memory(kv)) = versions.last().map(|v| &v.held) {
                 set.insert((kv.create_revision, key.clone()));
@@ -138,11 +138,16 @@ impl MvccStore {
         for key in keys {
             for dir in dirs_above(key) {
                 let emptied = self.queues.dirs.get(dir).is_some_and(BTreeSet::is_empty);
-                if emptied && self.histories(&KeyRange::new(dir, &prefix_end(dir))).next().is_none() {
+                if emptied && !self.has_history_under(dir) {
                     self.queues.dirs.remove(dir);
                 }
             }
         }
+    }
+
+    /// Whether any key under `dir` has history (live or not).
+    fn has_history_under(&self, dir: &[u8]) -> bool {
+        self.histories(&KeyRange::with_prefix(dir)).next().is_some()
     }
 
     /// Whether `req` reads, as a queue, a directory that is not registered:
@@ -312,12 +317,7 @@ mod tests {
 
     fn assert_registered_have_history(s: &MvccStore) {
         for dir in s.queues.dirs.keys() {
-            let under = KeyRange::new(dir, &prefix_end(dir));
-            assert!(
-                s.histories(&under).next().is_some(),
-                "{:?} registered with no history",
-                String::from_utf8_lossy(dir)
-            );
+            assert!(s.has_history_under(dir), "{:?} registered with no history", String::from_utf8_lossy(dir));
         }
     }
 
