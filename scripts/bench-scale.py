@@ -68,7 +68,9 @@ def held():
         native = [r["native-lock"] for r in g if "native-lock" in r]
         lines.append([system, n, cell(rss, 0), cell([b["p50_ms"] for b in lock]), cell([b["p99_ms"] for b in lock]),
                       cell([b["p99_ms"] for b in native]), cell([r.get("list_page_ms") for r in g], 0),
-                      cell([r.get("list_all_ms") for r in g], 0)])
+                      cell([r.get("list_all_ms") for r in g], 0), cell([r.get("queue_list_ms") for r in g], 0),
+                      cell([r.get("queue_describe_ms") for r in g], 0),
+                      cell([r.get("queue_describe_indexed_ms") for r in g], 0)])
         for r in g:
             point("Held locks: memory per lock per member", "bytes", "locks held", system, "RSS", n,
                   r["rss_bytes_per_lock_per_member"])
@@ -79,7 +81,7 @@ def held():
                     point("Held locks: Lock+Unlock of another name", "ms", "locks held", "raftlock native", series,
                           n, r["native-lock"][f"{series}_ms"])
     table(["system", "held", "RSS B/lock/member", "Lock p50 ms", "Lock p99 ms", "native p99 ms", "List 1,000 ms",
-           "List all ms"], lines)
+           "List all ms", "queue of N: List ms", "Describe 1,000 ms", "indexed ms"], lines)
 
 
 def queue():

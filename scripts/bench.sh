@@ -62,7 +62,10 @@
 #                               # member, lock+unlock p50/p99 on 64 other
 #                               # names (etcd's Lock, and raftlock's native
 #                               # Acquire), and on raftlock the time to List
-#                               # a page of 1,000 of them and all of them
+#                               # a page of 1,000 of them and all of them,
+#                               # then to List one lock with N owner keys
+#                               # and Describe 1,000 of its waiters
+#                               # (HELD_SYSTEMS, default "etcd raftlock")
 #   scripts/bench.sh keys       # many keys instead: for each N in KEYS
 #                               # (default 1000 10000 100000), a fresh
 #                               # cluster given N keys of 256 bytes; RSS
@@ -559,7 +562,7 @@ watchers() { # kind
 # the key `name/<lease hex>` on it (`bench lease-key --owner-keys`).
 rss_kib() { local p t=0; for p in "${pids[@]}"; do t=$((t + $(awk '/^VmRSS/ {print $2}' "/proc/$p/status"))); done; echo "$t"; }
 held() { # kind
-  local kind=$1 base n before after row w list_page list_all listed t0 t1 t2
+  local kind=$1 base n before after row w list_page list_all listed t0 t1 t2 t3 t4
   base=$([ "$kind" = etcd ] && echo 27790 || echo 28790)
   for n in ${HELD_LOCKS:-1000 10000 100000}; do
     n=$((n / scale))
@@ -588,6 +591,25 @@ held() { # kind
       list_page=$(((t1 - t0) / 1000000)); list_all=$(((t2 - t1) / 1000000))
       listed=$(python3 -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["locks"]))' "$work/held-list.json")
       row+=",\"list_page_ms\":$list_page,\"list_all_ms\":$list_all,\"listed\":$listed"
+      # Then one lock with N owner keys (a queue of N - 1 behind its
+      # holder): List of it, and Describe of its first 1,000 waiters, before
+      # and after a write has registered its queue in the index (a try-lock
+      # that fails; a queue nobody has written to since a restart is not).
+      "$ctl" --endpoints "$endpoints" bench lease-key --owner-keys --key-prefix bench-queue/ --key-space 1 \
+        --total "$n" --clients 64 --conns 8 --lease-ttl 3600 --value-size 16 >/dev/null
+      t0=$(date +%s%N)
+      "$ctl" --endpoints "$endpoints" -w json list bench-queue/ >"$work/queue-list.json"
+      t1=$(date +%s%N)
+      "$ctl" --endpoints "$endpoints" describe bench-queue/0000000000 --limit 1000 >/dev/null
+      t2=$(date +%s%N)
+      "$ctl" --endpoints "$endpoints" lock --try bench-queue/0000000000 -- true >/dev/null 2>&1 || true
+      t3=$(date +%s%N)
+      "$ctl" --endpoints "$endpoints" describe bench-queue/0000000000 --limit 1000 >/dev/null
+      t4=$(date +%s%N)
+      listed=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["locks"][0]["waiters"])' \
+        "$work/queue-list.json")
+      row+=",\"queue_list_ms\":$(((t1 - t0) / 1000000)),\"queue_describe_ms\":$(((t2 - t1) / 1000000))"
+      row+=",\"queue_describe_indexed_ms\":$(((t4 - t3) / 1000000)),\"queue_waiters_listed\":$listed"
     fi
     echo "$row}" | tee -a "$work/held.jsonl" >&2
     stop_all
@@ -651,17 +673,18 @@ fi
 
 if [ "${1:-}" = held ]; then
   for run in $(seq "${ROUNDS:-1}"); do
-    for kind in etcd raftlock; do held "$kind"; done
+    for kind in ${HELD_SYSTEMS:-etcd raftlock}; do held "$kind"; done
   done
   python3 - "$work/held.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-print(f"{'system':<9} {'held':>7} {'RSS B/lock/member':>17} {'lock p50 ms':>11} {'p99 ms':>7} {'native p50 ms':>13} {'p99 ms':>7} {'List 1,000 ms':>13} {'List all ms':>11} {'listed':>7}")
+print(f"{'system':<9} {'held':>7} {'RSS B/lock/member':>17} {'lock p50 ms':>11} {'p99 ms':>7} {'native p50 ms':>13} {'p99 ms':>7} {'List 1,000 ms':>13} {'List all ms':>11} {'listed':>7} {'queue List ms':>13} {'Describe ms':>11} {'indexed ms':>10}")
 for r in sorted(rows, key=lambda r: (r["held"], r["system"])):
     l, n = r["lock"], r.get("native-lock")
     native = f"{n['p50_ms']:>13.2f} {n['p99_ms']:>7.2f}" if n else f"{'-':>13} {'-':>7}"
     lists = f"{r['list_page_ms']:>13.1f} {r['list_all_ms']:>11.1f} {r['listed']:>7}" if "listed" in r else f"{'-':>13} {'-':>11} {'-':>7}"
-    print(f"{r['system']:<9} {r['held']:>7} {r['rss_bytes_per_lock_per_member']:>17} {l['p50_ms']:>11.2f} {l['p99_ms']:>7.2f} {native} {lists}")
+    queue = f"{r['queue_list_ms']:>13} {r['queue_describe_ms']:>11} {r['queue_describe_indexed_ms']:>10}" if "queue_list_ms" in r else f"{'-':>13} {'-':>11} {'-':>10}"
+    print(f"{r['system']:<9} {r['held']:>7} {r['rss_bytes_per_lock_per_member']:>17} {l['p50_ms']:>11.2f} {l['p99_ms']:>7.2f} {native} {lists} {queue}")
 PY
   exit 0
 fi

@@ -15,7 +15,10 @@
 //! A count-only range loads no value at all (it only asks which keys are
 //! live at the revision), and a plain range in key order stops collecting
 //! at its limit and fails as soon as what it collected weighs more than the
-//! response limit, so neither reads more than it answers.
+//! response limit, so neither loads more than it answers. Both still walk
+//! every key of the range, to count them (etcd's `count`); a reader that
+//! needs no count and pages through a long range reads with
+//! [`MvccStore::first_live`], which stops at its limit.
 //!
 //! Between steps, writes only add versions above the scan's revision, which
 //! it never reads. A compaction past the revision fails the next step with
@@ -164,6 +167,27 @@ impl RangeScan {
 }
 
 impl MvccStore {
+    /// The first `most` live key-values of `range` at the newest revision,
+    /// in key order, and whether a live key follows them: a read that stops
+    /// at its limit. [`MvccStore::range`] goes on past its limit to count
+    /// every live key of the range (etcd's `count`), so paging through a
+    /// directory of `n` keys with it walks about `n² / page` of them; the
+    /// lock listing, which pages through directories in key order and needs
+    /// no count, reads with this instead. It walks the histories between the
+    /// live keys it answers (deleted keys compaction has not swept yet).
+    /// `most` is a count, not etcd's limit: 0 answers nothing.
+    pub fn first_live(&self, range: &KeyRange, most: usize) -> (Vec<Arc<KeyValue>>, bool) {
+        let mut kvs = Vec::new();
+        for (_, versions) in self.histories(range) {
+            let Some(kv) = versions.last().and_then(Version::live_kv) else { continue };
+            if kvs.len() == most {
+                return (kvs, true);
+            }
+            kvs.push(kv.clone());
+        }
+        (kvs, false)
+    }
+
     /// One step of `scan`: at most `keys` more keys of its range.
     pub fn range_step(&self, scan: &mut RangeScan, keys: usize) -> Result<(), MvccError> {
         if scan.rev < self.compact_revision {
@@ -240,5 +264,35 @@ mod tests {
         put(&mut s, "k77", "x");
         s.compact(s.revision()).unwrap();
         assert_eq!(s.range_step(&mut scan, 4), Err(MvccError::Compacted));
+    }
+
+    /// A read that stops at its limit answers what a limited range answers
+    /// (the same keys, `more` alike), past deleted and rewritten keys, at
+    /// every limit and from every start.
+    #[test]
+    fn first_live_is_a_limited_range() {
+        let mut s = MvccStore::default();
+        for k in 0..12 {
+            put(&mut s, &format!("k{k:02}"), "v");
+        }
+        for k in [0, 3, 4, 5, 11] {
+            s.delete_range(&DeleteRangeRequest { key: format!("k{k:02}").into_bytes(), ..Default::default() });
+        }
+        put(&mut s, "k07", "again");
+        put(&mut s, "l", "outside");
+        for start in ["k", "k03", "k06", "k10", "k11"] {
+            for limit in 1..10usize {
+                let req = RangeRequest {
+                    key: start.into(),
+                    range_end: "l".into(),
+                    limit: limit as i64,
+                    ..Default::default()
+                };
+                let expected = s.range(&req).unwrap();
+                let (kvs, more) = s.first_live(&KeyRange::new(&req.key, &req.range_end), limit);
+                let kvs: Vec<KeyValue> = kvs.iter().map(|kv| kv.as_ref().clone()).collect();
+                assert_eq!((kvs, more), (expected.kvs, expected.more), "from {start}, {limit} at most");
+            }
+        }
     }
 }
