@@ -436,10 +436,10 @@ impl MvccStore {
             return Some(0);
         }
         let rev = if req.revision <= 0 { self.revision } else { req.revision };
-        if let Some(indexed) = self.from_queue_index(req, rev, self.revision) {
-            let limit = usize::try_from(req.limit).ok().filter(|l| *l > 0).unwrap_or(usize::MAX);
-            let sum = indexed.kvs.iter().take(limit).map(|kv| response_weight(req, &kv.key, kv.value.len())).sum();
-            return (sum <= budget).then_some(sum);
+        if rev == self.revision {
+            if let Some(weight) = self.weigh_from_queue_index(req, budget) {
+                return weight;
+            }
         }
         let range = KeyRange::new(&req.key, &req.range_end);
         let in_key_order = req.order() == SortOrder::None;

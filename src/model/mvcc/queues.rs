@@ -32,6 +32,11 @@
 //!   it from the index (or, with no history under it, as empty), whatever
 //!   it had registered before a restart or a snapshot.
 //!
+//! A txn's read is weighed from the index key by key, in the answer's
+//! order, up to the budget ([`MvccStore::weigh_from_queue_index`]): the
+//! check of a txn that reads a long queue with no limit stops once it is
+//! too large, without copying the queue first.
+//!
 //! Caveats: only reads at the newest revision are answered from it (older
 //! revisions walk); it is derived data, rebuilt only by write txns after a
 //! restore (plain reads walk until one has registered their directory);
@@ -42,7 +47,9 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use super::version::Held;
-use super::{prefix_end, KeyRange, KeyValue, MvccStore, RangeRequest, Revision, SortOrder, SortTarget};
+use super::{
+    prefix_end, response_weight, KeyRange, KeyValue, MvccStore, RangeRequest, Revision, SortOrder, SortTarget,
+};
 
 /// The registered directories (see the module doc).
 #[derive(Debug, Default)]
@@ -159,15 +166,44 @@ impl MvccStore {
     /// `req`'s answer from the index, read at `rev` (`current`: the newest
     /// revision), when it can give it (see [`answerable`]); `None`: walk.
     pub(super) fn from_queue_index(&self, req: &RangeRequest, rev: Revision, current: Revision) -> Option<Indexed> {
+        let (count, answer) = self.indexed_answer(req, rev, current)?;
+        let take = usize::try_from(req.limit).ok().filter(|l| *l > 0).map_or(usize::MAX, |l| l.saturating_add(1));
+        Some(Indexed { kvs: answer.take(take).cloned().collect(), count })
+    }
+
+    /// What the first `limit` key-values of `req`'s answer from the index
+    /// weigh in its response (all without a limit), when the index can
+    /// answer it: `Some(None)` once past `budget`, where it stops adding
+    /// (an unlimited read of a long queue is not copied to be weighed).
+    pub(super) fn weigh_from_queue_index(&self, req: &RangeRequest, budget: usize) -> Option<Option<usize>> {
+        let (_, answer) = self.indexed_answer(req, self.revision, self.revision)?;
+        let limit = usize::try_from(req.limit).ok().filter(|l| *l > 0).unwrap_or(usize::MAX);
+        let mut sum = 0usize;
+        for kv in answer.take(limit) {
+            sum += response_weight(req, &kv.key, kv.value.len());
+            if sum > budget {
+                return Some(None);
+            }
+        }
+        Some(Some(sum))
+    }
+
+    /// `req`'s answer from the index as it is read, in the response's
+    /// order, and how many live keys the range holds; `None`: walk.
+    fn indexed_answer<'a>(
+        &'a self,
+        req: &RangeRequest,
+        rev: Revision,
+        current: Revision,
+    ) -> Option<(i64, Box<dyn Iterator<Item = &'a Arc<KeyValue>> + 'a>)> {
         if rev != current || !answerable(req) {
             return None;
         }
         let set = self.queues.dirs.get(queue_dir(req)?)?;
         let count = set.len() as i64;
         if req.count_only {
-            return Some(Indexed { kvs: Vec::new(), count });
+            return Some((count, Box::new(std::iter::empty())));
         }
-        let take = usize::try_from(req.limit).ok().filter(|l| *l > 0).map_or(usize::MAX, |l| l.saturating_add(1));
         // The entries created within [min_create_revision, max_create_revision]
         // (unbounded where 0).
         use std::ops::Bound::{Excluded, Included, Unbounded};
@@ -181,22 +217,21 @@ impl MvccStore {
         };
         if let (Included((min, _)), Excluded((end, _))) = (&from, &to) {
             if min >= end {
-                return Some(Indexed { kvs: Vec::new(), count });
+                return Some((count, Box::new(std::iter::empty())));
             }
         }
         let upto = set.range((from, to));
-        let load = |(_, key): &(Revision, Vec<u8>)| self.get_live(key).cloned().expect("an indexed key is live");
-        let kvs = match req.order() {
-            SortOrder::Descend => upto.rev().take(take).map(load).collect(),
-            SortOrder::Ascend => upto.take(take).map(load).collect(),
+        let load = |(_, key): &(Revision, Vec<u8>)| self.get_live(key).expect("an indexed key is live");
+        Some(match req.order() {
+            SortOrder::Descend => (count, Box::new(upto.rev().map(load))),
+            SortOrder::Ascend => (count, Box::new(upto.map(load))),
             SortOrder::None => {
-                let mut ahead: Vec<Arc<KeyValue>> = upto.map(load).collect();
+                // In key order: all of them first, to sort.
+                let mut ahead: Vec<&Arc<KeyValue>> = upto.map(load).collect();
                 ahead.sort_by(|a, b| a.key.cmp(&b.key));
-                ahead.truncate(take);
-                ahead
+                (count, Box::new(ahead.into_iter()))
             }
-        };
-        Some(Indexed { kvs, count })
+        })
     }
 }
 
@@ -309,6 +344,12 @@ mod tests {
                     let answered = walk.kvs.iter().map(|kv| response_weight(&q, &kv.key, kv.value.len())).sum();
                     let bound = s.range_weight_bound(&q, usize::MAX).unwrap();
                     assert!(bound >= answered && bound <= fresh.range_weight_bound(&q, usize::MAX).unwrap(), "{q:?}");
+                    // With a budget, the same bound while within it, and
+                    // `None` past it (the weighing stops there).
+                    for budget in [0, bound / 2, bound.saturating_sub(1), bound] {
+                        let within = (bound <= budget).then_some(bound);
+                        assert_eq!(s.range_weight_bound(&q, budget), within, "{q:?} within {budget}");
+                    }
                 }
             }
         }
