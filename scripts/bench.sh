@@ -54,7 +54,8 @@
 #                               # prefix; one put at a time, timed from its
 #                               # sending and from its answer to the last
 #                               # event it causes; members' CPU per event
-#                               # (ROUNDS, default 1)
+#                               # (ROUNDS, default 1; WATCHERS_SYSTEMS,
+#                               # default "etcd raftlock")
 #   scripts/bench.sh held       # many held locks instead: for each N in
 #                               # HELD_LOCKS (default 1000 10000 100000), a
 #                               # fresh cluster holding N locks, each on a
@@ -691,7 +692,7 @@ fi
 
 if [ "${1:-}" = watchers ]; then
   for run in $(seq "${ROUNDS:-1}"); do
-    for kind in etcd raftlock; do watchers "$kind"; done
+    for kind in ${WATCHERS_SYSTEMS:-etcd raftlock}; do watchers "$kind"; done
   done
   python3 - "$work/watchers.jsonl" <<'PY'
 import json, sys
