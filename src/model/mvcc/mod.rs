@@ -436,15 +436,13 @@ impl MvccStore {
             return Some(0);
         }
         let rev = if req.revision <= 0 { self.revision } else { req.revision };
-        if rev == self.revision {
-            if let Some(weight) = self.weigh_from_queue_index(req, budget) {
-                return weight;
-            }
+        if let Some(weight) = self.weigh_from_queue_index(req, rev, budget) {
+            return weight;
         }
         let range = KeyRange::new(&req.key, &req.range_end);
         let in_key_order = req.order() == SortOrder::None;
         let filtered = req.is_filtered();
-        let limit = usize::try_from(req.limit).ok().filter(|l| *l > 0);
+        let limit = req.kv_limit();
         let weights = self.histories(&range).filter_map(|(key, versions)| {
             let value_len = visible_at(versions, rev).and_then(Version::value_len)?;
             Some(response_weight(req, key, value_len))

@@ -167,19 +167,24 @@ impl MvccStore {
     /// revision), when it can give it (see [`answerable`]); `None`: walk.
     pub(super) fn from_queue_index(&self, req: &RangeRequest, rev: Revision, current: Revision) -> Option<Indexed> {
         let (count, answer) = self.indexed_answer(req, rev, current)?;
-        let take = usize::try_from(req.limit).ok().filter(|l| *l > 0).map_or(usize::MAX, |l| l.saturating_add(1));
+        // One more than the limit, so that `more` can be told.
+        let take = req.kv_limit().map_or(usize::MAX, |l| l.saturating_add(1));
         Some(Indexed { kvs: answer.take(take).cloned().collect(), count })
     }
 
-    /// What the first `limit` key-values of `req`'s answer from the index
-    /// weigh in its response (all without a limit), when the index can
-    /// answer it: `Some(None)` once past `budget`, where it stops adding
-    /// (an unlimited read of a long queue is not copied to be weighed).
-    pub(super) fn weigh_from_queue_index(&self, req: &RangeRequest, budget: usize) -> Option<Option<usize>> {
-        let (_, answer) = self.indexed_answer(req, self.revision, self.revision)?;
-        let limit = usize::try_from(req.limit).ok().filter(|l| *l > 0).unwrap_or(usize::MAX);
+    /// What the first `limit` key-values of `req`'s answer from the index,
+    /// read at `rev`, weigh in its response (all without a limit), when the
+    /// index can answer it: `Some(None)` once past `budget`, where it stops
+    /// adding (an unlimited read of a long queue is not copied to be weighed).
+    pub(super) fn weigh_from_queue_index(
+        &self,
+        req: &RangeRequest,
+        rev: Revision,
+        budget: usize,
+    ) -> Option<Option<usize>> {
+        let (_, answer) = self.indexed_answer(req, rev, self.revision)?;
         let mut sum = 0usize;
-        for kv in answer.take(limit) {
+        for kv in answer.take(req.kv_limit().unwrap_or(usize::MAX)) {
             sum += response_weight(req, &kv.key, kv.value.len());
             if sum > budget {
                 return Some(None);

@@ -81,12 +81,8 @@ impl RangeScan {
         let filtered = req.is_filtered();
         // Sorting on anything but (key, ascending) needs every key first.
         let order = req.order();
-        let fetch_limit = if req.limit > 0 && order == SortOrder::None && !filtered {
-            // One more than asked, so that `more` can be told.
-            Some(req.limit as usize + 1)
-        } else {
-            None
-        };
+        // One more than asked, so that `more` can be told.
+        let fetch_limit = req.kv_limit().filter(|_| order == SortOrder::None && !filtered).map(|l| l.saturating_add(1));
         let range = KeyRange::new(&req.key, &req.range_end);
         let indexed = store.from_queue_index(&req, rev, current);
         let mut scan = RangeScan {
@@ -146,8 +142,8 @@ impl RangeScan {
             }
         }
         let mut more = false;
-        if req.limit > 0 && kvs.len() > req.limit as usize {
-            kvs.truncate(req.limit as usize);
+        if let Some(limit) = req.kv_limit().filter(|l| kvs.len() > *l) {
+            kvs.truncate(limit);
             more = true;
         }
         if bound.is_some_and(|bound| {

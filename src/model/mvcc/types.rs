@@ -160,6 +160,11 @@ impl RangeRequest {
             || self.max_create_revision != 0
     }
 
+    /// The most key-values it answers (`None`: no limit, etcd's 0).
+    pub fn kv_limit(&self) -> Option<usize> {
+        usize::try_from(self.limit).ok().filter(|l| *l > 0)
+    }
+
     /// The order its answer is sorted in, as etcd reads the two fields:
     /// `None` for key order (the index's own: (key, ascending) and no order
     /// at all), `Ascend` for another target given no order.
