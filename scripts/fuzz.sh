@@ -10,6 +10,10 @@
 #   scripts/fuzz.sh                       # the short pass CI runs: 20 s a target
 #   scripts/fuzz.sh --seconds 600         # a longer run: 10 min a target
 #   scripts/fuzz.sh --seconds 60 wal_segment snapshot_image
+#   scripts/fuzz.sh --build               # install cargo-fuzz and build the
+#                                         # targets only (CI does it in the
+#                                         # background, while the fault
+#                                         # suite leaves a core idle)
 #
 # Installs cargo-fuzz from crates.io if it is missing. Built without a
 # sanitizer (`-s none`): the code fuzzed is safe Rust, where a sanitizer
@@ -21,9 +25,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=20
 targets=()
+build_only=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --seconds) seconds="$2"; shift 2 ;;
+    --build) build_only=1; shift ;;
     *) targets+=("$1"); shift ;;
   esac
 done
@@ -35,6 +41,7 @@ command -v cargo-fuzz >/dev/null || cargo install --locked --quiet cargo-fuzz
 export RUSTFLAGS="${RUSTFLAGS:-} --cfg tokio_unstable"
 # Built once for all targets (cargo fuzz builds every target without one).
 cargo fuzz build -s none --dev
+[ "$build_only" = 0 ] || exit 0
 failed=()
 for t in "${targets[@]}"; do
   corpus="fuzz/corpus/$t"
