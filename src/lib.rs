@@ -55,4 +55,5 @@ pub use base::version;
 pub use locks::prefix_end;
 /// How often the leader looks for leases whose deadline passed.
 pub use node::lease::keeper::TICK as LEASE_TICK;
+pub use node::versions::ClusterVersion;
 pub use node::Node;

@@ -223,8 +223,8 @@ impl Page {
 /// and the page, not by the queue: the holders from the front of the queue
 /// (`holders_now`), the waiters from the first token past `page.after`,
 /// both answered from the store's queue index; hold counts and delay
-/// settings are looked up for the holders alone, and leases' TTLs for the
-/// owners answered.
+/// settings are looked up for the holders alone, and the leases' TTLs of
+/// the owners answered, in one question to the leader.
 pub async fn describe(node: &Node, name: &[u8], permits: usize, page: Page) -> Result<Description, RecipeError> {
     node.read_barrier().await?;
     let prefix = queue_prefix(name);
@@ -245,29 +245,22 @@ pub async fn describe(node: &Node, name: &[u8], permits: usize, page: Page) -> R
         let (waiters, more) = waiters_page(&mvcc, &prefix, &holders, &page).map_err(RecipeError::Mvcc)?;
         (holders, waiters, asides, delay, more, mvcc.revision())
     };
-    let owners = |kvs: Vec<KeyValue>, held: bool| {
-        let prefix = &prefix;
-        let asides = &asides;
-        async move {
-            let answers = futures::future::join_all(kvs.iter().map(|kv| node.time_to_live(kv.lease))).await;
-            let mut owners = Vec::with_capacity(kvs.len());
-            for (kv, answer) in kvs.into_iter().zip(answers) {
-                let (ttl, granted_ttl) = match answer? {
-                    Some(status) => (status.remaining, status.granted),
-                    None => (-1, 0),
-                };
-                let holds = if held { holds_of(&kv, asides.get(&hold_count_key(&kv.key))) } else { 0 };
-                let lock_delay_ms = match held {
-                    true => asides.get(&lock_delay::setting_key(&kv.key)).and_then(|s| lock_delay::parse_ms(&s.value)),
-                    false => None,
-                };
-                let lock_delay_ms = lock_delay_ms.unwrap_or(0);
-                owners.push(Owner { ttl, granted_ttl, holds, lock_delay_ms, ..Owner::of(prefix, kv) });
-            }
-            Ok::<_, RecipeError>(owners)
-        }
+    // Every owner's lease times in one question to the leader.
+    let leases: Vec<i64> = holders.iter().chain(&waiters).map(|kv| kv.lease).collect();
+    let mut times = node.times_left(&leases).await?.into_iter();
+    let mut owner = |kv: KeyValue, held: bool| {
+        let (ttl, granted_ttl) = times.next().flatten().map_or((-1, 0), |t| (t.remaining, t.granted));
+        let (holds, lock_delay_ms) = match held {
+            true => (
+                holds_of(&kv, asides.get(&hold_count_key(&kv.key))),
+                asides.get(&lock_delay::setting_key(&kv.key)).and_then(|s| lock_delay::parse_ms(&s.value)).unwrap_or(0),
+            ),
+            false => (0, 0),
+        };
+        Owner { ttl, granted_ttl, holds, lock_delay_ms, ..Owner::of(&prefix, kv) }
     };
-    let (holders, waiters) = (owners(holders, true).await?, owners(waiters, false).await?);
+    let holders: Vec<Owner> = holders.into_iter().map(|kv| owner(kv, true)).collect();
+    let waiters: Vec<Owner> = waiters.into_iter().map(|kv| owner(kv, false)).collect();
     Ok(Description { holders, waiters, revision, delay, more })
 }
 

@@ -49,6 +49,14 @@ pub struct LeaseStatus {
     pub keys: Vec<Vec<u8>>,
 }
 
+/// A lease's time left and the TTL it was granted, whole seconds: a
+/// [`LeaseStatus`] without its keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseTimes {
+    pub remaining: i64,
+    pub granted: i64,
+}
+
 /// A point in one table's sequence of grants: what a reader of
 /// [`LeaseTable::grants_since`] has seen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

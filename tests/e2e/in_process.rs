@@ -141,3 +141,84 @@ async fn a_long_semaphore_queue_is_served_in_order() {
     assert_eq!(kv.get("pool/", Some(GetOptions::new().with_prefix().with_count_only())).await.unwrap().count(), 0);
     cluster.shutdown().await;
 }
+
+/// Describe answers each owner's lease TTL (the time left, and the TTL
+/// granted) from one question to the leader for the whole page: asked
+/// through a follower and through the leader, every holder and waiter gets
+/// its own lease's times, in the queue's order, and a page further on gets
+/// the times of its own owners.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn describe_gives_every_owner_its_own_lease_times_through_any_member() {
+    use raftlock::client::{Acquisition, Client, LockOptions};
+    use raftlock::proto::raftlock::v1::DescribeRequest;
+    use raftlock::ClusterVersion;
+
+    const PERMITS: u32 = 2;
+    const WAITERS: i64 = 6;
+    let cluster = InProcessCluster::start(3).await;
+    let endpoints = cluster.endpoints();
+    let client = Client::connect([endpoints[cluster.leader().await].clone()]).await.unwrap();
+    let options = |wait| LockOptions { wait, permits: PERMITS, ..Default::default() };
+    // Each owner's lease has a TTL of its own: 30 s for the first holder,
+    // one more for each next owner.
+    let (mut owners, mut guards, mut waiters) = (Vec::new(), Vec::new(), Vec::new());
+    let mut kv = cluster.client(0).await;
+    for i in 0..PERMITS as i64 + WAITERS {
+        let session = client.session(30 + i).await.unwrap();
+        owners.push((session.lease(), 30 + i));
+        if i < PERMITS as i64 {
+            let Acquisition::Held(guard) = session.lock("pool", options(Some(Duration::ZERO))).await.unwrap() else {
+                panic!("a permit is free")
+            };
+            guards.push((guard, session));
+        } else {
+            let key = format!("pool/{:x}", session.lease());
+            waiters.push(tokio::spawn(async move {
+                let _ = session.lock("pool", options(None)).await;
+                session
+            }));
+            // Queued in this order: each key exists before the next waiter asks.
+            raftlock_testkit::wait_for_key(&mut kv, &key).await;
+        }
+    }
+    // One question for the page once every member knows the others'
+    // releases (each asks every 5 s); until then one per lease, as 0.1.0.
+    let decided = Instant::now();
+    while !(0..3).all(|i| matches!(cluster.node(i).cluster_version(), ClusterVersion::Decided(_))) {
+        assert!(decided.elapsed() < Duration::from_secs(15), "the cluster version is not decided");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let follower = cluster.follower().await;
+    for member in [follower, cluster.leader().await] {
+        let c = Client::connect([endpoints[member].clone()]).await.unwrap();
+        let mut seen = Vec::new();
+        let mut req = DescribeRequest { name: b"pool".to_vec(), permits: PERMITS, limit: 4, ..Default::default() };
+        let mut pages = 0;
+        loop {
+            let d = c.locks().describe(req.clone()).await.unwrap().into_inner();
+            pages += 1;
+            if seen.is_empty() {
+                assert_eq!(d.holders.len(), PERMITS as usize);
+                seen.extend(d.holders.iter().map(|h| (h.lease, h.granted_ttl, h.ttl)));
+            }
+            seen.extend(d.waiters.iter().map(|w| (w.lease, w.granted_ttl, w.ttl)));
+            match (d.more, d.waiters.last()) {
+                (true, Some(last)) => (req.waiters_after, req.waiters_after_key) = (last.token, last.key.clone()),
+                _ => break,
+            }
+        }
+        assert_eq!((seen.len(), pages), (owners.len(), 2), "member {member}: {seen:?}");
+        for ((lease, granted, left), (owner, ttl)) in seen.iter().zip(&owners) {
+            assert_eq!((lease, granted), (owner, ttl), "member {member}: {seen:?}");
+            // Sessions keep their leases alive a third of a TTL apart.
+            assert!((ttl / 2..=*ttl).contains(left), "member {member}: lease {lease:x} has {left} s left of {ttl}");
+        }
+    }
+    for waiter in waiters {
+        waiter.abort();
+    }
+    for (guard, _session) in guards {
+        guard.release().await.unwrap();
+    }
+    cluster.shutdown().await;
+}

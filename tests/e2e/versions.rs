@@ -129,6 +129,34 @@ async fn acquire_with_delay(cluster: &Cluster, i: usize, name: &str) -> Result<(
     Ok(())
 }
 
+/// The leases' TTLs (granted) that Describe through member `i` gives the
+/// two holders of a semaphore of two permits, held on leases of 30 and 31 s
+/// and then let go. A member of 0.2.0 asks the leader about them in one
+/// question, which 0.1.0 does not know; while any member runs 0.1.0 it asks
+/// about each lease on its own.
+async fn described_ttls(cluster: &Cluster, i: usize, name: &str) -> Vec<i64> {
+    use raftlock::proto::raftlock::v1::{locks_client::LocksClient, AcquireRequest, DescribeRequest};
+    let mut c = cluster.client(i).await;
+    let mut locks = LocksClient::connect(cluster.members[i].endpoint()).await.unwrap();
+    let mut leases = Vec::new();
+    for ttl in [30, 31] {
+        let lease = c.lease_grant(ttl, None).await.unwrap().id();
+        let req = AcquireRequest { name: name.into(), lease, permits: 2, ..Default::default() };
+        assert!(locks.acquire(req).await.unwrap().into_inner().acquired);
+        leases.push(lease);
+    }
+    let req = DescribeRequest { name: name.into(), permits: 2, ..Default::default() };
+    let described = tokio::time::timeout(std::time::Duration::from_secs(10), locks.describe(req))
+        .await
+        .expect("Describe answered within 10 s")
+        .unwrap()
+        .into_inner();
+    for lease in leases {
+        c.lease_revoke(lease).await.unwrap();
+    }
+    described.holders.iter().map(|h| h.granted_ttl).collect()
+}
+
 #[tokio::test]
 async fn a_cluster_upgraded_from_0_1_0_and_back_serves_throughout_and_refuses_what_old_members_lack() {
     let (old, new) = (release_0_1_0(), built_binary("raftlock"));
@@ -163,6 +191,16 @@ async fn a_cluster_upgraded_from_0_1_0_and_back_serves_throughout_and_refuses_wh
     let mut on_old = cluster.client(2).await;
     assert_eq!(on_old.get("mixed", None).await.unwrap().kvs()[0].value(), b"yes");
     assert_eq!(on_new.get("before", None).await.unwrap().kvs()[0].value(), b"0.1.0");
+    // Describe through the new member, and an old one, with an old leader:
+    // every holder's lease TTL.
+    if cluster.leader().await == 0 {
+        let to = format!("{:x}", cluster.member_id(1));
+        let out = Etcdctl::v35(&cluster.members[0].endpoint()).run(&["move-leader", &to], None);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    for i in [0, 2] {
+        assert_eq!(described_ttls(&cluster, i, &format!("described-mixed-{i}")).await, [30, 31], "through member {i}");
+    }
 
     // Every member upgraded: the feature is there.
     for i in 1..3 {
@@ -172,6 +210,8 @@ async fn a_cluster_upgraded_from_0_1_0_and_back_serves_throughout_and_refuses_wh
     }
     cluster_version_becomes(&cluster, 0, RAFTLOCK).await;
     acquire_with_delay(&cluster, 0, "upgraded").await.unwrap();
+    let follower = cluster.follower().await;
+    assert_eq!(described_ttls(&cluster, follower, "described-upgraded").await, [30, 31]);
 
     // And back: a downgrade enabled first stops every member from using
     // what 0.1.0 lacks at once, before any binary is replaced.

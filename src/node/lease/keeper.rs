@@ -74,7 +74,7 @@ use tokio::time::Instant;
 
 use crate::base::limits::EXPIRIES_PER_SECOND;
 use crate::base::shutdown::Stopping;
-use crate::model::lease::{GrantMark, LeaseTable};
+use crate::model::lease::{GrantMark, LeaseTable, LeaseTimes};
 use crate::node::Node;
 
 /// How often the leader looks for expired leases.
@@ -279,14 +279,25 @@ impl LeaseKeeper {
 
     /// Whole seconds left before a lease expires (on the leader).
     pub fn remaining(&self, table: &LeaseTable, id: i64) -> Option<i64> {
-        let lease = table.get(id)?;
+        self.times_left(table, &[id])[0].map(|t| t.remaining)
+    }
+
+    /// [`LeaseKeeper::remaining`] and the TTL granted of each of `ids`, in
+    /// order (`None` for a lease the table does not hold), read at one
+    /// instant under one lock.
+    pub fn times_left(&self, table: &LeaseTable, ids: &[i64]) -> Vec<Option<LeaseTimes>> {
         let mut d = self.inner.lock().expect("lease keeper lock poisoned");
         let now = Instant::now();
         d.catch_up(table, now);
-        Some(match d.at.get(&id) {
-            Some(deadline) => deadline.saturating_duration_since(now).as_secs() as i64,
-            None => lease.ttl,
-        })
+        let times = |id: &i64| {
+            let lease = table.get(*id)?;
+            let remaining = match d.at.get(id) {
+                Some(deadline) => deadline.saturating_duration_since(now).as_secs() as i64,
+                None => lease.ttl,
+            };
+            Some(LeaseTimes { remaining, granted: lease.ttl })
+        };
+        ids.iter().map(times).collect()
     }
 
     /// One tick at `now`, as leader of `leading` (or not leading). Returns the

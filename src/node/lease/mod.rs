@@ -10,14 +10,19 @@ pub mod keeper;
 
 use tokio::time::Instant;
 
+use crate::base::version::Version;
 use crate::model::command::CommandResult;
-use crate::model::lease::LeaseStatus;
+use crate::model::lease::{LeaseStatus, LeaseTimes};
 use crate::node::route::{Attempt, Route};
+use crate::node::versions::ClusterVersion;
 use crate::node::{Node, ServerError};
 use crate::raft::read_index;
 use crate::raft::LeaseAuthority;
 use crate::raft::ProposeError;
 use crate::raft::{LeaseAnswer, LeaseQuery};
+
+/// The first release whose leaders answer [`LeaseQuery::TimesLeft`].
+const TIMES_LEFT_SINCE: Version = Version::new(0, 2, 0);
 
 impl Node {
     /// Leases past their deadline and not yet revoked, if this member leads
@@ -43,6 +48,28 @@ impl Node {
         match self.lease_query(LeaseQuery::TimeToLive(id)).await? {
             LeaseAnswer::TimeToLive(status) => Ok(status),
             other => unreachable!("a TimeToLive is answered with a status, not {other:?}"),
+        }
+    }
+
+    /// The time left and the TTL granted of each lease of `ids`, in order
+    /// (`None` for a lease that does not exist), as the leader sees them: one
+    /// question to the leader for them all, and one read barrier there. A
+    /// member of 0.1.0 does not know that question, so while the cluster
+    /// version is not decided, or below 0.2.0, each lease is asked about on
+    /// its own, as 0.1.0 did.
+    pub async fn times_left(&self, ids: &[i64]) -> Result<Vec<Option<LeaseTimes>>, ServerError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        if !matches!(self.cluster_version(), ClusterVersion::Decided(v) if v >= TIMES_LEFT_SINCE) {
+            let answers = futures::future::join_all(ids.iter().map(|&id| self.time_to_live(id))).await;
+            let times =
+                |status: Option<LeaseStatus>| status.map(|s| LeaseTimes { remaining: s.remaining, granted: s.granted });
+            return answers.into_iter().map(|answer| answer.map(times)).collect();
+        }
+        match self.lease_query(LeaseQuery::TimesLeft(ids.to_vec())).await? {
+            LeaseAnswer::TimesLeft(times) if times.len() == ids.len() => Ok(times),
+            other => unreachable!("{} leases' times are answered with as many, not {other:?}", ids.len()),
         }
     }
 
@@ -141,6 +168,7 @@ impl LeaseAuthority for Node {
                 granted: l.ttl,
                 keys: l.keys.iter().cloned().collect(),
             })),
+            LeaseQuery::TimesLeft(ids) => LeaseAnswer::TimesLeft(self.lease_keeper.times_left(&table, &ids)),
         }
     }
 }

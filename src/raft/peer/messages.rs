@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::command::{Command, CommandResult};
 
-pub use crate::model::lease::LeaseStatus;
+pub use crate::model::lease::{LeaseStatus, LeaseTimes};
 
 /// Why the leader could not run a forwarded write.
 #[derive(Debug, Serialize, Deserialize)]
@@ -68,6 +68,11 @@ pub enum ForwardReply {
 pub enum LeaseQuery {
     KeepAlive(i64),
     TimeToLive(i64),
+    /// The time left and the TTL granted of each lease, keys left out: one
+    /// question for a page of lock owners (`Describe`) instead of one per
+    /// owner. A member asks it only of a cluster whose every member runs
+    /// 0.2.0 or later (0.1.0 does not decode it); see `Node::times_left`.
+    TimesLeft(Vec<i64>),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,6 +83,9 @@ pub enum LeaseAnswer {
         ttl: i64,
     },
     TimeToLive(Option<LeaseStatus>),
+    /// One per lease of [`LeaseQuery::TimesLeft`], in its order: `None` for
+    /// a lease that does not exist.
+    TimesLeft(Vec<Option<LeaseTimes>>),
 }
 
 /// The control requests members send each other outside Raft's own RPCs
