@@ -515,12 +515,14 @@ queue() { # kind
       # its waiters' Lock calls and its holder's Unlock alike).
       local conns=$(((n + 99) / 100)) result; [ "$conns" -lt 4 ] && conns=4
       echo "== $kind, $w, $n in the queue" >&2
-      # A row that has not ended after 5 minutes (and 3 ms a client: a
-      # queue of 100,000 takes 2 minutes to go round once, and its leases
-      # minutes to grant and revoke) stalled: it is recorded as such, and
-      # the cluster restarted.
+      # A row in which no cycle has succeeded for QUEUE_STALL_AFTER seconds
+      # (default 60), or that has not ended after 5 minutes (and 3 ms a
+      # client: a queue of 100,000 takes 2 minutes to go round once, and
+      # its leases minutes to grant and revoke), stalled: it is recorded as
+      # such, and the cluster restarted.
       if result=$(timeout $((300 + 3 * n / 1000)) "$ctl" --endpoints "$endpoints" -w json bench "$w" --clients "$n" --conns "$conns" \
         --lock-names 1 --permits "$permits" --total "$total" --seconds 60 --arrival-rate "${QUEUE_ARRIVALS:-5000}" \
+        --stall-after "${QUEUE_STALL_AFTER:-60}" \
         --server-pids "$(IFS=,; echo "${pids[*]}")"); then
         echo "{\"system\":\"$kind\",\"workload\":\"$w\",\"permits\":$permits,\"queue\":$n,\"r\":$result}" |
           tee -a "$work/queue.jsonl" >&2
@@ -654,14 +656,16 @@ fi
 if [ "${1:-}" = scale ]; then
   sizes=${SCALE_N:-1000 10000 100000}
   small=$(for n in $sizes; do if [ "$n" -le 10000 ]; then echo "$n"; fi; done | xargs)
+  # Each workload's time, in .bench/scale-times.txt: where a run's hour goes.
+  timed() { local t=$SECONDS; "$@"; echo "run $run: $* took $((SECONDS - t)) s" | tee -a "$work/scale-times.txt" >&2; }
   for run in $(seq "${ROUNDS:-1}"); do
     for kind in etcd raftlock; do
-      HELD_LOCKS=$sizes held "$kind"
-      QUEUE_LENGTHS="10 $sizes" queue "$kind"
-      WATCHERS=$small watchers "$kind"
-      KEYS=$sizes many_keys "$kind"
+      HELD_LOCKS=$sizes timed held "$kind"
+      QUEUE_LENGTHS="10 $sizes" timed queue "$kind"
+      WATCHERS=$small timed watchers "$kind"
+      KEYS=$sizes timed many_keys "$kind"
     done
-    for n in $sizes; do storm etcd "$run" "$n"; storm raftlock "$run" "$n"; done
+    for n in $sizes; do timed storm etcd "$run" "$n"; timed storm raftlock "$run" "$n"; done
   done
   python3 scripts/bench-scale.py "$work" held queue storm watchers keys | tee "$work/scale.txt"
   plotter=$bin/bench-plot

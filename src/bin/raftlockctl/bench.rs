@@ -140,6 +140,12 @@ pub struct BenchArgs {
     /// issued (0: no time limit).
     #[arg(long, default_value_t = 0.0)]
     pub seconds: f64,
+    /// Give up, with an error that says the run stalled, once no request
+    /// has succeeded for this many seconds since the start or the last
+    /// success (0: never): a system that has stopped making progress is
+    /// told apart from a slow one without waiting out an outer time limit.
+    #[arg(long, default_value_t = 0.0)]
+    pub stall_after: f64,
     /// What every key written begins with.
     #[arg(long, default_value = "bench/")]
     pub key_prefix: String,
@@ -406,6 +412,24 @@ enum Connections {
     EtcdClient(Vec<bench_etcd_client::Client>),
 }
 
+/// Resolves once no request has succeeded for `after` seconds (the last
+/// success read from `last_success_ms`, milliseconds from `start`), with the
+/// time since; never when `after` is 0.
+async fn stalled(start: Instant, last_success_ms: &AtomicU64, after: f64) -> Duration {
+    if after <= 0.0 {
+        return std::future::pending().await;
+    }
+    let after = Duration::from_secs_f64(after);
+    loop {
+        let last = start + Duration::from_millis(last_success_ms.load(Ordering::Relaxed));
+        let since = last.elapsed();
+        if since >= after {
+            return since;
+        }
+        tokio::time::sleep(after - since).await;
+    }
+}
+
 /// Run one benchmark against `endpoints`; every request carries `token`'s
 /// auth token, if it has one (the etcd-client driver authenticates itself
 /// with `credentials`).
@@ -448,6 +472,8 @@ pub async fn run(
 
     let issued = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
+    // The last success, in milliseconds from the start (for `--stall-after`).
+    let last_success_ms = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
     // Each lock client grants itself a lease first: made some at a time.
     let connections = &connections;
@@ -480,6 +506,7 @@ pub async fn run(
     let cpu_at_start = CpuUsed::now(&args.server_pids);
     for (c, mut driver) in drivers.into_iter().enumerate() {
         let (issued, errors, args, value) = (issued.clone(), errors.clone(), args.clone(), value.clone());
+        let last_success_ms = last_success_ms.clone();
         tasks.push(tokio::spawn(async move {
             let mut keys = Keys(0x9E37_79B9_7F4A_7C15 ^ (c as u64 + 1));
             let mut latencies = Vec::new();
@@ -505,7 +532,9 @@ pub async fn run(
                         eprintln!("bench: the first failed request: {e:#}");
                     }
                 } else {
-                    succeeded.push(Instant::now());
+                    let now = Instant::now();
+                    last_success_ms.fetch_max((now - start).as_millis() as u64, Ordering::Relaxed);
+                    succeeded.push(now);
                 }
                 latencies.push(t.elapsed());
             }
@@ -515,11 +544,23 @@ pub async fn run(
     let mut latencies: Vec<Duration> = Vec::with_capacity(args.total as usize);
     let mut drivers = Vec::new();
     let mut succeeded = Vec::new();
-    for t in tasks {
-        let (l, s, driver) = t.await?;
-        latencies.extend(l);
-        succeeded.extend(s);
-        drivers.push(driver);
+    let joined = async {
+        for t in tasks {
+            let (l, s, driver) = t.await?;
+            latencies.extend(l);
+            succeeded.extend(s);
+            drivers.push(driver);
+        }
+        anyhow::Ok(())
+    };
+    tokio::select! {
+        joined = joined => joined?,
+        stalled = stalled(start, &last_success_ms, args.stall_after) => anyhow::bail!(
+            "stalled: no request succeeded for {:.0} s ({} issued, {} failed)",
+            stalled.as_secs_f64(),
+            issued.load(Ordering::Relaxed).min(args.total),
+            errors.load(Ordering::Relaxed)
+        ),
     }
     // From the start, and up to the end: a request that hangs until the run
     // is over (say, one a dead leader never answers) is unavailability too.
