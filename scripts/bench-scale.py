@@ -70,7 +70,9 @@ def held():
                       cell([b["p99_ms"] for b in native]), cell([r.get("list_page_ms") for r in g], 0),
                       cell([r.get("list_all_ms") for r in g], 0), cell([r.get("queue_list_ms") for r in g], 0),
                       cell([r.get("queue_describe_ms") for r in g], 0),
-                      cell([r.get("queue_describe_indexed_ms") for r in g], 0)])
+                      cell([r.get("queue_describe_indexed_ms") for r in g], 0),
+                      cell([r.get("queue_describe_leader_ms") for r in g], 0),
+                      cell([r.get("queue_describe_follower_ms") for r in g], 0)])
         for r in g:
             point("Held locks: memory per lock per member", "bytes", "locks held", system, "RSS", n,
                   r["rss_bytes_per_lock_per_member"])
@@ -81,7 +83,8 @@ def held():
                     point("Held locks: Lock+Unlock of another name", "ms", "locks held", "raftlock native", series,
                           n, r["native-lock"][f"{series}_ms"])
     table(["system", "held", "RSS B/lock/member", "Lock p50 ms", "Lock p99 ms", "native p99 ms", "List 1,000 ms",
-           "List all ms", "queue of N: List ms", "Describe 1,000 ms", "indexed ms"], lines)
+           "List all ms", "queue of N: List ms", "Describe 1,000 ms", "indexed ms", "leader ms",
+           "follower ms"], lines)
 
 
 def queue():

@@ -613,6 +613,21 @@ held() { # kind
         "$work/queue-list.json")
       row+=",\"queue_list_ms\":$(((t1 - t0) / 1000000)),\"queue_describe_ms\":$(((t2 - t1) / 1000000))"
       row+=",\"queue_describe_indexed_ms\":$(((t4 - t3) / 1000000)),\"queue_waiters_listed\":$listed"
+      # Then the indexed Describe of 1,000 ten times through the leader and
+      # ten through a follower (which asks the leader the page's lease
+      # times): the median of each.
+      local leader_i member at times
+      leader_i=$(leader_index "$base")
+      for member in "$leader_i" $(((leader_i + 1) % 3)); do
+        times=()
+        for _ in $(seq 10); do
+          at=$(date +%s%N)
+          "$ctl" --endpoints "$scheme://127.0.0.1:$((base + member))" describe bench-queue/0000000000 --limit 1000 >/dev/null
+          times+=($((($(date +%s%N) - at) / 1000000)))
+        done
+        at=$(printf '%s\n' "${times[@]}" | sort -n | sed -n 5p)
+        row+=",\"queue_describe_$([ "$member" = "$leader_i" ] && echo leader || echo follower)_ms\":$at"
+      done
     fi
     echo "$row}" | tee -a "$work/held.jsonl" >&2
     stop_all
