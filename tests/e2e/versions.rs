@@ -210,7 +210,9 @@ async fn a_cluster_upgraded_from_0_1_0_and_back_serves_throughout_and_refuses_wh
     }
     cluster_version_becomes(&cluster, 0, RAFTLOCK).await;
     acquire_with_delay(&cluster, 0, "upgraded").await.unwrap();
+    // Through a follower that knows every member's release: one question.
     let follower = cluster.follower().await;
+    cluster_version_becomes(&cluster, follower, RAFTLOCK).await;
     assert_eq!(described_ttls(&cluster, follower, "described-upgraded").await, [30, 31]);
 
     // And back: a downgrade enabled first stops every member from using

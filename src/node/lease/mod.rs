@@ -23,6 +23,9 @@ use crate::raft::{LeaseAnswer, LeaseQuery};
 
 /// The first release whose leaders answer [`LeaseQuery::TimesLeft`].
 const TIMES_LEFT_SINCE: Version = Version::new(0, 2, 0);
+/// The most leases one [`LeaseQuery::TimesLeft`] asks about (Describe's
+/// largest page of waiters).
+const TIMES_LEFT_AT_ONCE: usize = 10_000;
 
 impl Node {
     /// Leases past their deadline and not yet revoked, if this member leads
@@ -67,10 +70,17 @@ impl Node {
                 |status: Option<LeaseStatus>| status.map(|s| LeaseTimes { remaining: s.remaining, granted: s.granted });
             return answers.into_iter().map(|answer| answer.map(times)).collect();
         }
-        match self.lease_query(LeaseQuery::TimesLeft(ids.to_vec())).await? {
-            LeaseAnswer::TimesLeft(times) if times.len() == ids.len() => Ok(times),
-            other => unreachable!("{} leases' times are answered with as many, not {other:?}", ids.len()),
+        // A question of at most TIMES_LEFT_AT_ONCE leases, so that neither it
+        // nor its answer nears the peer message limit (a shared lock's
+        // readers are all holders, however many).
+        let mut all = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(TIMES_LEFT_AT_ONCE) {
+            match self.lease_query(LeaseQuery::TimesLeft(chunk.to_vec())).await? {
+                LeaseAnswer::TimesLeft(times) if times.len() == chunk.len() => all.extend(times),
+                other => unreachable!("{} leases' times are answered with as many, not {other:?}", chunk.len()),
+            }
         }
+        Ok(all)
     }
 
     /// Ask the leader a lease question (answered here if we lead).
