@@ -617,7 +617,7 @@ held() { # kind
       # ten through a follower (which asks the leader the page's lease
       # times): the median of each.
       local leader_i member at times
-      leader_i=$(leader_index "$base")
+      for _ in $(seq 50); do leader_i=$(leader_index "$base") && break; sleep 0.2; done
       for member in "$leader_i" $(((leader_i + 1) % 3)); do
         times=()
         for _ in $(seq 10); do

@@ -416,7 +416,7 @@ enum Connections {
 /// success read from `last_success_ms`, milliseconds from `start`), with the
 /// time since; never when `after` is 0.
 async fn stalled(start: Instant, last_success_ms: &AtomicU64, after: f64) -> Duration {
-    if after <= 0.0 {
+    if !(after > 0.0 && after.is_finite()) {
         return std::future::pending().await;
     }
     let after = Duration::from_secs_f64(after);
