@@ -740,7 +740,7 @@ rows = [json.loads(l) for l in open(sys.argv[1])]
 print(f"{'system':<9} {'workload':<12} {'queue':>6} {'handoffs/s':>10} {'ms/handoff':>10} {'handoff p50':>11} {'handoff p99':>11} {'cycle p50 ms':>12} {'cycle p99 ms':>12} {'CPU us/handoff':>14} {'errors':>6}")
 for r in sorted(rows, key=lambda r: (r["workload"], r["queue"], r["system"])):
     if r.get("stalled"):
-        print(f"{r['system']:<9} {r['workload']:<12} {r['queue']:>6} stalled: no end in time (300 s + 3 ms a client)")
+        print(f"{r['system']:<9} {r['workload']:<12} {r['queue']:>6} stalled: failed requests, none succeeding for QUEUE_STALL_AFTER s, or no end in time (the log says which)")
         continue
     b = r["r"]
     w = r["workload"] + (f"/{r['permits']}" if r.get("permits", 1) > 1 else "")
