@@ -33,6 +33,13 @@ RAFTLOCK_PYTHON_ETCD3=$(scripts/install-python-etcd3.sh)
 RAFTLOCK_RELEASE_0_1_0=$(scripts/old-release.sh)
 export RAFTLOCK_ETCD_DIR RAFTLOCK_PYTHON_ETCD3 RAFTLOCK_RELEASE_0_1_0
 
+# Ports the test harness chose and then found taken by a process outside
+# its claims (testkit's Builder::spawn chooses again, and says who held
+# them): shown at the end, pass or fail, since a passing test's output is not.
+taken=/tmp/raftlock-test-ports/taken.log
+rm -f "$taken"
+trap '[ -s "$taken" ] && { echo "test.sh: ports found taken during the tests:"; cat "$taken"; } >&2; true' EXIT
+
 # The crate's shape first (seconds): no import circle, layers kept, openraft
 # only under src/raft, sled only under src/storage, files under 600 lines.
 python3 scripts/check-layers.py

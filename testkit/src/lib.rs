@@ -37,7 +37,9 @@ pub const ELECTION_MS: u64 = 500;
 /// it), and an ephemeral port can be taken by an outgoing connection meanwhile.
 /// Instead each test process walks its own sequence below the kernel's
 /// ephemeral range (32768 and up), so no port is given twice in a process and
-/// no connection takes one; a port that is busy now is skipped. Test
+/// no connection takes one; a port that is busy now is skipped (a socket
+/// bound but not yet listening, as a starting member's is, does not show as
+/// busy: `Builder::spawn` checks again and chooses anew). Test
 /// processes that run at once (two `cargo test` runs, or a test binary and
 /// the fault suite's tools) could still pick one port between the check and
 /// the member's bind, so each port handed out is also claimed machine-wide
@@ -48,7 +50,16 @@ pub fn free_port() -> u16 {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     const FIRST: u32 = 20_000;
     const SPAN: u32 = 12_000;
-    let start = std::process::id().wrapping_mul(7919) % SPAN;
+    // Where this process's walk starts: random, not derived from the
+    // process ID alone, which processes in separate PID namespaces (CI jobs
+    // in containers sharing a network) may have in common.
+    static START: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    let start = *START.get_or_init(|| {
+        use std::hash::{BuildHasher, Hasher};
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u32(std::process::id());
+        (hasher.finish() % u64::from(SPAN)) as u32
+    });
     loop {
         let port = (FIRST + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % SPAN) as u16;
         if claim(port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
