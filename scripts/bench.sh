@@ -81,7 +81,7 @@
 #                               # table per workload (.bench/scale.txt) and
 #                               # their log-log plot (.bench/scale.svg).
 #                               # About 28 minutes on 2 cores; ROUNDS=3
-#                               # runs it all three times (85 minutes) and
+#                               # runs it all three times (84 minutes) and
 #                               # gives each cell's median (and range).
 #   scripts/bench.sh memory     # memory instead: RSS per member after 300k
 #                               # puts of 1 KiB (100k keys, so 2/3 of it is
